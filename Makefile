@@ -1,0 +1,36 @@
+# The README's commands. Each target creates the virtual environment first if it is missing.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# torch is installed on its own first: the pinned CPU build is fast to install where it is cached,
+# and the project's `torch>=2.3` requirement is then already satisfied. Override with TORCH=...
+TORCH ?= torch==2.13.0
+EXPERIMENT ?= experiments/mpe/simple_spread.yaml
+ARGS ?=
+
+.PHONY: install run test test-slow lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH)"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[mpe,test]"
+	touch $(STAMP)
+
+run: install
+	$(BIN)/marl-ppo train $(EXPERIMENT) $(ARGS)
+
+test: install
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-slow: install
+	$(BIN)/python -m pytest -q -m slow
+
+lint: install
+	$(BIN)/ruff check marl_ppo envs tests
+	$(BIN)/ruff format --check marl_ppo envs tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,12 @@
+"""The project's own environments, registered through marl_ppo's public API only.
+
+Small, exact environments for tests and as examples of bringing your own env.
+"""
+
+from marl_ppo import register_env
+
+
+def register() -> None:
+    """Register every env in this package (called through the `marl_ppo.envs` entry point)."""
+    register_env("envs/never_ending_v0", "envs.never_ending:parallel_env")
+    register_env("envs/early_leaver_v0", "envs.early_leaver:parallel_env")

@@ -1,0 +1,93 @@
+"""AgentBatch: one group's rollout flattened over (time, env), with its advantages; and minibatching."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from marl_ppo.rollout.buffer import GroupStorage, RolloutBuffer
+from marl_ppo.rollout.gae import bootstrap_values, compute_gae
+
+
+@dataclass(frozen=True)
+class AgentBatch:
+    """One agent group's samples; the leading dim N = T*E (env steps), the agent axis is kept intact."""
+
+    obs: torch.Tensor
+    """(N, A, obs_dim)"""
+    actions: torch.Tensor
+    """(N, A, ...)"""
+    logp_old: torch.Tensor
+    """(N, A) log-probability of the action under the acting policy"""
+    values_old: torch.Tensor
+    """(N, A) critic values at acting time, in return units"""
+    advantages: torch.Tensor
+    """(N, A) GAE advantages (not normalized)"""
+    returns: torch.Tensor
+    """(N, A) value targets: advantages + values_old"""
+    alive: torch.Tensor
+    """(N, A) bool: the agent acted at this step; only these samples enter losses and statistics"""
+    state: torch.Tensor
+    """(N, state_dim) global state, shared by all groups' batches"""
+
+    def __len__(self) -> int:
+        return self.obs.shape[0]
+
+    def select(self, index: torch.Tensor) -> AgentBatch:
+        """The rows `index` of every field."""
+        return AgentBatch(**{f.name: getattr(self, f.name)[index] for f in dataclasses.fields(self)})
+
+
+def build_batches(
+    buffer: RolloutBuffer, advantages: Sequence[torch.Tensor], returns: Sequence[torch.Tensor]
+) -> list[AgentBatch]:
+    """Flatten each group's `(T, E, A, ...)` storage to `(T*E, A, ...)`, preserving time-major order."""
+    state = buffer.state.reshape(-1, buffer.state.shape[-1])
+
+    def flat(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.reshape(-1, *tensor.shape[2:])
+
+    batches = []
+    for storage, adv, ret in zip(buffer.groups, advantages, returns, strict=True):
+        storage: GroupStorage
+        batches.append(
+            AgentBatch(
+                obs=flat(storage.obs), actions=flat(storage.actions), logp_old=flat(storage.logp),
+                values_old=flat(storage.values), advantages=flat(adv), returns=flat(ret),
+                alive=flat(storage.alive), state=state,
+            )
+        )
+    return batches
+
+
+def minibatches(
+    batches: Sequence[AgentBatch], num_minibatches: int, generator: torch.Generator
+) -> Iterator[list[AgentBatch]]:
+    """Shuffle env steps once and yield `num_minibatches` aligned slices of every group's batch."""
+    size = len(batches[0])
+    if not 1 <= num_minibatches <= size:
+        raise ValueError(f"num_minibatches={num_minibatches} must be between 1 and the batch size {size}")
+    order = torch.randperm(size, generator=generator)
+    for chunk in torch.tensor_split(order, num_minibatches):
+        yield [batch.select(chunk) for batch in batches]
+
+
+def rollout_batches(
+    buffer: RolloutBuffer, last_values: Sequence[torch.Tensor], *, gamma: float, lam: float
+) -> list[AgentBatch]:
+    """GAE per group over a full buffer (bootstrapping truncations from V(final obs)), then flatten."""
+    if not buffer.full:
+        raise ValueError(f"rollout_batches: buffer holds {buffer.pos} of {buffer.steps} steps; fill it first")
+    advantages, returns = [], []
+    for storage, last in zip(buffer.groups, last_values, strict=True):
+        next_values = bootstrap_values(storage.values, last, storage.final_values, storage.truncated)
+        adv, ret = compute_gae(
+            storage.rewards, storage.values, next_values, storage.terminated,
+            storage.terminated | storage.truncated, gamma=gamma, lam=lam,
+        )
+        advantages.append(adv)
+        returns.append(ret)
+    return build_batches(buffer, advantages, returns)

@@ -1,0 +1,102 @@
+"""Command line: `marl-ppo train [EXPERIMENT.yaml] [key=value ...] [--run-dir DIR]` and `marl-ppo envs`.
+
+Parses arguments and calls the library; user errors print one line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from marl_ppo.checkpoint import CheckpointError
+from marl_ppo.config import ConfigError, config_keys, load_config
+from marl_ppo.envs.pettingzoo import EnvContractError
+from marl_ppo.registry import EnvError, env_spec, registered_ids
+
+USER_ERRORS = (ConfigError, EnvError, CheckpointError, EnvContractError)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="marl-ppo", description="Multi-agent PPO (MAPPO / IPPO).")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks for errors")
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser("train", help="train on an experiment file with key=value overrides")
+    train.add_argument("args", nargs="*", metavar="[EXPERIMENT.yaml] [key=value ...]")
+    train.add_argument("--run-dir", type=Path, help="where to write logs and checkpoints (default: runs/<name>-<time>)")
+    train.add_argument("--help-config", action="store_true", help="list every config key with its meaning")
+    train.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    commands.add_parser("envs", help="list registered environment ids")
+    return parser
+
+
+def _split(args: Sequence[str]) -> tuple[str | None, list[str]]:
+    experiment, overrides = None, []
+    for position, arg in enumerate(args):
+        if "=" in arg:
+            overrides.append(arg)
+        elif position == 0:
+            experiment = arg
+        else:
+            raise ConfigError(f"argument '{arg}' is neither the experiment file (first) nor key=value")
+    return experiment, overrides
+
+
+def _default_run_dir(experiment: str | None) -> Path:
+    name = Path(experiment).stem if experiment else "default"
+    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _check_run_dir(run_dir: Path) -> None:
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        raise ConfigError(f"run directory '{run_dir}' already exists and is not empty; pick a new --run-dir")
+
+
+def _train(options: argparse.Namespace) -> int:
+    if options.help_config:
+        for key, doc in config_keys().items():
+            print(f"{key:28s} {doc}")
+        return 0
+    experiment, overrides = _split(options.args)
+    config = load_config(experiment, overrides)
+    run_dir = options.run_dir or _default_run_dir(experiment)
+    _check_run_dir(run_dir)
+    env_spec(config.env.id) if ":" not in config.env.id else None
+    from marl_ppo.train import train  # heavy imports (torch, tensorboard) only when training
+
+    result = train(config, run_dir)
+    print(
+        f"done: {result.env_steps} env steps, {result.episodes} episodes, team return (last "
+        f"{config.log.return_window}) {result.team_return_mean:.2f}, {result.sps:.0f} steps/s, "
+        f"{result.wall_s / 60:.1f} min; run directory {run_dir}"
+    )
+    return 0
+
+
+def _envs() -> int:
+    for env_id in registered_ids():
+        print(env_id)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `marl-ppo` console script."""
+    options = _parser().parse_args(argv)
+    try:
+        if options.command == "train":
+            return _train(options)
+        return _envs()
+    except USER_ERRORS as err:
+        if options.debug:
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""Experiment configuration: the one home of every default, documented at the field.
+
+An experiment is a YAML file of nested keys plus ``key=value`` overrides on the command line
+(``ppo.pi_lr=1e-3``). Both are merged into plain dicts and validated once into frozen
+dataclasses; any unknown key, wrong type or out-of-range value raises ``ConfigError`` with a
+single line that names the key and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic.dataclasses import dataclass
+
+_STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+PositiveInt = Annotated[int, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration problem; its message is one line naming the key and the fix."""
+
+
+@dataclass(frozen=True, config=_STRICT)
+class EnvConfig:
+    id: str = "mpe2/simple_spread_v3"
+    """Environment: a registered id (`family/name`), `package.module:callable` or `path/to/file.py:callable`."""
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Keyword arguments passed to the environment factory."""
+    groups: dict[str, list[str]] | None = None
+    """Agent groups by name (`{group: [agent, ...]}`); default: agents with identical spaces form a group."""
+
+
+@dataclass(frozen=True, config=_STRICT)
+class ModelConfig:
+    hidden_sizes: tuple[PositiveInt, ...] = (64, 64)
+    """Hidden layer widths of every actor and critic MLP."""
+    activation: Literal["tanh", "relu"] = "tanh"
+    """Hidden-layer nonlinearity."""
+    input_layer_norm: bool = True
+    """Normalize each network's input with LayerNorm (MAPPO's feature normalization)."""
+    orthogonal_init: bool = True
+    """Orthogonal weight init (gain sqrt(2) hidden, 0.01 policy head, 1 value head); else PyTorch's default."""
+    log_std_init: float = -0.5
+    """Initial log standard deviation of diagonal-Gaussian (Box) action heads."""
+
+
+@dataclass(frozen=True, config=_STRICT)
+class PPOConfig:
+    pi_lr: PositiveFloat = 7e-4
+    """Adam learning rate of the actors."""
+    vf_lr: PositiveFloat = 1e-3
+    """Adam learning rate of the critic."""
+    clip_ratio: PositiveFloat = 0.2
+    """PPO probability-ratio clip epsilon."""
+    train_pi_iters: PositiveInt = 10
+    """Epochs over the batch for the actors (stops early when KL > 1.5 * target_kl)."""
+    train_vf_iters: PositiveInt = 10
+    """Epochs over the batch for the critic."""
+    num_minibatches: PositiveInt = 4
+    """Minibatches per epoch; the batch (rollout_steps * num_envs env steps) is split evenly."""
+    target_kl: PositiveFloat | None = 0.05
+    """Early-stop the actor epochs when the epoch's mean approximate KL exceeds 1.5 * target_kl; null disables."""
+    entropy_coef: Annotated[float, Field(ge=0)] = 0.01
+    """Weight of the entropy bonus in the actor loss."""
+    max_grad_norm: PositiveFloat | None = 10.0
+    """Clip the global gradient norm of actors and of the critic to this value; null disables."""
+    normalize_advantages: bool = True
+    """Standardize advantages over each agent group's live samples of the batch (never across groups)."""
+    value_norm: bool = True
+    """Train the critic on running-mean/std normalized returns (MAPPO's ValueNorm)."""
+    huber_delta: PositiveFloat | None = 10.0
+    """Huber loss delta for the value loss; null uses the squared error."""
+    value_clip: PositiveFloat | None = 0.2
+    """Clip the new value to old value +- this (in normalized units when value_norm); null disables."""
+
+
+@dataclass(frozen=True, config=_STRICT)
+class LogConfig:
+    checkpoint_every: PositiveInt = 50
+    """Write `checkpoints/latest.pt` every this many updates (always at the end too)."""
+    progress: bool = True
+    """Show the console progress bar."""
+    per_agent: bool = True
+    """Also log per-agent returns under `agents/<agent_id>/`."""
+    return_window: PositiveInt = 100
+    """Episodes averaged for `team_return_mean` in the progress bar and summary.json."""
+
+
+@dataclass(frozen=True, config=_STRICT)
+class ExperimentConfig:
+    env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
+    """Which environment to train on."""
+    seed: Annotated[int, Field(ge=0)] = 0
+    """Seed for Python, NumPy, torch and the environments."""
+    total_steps: PositiveInt = 1_000_000
+    """Environment steps to train for (one step of one env copy counts once, not once per agent)."""
+    num_envs: PositiveInt = 16
+    """Environment copies stepped in parallel."""
+    rollout_steps: PositiveInt = 100
+    """Steps per env copy collected before each update (batch = rollout_steps * num_envs)."""
+    gamma: Annotated[float, Field(gt=0, le=1)] = 0.99
+    """Discount factor."""
+    gae_lambda: Annotated[float, Field(ge=0, le=1)] = 0.95
+    """GAE lambda."""
+    critic: Literal["state", "state+obs", "obs"] = "state"
+    """Critic input: `state` (MAPPO), `state+obs` (agent-specific global state) or `obs` (IPPO)."""
+    share_actor: bool = False
+    """One actor per agent group with an agent-id input, instead of one actor per agent."""
+    share_critic: bool = True
+    """One critic network per group with an agent-id input, instead of one per agent."""
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    """Torch device for the networks."""
+    torch_threads: Annotated[int, Field(ge=0)] = 1
+    """torch.set_num_threads for the learner; 0 leaves torch's default."""
+    ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
+    """PPO optimisation settings."""
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    """Network architecture."""
+    log: LogConfig = dataclasses.field(default_factory=LogConfig)
+    """Logging and checkpointing."""
+
+    def __post_init__(self) -> None:
+        batch = self.rollout_steps * self.num_envs
+        if self.ppo.num_minibatches > batch:
+            raise ValueError(
+                f"ppo.num_minibatches={self.ppo.num_minibatches} exceeds the batch of "
+                f"rollout_steps*num_envs={batch} env steps; lower ppo.num_minibatches"
+            )
+
+    @property
+    def batch_steps(self) -> int:
+        """Env steps per update, over all env copies."""
+        return self.rollout_steps * self.num_envs
+
+    @property
+    def num_updates(self) -> int:
+        """Updates needed to reach total_steps (the last batch may overshoot)."""
+        return -(-self.total_steps // self.batch_steps)
+
+
+def config_to_dict(config: ExperimentConfig) -> dict[str, Any]:
+    """Plain nested dict of primitives (lists, not tuples), ready for YAML or a checkpoint."""
+    return _plain(dataclasses.asdict(config))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    return value
+
+
+def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
+    """Turn `a.b=value` strings into a nested dict; values are parsed as YAML scalars/lists."""
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override '{item}' is not key=value; write e.g. seed=3 or ppo.pi_lr=1e-3")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        node = tree
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override '{item}' conflicts with an earlier override of '{part}'")
+            node = child
+        node[parts[-1]] = value
+    return tree
+
+
+def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge; `update` wins. `env.kwargs` merges key by key like any dict."""
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read an experiment YAML file into a dict (an empty file is an empty dict)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"experiment file '{path}' does not exist; pass a path to a YAML file")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"experiment file '{path}' is not valid YAML{where}; fix its syntax") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"experiment file '{path}' must hold a mapping of keys, not {type(data).__name__}")
+    return data
+
+
+def build_config(data: Mapping[str, Any]) -> ExperimentConfig:
+    """Validate a nested dict into an ExperimentConfig, or raise a one-line ConfigError."""
+    try:
+        return TypeAdapter(ExperimentConfig).validate_python(dict(data))
+    except ValidationError as err:
+        raise ConfigError(_describe(err.errors()[0], data)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> ExperimentConfig:
+    """Experiment file (optional) plus `key=value` overrides -> validated ExperimentConfig."""
+    data = load_yaml(path) if path is not None else {}
+    return build_config(merge(data, parse_overrides(overrides)))
+
+
+def config_keys(cls: type = ExperimentConfig, prefix: str = "") -> dict[str, str]:
+    """Every dotted key of the config with its documentation, for help and close matches."""
+    keys: dict[str, str] = {}
+    for field in dataclasses.fields(cls):
+        name = prefix + field.name
+        doc = cls.__pydantic_fields__[field.name].description or ""
+        keys[name] = doc
+        if dataclasses.is_dataclass(field.type) or isinstance(field.type, str) and field.type in _SECTIONS:
+            keys.update(config_keys(_SECTIONS[field.type], name + "."))
+    return keys
+
+
+_SECTIONS: dict[str, type] = {
+    "EnvConfig": EnvConfig,
+    "PPOConfig": PPOConfig,
+    "ModelConfig": ModelConfig,
+    "LogConfig": LogConfig,
+}
+
+
+def _describe(error: Mapping[str, Any], data: Mapping[str, Any]) -> str:
+    loc = [str(part) for part in error["loc"] if not isinstance(part, int)]
+    key = ".".join(loc) or "<root>"
+    kind = error["type"]
+    if kind == "unexpected_keyword_argument":
+        known = [k for k in config_keys() if k.count(".") == key.count(".")]
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        hint = f"did you mean '{close[0]}'?" if close else "see `marl-ppo train --help-config` for the keys"
+        return f"unknown config key '{key}'; {hint}"
+    if kind == "value_error":
+        return str(error["msg"]).removeprefix("Value error, ")
+    got = error.get("input")
+    docs = config_keys()
+    hint = f" ({docs[key]})" if key in docs and docs[key] else ""
+    return f"config key '{key}': {error['msg'].lower()}, got {got!r}{hint}"

@@ -1,0 +1,233 @@
+"""PettingZoo ParallelEnv adapter: per-agent dicts in, per-group arrays out.
+
+The adapter writes into arrays it is handed (rows of the vector env's preallocated storage),
+so no per-step dict-of-dicts is rebuilt beyond what the PettingZoo API itself forces.
+Conventions (../DESIGN.md): agent order is `possible_agents`; absent agents keep their slot with
+`alive = False` and zero observations; terminated and truncated stay separate; `final_obs` and
+`final_state` hold what the step returned, before any reset, for the truncation bootstrap.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from marl_ppo.envs.spec import GroupSpec, TeamSpec
+
+
+class EnvContractError(RuntimeError):
+    """The environment broke the PettingZoo parallel contract; the message names env, agent and step."""
+
+
+@dataclass
+class TeamArrays:
+    """Per-group arrays for one env (shapes `(A_g, ...)`) or E envs (`(E, A_g, ...)`), plus the state."""
+
+    obs: list[np.ndarray]
+    alive: list[np.ndarray]
+    reward: list[np.ndarray]
+    terminated: list[np.ndarray]
+    truncated: list[np.ndarray]
+    final_obs: list[np.ndarray]
+    state: np.ndarray
+    final_state: np.ndarray
+
+    @classmethod
+    def allocate(cls, spec: TeamSpec, lead: tuple[int, ...] = ()) -> TeamArrays:
+        """Zero arrays for `spec` with leading dims `lead`."""
+
+        def per_group(tail: Any, dtype: Any) -> list[np.ndarray]:
+            return [np.zeros(lead + (g.num_agents,) + tail(g), dtype=dtype) for g in spec.groups]
+
+        return cls(
+            obs=per_group(lambda g: (g.obs_dim,), np.float32),
+            alive=per_group(lambda g: (), bool),
+            reward=per_group(lambda g: (), np.float32),
+            terminated=per_group(lambda g: (), bool),
+            truncated=per_group(lambda g: (), bool),
+            final_obs=per_group(lambda g: (g.obs_dim,), np.float32),
+            state=np.zeros(lead + (spec.state_dim,), np.float32),
+            final_state=np.zeros(lead + (spec.state_dim,), np.float32),
+        )
+
+    def row(self, index: int) -> TeamArrays:
+        """Views of env `index` (for arrays allocated with one leading env dim)."""
+        return TeamArrays(
+            obs=[a[index] for a in self.obs],
+            alive=[a[index] for a in self.alive],
+            reward=[a[index] for a in self.reward],
+            terminated=[a[index] for a in self.terminated],
+            truncated=[a[index] for a in self.truncated],
+            final_obs=[a[index] for a in self.final_obs],
+            state=self.state[index],
+            final_state=self.final_state[index],
+        )
+
+
+def _flat_dim(space: gym.Space) -> int:
+    if isinstance(space, gym.spaces.Box):
+        return int(np.prod(space.shape))
+    return int(gym.spaces.flatdim(space))
+
+
+def _group_name(agents: Sequence[str], taken: set[str]) -> str:
+    stem = re.sub(r"[_\-]?\d+$", "", agents[0]) or "group"
+    name, k = stem, 1
+    while name in taken:
+        name, k = f"{stem}{k}", k + 1
+    return name
+
+
+def build_team_spec(env: Any, env_id: str, groups: Mapping[str, Sequence[str]] | None = None) -> TeamSpec:
+    """Group the env's agents (by identical spaces, or by the `groups` mapping) and size the state."""
+    agents = tuple(env.possible_agents)
+    if not agents:
+        raise EnvContractError(f"env '{env_id}': possible_agents is empty; the env must declare its agents")
+    if groups:
+        named = [(name, tuple(members)) for name, members in groups.items()]
+        listed = [a for _, members in named for a in members]
+        missing = sorted(set(agents) - set(listed))
+        unknown = sorted(set(listed) - set(agents))
+        if unknown or missing or len(listed) != len(set(listed)):
+            raise EnvContractError(
+                f"env.groups must list each of {list(agents)} exactly once (unknown: {unknown}, missing: {missing})"
+            )
+    else:
+        buckets: list[list[str]] = []
+        for agent in agents:
+            for bucket in buckets:
+                head = bucket[0]
+                if env.observation_space(head) == env.observation_space(agent) and env.action_space(
+                    head
+                ) == env.action_space(agent):
+                    bucket.append(agent)
+                    break
+            else:
+                buckets.append([agent])
+        taken: set[str] = set()
+        named = []
+        for bucket in buckets:
+            name = _group_name(bucket, taken)
+            taken.add(name)
+            named.append((name, tuple(bucket)))
+    specs = []
+    for name, members in named:
+        obs_space, act_space = env.observation_space(members[0]), env.action_space(members[0])
+        for agent in members[1:]:
+            if env.observation_space(agent) != obs_space or env.action_space(agent) != act_space:
+                raise EnvContractError(
+                    f"env.groups: agent '{agent}' has different spaces from '{members[0]}' in group '{name}'"
+                )
+        if not isinstance(act_space, gym.spaces.Discrete | gym.spaces.MultiDiscrete | gym.spaces.Box):
+            raise EnvContractError(
+                f"env '{env_id}': agent '{members[0]}' has action space {act_space}; "
+                "supported are Discrete, MultiDiscrete and Box"
+            )
+        specs.append(GroupSpec(name, members, obs_space, act_space, _flat_dim(obs_space)))
+    state_space = getattr(env, "state_space", None)
+    if isinstance(state_space, gym.spaces.Space):
+        state_dim, from_env = _flat_dim(state_space), True
+    else:
+        state_dim, from_env = sum(_flat_dim(env.observation_space(a)) for a in agents), False
+    return TeamSpec(env_id, agents, tuple(specs), state_dim, from_env)
+
+
+class ParallelEnvAdapter:
+    """Steps one PettingZoo ParallelEnv, reading actions from and writing results into group arrays."""
+
+    def __init__(self, env: Any, spec: TeamSpec) -> None:
+        self.env = env
+        self.spec = spec
+        self._slots = {agent: spec.group_of(agent) for agent in spec.agents}
+        self.step_count = 0
+
+    def reset(self, seed: int | None, out: TeamArrays) -> None:
+        """Reset the env and write the first observations, alive flags and state into `out`."""
+        observations, _ = self.env.reset(seed=seed)
+        self.step_count = 0
+        if not self.env.agents:
+            raise EnvContractError(f"env '{self.spec.env_id}': reset returned no agents; at least one must be live")
+        for g, _group in enumerate(self.spec.groups):
+            out.obs[g].fill(0.0)
+            out.alive[g].fill(False)
+        for agent in self.env.agents:
+            g, i = self._slot(agent)
+            out.obs[g][i] = self._flatten(agent, observations[agent])
+            out.alive[g][i] = True
+        self._write_state(out.state, out.obs)
+
+    def step(self, actions: Sequence[np.ndarray], out: TeamArrays) -> bool:
+        """Send the live agents' actions; write rewards, flags and next obs. True when the episode is over."""
+        action_dict = {}
+        for agent in self.env.agents:
+            g, i = self._slot(agent)
+            action_dict[agent] = self._to_env_action(g, actions[g][i])
+        observations, rewards, terminations, truncations, _ = self.env.step(action_dict)
+        self.step_count += 1
+        for g in range(len(self.spec.groups)):
+            out.reward[g].fill(0.0)
+            out.terminated[g].fill(False)
+            out.truncated[g].fill(False)
+            out.final_obs[g].fill(0.0)
+        for agent in action_dict:
+            g, i = self._slots[agent]
+            out.reward[g][i] = rewards.get(agent, 0.0)
+            out.terminated[g][i] = bool(terminations.get(agent, False))
+            out.truncated[g][i] = bool(truncations.get(agent, False)) and not out.terminated[g][i]
+            if agent in observations:
+                out.final_obs[g][i] = self._flatten(agent, observations[agent])
+        live = set(self.env.agents)
+        for g, group in enumerate(self.spec.groups):
+            for i, agent in enumerate(group.agents):
+                still = agent in live and not (out.terminated[g][i] or out.truncated[g][i])
+                out.alive[g][i] = still
+                out.obs[g][i] = out.final_obs[g][i] if still else 0.0
+        self._write_state(out.final_state, out.final_obs)
+        if self.spec.state_from_env:
+            out.state[...] = out.final_state
+        else:
+            self._write_state(out.state, out.obs)
+        return not any(out.alive[g].any() for g in range(len(self.spec.groups)))
+
+    def close(self) -> None:
+        """Close the underlying env."""
+        self.env.close()
+
+    def _slot(self, agent: str) -> tuple[int, int]:
+        try:
+            return self._slots[agent]
+        except KeyError:
+            raise EnvContractError(
+                f"env '{self.spec.env_id}': agent '{agent}' at step {self.step_count} is not in possible_agents "
+                f"{list(self.spec.agents)}"
+            ) from None
+
+    def _flatten(self, agent: str, observation: Any) -> np.ndarray:
+        g, _ = self._slots[agent]
+        space = self.spec.groups[g].observation_space
+        if isinstance(space, gym.spaces.Box):
+            return np.asarray(observation, dtype=np.float32).reshape(-1)
+        return np.asarray(gym.spaces.flatten(space, observation), dtype=np.float32)
+
+    def _to_env_action(self, g: int, action: np.ndarray) -> Any:
+        space = self.spec.groups[g].action_space
+        if isinstance(space, gym.spaces.Discrete):
+            return int(action) + int(space.start)
+        if isinstance(space, gym.spaces.MultiDiscrete):
+            return np.asarray(action, dtype=space.dtype).reshape(space.shape) + space.start
+        return np.clip(action.reshape(space.shape), space.low, space.high).astype(space.dtype, copy=False)
+
+    def _write_state(self, target: np.ndarray, obs: list[np.ndarray]) -> None:
+        if self.spec.state_from_env:
+            target[...] = np.asarray(self.env.state(), dtype=np.float32).reshape(-1)
+            return
+        position = 0
+        for g, group in enumerate(self.spec.groups):
+            size = group.num_agents * group.obs_dim
+            target[position : position + size] = obs[g].reshape(-1)
+            position += size

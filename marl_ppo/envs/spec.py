@@ -1,0 +1,64 @@
+"""What the learner knows about a team: agents in a fixed order, split into groups of identical spaces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """Agents whose observation and action spaces are identical; their tensors share an agent axis."""
+
+    name: str
+    agents: tuple[str, ...]
+    observation_space: gym.Space
+    action_space: gym.Space
+    obs_dim: int
+    """Length of the flattened observation vector fed to the networks."""
+
+    @property
+    def num_agents(self) -> int:
+        """Agents in the group (A_g)."""
+        return len(self.agents)
+
+    @property
+    def action_shape(self) -> tuple[int, ...]:
+        """Per-agent shape of a stored action: () Discrete, (k,) MultiDiscrete, (d,) Box."""
+        space = self.action_space
+        if isinstance(space, gym.spaces.Discrete):
+            return ()
+        if isinstance(space, gym.spaces.MultiDiscrete | gym.spaces.Box):
+            return (int(np.prod(space.shape)),)
+        raise TypeError(f"unsupported action space {space!r}; use Discrete, MultiDiscrete or Box")
+
+    @property
+    def action_dtype(self) -> np.dtype:
+        """int64 for discrete actions, float32 for Box."""
+        return np.dtype(np.float32) if isinstance(self.action_space, gym.spaces.Box) else np.dtype(np.int64)
+
+
+@dataclass(frozen=True)
+class TeamSpec:
+    """The whole team: fixed agent order, the groups, and the global state's size."""
+
+    env_id: str
+    agents: tuple[str, ...]
+    groups: tuple[GroupSpec, ...]
+    state_dim: int
+    state_from_env: bool
+    """True when the global state is the env's own `state()`; else concatenated observations."""
+
+    @property
+    def num_agents(self) -> int:
+        """Agents in the team, over all groups."""
+        return len(self.agents)
+
+    def group_of(self, agent: str) -> tuple[int, int]:
+        """(group index, index within the group) of an agent."""
+        for g, group in enumerate(self.groups):
+            if agent in group.agents:
+                return g, group.agents.index(agent)
+        raise KeyError(agent)

@@ -1,0 +1,48 @@
+"""Synchronous vector env: E adapters stepped in turn, auto-reset, results in preallocated `(E, A_g, ...)` arrays."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from marl_ppo.envs.pettingzoo import ParallelEnvAdapter, TeamArrays
+from marl_ppo.envs.spec import TeamSpec
+
+
+class SyncVectorEnv:
+    """Steps `num_envs` copies in this process.
+
+    After `step`, `arrays` holds per env: the reward and flags of the step, `final_obs` /
+    `final_state` as the step returned them, and `obs` / `state` / `alive` ready for the next
+    action (the first observation of a new episode where `episode_over` is set).
+    """
+
+    def __init__(self, make_adapter: Callable[[], ParallelEnvAdapter], num_envs: int) -> None:
+        self.adapters = [make_adapter() for _ in range(num_envs)]
+        self.spec: TeamSpec = self.adapters[0].spec
+        self.num_envs = num_envs
+        self.arrays = TeamArrays.allocate(self.spec, (num_envs,))
+        self._rows = [self.arrays.row(i) for i in range(num_envs)]
+        self.episode_over = np.zeros(num_envs, dtype=bool)
+
+    def reset(self, seed: int) -> TeamArrays:
+        """Reset env i with `seed + i`; later auto-resets continue each env's own RNG."""
+        for i, (adapter, row) in enumerate(zip(self.adapters, self._rows, strict=True)):
+            adapter.reset(seed + i, row)
+        self.episode_over[:] = False
+        return self.arrays
+
+    def step(self, actions: Sequence[np.ndarray]) -> TeamArrays:
+        """Step every env with `actions[g]` of shape `(E, A_g, ...)`; reset the envs whose episode ended."""
+        for i, (adapter, row) in enumerate(zip(self.adapters, self._rows, strict=True)):
+            over = adapter.step([a[i] for a in actions], row)
+            self.episode_over[i] = over
+            if over:
+                adapter.reset(None, row)
+        return self.arrays
+
+    def close(self) -> None:
+        """Close every env."""
+        for adapter in self.adapters:
+            adapter.close()

@@ -1,0 +1,81 @@
+"""Run logging: TensorBoard scalars, a console progress bar, and the episode-return window."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from marl_ppo.rollout.collector import EpisodeRecord
+from marl_ppo.trainer import TrainStats
+
+
+class RunLogger:
+    """Writes `train/`, `rollout/`, `perf/` and `agents/<id>/` scalars against env steps."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        agents: Sequence[str],
+        total_steps: int,
+        return_window: int,
+        per_agent: bool,
+        progress: bool,
+    ) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        self.agents = tuple(agents)
+        self.per_agent = per_agent
+        self.team_returns: deque[float] = deque(maxlen=return_window)
+        self.agent_returns: deque[np.ndarray] = deque(maxlen=return_window)
+        self.episodes = 0
+        self.bar = None
+        if progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total_steps, unit="step", unit_scale=True, dynamic_ncols=True, smoothing=0.1)
+
+    @property
+    def team_return_mean(self) -> float:
+        """Mean team return (sum over agents) of the recent episodes; nan before the first."""
+        return float(np.mean(self.team_returns)) if self.team_returns else float("nan")
+
+    @property
+    def agent_return_mean(self) -> float:
+        """Mean over agents and recent episodes of each agent's return; nan before the first."""
+        return float(np.mean(np.stack(self.agent_returns))) if self.agent_returns else float("nan")
+
+    def episodes_done(self, episodes: Sequence[EpisodeRecord]) -> None:
+        """Log each finished episode at the env step it ended and add it to the return window."""
+        for episode in episodes:
+            step = episode.end_step
+            self.episodes += 1
+            self.team_returns.append(episode.team_return)
+            self.agent_returns.append(episode.agent_returns)
+            self.writer.add_scalar("rollout/team_return", episode.team_return, step)
+            self.writer.add_scalar("rollout/agent_return", float(episode.agent_returns.mean()), step)
+            self.writer.add_scalar("rollout/episode_length", episode.length, step)
+            if self.per_agent:
+                for agent, value in zip(self.agents, episode.agent_returns, strict=True):
+                    self.writer.add_scalar(f"agents/{agent}/return", float(value), step)
+
+    def update_done(self, step: int, stats: TrainStats, perf: dict[str, float]) -> None:
+        """Log one update's training statistics and timings, and advance the progress bar."""
+        for field in dataclasses.fields(stats):
+            self.writer.add_scalar(f"train/{field.name}", float(getattr(stats, field.name)), step)
+        for name, value in perf.items():
+            self.writer.add_scalar(f"perf/{name}", value, step)
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+            self.bar.set_postfix(sps=f"{perf.get('sps', 0):.0f}", team_return=f"{self.team_return_mean:.1f}")
+
+    def close(self) -> None:
+        """Flush and close the event file and the progress bar."""
+        self.writer.close()
+        if self.bar is not None:
+            self.bar.close()

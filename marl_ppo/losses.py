@@ -1,0 +1,78 @@
+"""PPO loss terms as pure functions over masked `(N, A)` tensors; they return named terms."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of `values` where `mask` is set (0 when nothing is)."""
+    weight = mask.to(values.dtype)
+    return (values * weight).sum() / weight.sum().clamp_min(1.0)
+
+
+@dataclass(frozen=True)
+class PolicyTerms:
+    """Clipped surrogate loss and its diagnostics."""
+
+    loss: torch.Tensor
+    approx_kl: torch.Tensor
+    """Estimate of KL(old || new): mean of (ratio - 1) - log ratio."""
+    clipfrac: torch.Tensor
+    """Fraction of samples whose ratio left [1 - clip, 1 + clip]."""
+
+
+def policy_loss(
+    logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor, alive: torch.Tensor, *, clip_ratio: float
+) -> PolicyTerms:
+    """PPO's clipped surrogate objective, negated, over live samples."""
+    log_ratio = logp - logp_old
+    ratio = log_ratio.exp()
+    surrogate = torch.min(ratio * advantages, ratio.clamp(1.0 - clip_ratio, 1.0 + clip_ratio) * advantages)
+    with torch.no_grad():
+        approx_kl = masked_mean((ratio - 1.0) - log_ratio, alive)
+        clipfrac = masked_mean(((ratio - 1.0).abs() > clip_ratio).float(), alive)
+    return PolicyTerms(-masked_mean(surrogate, alive), approx_kl, clipfrac)
+
+
+def value_loss(
+    values: torch.Tensor,
+    values_old: torch.Tensor,
+    targets: torch.Tensor,
+    alive: torch.Tensor,
+    *,
+    huber_delta: float | None,
+    clip: float | None,
+) -> torch.Tensor:
+    """Squared or Huber error to `targets`, pessimistic over the clipped value when `clip` is set."""
+
+    def error(prediction: torch.Tensor) -> torch.Tensor:
+        if huber_delta is None:
+            return 0.5 * (prediction - targets).pow(2)
+        return F.huber_loss(prediction, targets, delta=huber_delta, reduction="none")
+
+    loss = error(values)
+    if clip is not None:
+        clipped = values_old + (values - values_old).clamp(-clip, clip)
+        loss = torch.max(loss, error(clipped))
+    return masked_mean(loss, alive)
+
+
+def normalize_advantages(advantages: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
+    """Standardize one group's advantages over its live samples."""
+    mean = masked_mean(advantages, alive)
+    var = masked_mean((advantages - mean).pow(2), alive)
+    return (advantages - mean) / (var.sqrt() + 1e-8)
+
+
+def explained_variance(predictions: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> float:
+    """1 - Var(targets - predictions) / Var(targets) over masked entries (nan when targets are constant)."""
+    residual = targets - predictions
+    mean_t = masked_mean(targets, mask)
+    var_t = masked_mean((targets - mean_t).pow(2), mask)
+    mean_r = masked_mean(residual, mask)
+    var_r = masked_mean((residual - mean_r).pow(2), mask)
+    return float("nan") if var_t.item() == 0 else float(1.0 - var_r / var_t)

@@ -1,0 +1,118 @@
+"""Action distributions for Discrete, MultiDiscrete and Box spaces, over `(..., A)` agent batches.
+
+Small hand-rolled classes rather than torch.distributions: the hot path needs only sample,
+log_prob, exact entropy and mode, without argument validation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import gymnasium as gym
+import torch
+import torch.nn.functional as F
+
+
+class ActionDistribution(Protocol):
+    """What the trainer and collector need from a policy's output."""
+
+    def sample(self) -> torch.Tensor: ...
+    def mode(self) -> torch.Tensor: ...
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor: ...
+    def entropy(self) -> torch.Tensor: ...
+
+
+class Categorical:
+    """One categorical per agent; logits `(..., A, n)`, actions `(..., A)` int64."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.log_probs = logits - logits.logsumexp(-1, keepdim=True)
+
+    def sample(self) -> torch.Tensor:
+        """Gumbel-max sample."""
+        uniform = torch.rand_like(self.log_probs).clamp_(1e-20, 1.0)
+        return (self.log_probs - torch.log(-torch.log(uniform))).argmax(-1)
+
+    def mode(self) -> torch.Tensor:
+        """Most likely action."""
+        return self.log_probs.argmax(-1)
+
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        """log p(a), `(..., A)`."""
+        return self.log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+
+    def entropy(self) -> torch.Tensor:
+        """Exact entropy, `(..., A)`."""
+        return -(self.log_probs.exp() * self.log_probs).sum(-1)
+
+
+class MultiCategorical:
+    """Independent categoricals per action dimension; actions `(..., A, k)` int64."""
+
+    def __init__(self, logits: torch.Tensor, sizes: list[int]) -> None:
+        self.parts = [Categorical(chunk) for chunk in torch.split(logits, sizes, dim=-1)]
+
+    def sample(self) -> torch.Tensor:
+        """One sample per dimension."""
+        return torch.stack([part.sample() for part in self.parts], dim=-1)
+
+    def mode(self) -> torch.Tensor:
+        """Most likely action per dimension."""
+        return torch.stack([part.mode() for part in self.parts], dim=-1)
+
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        """Sum of the dimensions' log-probabilities."""
+        return sum(part.log_prob(actions[..., k]) for k, part in enumerate(self.parts))
+
+    def entropy(self) -> torch.Tensor:
+        """Sum of the dimensions' exact entropies."""
+        return sum(part.entropy() for part in self.parts)
+
+
+class DiagGaussian:
+    """Diagonal Gaussian; mean `(..., A, d)`, log_std broadcastable to it; actions `(..., A, d)`."""
+
+    def __init__(self, mean: torch.Tensor, log_std: torch.Tensor) -> None:
+        self.mean = mean
+        self.log_std = log_std.expand_as(mean)
+
+    def sample(self) -> torch.Tensor:
+        """Reparameterised sample (unclipped; the env adapter clips to the Box bounds)."""
+        return self.mean + self.log_std.exp() * torch.randn_like(self.mean)
+
+    def mode(self) -> torch.Tensor:
+        """The mean."""
+        return self.mean
+
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        """Sum over action dimensions of the Gaussian log-density."""
+        z = (actions - self.mean) * torch.exp(-self.log_std)
+        return (-0.5 * z.pow(2) - self.log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+    def entropy(self) -> torch.Tensor:
+        """Exact differential entropy."""
+        return (self.log_std + 0.5 * (1.0 + math.log(2 * math.pi))).sum(-1)
+
+
+def head_size(space: gym.Space) -> int:
+    """Network outputs needed to parameterise a distribution over `space`."""
+    if isinstance(space, gym.spaces.Discrete):
+        return int(space.n)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return int(space.nvec.sum())
+    if isinstance(space, gym.spaces.Box):
+        return int(math.prod(space.shape))
+    raise TypeError(f"unsupported action space {space!r}; use Discrete, MultiDiscrete or Box")
+
+
+def make_distribution(space: gym.Space, output: torch.Tensor, log_std: torch.Tensor | None) -> ActionDistribution:
+    """Wrap the actor's raw output in the distribution that fits `space`."""
+    if isinstance(space, gym.spaces.Discrete):
+        return Categorical(output)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return MultiCategorical(output, [int(n) for n in space.nvec.reshape(-1)])
+    if isinstance(space, gym.spaces.Box):
+        assert log_std is not None
+        return DiagGaussian(output, log_std)
+    raise TypeError(f"unsupported action space {space!r}; use Discrete, MultiDiscrete or Box")

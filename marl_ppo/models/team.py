@@ -1,0 +1,114 @@
+"""The team's networks: one actor module per group (per-agent or shared weights) and the critic per group."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+from marl_ppo.config import ExperimentConfig, ModelConfig
+from marl_ppo.envs.spec import GroupSpec, TeamSpec
+from marl_ppo.models.distributions import ActionDistribution, head_size, make_distribution
+from marl_ppo.models.layers import AgentMLP
+from marl_ppo.normalization import ValueNorm
+
+CriticInput = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _state_input(state: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+    return state.unsqueeze(-2).expand(*obs.shape[:-1], state.shape[-1])
+
+
+def _state_obs_input(state: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+    return torch.cat([_state_input(state, obs), obs], dim=-1)
+
+
+def _obs_input(state: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+    return obs
+
+
+CRITIC_INPUTS: dict[str, tuple[CriticInput, Callable[[GroupSpec, int], int]]] = {
+    "state": (_state_input, lambda group, state_dim: state_dim),
+    "state+obs": (_state_obs_input, lambda group, state_dim: state_dim + group.obs_dim),
+    "obs": (_obs_input, lambda group, state_dim: group.obs_dim),
+}
+
+
+def _mlp(model: ModelConfig, *, agents: int, in_dim: int, out_dim: int, shared: bool, head_gain: float) -> AgentMLP:
+    return AgentMLP(
+        num_agents=agents,
+        in_dim=in_dim,
+        out_dim=out_dim,
+        hidden_sizes=model.hidden_sizes,
+        activation=model.activation,
+        input_layer_norm=model.input_layer_norm,
+        shared=shared,
+        orthogonal_init=model.orthogonal_init,
+        head_gain=head_gain,
+    )
+
+
+class GroupActor(nn.Module):
+    """The policies of one group's agents, evaluated together on `(..., A_g, obs_dim)`."""
+
+    def __init__(self, group: GroupSpec, model: ModelConfig, *, shared: bool) -> None:
+        super().__init__()
+        self.action_space = group.action_space
+        self.net = _mlp(
+            model, agents=group.num_agents, in_dim=group.obs_dim, out_dim=head_size(group.action_space),
+            shared=shared, head_gain=0.01,
+        )
+        if isinstance(group.action_space, gym.spaces.Box):
+            copies = 1 if shared else group.num_agents
+            self.log_std = nn.Parameter(torch.full((copies, head_size(group.action_space)), model.log_std_init))
+        else:
+            self.log_std = None
+
+    def forward(self, obs: torch.Tensor) -> ActionDistribution:
+        """The action distribution of every agent in the group."""
+        return make_distribution(self.action_space, self.net(obs), self.log_std)
+
+
+class GroupCritic(nn.Module):
+    """Per-agent values of one group from the configured input (`state`, `state+obs` or `obs`)."""
+
+    def __init__(self, group: GroupSpec, state_dim: int, kind: str, model: ModelConfig, *, shared: bool) -> None:
+        super().__init__()
+        self.build_input, width = CRITIC_INPUTS[kind]
+        self.net = _mlp(
+            model, agents=group.num_agents, in_dim=width(group, state_dim), out_dim=1, shared=shared, head_gain=1.0
+        )
+
+    def forward(self, state: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        """Values in the critic's (possibly normalized) units, `(..., A_g)`."""
+        return self.net(self.build_input(state, obs)).squeeze(-1)
+
+
+class TeamModel(nn.Module):
+    """All actors and critics of a team, with a ValueNorm per group."""
+
+    def __init__(self, spec: TeamSpec, config: ExperimentConfig) -> None:
+        super().__init__()
+        self.spec = spec
+        self.actors = nn.ModuleList(GroupActor(g, config.model, shared=config.share_actor) for g in spec.groups)
+        self.critics = nn.ModuleList(
+            GroupCritic(g, spec.state_dim, config.critic, config.model, shared=config.share_critic)
+            for g in spec.groups
+        )
+        self.value_norms = nn.ModuleList(ValueNorm(enabled=config.ppo.value_norm) for _ in spec.groups)
+
+    def distributions(self, obs: Sequence[torch.Tensor]) -> list[ActionDistribution]:
+        """One distribution per group over its agents."""
+        return [actor(o) for actor, o in zip(self.actors, obs, strict=True)]
+
+    def raw_values(self, state: torch.Tensor, obs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Critic outputs per group, in normalized units when value_norm is on."""
+        return [critic(state, o) for critic, o in zip(self.critics, obs, strict=True)]
+
+    def values(self, state: torch.Tensor, obs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Critic values per group in return units."""
+        return [
+            norm.denormalize(v) for norm, v in zip(self.value_norms, self.raw_values(state, obs), strict=True)
+        ]

@@ -1,0 +1,51 @@
+"""Running statistics for value normalization (MAPPO's ValueNorm), stored as module buffers."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class ValueNorm(nn.Module):
+    """Exact running mean/variance of value targets; the critic learns `(return - mean) / std`.
+
+    Disabled (`enabled=False`) it is the identity, so callers never branch on it.
+    """
+
+    def __init__(self, *, enabled: bool, epsilon: float = 1e-5) -> None:
+        super().__init__()
+        self.enabled = enabled
+        self.epsilon = epsilon
+        self.register_buffer("mean", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("var", torch.ones((), dtype=torch.float64))
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, values: torch.Tensor) -> None:
+        """Merge a batch of targets into the running statistics (parallel-variance formula)."""
+        if not self.enabled or values.numel() == 0:
+            return
+        batch = values.detach().to(torch.float64).reshape(-1)
+        batch_mean, batch_var, n = batch.mean(), batch.var(unbiased=False), float(batch.numel())
+        total = self.count + n
+        delta = batch_mean - self.mean
+        self.var.copy_((self.var * self.count + batch_var * n + delta.pow(2) * self.count * n / total) / total)
+        self.mean.add_(delta * n / total)
+        self.count.copy_(total)
+
+    @property
+    def std(self) -> torch.Tensor:
+        """Running standard deviation (float64 scalar)."""
+        return torch.sqrt(self.var.clamp_min(self.epsilon))
+
+    def normalize(self, values: torch.Tensor) -> torch.Tensor:
+        """Return units -> the critic's units."""
+        if not self.enabled:
+            return values
+        return ((values - self.mean) / self.std).to(values.dtype)
+
+    def denormalize(self, values: torch.Tensor) -> torch.Tensor:
+        """The critic's units -> return units."""
+        if not self.enabled:
+            return values
+        return (values * self.std + self.mean).to(values.dtype)

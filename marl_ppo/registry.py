@@ -1,0 +1,177 @@
+"""Environment registry: ids to factories, resolved lazily so registering imports nothing heavy.
+
+`env.id` may be
+- a registered id such as `mpe2/simple_spread_v3` (family/name),
+- `package.module:callable`, or
+- `path/to/file.py:callable`.
+The callable returns a PettingZoo ParallelEnv; `env.kwargs` are passed to it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+Factory = Callable[..., Any]
+
+
+class EnvError(ValueError):
+    """A user-facing environment problem (unknown id, missing extra, bad factory); one line."""
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """A registered environment: a factory or a lazy `module:attr` entry point, plus default kwargs."""
+
+    id: str
+    entry_point: Factory | str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    extra: str | None = None
+    """The optional dependency group that provides it (`pip install marl-ppo[extra]`)."""
+
+    @property
+    def family(self) -> str:
+        """The part of the id before the slash (`mpe2` for `mpe2/simple_spread_v3`)."""
+        return self.id.split("/", 1)[0] if "/" in self.id else ""
+
+    def load(self) -> Factory:
+        """Import (if needed) and return the factory callable."""
+        if callable(self.entry_point):
+            return self.entry_point
+        return _import_attr(self.entry_point, extra=self.extra, env_id=self.id)
+
+
+_REGISTRY: dict[str, EnvSpec] = {}
+_ENTRY_POINTS_LOADED = False
+ENTRY_POINT_GROUP = "marl_ppo.envs"
+
+
+def _load_entry_points() -> None:
+    """Call every `marl_ppo.envs` entry point once (third-party packages register their envs there)."""
+    global _ENTRY_POINTS_LOADED
+    if _ENTRY_POINTS_LOADED:
+        return
+    _ENTRY_POINTS_LOADED = True
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            hook = entry.load()
+        except Exception as err:  # a broken plugin must not break every other env
+            print(f"warning: env plugin '{entry.value}' failed to load: {err}", file=sys.stderr)
+            continue
+        hook()
+
+
+def register_env(
+    env_id: str, factory: Factory | str | None = None, *, extra: str | None = None, **default_kwargs: Any
+) -> Any:
+    """Register `factory` under `env_id`; without a factory, returns a decorator that registers its target."""
+    if not env_id or env_id != env_id.strip() or " " in env_id:
+        raise EnvError(f"invalid env id {env_id!r}; use a name like 'myfamily/my_env_v0'")
+
+    def add(target: Factory | str) -> Factory | str:
+        _REGISTRY[env_id] = EnvSpec(env_id, target, dict(default_kwargs), extra)
+        return target
+
+    if factory is None:
+        return add
+    add(factory)
+    return factory
+
+
+def registered_ids() -> list[str]:
+    """All registered ids, sorted."""
+    _load_entry_points()
+    return sorted(_REGISTRY)
+
+
+def env_spec(env_id: str) -> EnvSpec:
+    """The spec of a registered id, or an EnvError listing close matches."""
+    if env_id not in _REGISTRY:
+        _load_entry_points()
+    if env_id in _REGISTRY:
+        return _REGISTRY[env_id]
+    close = difflib.get_close_matches(env_id, list(_REGISTRY), n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(repr(c) for c in close)}?" if close else "run `marl-ppo envs` to list ids"
+    raise EnvError(f"unknown env id '{env_id}'; {hint}")
+
+
+def resolve_factory(env_id: str) -> tuple[Factory, dict[str, Any]]:
+    """The factory behind an env id and its registered default kwargs."""
+    if ":" not in env_id:
+        spec = env_spec(env_id)
+        return spec.load(), dict(spec.kwargs)
+    target, _, attr = env_id.rpartition(":")
+    if target.endswith(".py"):
+        return _load_from_file(Path(target), attr, env_id), {}
+    return _import_attr(env_id, extra=None, env_id=env_id), {}
+
+
+def make_env(env_id: str, **kwargs: Any) -> Any:
+    """Build the environment exactly as its factory returns it (registered defaults, then `kwargs`)."""
+    factory, defaults = resolve_factory(env_id)
+    try:
+        return factory(**{**defaults, **kwargs})
+    except TypeError as err:
+        raise EnvError(f"env '{env_id}' rejected its kwargs: {err}; check env.kwargs") from None
+
+
+def _import_attr(entry_point: str, *, extra: str | None, env_id: str) -> Factory:
+    module_name, _, attr = entry_point.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if extra is not None:
+            raise EnvError(
+                f"env '{env_id}' needs the optional package '{err.name}'; "
+                f"install it with: pip install 'marl-ppo[{extra}]'"
+            ) from None
+        raise EnvError(f"env '{env_id}': cannot import module '{module_name}' ({err}); check env.id") from None
+    try:
+        factory = getattr(module, attr)
+    except AttributeError:
+        raise EnvError(f"env '{env_id}': module '{module_name}' has no attribute '{attr}'; check env.id") from None
+    if not callable(factory):
+        raise EnvError(f"env '{env_id}': '{entry_point}' is not callable; point env.id at a factory function")
+    return factory
+
+
+def _load_from_file(path: Path, attr: str, env_id: str) -> Factory:
+    if not path.is_file():
+        raise EnvError(f"env '{env_id}': file '{path}' does not exist; check env.id")
+    module_name = f"marl_ppo_user_env_{abs(hash(str(path.resolve())))}"
+    module = sys.modules.get(module_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise EnvError(f"env '{env_id}': cannot load '{path}' as a Python file")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise EnvError(f"env '{env_id}': '{path}' defines no callable '{attr}'; check env.id")
+    return factory
+
+
+MPE2_SCENARIOS = (
+    "simple_v3",
+    "simple_adversary_v3",
+    "simple_crypto_v3",
+    "simple_push_v3",
+    "simple_reference_v3",
+    "simple_speaker_listener_v4",
+    "simple_spread_v3",
+    "simple_tag_v3",
+    "simple_world_comm_v3",
+)
+
+for _name in MPE2_SCENARIOS:
+    register_env(f"mpe2/{_name}", f"mpe2.{_name}:parallel_env", extra="mpe")

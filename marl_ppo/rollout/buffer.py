@@ -1,0 +1,116 @@
+"""Rollout storage: preallocated, time-major `(T, E, A_g, ...)` tensors per agent group. It only stores."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Union
+
+import numpy as np
+
+import torch
+
+from marl_ppo.envs.spec import GroupSpec, TeamSpec
+
+
+class BufferFull(RuntimeError):
+    """Raised by `add` once all `T` steps are written; call `reset()` before the next rollout."""
+
+
+_DTYPES = {"float32": torch.float32, "int64": torch.int64}
+
+
+@dataclass
+class GroupStorage:
+    """One group's rollout tensors; every field is `(T, E, A_g, ...)`."""
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    logp: torch.Tensor
+    values: torch.Tensor
+    final_values: torch.Tensor
+    """V(final obs/state) where the step truncated (for the bootstrap); unused elsewhere."""
+    rewards: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    alive: torch.Tensor
+
+    @classmethod
+    def allocate(cls, group: GroupSpec, steps: int, num_envs: int, device: torch.device) -> GroupStorage:
+        """Zeroed storage for one group."""
+        lead = (steps, num_envs, group.num_agents)
+
+        def zeros(*tail: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            return torch.zeros(lead + tail, dtype=dtype, device=device)
+
+        return cls(
+            obs=zeros(group.obs_dim),
+            actions=zeros(*group.action_shape, dtype=_DTYPES[group.action_dtype.name]),
+            logp=zeros(),
+            values=zeros(),
+            final_values=zeros(),
+            rewards=zeros(),
+            terminated=zeros(dtype=torch.bool),
+            truncated=zeros(dtype=torch.bool),
+            alive=zeros(dtype=torch.bool),
+        )
+
+
+class RolloutBuffer:
+    """Per-group storages plus the per-env global state `(T, E, S)`; `add` raises when full."""
+
+    def __init__(self, spec: TeamSpec, steps: int, num_envs: int, device: torch.device | str = "cpu") -> None:
+        self.spec = spec
+        self.steps = steps
+        self.num_envs = num_envs
+        self.device = torch.device(device)
+        self.groups = [GroupStorage.allocate(g, steps, num_envs, self.device) for g in spec.groups]
+        self.state = torch.zeros((steps, num_envs, spec.state_dim), device=self.device)
+        self.pos = 0
+
+    @property
+    def full(self) -> bool:
+        """True once all `steps` have been written."""
+        return self.pos >= self.steps
+
+    def reset(self) -> None:
+        """Start writing at step 0 again (old contents are overwritten, never read)."""
+        self.pos = 0
+
+    def add(
+        self,
+        *,
+        state: ArrayLike,
+        obs: Sequence[ArrayLike],
+        alive: Sequence[ArrayLike],
+        actions: Sequence[ArrayLike],
+        logp: Sequence[ArrayLike],
+        values: Sequence[ArrayLike],
+        rewards: Sequence[ArrayLike],
+        terminated: Sequence[ArrayLike],
+        truncated: Sequence[ArrayLike],
+        final_values: Sequence[ArrayLike],
+    ) -> None:
+        """Write one step of every env: team `state` `(E, S)` and per group `(E, A_g, ...)` arrays."""
+        if self.full:
+            raise BufferFull(f"rollout buffer holds {self.steps} steps and is full; call reset() before adding more")
+        t = self.pos
+        self.state[t].copy_(_tensor(state))
+        for g, storage in enumerate(self.groups):
+            storage.obs[t].copy_(_tensor(obs[g]))
+            storage.alive[t].copy_(_tensor(alive[g]))
+            storage.actions[t].copy_(_tensor(actions[g]))
+            storage.logp[t].copy_(_tensor(logp[g]))
+            storage.values[t].copy_(_tensor(values[g]))
+            storage.rewards[t].copy_(_tensor(rewards[g]))
+            storage.terminated[t].copy_(_tensor(terminated[g]))
+            storage.truncated[t].copy_(_tensor(truncated[g]))
+            storage.final_values[t].copy_(_tensor(final_values[g]))
+        self.pos += 1
+
+
+ArrayLike = Union[torch.Tensor, np.ndarray]
+
+
+def _tensor(value: ArrayLike) -> torch.Tensor:
+    return value if isinstance(value, torch.Tensor) else torch.from_numpy(np.asarray(value))

@@ -1,0 +1,106 @@
+"""The only loop that calls `env.step`: fills a RolloutBuffer with one rollout of every env copy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from marl_ppo.envs.vector import SyncVectorEnv
+from marl_ppo.models.team import TeamModel
+from marl_ppo.rollout.buffer import RolloutBuffer
+
+
+@dataclass
+class EpisodeRecord:
+    """One finished episode. `team_return` is the sum over agents of the episode's rewards."""
+
+    team_return: float
+    agent_returns: np.ndarray
+    """Per-agent returns in the team's fixed agent order."""
+    length: int
+    end_step: int
+    """Total env steps of the run when the episode ended."""
+
+
+@dataclass
+class RolloutResult:
+    """What a rollout produced besides the buffer contents."""
+
+    episodes: list[EpisodeRecord] = field(default_factory=list)
+    last_values: list[torch.Tensor] = field(default_factory=list)
+    """Per group `(E, A_g)`: values of the observations after the last step (return units)."""
+    env_steps: int = 0
+
+
+class Collector:
+    """Runs the policy in the vector env, keeping per-episode return accounting across rollouts."""
+
+    def __init__(self, venv: SyncVectorEnv, model: TeamModel, device: torch.device) -> None:
+        self.venv = venv
+        self.model = model
+        self.device = device
+        spec = venv.spec
+        # column of each group's agents in the team's agent order, for per-agent returns
+        self._columns = [np.array([spec.agents.index(a) for a in g.agents]) for g in spec.groups]
+        self._returns = np.zeros((venv.num_envs, spec.num_agents), dtype=np.float64)
+        self._lengths = np.zeros(venv.num_envs, dtype=np.int64)
+        self.env_steps = 0
+        """Env steps taken so far over all copies (one per copy per step)."""
+
+    def start(self, seed: int) -> None:
+        """Reset every env copy (env i gets `seed + i`) and clear episode accounting."""
+        self.venv.reset(seed)
+        self._returns[:] = 0.0
+        self._lengths[:] = 0
+
+    def _to_torch(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array.copy()).to(self.device)
+
+    @torch.no_grad()
+    def collect(self, buffer: RolloutBuffer) -> RolloutResult:
+        """Fill `buffer` (which must be empty) with `buffer.steps` steps of every env."""
+        arrays = self.venv.arrays
+        result = RolloutResult()
+        while not buffer.full:
+            obs = [self._to_torch(o) for o in arrays.obs]
+            alive = [self._to_torch(a) for a in arrays.alive]
+            state = self._to_torch(arrays.state)
+            dists = self.model.distributions(obs)
+            actions = [d.sample() for d in dists]
+            logp = [d.log_prob(a) for d, a in zip(dists, actions, strict=True)]
+            values = self.model.values(state, obs)
+            self.venv.step([a.cpu().numpy() for a in actions])
+            truncated = [torch.from_numpy(t) for t in arrays.truncated]
+            if any(t.any() for t in truncated):
+                final_obs = [self._to_torch(o) for o in arrays.final_obs]
+                final_values = self.model.values(self._to_torch(arrays.final_state), final_obs)
+            else:
+                final_values = [torch.zeros_like(v) for v in values]
+            buffer.add(
+                state=state, obs=obs, alive=alive, actions=actions, logp=logp, values=values,
+                rewards=arrays.reward, terminated=arrays.terminated, truncated=arrays.truncated,
+                final_values=final_values,
+            )
+            self._account(result)
+        result.last_values = self.model.values(
+            self._to_torch(arrays.state), [self._to_torch(o) for o in arrays.obs]
+        )
+        result.env_steps = buffer.steps * self.venv.num_envs
+        return result
+
+    def _account(self, result: RolloutResult) -> None:
+        arrays = self.venv.arrays
+        for columns, reward in zip(self._columns, arrays.reward, strict=True):
+            self._returns[:, columns] += reward
+        self._lengths += 1
+        self.env_steps += self.venv.num_envs
+        for i in np.flatnonzero(self.venv.episode_over):
+            agent_returns = self._returns[i].copy()
+            result.episodes.append(
+                EpisodeRecord(
+                    float(agent_returns.sum()), agent_returns, int(self._lengths[i]), self.env_steps
+                ))
+            self._returns[i] = 0.0
+            self._lengths[i] = 0

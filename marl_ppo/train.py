@@ -1,0 +1,162 @@
+"""train(): the orchestrator. Builds env, model and trainer, then loops collect -> GAE -> update -> log."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from marl_ppo.batch import rollout_batches
+from marl_ppo.checkpoint import FORMAT, save_checkpoint
+from marl_ppo.config import ExperimentConfig, config_to_dict
+from marl_ppo.envs.pettingzoo import ParallelEnvAdapter, build_team_spec
+from marl_ppo.envs.spec import TeamSpec
+from marl_ppo.envs.vector import SyncVectorEnv
+from marl_ppo.logging import RunLogger
+from marl_ppo.models.team import TeamModel
+from marl_ppo.registry import EnvError, make_env
+from marl_ppo.rollout.buffer import RolloutBuffer
+from marl_ppo.rollout.collector import Collector
+from marl_ppo.seeding import seed_everything
+from marl_ppo.trainer import Trainer
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a finished run reports (also written to `summary.json`)."""
+
+    run_dir: Path
+    env_steps: int
+    updates: int
+    episodes: int
+    team_return_mean: float
+    agent_return_mean: float
+    sps: float
+    wall_s: float
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` picks CUDA when available; `cuda` without a GPU is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise EnvError("device=cuda but no CUDA device is available; use device=cpu or device=auto")
+    return torch.device(name)
+
+
+def make_parallel_env(config: ExperimentConfig) -> Any:
+    """Build one env copy and check it is a PettingZoo ParallelEnv."""
+    env = make_env(config.env.id, **config.env.kwargs)
+    if hasattr(env, "agent_selection") or not hasattr(env, "possible_agents"):
+        raise EnvError(
+            f"env '{config.env.id}' returned {type(env).__name__}, not a PettingZoo ParallelEnv; "
+            "return env.parallel_env() (or wrap an AEC env with pettingzoo.utils.conversions.aec_to_parallel)"
+        )
+    return env
+
+
+def build_vector_env(config: ExperimentConfig) -> SyncVectorEnv:
+    """E copies of the configured env behind one TeamSpec."""
+    probe = make_parallel_env(config)
+    spec = build_team_spec(probe, config.env.id, config.env.groups)
+    probe.close()
+    return SyncVectorEnv(lambda: ParallelEnvAdapter(make_parallel_env(config), spec), config.num_envs)
+
+
+def train(config: ExperimentConfig, run_dir: Path | str) -> TrainResult:
+    """Train MAPPO/IPPO as configured, writing logs, checkpoints and summary.json into `run_dir`."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
+    generator = seed_everything(config.seed)
+    device = resolve_device(config.device)
+    venv = build_vector_env(config)
+    model = TeamModel(venv.spec, config).to(device)
+    trainer = Trainer(model, config.ppo, generator=generator)
+    buffer = RolloutBuffer(venv.spec, config.rollout_steps, config.num_envs, device)
+    collector = Collector(venv, model, device)
+    collector.start(config.seed)
+    logger = RunLogger(
+        run_dir, agents=venv.spec.agents, total_steps=config.total_steps, return_window=config.log.return_window,
+        per_agent=config.log.per_agent, progress=config.log.progress,
+    )
+    start = time.perf_counter()
+    updates = 0
+    try:
+        while collector.env_steps < config.total_steps:
+            _one_update(config, collector, buffer, trainer, logger, start)
+            updates += 1
+            if updates % config.log.checkpoint_every == 0:
+                _save(run_dir / "checkpoints" / "latest.pt", config, venv.spec, model, trainer, updates, collector)
+    finally:
+        logger.close()
+        venv.close()
+    wall = time.perf_counter() - start
+    for name in ("latest.pt", "final.pt"):
+        _save(run_dir / "checkpoints" / name, config, venv.spec, model, trainer, updates, collector)
+    result = TrainResult(
+        run_dir, collector.env_steps, updates, logger.episodes, logger.team_return_mean, logger.agent_return_mean,
+        collector.env_steps / wall if wall > 0 else 0.0, wall,
+    )
+    _write_summary(result)
+    return result
+
+
+def _one_update(
+    config: ExperimentConfig, collector: Collector, buffer: RolloutBuffer, trainer: Trainer, logger: RunLogger,
+    start: float,
+) -> None:
+    t0 = time.perf_counter()
+    buffer.reset()
+    rollout = collector.collect(buffer)
+    t1 = time.perf_counter()
+    batches = rollout_batches(buffer, rollout.last_values, gamma=config.gamma, lam=config.gae_lambda)
+    stats = trainer.update(batches)
+    t2 = time.perf_counter()
+    logger.episodes_done(rollout.episodes)
+    perf = {
+        "sps": collector.env_steps / (t2 - start),
+        "rollout_s": t1 - t0,
+        "learn_s": t2 - t1,
+    }
+    logger.update_done(collector.env_steps, stats, perf)
+
+
+def _save(
+    path: Path, config: ExperimentConfig, spec: TeamSpec, model: TeamModel, trainer: Trainer, updates: int,
+    collector: Collector,
+) -> None:
+    save_checkpoint(
+        path,
+        {
+            "format": FORMAT,
+            "config": config_to_dict(config),
+            "agents": list(spec.agents),
+            "groups": {g.name: list(g.agents) for g in spec.groups},
+            "model": model.state_dict(),
+            "actor_optimizer": trainer.actor_optimizer.state_dict(),
+            "critic_optimizer": trainer.critic_optimizer.state_dict(),
+            "updates": updates,
+            "env_steps": collector.env_steps,
+        },
+    )
+
+
+def _write_summary(result: TrainResult) -> None:
+    summary = {
+        "env_steps": result.env_steps,
+        "updates": result.updates,
+        "episodes": result.episodes,
+        "team_return_mean": result.team_return_mean,
+        "agent_return_mean": result.agent_return_mean,
+        "sps": result.sps,
+        "wall_s": result.wall_s,
+    }
+    (result.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -1,0 +1,164 @@
+"""The shared trainer: clipped PPO for every group's actors plus the critic, separate optimizers and rates."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from marl_ppo.batch import AgentBatch, minibatches
+from marl_ppo.config import PPOConfig
+from marl_ppo.losses import explained_variance, masked_mean, normalize_advantages, policy_loss, value_loss
+from marl_ppo.models.team import TeamModel
+
+
+@dataclass(frozen=True)
+class TrainStats:
+    """Per-update metrics (logged under `train/`). Losses are summed over groups, diagnostics averaged."""
+
+    loss_pi: float
+    """Actor loss over the whole batch after the update (clipped surrogate minus entropy bonus)."""
+    delta_loss_pi: float
+    """loss_pi after minus before the update."""
+    loss_v: float
+    """Value loss over the whole batch after the update (critic units)."""
+    delta_loss_v: float
+    """loss_v after minus before the update."""
+    kl: float
+    """Approximate KL(old || new) over the whole batch after the update."""
+    entropy: float
+    """Exact entropy of the updated policies, mean over live agent-steps."""
+    clipfrac: float
+    """Fraction of live samples whose ratio is outside the clip range after the update."""
+    stop_iter: int
+    """Actor epochs run (fewer than train_pi_iters when the KL early stop fired)."""
+    explained_variance: float
+    """1 - Var(return - value) / Var(return), with the acting-time values."""
+    value_mean: float
+    """Mean critic value over the batch's live samples, in return units."""
+    return_mean: float
+    """Mean GAE return target over the batch's live samples."""
+
+
+@dataclass(frozen=True)
+class _Evaluation:
+    loss_pi: float
+    loss_v: float
+    kl: float
+    entropy: float
+    clipfrac: float
+
+
+class Trainer:
+    """Runs `train_pi_iters` / `train_vf_iters` epochs of minibatch PPO over one batch per group."""
+
+    def __init__(self, model: TeamModel, ppo: PPOConfig, *, generator: torch.Generator) -> None:
+        self.model = model
+        self.ppo = ppo
+        self.generator = generator
+        self.actor_params = [p for p in model.actors.parameters()]
+        self.critic_params = [p for p in model.critics.parameters()]
+        self.actor_optimizer = torch.optim.Adam(self.actor_params, lr=ppo.pi_lr, eps=1e-5)
+        self.critic_optimizer = torch.optim.Adam(self.critic_params, lr=ppo.vf_lr, eps=1e-5)
+
+    def prepare(self, batches: Sequence[AgentBatch]) -> list[AgentBatch]:
+        """Update the value normalizers with the batch's returns and normalize advantages per group."""
+        prepared = []
+        for norm, batch in zip(self.model.value_norms, batches, strict=True):
+            norm.update(batch.returns[batch.alive])
+            advantages = batch.advantages
+            if self.ppo.normalize_advantages:
+                advantages = normalize_advantages(advantages, batch.alive)
+            prepared.append(dataclasses.replace(batch, advantages=advantages))
+        return prepared
+
+    def update(self, batches: Sequence[AgentBatch]) -> TrainStats:
+        """One PPO update on the groups' batches (raw advantages, return-unit values)."""
+        stats_in = _batch_statistics(batches)
+        batches = self.prepare(batches)
+        before = self._evaluate(batches)
+        ppo = self.ppo
+        policy_active, pi_epochs = True, 0
+        for epoch in range(max(ppo.train_pi_iters, ppo.train_vf_iters)):
+            train_pi = policy_active and epoch < ppo.train_pi_iters
+            train_vf = epoch < ppo.train_vf_iters
+            if not (train_pi or train_vf):
+                break
+            kls = []
+            for minibatch in minibatches(batches, ppo.num_minibatches, self.generator):
+                kls.append(self._step(minibatch, train_pi=train_pi, train_vf=train_vf))
+            if train_pi:
+                pi_epochs += 1
+                if ppo.target_kl is not None and sum(kls) / len(kls) > 1.5 * ppo.target_kl:
+                    policy_active = False
+        after = self._evaluate(batches)
+        return TrainStats(
+            loss_pi=after.loss_pi, delta_loss_pi=after.loss_pi - before.loss_pi,
+            loss_v=after.loss_v, delta_loss_v=after.loss_v - before.loss_v,
+            kl=after.kl, entropy=after.entropy, clipfrac=after.clipfrac, stop_iter=pi_epochs,
+            **stats_in,
+        )
+
+    def _losses(self, batches: Sequence[AgentBatch]) -> tuple[torch.Tensor, torch.Tensor, list[dict[str, torch.Tensor]]]:
+        """Summed actor and critic losses over groups, plus per-group diagnostics."""
+        ppo = self.ppo
+        loss_pi = torch.zeros(())
+        loss_v = torch.zeros(())
+        diagnostics = []
+        for actor, critic, norm, batch in zip(
+            self.model.actors, self.model.critics, self.model.value_norms, batches, strict=True
+        ):
+            dist = actor(batch.obs)
+            terms = policy_loss(
+                dist.log_prob(batch.actions), batch.logp_old, batch.advantages, batch.alive, clip_ratio=ppo.clip_ratio
+            )
+            entropy = masked_mean(dist.entropy(), batch.alive)
+            loss_pi = loss_pi + terms.loss - ppo.entropy_coef * entropy
+            values = critic(batch.state, batch.obs)
+            loss_v = loss_v + value_loss(
+                values, norm.normalize(batch.values_old), norm.normalize(batch.returns), batch.alive,
+                huber_delta=ppo.huber_delta, clip=ppo.value_clip,
+            )
+            diagnostics.append({"kl": terms.approx_kl, "clipfrac": terms.clipfrac, "entropy": entropy.detach()})
+        return loss_pi, loss_v, diagnostics
+
+    def _step(self, minibatch: Sequence[AgentBatch], *, train_pi: bool, train_vf: bool) -> float:
+        loss_pi, loss_v, diagnostics = self._losses(minibatch)
+        self.actor_optimizer.zero_grad(set_to_none=True)
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        total = (loss_pi if train_pi else 0.0) + (loss_v if train_vf else 0.0)
+        total.backward()
+        if train_pi:
+            self._clip(self.actor_params)
+            self.actor_optimizer.step()
+        if train_vf:
+            self._clip(self.critic_params)
+            self.critic_optimizer.step()
+        return float(sum(d["kl"] for d in diagnostics) / len(diagnostics))
+
+    def _clip(self, params: list[nn.Parameter]) -> None:
+        if self.ppo.max_grad_norm is not None:
+            nn.utils.clip_grad_norm_(params, self.ppo.max_grad_norm)
+
+    @torch.no_grad()
+    def _evaluate(self, batches: Sequence[AgentBatch]) -> _Evaluation:
+        loss_pi, loss_v, diagnostics = self._losses(batches)
+
+        def mean(key: str) -> float:
+            return float(sum(d[key] for d in diagnostics) / len(diagnostics))
+
+        return _Evaluation(float(loss_pi), float(loss_v), mean("kl"), mean("entropy"), mean("clipfrac"))
+
+
+def _batch_statistics(batches: Sequence[AgentBatch]) -> dict[str, float]:
+    values = torch.cat([b.values_old[b.alive] for b in batches])
+    returns = torch.cat([b.returns[b.alive] for b in batches])
+    mask = torch.ones_like(values, dtype=torch.bool)
+    return {
+        "explained_variance": explained_variance(values, returns, mask),
+        "value_mean": float(values.mean()) if values.numel() else 0.0,
+        "return_mean": float(returns.mean()) if returns.numel() else 0.0,
+    }

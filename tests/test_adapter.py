@@ -1,0 +1,105 @@
+"""The PettingZoo adapter and the sync vector env: grouping, alive masks, flags, final obs, state."""
+
+import numpy as np
+import pytest
+from gymnasium import spaces
+from pettingzoo.test import parallel_api_test
+
+from envs.early_leaver import EarlyLeaverEnv
+from envs.never_ending import NeverEndingEnv
+from marl_ppo.envs.pettingzoo import EnvContractError, ParallelEnvAdapter, TeamArrays, build_team_spec
+from marl_ppo.envs.vector import SyncVectorEnv
+from marl_ppo.registry import make_env
+
+
+def _adapter(env):
+    spec = build_team_spec(env, "test")
+    return ParallelEnvAdapter(env, spec), TeamArrays.allocate(spec)
+
+
+@pytest.mark.parametrize("factory", [EarlyLeaverEnv, NeverEndingEnv])
+def test_project_envs_pass_pettingzoo_api_test(factory):
+    parallel_api_test(factory(), num_cycles=20)
+
+
+def test_agent_that_leaves_early_is_masked_and_gets_no_action():
+    env = EarlyLeaverEnv(leave_at=2, max_steps=4)
+    adapter, out = _adapter(env)
+    (group,) = adapter.spec.groups
+    assert group.agents == ("agent_0", "agent_1", "agent_2")
+    assert adapter.spec.state_dim == 6 and not adapter.spec.state_from_env
+    adapter.reset(0, out)
+    np.testing.assert_array_equal(out.alive[0], [True, True, True])
+    np.testing.assert_array_equal(out.obs[0], [[0, 0], [1, 0], [2, 0]])
+    actions = [np.array([0, 1, 2])]
+
+    assert not adapter.step(actions, out)  # t = 1: everyone still in
+    np.testing.assert_array_equal(out.reward[0], [1, 2, 3])
+
+    assert not adapter.step(actions, out)  # t = 2: agent_1 terminates
+    np.testing.assert_array_equal(out.terminated[0], [False, True, False])
+    np.testing.assert_array_equal(out.truncated[0], [False, False, False])
+    np.testing.assert_array_equal(out.alive[0], [True, False, True])
+    np.testing.assert_array_equal(out.final_obs[0][1], [1, 2])  # its last observation is kept
+    np.testing.assert_array_equal(out.obs[0][1], [0, 0])  # and its slot is zero-padded from now on
+    np.testing.assert_array_equal(out.state, [0, 2, 0, 0, 2, 2])  # concatenated obs, gone agent zeroed
+
+    assert not adapter.step(actions, out)  # t = 3: agent_1 absent
+    assert set(env.received_actions[-1]) == {"agent_0", "agent_2"}
+    np.testing.assert_array_equal(out.reward[0], [1, 0, 3])
+    np.testing.assert_array_equal(out.terminated[0], [False, False, False])
+
+    assert adapter.step(actions, out)  # t = 4: truncation ends the episode
+    np.testing.assert_array_equal(out.truncated[0], [True, False, True])
+    np.testing.assert_array_equal(out.terminated[0], [False, False, False])
+    np.testing.assert_array_equal(out.alive[0], [False, False, False])
+    np.testing.assert_array_equal(out.final_obs[0], [[0, 4], [0, 0], [2, 4]])
+
+
+def test_vector_env_auto_resets_and_keeps_final_obs_and_state():
+    venv = SyncVectorEnv(lambda: _adapter(EarlyLeaverEnv(leave_at=2, max_steps=3))[0], num_envs=2)
+    arrays = venv.reset(seed=0)
+    actions = [np.zeros((2, 3), np.int64)]
+    for _ in range(2):
+        venv.step(actions)
+        assert not venv.episode_over.any()
+    venv.step(actions)
+    assert venv.episode_over.all()
+    np.testing.assert_array_equal(arrays.truncated[0], [[True, False, True]] * 2)
+    np.testing.assert_array_equal(arrays.final_obs[0][:, 0], [[0, 3]] * 2)  # pre-reset final observation
+    np.testing.assert_array_equal(arrays.final_state[0], [0, 3, 0, 0, 2, 3])
+    np.testing.assert_array_equal(arrays.obs[0][0], [[0, 0], [1, 0], [2, 0]])  # the new episode's first obs
+    np.testing.assert_array_equal(arrays.alive[0], [[True, True, True]] * 2)
+    np.testing.assert_array_equal(arrays.state[0], [0, 0, 1, 0, 2, 0])
+
+
+def test_mpe_spread_uses_env_state_and_one_group():
+    env = make_env("mpe2/simple_spread_v3")
+    spec = build_team_spec(env, "mpe2/simple_spread_v3")
+    assert [g.agents for g in spec.groups] == [("agent_0", "agent_1", "agent_2")]
+    assert spec.state_from_env and spec.state_dim == 54
+    assert spec.groups[0].obs_dim == 18
+
+
+def test_heterogeneous_agents_form_groups_in_agent_order():
+    env = make_env("mpe2/simple_adversary_v3")
+    spec = build_team_spec(env, "mpe2/simple_adversary_v3")
+    assert [(g.name, g.agents) for g in spec.groups] == [("adversary", ("adversary_0",)), ("agent", ("agent_0", "agent_1"))]
+    assert spec.groups[0].obs_dim != spec.groups[1].obs_dim
+
+
+def test_groups_by_name_must_cover_every_agent():
+    env = make_env("mpe2/simple_spread_v3")
+    spec = build_team_spec(env, "x", {"left": ["agent_0"], "right": ["agent_1", "agent_2"]})
+    assert [g.name for g in spec.groups] == ["left", "right"]
+    with pytest.raises(EnvContractError, match="missing"):
+        build_team_spec(env, "x", {"left": ["agent_0"]})
+
+
+def test_box_actions_are_clipped_to_bounds():
+    env = make_env("mpe2/simple_spread_v3", continuous_actions=True)
+    adapter, out = _adapter(env)
+    (group,) = adapter.spec.groups
+    assert isinstance(group.action_space, spaces.Box) and group.action_shape == (5,)
+    clipped = adapter._to_env_action(0, np.array([-3.0, 0.5, 2.0, 0.0, 1.0], np.float32))
+    np.testing.assert_array_equal(clipped, [0.0, 0.5, 1.0, 0.0, 1.0])
