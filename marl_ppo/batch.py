@@ -55,9 +55,14 @@ def build_batches(
         storage: GroupStorage
         batches.append(
             AgentBatch(
-                obs=flat(storage.obs), actions=flat(storage.actions), logp_old=flat(storage.logp),
-                values_old=flat(storage.values), advantages=flat(adv), returns=flat(ret),
-                alive=flat(storage.alive), state=state,
+                obs=flat(storage.obs),
+                actions=flat(storage.actions),
+                logp_old=flat(storage.logp),
+                values_old=flat(storage.values),
+                advantages=flat(adv),
+                returns=flat(ret),
+                alive=flat(storage.alive),
+                state=state,
             )
         )
     return batches
@@ -85,8 +90,13 @@ def rollout_batches(
     for storage, last in zip(buffer.groups, last_values, strict=True):
         next_values = bootstrap_values(storage.values, last, storage.final_values, storage.truncated)
         adv, ret = compute_gae(
-            storage.rewards, storage.values, next_values, storage.terminated,
-            storage.terminated | storage.truncated, gamma=gamma, lam=lam,
+            storage.rewards,
+            storage.values,
+            next_values,
+            storage.terminated,
+            storage.terminated | storage.truncated,
+            gamma=gamma,
+            lam=lam,
         )
         advantages.append(adv)
         returns.append(ret)

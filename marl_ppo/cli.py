@@ -25,7 +25,9 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train on an experiment file with key=value overrides")
     train.add_argument("args", nargs="*", metavar="[EXPERIMENT.yaml] [key=value ...]")
-    train.add_argument("--run-dir", type=Path, help="where to write logs and checkpoints (default: runs/<name>-<time>)")
+    train.add_argument(
+        "--run-dir", type=Path, help="where to write logs and checkpoints (default: runs/<name>-<time>)"
+    )
     train.add_argument("--help-config", action="store_true", help="list every config key with its meaning")
     train.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     commands.add_parser("envs", help="list registered environment ids")

@@ -104,6 +104,10 @@ class ExperimentConfig:
     """Environment steps to train for (one step of one env copy counts once, not once per agent)."""
     num_envs: PositiveInt = 16
     """Environment copies stepped in parallel."""
+    vector: Literal["sync", "subprocess"] = "sync"
+    """Step the env copies in this process (`sync`) or in `num_workers` worker processes (`subprocess`)."""
+    num_workers: PositiveInt = 2
+    """Worker processes for `vector: subprocess` (each steps a contiguous slice of the env copies)."""
     rollout_steps: PositiveInt = 100
     """Steps per env copy collected before each update (batch = rollout_steps * num_envs)."""
     gamma: Annotated[float, Field(gt=0, le=1)] = 0.99

@@ -38,7 +38,9 @@ class RunLogger:
         if progress:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total_steps, unit="step", unit_scale=True, dynamic_ncols=True, smoothing=0.1)
+            self.bar = tqdm(
+                total=total_steps, unit="step", unit_scale=True, dynamic_ncols=True, smoothing=0.1
+            )
 
     @property
     def team_return_mean(self) -> float:

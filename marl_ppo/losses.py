@@ -26,7 +26,12 @@ class PolicyTerms:
 
 
 def policy_loss(
-    logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor, alive: torch.Tensor, *, clip_ratio: float
+    logp: torch.Tensor,
+    logp_old: torch.Tensor,
+    advantages: torch.Tensor,
+    alive: torch.Tensor,
+    *,
+    clip_ratio: float,
 ) -> PolicyTerms:
     """PPO's clipped surrogate objective, negated, over live samples."""
     log_ratio = logp - logp_old

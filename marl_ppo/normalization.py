@@ -29,7 +29,9 @@ class ValueNorm(nn.Module):
         batch_mean, batch_var, n = batch.mean(), batch.var(unbiased=False), float(batch.numel())
         total = self.count + n
         delta = batch_mean - self.mean
-        self.var.copy_((self.var * self.count + batch_var * n + delta.pow(2) * self.count * n / total) / total)
+        self.var.copy_(
+            (self.var * self.count + batch_var * n + delta.pow(2) * self.count * n / total) / total
+        )
         self.mean.add_(delta * n / total)
         self.count.copy_(total)
 

@@ -99,7 +99,9 @@ def env_spec(env_id: str) -> EnvSpec:
     if env_id in _REGISTRY:
         return _REGISTRY[env_id]
     close = difflib.get_close_matches(env_id, list(_REGISTRY), n=3, cutoff=0.5)
-    hint = f"did you mean {', '.join(repr(c) for c in close)}?" if close else "run `marl-ppo envs` to list ids"
+    hint = (
+        f"did you mean {', '.join(repr(c) for c in close)}?" if close else "run `marl-ppo envs` to list ids"
+    )
     raise EnvError(f"unknown env id '{env_id}'; {hint}")
 
 
@@ -133,11 +135,15 @@ def _import_attr(entry_point: str, *, extra: str | None, env_id: str) -> Factory
                 f"env '{env_id}' needs the optional package '{err.name}'; "
                 f"install it with: pip install 'marl-ppo[{extra}]'"
             ) from None
-        raise EnvError(f"env '{env_id}': cannot import module '{module_name}' ({err}); check env.id") from None
+        raise EnvError(
+            f"env '{env_id}': cannot import module '{module_name}' ({err}); check env.id"
+        ) from None
     try:
         factory = getattr(module, attr)
     except AttributeError:
-        raise EnvError(f"env '{env_id}': module '{module_name}' has no attribute '{attr}'; check env.id") from None
+        raise EnvError(
+            f"env '{env_id}': module '{module_name}' has no attribute '{attr}'; check env.id"
+        ) from None
     if not callable(factory):
         raise EnvError(f"env '{env_id}': '{entry_point}' is not callable; point env.id at a factory function")
     return factory

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from marl_ppo.checkpoint import FORMAT, save_checkpoint
 from marl_ppo.config import ExperimentConfig, config_to_dict
 from marl_ppo.envs.pettingzoo import ParallelEnvAdapter, build_team_spec
 from marl_ppo.envs.spec import TeamSpec
+from marl_ppo.envs.subprocess import SubprocessVectorEnv
 from marl_ppo.envs.vector import SyncVectorEnv
 from marl_ppo.logging import RunLogger
 from marl_ppo.models.team import TeamModel
@@ -60,12 +62,19 @@ def make_parallel_env(config: ExperimentConfig) -> Any:
     return env
 
 
-def build_vector_env(config: ExperimentConfig) -> SyncVectorEnv:
-    """E copies of the configured env behind one TeamSpec."""
+def _make_adapter(config: ExperimentConfig, spec: TeamSpec) -> ParallelEnvAdapter:
+    return ParallelEnvAdapter(make_parallel_env(config), spec)
+
+
+def build_vector_env(config: ExperimentConfig) -> SyncVectorEnv | SubprocessVectorEnv:
+    """E copies of the configured env behind one TeamSpec, in this process or in worker processes."""
     probe = make_parallel_env(config)
     spec = build_team_spec(probe, config.env.id, config.env.groups)
     probe.close()
-    return SyncVectorEnv(lambda: ParallelEnvAdapter(make_parallel_env(config), spec), config.num_envs)
+    make_adapter = functools.partial(_make_adapter, config, spec)
+    if config.vector == "subprocess":
+        return SubprocessVectorEnv(make_adapter, config.num_envs, config.num_workers)
+    return SyncVectorEnv(make_adapter, config.num_envs)
 
 
 def train(config: ExperimentConfig, run_dir: Path | str) -> TrainResult:
@@ -84,8 +93,12 @@ def train(config: ExperimentConfig, run_dir: Path | str) -> TrainResult:
     collector = Collector(venv, model, device)
     collector.start(config.seed)
     logger = RunLogger(
-        run_dir, agents=venv.spec.agents, total_steps=config.total_steps, return_window=config.log.return_window,
-        per_agent=config.log.per_agent, progress=config.log.progress,
+        run_dir,
+        agents=venv.spec.agents,
+        total_steps=config.total_steps,
+        return_window=config.log.return_window,
+        per_agent=config.log.per_agent,
+        progress=config.log.progress,
     )
     start = time.perf_counter()
     updates = 0
@@ -94,7 +107,15 @@ def train(config: ExperimentConfig, run_dir: Path | str) -> TrainResult:
             _one_update(config, collector, buffer, trainer, logger, start)
             updates += 1
             if updates % config.log.checkpoint_every == 0:
-                _save(run_dir / "checkpoints" / "latest.pt", config, venv.spec, model, trainer, updates, collector)
+                _save(
+                    run_dir / "checkpoints" / "latest.pt",
+                    config,
+                    venv.spec,
+                    model,
+                    trainer,
+                    updates,
+                    collector,
+                )
     finally:
         logger.close()
         venv.close()
@@ -102,15 +123,25 @@ def train(config: ExperimentConfig, run_dir: Path | str) -> TrainResult:
     for name in ("latest.pt", "final.pt"):
         _save(run_dir / "checkpoints" / name, config, venv.spec, model, trainer, updates, collector)
     result = TrainResult(
-        run_dir, collector.env_steps, updates, logger.episodes, logger.team_return_mean, logger.agent_return_mean,
-        collector.env_steps / wall if wall > 0 else 0.0, wall,
+        run_dir,
+        collector.env_steps,
+        updates,
+        logger.episodes,
+        logger.team_return_mean,
+        logger.agent_return_mean,
+        collector.env_steps / wall if wall > 0 else 0.0,
+        wall,
     )
     _write_summary(result)
     return result
 
 
 def _one_update(
-    config: ExperimentConfig, collector: Collector, buffer: RolloutBuffer, trainer: Trainer, logger: RunLogger,
+    config: ExperimentConfig,
+    collector: Collector,
+    buffer: RolloutBuffer,
+    trainer: Trainer,
+    logger: RunLogger,
     start: float,
 ) -> None:
     t0 = time.perf_counter()
@@ -130,7 +161,12 @@ def _one_update(
 
 
 def _save(
-    path: Path, config: ExperimentConfig, spec: TeamSpec, model: TeamModel, trainer: Trainer, updates: int,
+    path: Path,
+    config: ExperimentConfig,
+    spec: TeamSpec,
+    model: TeamModel,
+    trainer: Trainer,
+    updates: int,
     collector: Collector,
 ) -> None:
     save_checkpoint(

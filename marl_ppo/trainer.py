@@ -96,13 +96,20 @@ class Trainer:
                     policy_active = False
         after = self._evaluate(batches)
         return TrainStats(
-            loss_pi=after.loss_pi, delta_loss_pi=after.loss_pi - before.loss_pi,
-            loss_v=after.loss_v, delta_loss_v=after.loss_v - before.loss_v,
-            kl=after.kl, entropy=after.entropy, clipfrac=after.clipfrac, stop_iter=pi_epochs,
+            loss_pi=after.loss_pi,
+            delta_loss_pi=after.loss_pi - before.loss_pi,
+            loss_v=after.loss_v,
+            delta_loss_v=after.loss_v - before.loss_v,
+            kl=after.kl,
+            entropy=after.entropy,
+            clipfrac=after.clipfrac,
+            stop_iter=pi_epochs,
             **stats_in,
         )
 
-    def _losses(self, batches: Sequence[AgentBatch]) -> tuple[torch.Tensor, torch.Tensor, list[dict[str, torch.Tensor]]]:
+    def _losses(
+        self, batches: Sequence[AgentBatch]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[dict[str, torch.Tensor]]]:
         """Summed actor and critic losses over groups, plus per-group diagnostics."""
         ppo = self.ppo
         loss_pi = torch.zeros(())
@@ -113,16 +120,26 @@ class Trainer:
         ):
             dist = actor(batch.obs)
             terms = policy_loss(
-                dist.log_prob(batch.actions), batch.logp_old, batch.advantages, batch.alive, clip_ratio=ppo.clip_ratio
+                dist.log_prob(batch.actions),
+                batch.logp_old,
+                batch.advantages,
+                batch.alive,
+                clip_ratio=ppo.clip_ratio,
             )
             entropy = masked_mean(dist.entropy(), batch.alive)
             loss_pi = loss_pi + terms.loss - ppo.entropy_coef * entropy
             values = critic(batch.state, batch.obs)
             loss_v = loss_v + value_loss(
-                values, norm.normalize(batch.values_old), norm.normalize(batch.returns), batch.alive,
-                huber_delta=ppo.huber_delta, clip=ppo.value_clip,
+                values,
+                norm.normalize(batch.values_old),
+                norm.normalize(batch.returns),
+                batch.alive,
+                huber_delta=ppo.huber_delta,
+                clip=ppo.value_clip,
             )
-            diagnostics.append({"kl": terms.approx_kl, "clipfrac": terms.clipfrac, "entropy": entropy.detach()})
+            diagnostics.append(
+                {"kl": terms.approx_kl, "clipfrac": terms.clipfrac, "entropy": entropy.detach()}
+            )
         return loss_pi, loss_v, diagnostics
 
     def _step(self, minibatch: Sequence[AgentBatch], *, train_pi: bool, train_vf: bool) -> float:

@@ -13,8 +13,14 @@ ROOT = Path(__file__).resolve().parent.parent
 def tiny_overrides():
     """Overrides that make any experiment run in a second or two."""
     return [
-        "num_envs=2", "rollout_steps=25", "total_steps=100", "log.progress=false",
-        "ppo.train_pi_iters=2", "ppo.train_vf_iters=2", "ppo.num_minibatches=2", "model.hidden_sizes=[16,16]",
+        "num_envs=2",
+        "rollout_steps=25",
+        "total_steps=100",
+        "log.progress=false",
+        "ppo.train_pi_iters=2",
+        "ppo.train_vf_iters=2",
+        "ppo.num_minibatches=2",
+        "model.hidden_sizes=[16,16]",
     ]
 
 

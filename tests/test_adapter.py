@@ -84,7 +84,10 @@ def test_mpe_spread_uses_env_state_and_one_group():
 def test_heterogeneous_agents_form_groups_in_agent_order():
     env = make_env("mpe2/simple_adversary_v3")
     spec = build_team_spec(env, "mpe2/simple_adversary_v3")
-    assert [(g.name, g.agents) for g in spec.groups] == [("adversary", ("adversary_0",)), ("agent", ("agent_0", "agent_1"))]
+    assert [(g.name, g.agents) for g in spec.groups] == [
+        ("adversary", ("adversary_0",)),
+        ("agent", ("agent_0", "agent_1")),
+    ]
     assert spec.groups[0].obs_dim != spec.groups[1].obs_dim
 
 

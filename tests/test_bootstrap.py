@@ -1,7 +1,6 @@
 """The time-limit bootstrap against the analytic value 1 / (1 - gamma) on a never-ending task."""
 
 import numpy as np
-import pytest
 import torch
 
 from marl_ppo.checkpoint import load_checkpoint
@@ -13,11 +12,24 @@ GAMMA = 0.9
 
 
 def _learned_value(tmp_path, env_kwargs):
-    config = load_config(None, [
-        "env.id=envs/never_ending_v0", f"env.kwargs={env_kwargs}", f"gamma={GAMMA}", "gae_lambda=0.95",
-        "num_envs=4", "rollout_steps=20", "total_steps=4800", "log.progress=false", "ppo.vf_lr=3e-3",
-        "ppo.train_vf_iters=10", "ppo.train_pi_iters=1", "ppo.num_minibatches=2", "model.hidden_sizes=[16]",
-    ])
+    config = load_config(
+        None,
+        [
+            "env.id=envs/never_ending_v0",
+            f"env.kwargs={env_kwargs}",
+            f"gamma={GAMMA}",
+            "gae_lambda=0.95",
+            "num_envs=4",
+            "rollout_steps=20",
+            "total_steps=4800",
+            "log.progress=false",
+            "ppo.vf_lr=3e-3",
+            "ppo.train_vf_iters=10",
+            "ppo.train_pi_iters=1",
+            "ppo.num_minibatches=2",
+            "model.hidden_sizes=[16]",
+        ],
+    )
     train(config, tmp_path)
     venv = build_vector_env(config)
     model = TeamModel(venv.spec, config)

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 import torch
+from gymnasium import spaces
 
 from marl_ppo.batch import build_batches, minibatches
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
 from marl_ppo.rollout.buffer import BufferFull, RolloutBuffer
-from gymnasium import spaces
 
 
 def _spec():
@@ -63,7 +63,9 @@ def test_batch_flattening_keeps_time_major_order():
     (batch,) = build_batches(buffer, [storage.rewards * 0 + 1], [storage.rewards])
     assert batch.obs.shape == (6, 2, 3) and batch.state.shape == (6, 6)
     # row n = t * num_envs + e
-    expected = torch.tensor([[100 * t + 2 * e, 100 * t + 2 * e + 1] for t in range(3) for e in range(2)]).float()
+    expected = torch.tensor(
+        [[100 * t + 2 * e, 100 * t + 2 * e + 1] for t in range(3) for e in range(2)]
+    ).float()
     torch.testing.assert_close(batch.returns, expected)
     torch.testing.assert_close(batch.state[:, 0], torch.tensor([0, 0, 1, 1, 2, 2]).float())
 

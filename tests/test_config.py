@@ -4,11 +4,10 @@ import subprocess
 import sys
 
 import pytest
+from conftest import ROOT
 
 from marl_ppo.cli import main
 from marl_ppo.config import ConfigError, ExperimentConfig, config_keys, load_config, parse_overrides
-
-from conftest import ROOT
 
 SPREAD_YAML = str(ROOT / "experiments/mpe/simple_spread.yaml")
 
@@ -22,11 +21,24 @@ def test_defaults_live_in_the_dataclass_and_every_key_is_documented():
 
 
 def test_yaml_then_overrides_with_types():
-    config = load_config(SPREAD_YAML, ["seed=7", "ppo.pi_lr=1e-3", "model.hidden_sizes=[32, 32]",
-                                       "env.kwargs.N=4", "ppo.target_kl=null", "critic=obs"])
+    config = load_config(
+        SPREAD_YAML,
+        [
+            "seed=7",
+            "ppo.pi_lr=1e-3",
+            "model.hidden_sizes=[32, 32]",
+            "env.kwargs.N=4",
+            "ppo.target_kl=null",
+            "critic=obs",
+        ],
+    )
     assert config.seed == 7 and config.ppo.pi_lr == pytest.approx(1e-3)
     assert config.model.hidden_sizes == (32, 32)
-    assert config.env.kwargs == {"N": 4, "max_cycles": 25, "continuous_actions": False}  # merged, not replaced
+    assert config.env.kwargs == {
+        "N": 4,
+        "max_cycles": 25,
+        "continuous_actions": False,
+    }  # merged, not replaced
     assert config.ppo.target_kl is None and config.critic == "obs"
 
 
@@ -46,7 +58,10 @@ def test_parse_overrides_nests_dotted_keys():
         (["critic=central"], "config key 'critic': input should be 'state', 'state+obs' or 'obs'"),
         (["share_actor=maybe"], "config key 'share_actor': input should be a valid boolean"),
         (["total_steps=0"], "config key 'total_steps': input should be greater than 0"),
-        (["rollout_steps=2", "num_envs=1", "ppo.num_minibatches=4"], "ppo.num_minibatches=4 exceeds the batch"),
+        (
+            ["rollout_steps=2", "num_envs=1", "ppo.num_minibatches=4"],
+            "ppo.num_minibatches=4 exceeds the batch",
+        ),
         (["seed"], "override 'seed' is not key=value"),
     ],
 )
@@ -95,6 +110,9 @@ def test_console_script_prints_no_traceback():
         [sys.executable, "-m", "marl_ppo", "train", SPREAD_YAML, "seed=-3"], capture_output=True, text=True
     )
     assert result.returncode == 2
-    assert result.stderr.strip() == "error: config key 'seed': input should be greater than or equal to 0, got -3 " \
+    assert (
+        result.stderr.strip()
+        == "error: config key 'seed': input should be greater than or equal to 0, got -3 "
         "(Seed for Python, NumPy, torch and the environments.)"
+    )
     assert "Traceback" not in result.stderr

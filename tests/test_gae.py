@@ -75,8 +75,15 @@ def test_bootstrap_values_uses_final_value_only_at_truncation():
 def test_gae_rejects_mismatched_shapes():
     with pytest.raises(ValueError, match="values has shape"):
         compute_gae(
-            torch.zeros(3, 2), torch.zeros(3, 1), torch.zeros(3, 2), torch.zeros(3, 2, dtype=torch.bool),
-            torch.zeros(3, 2, dtype=torch.bool), gamma=0.9, lam=0.9,
+            torch.zeros(3, 2),
+            torch.zeros(3, 1),
+            torch.zeros(3, 2),
+            torch.zeros(3, 2, dtype=torch.bool),
+            torch.zeros(3, 2, dtype=torch.bool),
+            gamma=0.9,
+            lam=0.9,
         )
     with pytest.raises(ValueError, match="last_values"):
-        bootstrap_values(torch.zeros(3, 2), torch.zeros(3), torch.zeros(3, 2), torch.zeros(3, 2, dtype=torch.bool))
+        bootstrap_values(
+            torch.zeros(3, 2), torch.zeros(3), torch.zeros(3, 2), torch.zeros(3, 2, dtype=torch.bool)
+        )

@@ -4,18 +4,28 @@ import json
 
 import torch
 import yaml
+from conftest import ROOT
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.cli import main
-from marl_ppo.config import build_config
+from marl_ppo.config import build_config, load_config
 from marl_ppo.models.team import TeamModel
 from marl_ppo.train import build_vector_env, train
 
-from conftest import ROOT
-
-TRAIN_TAGS = ["loss_pi", "delta_loss_pi", "loss_v", "delta_loss_v", "kl", "entropy", "clipfrac", "stop_iter",
-              "explained_variance", "value_mean", "return_mean"]
+TRAIN_TAGS = [
+    "loss_pi",
+    "delta_loss_pi",
+    "loss_v",
+    "delta_loss_v",
+    "kl",
+    "entropy",
+    "clipfrac",
+    "stop_iter",
+    "explained_variance",
+    "value_mean",
+    "return_mean",
+]
 
 
 def test_two_updates_log_every_tag_and_write_a_loadable_checkpoint(spread_config, tmp_path):
@@ -26,15 +36,21 @@ def test_two_updates_log_every_tag_and_write_a_loadable_checkpoint(spread_config
     events.Reload()
     tags = set(events.Tags()["scalars"])
     expected = {f"train/{t}" for t in TRAIN_TAGS} | {
-        "rollout/team_return", "rollout/agent_return", "rollout/episode_length", "perf/sps",
-        "agents/agent_0/return", "agents/agent_2/return",
+        "rollout/team_return",
+        "rollout/agent_return",
+        "rollout/episode_length",
+        "perf/sps",
+        "agents/agent_0/return",
+        "agents/agent_2/return",
     }
     assert expected <= tags, f"missing: {sorted(expected - tags)}"
     assert [e.step for e in events.Scalars("train/loss_pi")] == [50, 100]
     assert [e.value for e in events.Scalars("rollout/episode_length")] == [25.0] * 4
     team = [e.value for e in events.Scalars("rollout/team_return")]
     agent = [e.value for e in events.Scalars("rollout/agent_return")]
-    assert all(abs(t - 3 * a) < 1e-3 for t, a in zip(team, agent))  # team return = sum over 3 agents
+    assert all(
+        abs(t - 3 * a) < 1e-3 for t, a in zip(team, agent, strict=True)
+    )  # team return = sum over 3 agents
 
     payload = load_checkpoint(tmp_path / "checkpoints/final.pt")  # weights_only=True inside
     assert payload["updates"] == 2 and payload["env_steps"] == 100
@@ -54,8 +70,15 @@ def test_two_updates_log_every_tag_and_write_a_loadable_checkpoint(spread_config
 
 def test_ippo_experiment_runs_from_the_cli(tiny_overrides, tmp_path, capsys):
     run_dir = tmp_path / "ippo"
-    code = main(["train", str(ROOT / "experiments/mpe/simple_spread_ippo.yaml"), *tiny_overrides,
-                 "--run-dir", str(run_dir)])
+    code = main(
+        [
+            "train",
+            str(ROOT / "experiments/mpe/simple_spread_ippo.yaml"),
+            *tiny_overrides,
+            "--run-dir",
+            str(run_dir),
+        ]
+    )
     assert code == 0
     assert "done: 100 env steps" in capsys.readouterr().out
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
@@ -68,5 +91,18 @@ def test_same_seed_same_run(spread_config, tmp_path):
     assert first.team_return_mean == second.team_return_mean
     weights_a = load_checkpoint(tmp_path / "a/checkpoints/final.pt")["model"]
     weights_b = load_checkpoint(tmp_path / "b/checkpoints/final.pt")["model"]
+    for name, tensor in weights_a.items():
+        assert torch.equal(tensor, weights_b[name]), name
+
+
+def test_subprocess_vector_env_trains_exactly_like_sync(tiny_overrides, tmp_path):
+    path = ROOT / "experiments/mpe/simple_spread.yaml"
+    sync = train(load_config(path, [*tiny_overrides, "vector=sync"]), tmp_path / "sync")
+    workers = train(
+        load_config(path, [*tiny_overrides, "vector=subprocess", "num_workers=2"]), tmp_path / "sub"
+    )
+    assert sync.team_return_mean == workers.team_return_mean
+    weights_a = load_checkpoint(tmp_path / "sync/checkpoints/final.pt")["model"]
+    weights_b = load_checkpoint(tmp_path / "sub/checkpoints/final.pt")["model"]
     for name, tensor in weights_a.items():
         assert torch.equal(tensor, weights_b[name]), name

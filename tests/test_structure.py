@@ -20,8 +20,15 @@ SPREAD = "mpe2/simple_spread_v3"
 
 
 def _model(critic, share_critic=True, share_actor=False):
-    config = load_config(None, [f"env.id={SPREAD}", f"critic={critic}", f"share_critic={share_critic}",
-                                f"share_actor={share_actor}"])
+    config = load_config(
+        None,
+        [
+            f"env.id={SPREAD}",
+            f"critic={critic}",
+            f"share_critic={share_critic}",
+            f"share_actor={share_actor}",
+        ],
+    )
     spec = build_team_spec(make_env(SPREAD), SPREAD)
     torch.manual_seed(0)
     return TeamModel(spec, config), spec
@@ -71,8 +78,17 @@ def test_per_agent_actors_have_independent_weights_and_shared_actor_one_set():
 @pytest.mark.parametrize("shared", [False, True])
 def test_stacked_mlp_equals_a_loop_over_agents(shared):
     torch.manual_seed(1)
-    net = AgentMLP(num_agents=4, in_dim=6, out_dim=3, hidden_sizes=(8, 8), activation="tanh",
-                   input_layer_norm=True, shared=shared, orthogonal_init=True, head_gain=1.0)
+    net = AgentMLP(
+        num_agents=4,
+        in_dim=6,
+        out_dim=3,
+        hidden_sizes=(8, 8),
+        activation="tanh",
+        input_layer_norm=True,
+        shared=shared,
+        orthogonal_init=True,
+        head_gain=1.0,
+    )
     with torch.no_grad():
         for p in net.parameters():
             p.add_(torch.randn_like(p) * 0.1)  # break the init symmetry of LayerNorm affine and biases
@@ -91,9 +107,20 @@ def test_stacked_mlp_equals_a_loop_over_agents(shared):
 
 
 def test_one_update_moves_every_actor_and_the_critic():
-    config = load_config(None, [f"env.id={SPREAD}", "num_envs=2", "rollout_steps=25", "share_actor=false",
-                                "share_critic=false", "ppo.train_pi_iters=1", "ppo.train_vf_iters=1",
-                                "ppo.num_minibatches=1", "ppo.target_kl=null"])
+    config = load_config(
+        None,
+        [
+            f"env.id={SPREAD}",
+            "num_envs=2",
+            "rollout_steps=25",
+            "share_actor=false",
+            "share_critic=false",
+            "ppo.train_pi_iters=1",
+            "ppo.train_vf_iters=1",
+            "ppo.num_minibatches=1",
+            "ppo.target_kl=null",
+        ],
+    )
     torch.manual_seed(0)
     venv = build_vector_env(config)
     model = TeamModel(venv.spec, config)
@@ -105,7 +132,9 @@ def test_one_update_moves_every_actor_and_the_critic():
     batches = rollout_batches(buffer, rollout.last_values, gamma=config.gamma, lam=config.gae_lambda)
     before = copy.deepcopy(model.state_dict())
     grads = {}
-    hooks = [p.register_hook(lambda g, n=n: grads.__setitem__(n, g.clone())) for n, p in model.named_parameters()]
+    hooks = [
+        p.register_hook(lambda g, n=n: grads.__setitem__(n, g.clone())) for n, p in model.named_parameters()
+    ]
     stats = trainer.update(batches)
     for hook in hooks:
         hook.remove()

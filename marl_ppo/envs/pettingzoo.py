@@ -151,7 +151,9 @@ class ParallelEnvAdapter:
         observations, _ = self.env.reset(seed=seed)
         self.step_count = 0
         if not self.env.agents:
-            raise EnvContractError(f"env '{self.spec.env_id}': reset returned no agents; at least one must be live")
+            raise EnvContractError(
+                f"env '{self.spec.env_id}': reset returned no agents; at least one must be live"
+            )
         for g, _group in enumerate(self.spec.groups):
             out.obs[g].fill(0.0)
             out.alive[g].fill(False)

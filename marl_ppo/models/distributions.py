@@ -11,7 +11,6 @@ from typing import Protocol
 
 import gymnasium as gym
 import torch
-import torch.nn.functional as F
 
 
 class ActionDistribution(Protocol):
@@ -106,7 +105,9 @@ def head_size(space: gym.Space) -> int:
     raise TypeError(f"unsupported action space {space!r}; use Discrete, MultiDiscrete or Box")
 
 
-def make_distribution(space: gym.Space, output: torch.Tensor, log_std: torch.Tensor | None) -> ActionDistribution:
+def make_distribution(
+    space: gym.Space, output: torch.Tensor, log_std: torch.Tensor | None
+) -> ActionDistribution:
     """Wrap the actor's raw output in the distribution that fits `space`."""
     if isinstance(space, gym.spaces.Discrete):
         return Categorical(output)

@@ -72,7 +72,9 @@ class AgentMLP(nn.Module):
         self.norm_weight = nn.Parameter(torch.ones(copies, in_dim)) if use_norm else None
         self.norm_bias = nn.Parameter(torch.zeros(copies, in_dim)) if use_norm else None
         sizes = [width, *hidden_sizes, out_dim]
-        self.layers = nn.ModuleList(StackedLinear(copies, a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+        self.layers = nn.ModuleList(
+            StackedLinear(copies, a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True)
+        )
         self.activation = _ACTIVATIONS[activation]
         if orthogonal_init:
             for layer in self.layers[:-1]:

@@ -36,7 +36,9 @@ CRITIC_INPUTS: dict[str, tuple[CriticInput, Callable[[GroupSpec, int], int]]] = 
 }
 
 
-def _mlp(model: ModelConfig, *, agents: int, in_dim: int, out_dim: int, shared: bool, head_gain: float) -> AgentMLP:
+def _mlp(
+    model: ModelConfig, *, agents: int, in_dim: int, out_dim: int, shared: bool, head_gain: float
+) -> AgentMLP:
     return AgentMLP(
         num_agents=agents,
         in_dim=in_dim,
@@ -57,12 +59,18 @@ class GroupActor(nn.Module):
         super().__init__()
         self.action_space = group.action_space
         self.net = _mlp(
-            model, agents=group.num_agents, in_dim=group.obs_dim, out_dim=head_size(group.action_space),
-            shared=shared, head_gain=0.01,
+            model,
+            agents=group.num_agents,
+            in_dim=group.obs_dim,
+            out_dim=head_size(group.action_space),
+            shared=shared,
+            head_gain=0.01,
         )
         if isinstance(group.action_space, gym.spaces.Box):
             copies = 1 if shared else group.num_agents
-            self.log_std = nn.Parameter(torch.full((copies, head_size(group.action_space)), model.log_std_init))
+            self.log_std = nn.Parameter(
+                torch.full((copies, head_size(group.action_space)), model.log_std_init)
+            )
         else:
             self.log_std = None
 
@@ -74,11 +82,18 @@ class GroupActor(nn.Module):
 class GroupCritic(nn.Module):
     """Per-agent values of one group from the configured input (`state`, `state+obs` or `obs`)."""
 
-    def __init__(self, group: GroupSpec, state_dim: int, kind: str, model: ModelConfig, *, shared: bool) -> None:
+    def __init__(
+        self, group: GroupSpec, state_dim: int, kind: str, model: ModelConfig, *, shared: bool
+    ) -> None:
         super().__init__()
         self.build_input, width = CRITIC_INPUTS[kind]
         self.net = _mlp(
-            model, agents=group.num_agents, in_dim=width(group, state_dim), out_dim=1, shared=shared, head_gain=1.0
+            model,
+            agents=group.num_agents,
+            in_dim=width(group, state_dim),
+            out_dim=1,
+            shared=shared,
+            head_gain=1.0,
         )
 
     def forward(self, state: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
@@ -92,7 +107,9 @@ class TeamModel(nn.Module):
     def __init__(self, spec: TeamSpec, config: ExperimentConfig) -> None:
         super().__init__()
         self.spec = spec
-        self.actors = nn.ModuleList(GroupActor(g, config.model, shared=config.share_actor) for g in spec.groups)
+        self.actors = nn.ModuleList(
+            GroupActor(g, config.model, shared=config.share_actor) for g in spec.groups
+        )
         self.critics = nn.ModuleList(
             GroupCritic(g, spec.state_dim, config.critic, config.model, shared=config.share_critic)
             for g in spec.groups

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Union
 
 import numpy as np
-
 import torch
 
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
@@ -16,6 +14,8 @@ from marl_ppo.envs.spec import GroupSpec, TeamSpec
 class BufferFull(RuntimeError):
     """Raised by `add` once all `T` steps are written; call `reset()` before the next rollout."""
 
+
+ArrayLike = torch.Tensor | np.ndarray
 
 _DTYPES = {"float32": torch.float32, "int64": torch.int64}
 
@@ -93,7 +93,9 @@ class RolloutBuffer:
     ) -> None:
         """Write one step of every env: team `state` `(E, S)` and per group `(E, A_g, ...)` arrays."""
         if self.full:
-            raise BufferFull(f"rollout buffer holds {self.steps} steps and is full; call reset() before adding more")
+            raise BufferFull(
+                f"rollout buffer holds {self.steps} steps and is full; call reset() before adding more"
+            )
         t = self.pos
         self.state[t].copy_(_tensor(state))
         for g, storage in enumerate(self.groups):
@@ -107,9 +109,6 @@ class RolloutBuffer:
             storage.truncated[t].copy_(_tensor(truncated[g]))
             storage.final_values[t].copy_(_tensor(final_values[g]))
         self.pos += 1
-
-
-ArrayLike = Union[torch.Tensor, np.ndarray]
 
 
 def _tensor(value: ArrayLike) -> torch.Tensor:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from marl_ppo.envs.subprocess import SubprocessVectorEnv
 from marl_ppo.envs.vector import SyncVectorEnv
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import RolloutBuffer
@@ -37,7 +38,9 @@ class RolloutResult:
 class Collector:
     """Runs the policy in the vector env, keeping per-episode return accounting across rollouts."""
 
-    def __init__(self, venv: SyncVectorEnv, model: TeamModel, device: torch.device) -> None:
+    def __init__(
+        self, venv: SyncVectorEnv | SubprocessVectorEnv, model: TeamModel, device: torch.device
+    ) -> None:
         self.venv = venv
         self.model = model
         self.device = device
@@ -79,8 +82,15 @@ class Collector:
             else:
                 final_values = [torch.zeros_like(v) for v in values]
             buffer.add(
-                state=state, obs=obs, alive=alive, actions=actions, logp=logp, values=values,
-                rewards=arrays.reward, terminated=arrays.terminated, truncated=arrays.truncated,
+                state=state,
+                obs=obs,
+                alive=alive,
+                actions=actions,
+                logp=logp,
+                values=values,
+                rewards=arrays.reward,
+                terminated=arrays.terminated,
+                truncated=arrays.truncated,
                 final_values=final_values,
             )
             self._account(result)
@@ -101,6 +111,7 @@ class Collector:
             result.episodes.append(
                 EpisodeRecord(
                     float(agent_returns.sum()), agent_returns, int(self._lengths[i]), self.env_steps
-                ))
+                )
+            )
             self._returns[i] = 0.0
             self._lengths[i] = 0

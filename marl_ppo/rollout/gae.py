@@ -22,7 +22,12 @@ def compute_gae(
     (terminated or truncated) stops the lambda-trace from flowing back across an episode end.
     """
     shape = rewards.shape
-    for name, tensor in (("values", values), ("next_values", next_values), ("terminated", terminated), ("done", done)):
+    for name, tensor in (
+        ("values", values),
+        ("next_values", next_values),
+        ("terminated", terminated),
+        ("done", done),
+    ):
         if tensor.shape != shape:
             raise ValueError(f"compute_gae: {name} has shape {tuple(tensor.shape)}, rewards {tuple(shape)}")
     if len(shape) == 0:

@@ -1,0 +1,242 @@
+"""Out-of-process vector env: worker processes step contiguous slices of the envs.
+
+`SubprocessVectorEnv` has the interface and the semantics of `SyncVectorEnv`. Every array it
+exchanges with its workers (the `TeamArrays`, one action array per group and `episode_over`) is a
+numpy view of one shared-memory buffer, so a step costs one tiny command and one acknowledgement
+per worker over a pipe; no array data is pickled. Workers build their own adapters with
+`make_adapter()`, which must be picklable unless the start method is 'fork'.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import signal
+import time
+import traceback
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import fields
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import numpy as np
+
+from marl_ppo.envs.pettingzoo import ParallelEnvAdapter, TeamArrays
+from marl_ppo.envs.spec import TeamSpec
+
+_ALIGN = 64
+_CLOSE_TIMEOUT_S = 5.0
+
+
+class _Carver:
+    """Hands out consecutive aligned numpy views of a buffer (or, without one, just counts bytes)."""
+
+    def __init__(self, buffer: Any | None) -> None:
+        self.buffer = buffer
+        self.nbytes = 0
+
+    def __call__(self, template: np.ndarray) -> np.ndarray:
+        start = -(-self.nbytes // _ALIGN) * _ALIGN
+        self.nbytes = start + template.nbytes
+        if self.buffer is None:
+            return template
+        view = np.frombuffer(self.buffer, template.dtype, template.size, start)
+        return view.reshape(template.shape)
+
+
+def _shared_views(
+    spec: TeamSpec, num_envs: int, buffer: Any | None
+) -> tuple[TeamArrays, list[np.ndarray], np.ndarray, int]:
+    """Arrays, per-group actions and episode_over laid out in `buffer`, plus the bytes they need."""
+    carve = _Carver(buffer)
+    template = TeamArrays.allocate(spec, (num_envs,))
+    arrays = TeamArrays(
+        **{
+            f.name: [carve(a) for a in value] if isinstance(value, list) else carve(value)
+            for f in fields(TeamArrays)
+            for value in [getattr(template, f.name)]
+        }
+    )
+    actions = [
+        carve(np.zeros((num_envs, g.num_agents, *g.action_shape), g.action_dtype)) for g in spec.groups
+    ]
+    episode_over = carve(np.zeros(num_envs, dtype=bool))
+    return arrays, actions, episode_over, carve.nbytes
+
+
+def _worker(
+    conn: Connection,
+    parent_end: Connection,
+    make_adapter: Callable[[], ParallelEnvAdapter],
+    spec: TeamSpec,
+    num_envs: int,
+    envs: range,
+    buffer: Any,
+) -> None:
+    """Step the envs `envs` on command, writing into the shared buffer; acknowledge each command."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
+    parent_end.close()
+    arrays, actions, episode_over, _ = _shared_views(spec, num_envs, buffer)
+    adapters: list[ParallelEnvAdapter] = []
+    rows = [arrays.row(i) for i in envs]
+    command, seed = "start", None
+    while True:
+        reply: tuple[str, str | None] = ("ok", None)
+        try:
+            if command == "start":
+                adapters = [make_adapter() for _ in envs]
+            elif command == "reset":
+                for i, adapter, row in zip(envs, adapters, rows, strict=True):
+                    adapter.reset(seed + i, row)
+                    episode_over[i] = False
+            elif command == "step":
+                for i, adapter, row in zip(envs, adapters, rows, strict=True):
+                    over = adapter.step([a[i] for a in actions], row)
+                    episode_over[i] = over
+                    if over:
+                        adapter.reset(None, row)
+            elif command == "close":
+                for adapter in adapters:
+                    adapter.close()
+            else:
+                raise ValueError(f"unknown command {command!r}")
+        except Exception as err:  # reported to the parent, which raises it there
+            reply = ("error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
+        try:
+            conn.send(reply)
+            if command == "close":
+                return
+            command, seed = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            return
+
+
+def _shutdown(processes: list[BaseProcess], conns: list[Connection]) -> None:
+    """Ask every worker to close, wait a little, then terminate (and kill) any straggler."""
+    for conn, process in zip(conns, processes, strict=True):
+        if process.is_alive():
+            with contextlib.suppress(OSError):  # its pipe is already broken
+                conn.send(("close", None))
+    deadline = time.monotonic() + _CLOSE_TIMEOUT_S
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.terminate()
+            process.join(1.0)
+        if process.is_alive():
+            process.kill()
+            process.join()
+    for conn in conns:
+        conn.close()
+
+
+class SubprocessVectorEnv:
+    """Steps `num_envs` copies in `num_workers` processes; same interface and results as `SyncVectorEnv`."""
+
+    def __init__(
+        self,
+        make_adapter: Callable[[], ParallelEnvAdapter],
+        num_envs: int,
+        num_workers: int,
+        start_method: str | None = None,
+    ) -> None:
+        if num_envs < 1 or num_workers < 1:
+            raise ValueError(f"num_envs ({num_envs}) and num_workers ({num_workers}) must be at least 1")
+        probe = make_adapter()
+        self.spec: TeamSpec = probe.spec
+        probe.close()
+        self.num_envs = num_envs
+        if start_method is None:
+            start_method = "fork" if "fork" in mp.get_all_start_methods() else None
+        ctx = mp.get_context(start_method)
+        nbytes = _shared_views(self.spec, num_envs, None)[3]
+        self._buffer = ctx.RawArray("b", max(nbytes, 1))
+        self.arrays, self._actions, self.episode_over, _ = _shared_views(self.spec, num_envs, self._buffer)
+        num_workers = min(num_workers, num_envs)
+        bounds = [round(k * num_envs / num_workers) for k in range(num_workers + 1)]
+        self._processes: list[BaseProcess] = []
+        self._conns: list[Connection] = []
+        self._closer = weakref.finalize(self, _shutdown, self._processes, self._conns)
+        for k in range(num_workers):
+            parent_end, child_end = ctx.Pipe()
+            envs = range(bounds[k], bounds[k + 1])
+            process = ctx.Process(
+                target=_worker,
+                args=(child_end, parent_end, make_adapter, self.spec, num_envs, envs, self._buffer),
+                name=f"marl_ppo-env-worker-{k}",
+                daemon=True,
+            )
+            process.start()
+            child_end.close()
+            self._processes.append(process)
+            self._conns.append(parent_end)
+        self._gather("start")
+
+    def reset(self, seed: int) -> TeamArrays:
+        """Reset env i with `seed + i`; later auto-resets continue each env's own RNG."""
+        self._command("reset", seed)
+        return self.arrays
+
+    def step(self, actions: Sequence[np.ndarray]) -> TeamArrays:
+        """Step every env with `actions[g]` of shape `(E, A_g, ...)`; reset the envs whose episode ended."""
+        for shared, action in zip(self._actions, actions, strict=True):
+            shared[...] = action
+        self._command("step", None)
+        return self.arrays
+
+    def close(self) -> None:
+        """Close every env and stop the workers (also done on garbage collection and at exit)."""
+        self._closer()
+
+    def _command(self, command: str, seed: int | None) -> None:
+        if not self._closer.alive:
+            raise RuntimeError("SubprocessVectorEnv is closed")
+        for k, conn in enumerate(self._conns):
+            try:
+                conn.send((command, seed))
+            except OSError:
+                self._fail(self._died(k, command))
+        self._gather(command)
+
+    def _gather(self, command: str) -> None:
+        """Wait for every worker's acknowledgement; raise (after stopping all workers) on error or death."""
+        pending = set(range(len(self._conns)))
+        errors = []
+        while pending:
+            waiting = [self._conns[k] for k in pending] + [self._processes[k].sentinel for k in pending]
+            ready = wait(waiting)
+            for k in sorted(pending):
+                conn, process = self._conns[k], self._processes[k]
+                if conn not in ready and process.sentinel not in ready:
+                    continue
+                status, message = self._receive(conn)
+                if status == "dead":
+                    self._fail(self._died(k, command))
+                if status == "error":
+                    errors.append(f"worker {k} failed during '{command}': {message}")
+                pending.discard(k)
+        if errors:
+            self._fail("\n".join(errors))
+
+    def _died(self, k: int, command: str) -> str:
+        """Describe worker `k`'s death (waiting briefly so that its exit code is known)."""
+        process = self._processes[k]
+        process.join(1.0)
+        return (
+            f"worker {k} ({process.name}, pid {process.pid}) died during '{command}' "
+            f"(exit code {process.exitcode})"
+        )
+
+    @staticmethod
+    def _receive(conn: Connection) -> tuple[str, str | None]:
+        """The worker's reply, or ('dead', None) when its end of the pipe is closed without one."""
+        try:
+            return conn.recv() if conn.poll() else ("dead", None)
+        except (EOFError, OSError):
+            return "dead", None
+
+    def _fail(self, message: str) -> None:
+        self._closer()
+        raise RuntimeError(f"SubprocessVectorEnv: {message}")
