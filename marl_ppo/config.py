@@ -58,6 +58,8 @@ class PPOConfig:
     """Adam learning rate of the actors."""
     vf_lr: PositiveFloat = 1e-3
     """Adam learning rate of the critic."""
+    lr_schedule: Literal["constant", "linear"] = "constant"
+    """`linear` decays both learning rates to zero over total_steps; `constant` keeps them."""
     clip_ratio: PositiveFloat = 0.2
     """PPO probability-ratio clip epsilon."""
     train_pi_iters: PositiveInt = 10

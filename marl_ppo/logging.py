@@ -66,15 +66,17 @@ class RunLogger:
                 for agent, value in zip(self.agents, episode.agent_returns, strict=True):
                     self.writer.add_scalar(f"agents/{agent}/return", float(value), step)
 
-    def update_done(self, step: int, stats: TrainStats, perf: dict[str, float]) -> None:
-        """Log one update's training statistics and timings, and advance the progress bar."""
+    def update_done(self, step: int, stats: TrainStats, extra: dict[str, float]) -> None:
+        """Log one update's training statistics and `extra` scalars (full tags), advance the progress bar."""
         for field in dataclasses.fields(stats):
             self.writer.add_scalar(f"train/{field.name}", float(getattr(stats, field.name)), step)
-        for name, value in perf.items():
-            self.writer.add_scalar(f"perf/{name}", value, step)
+        for tag, value in extra.items():
+            self.writer.add_scalar(tag, value, step)
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
-            self.bar.set_postfix(sps=f"{perf.get('sps', 0):.0f}", team_return=f"{self.team_return_mean:.1f}")
+            self.bar.set_postfix(
+                sps=f"{extra.get('perf/sps', 0):.0f}", team_return=f"{self.team_return_mean:.1f}"
+            )
 
     def close(self) -> None:
         """Flush and close the event file and the progress bar."""

@@ -149,15 +149,17 @@ def _one_update(
     rollout = collector.collect(buffer)
     t1 = time.perf_counter()
     batches = rollout_batches(buffer, rollout.last_values, gamma=config.gamma, lam=config.gae_lambda)
+    trainer.set_progress((collector.env_steps - rollout.env_steps) / config.total_steps)
     stats = trainer.update(batches)
     t2 = time.perf_counter()
     logger.episodes_done(rollout.episodes)
-    perf = {
-        "sps": collector.env_steps / (t2 - start),
-        "rollout_s": t1 - t0,
-        "learn_s": t2 - t1,
+    extra = {
+        "perf/sps": collector.env_steps / (t2 - start),
+        "perf/rollout_s": t1 - t0,
+        "perf/learn_s": t2 - t1,
+        "train/pi_lr": trainer.actor_optimizer.param_groups[0]["lr"],
     }
-    logger.update_done(collector.env_steps, stats, perf)
+    logger.update_done(collector.env_steps, stats, extra)
 
 
 def _save(

@@ -64,6 +64,16 @@ class Trainer:
         self.actor_optimizer = torch.optim.Adam(self.actor_params, lr=ppo.pi_lr, eps=1e-5)
         self.critic_optimizer = torch.optim.Adam(self.critic_params, lr=ppo.vf_lr, eps=1e-5)
 
+    def set_progress(self, fraction: float) -> None:
+        """Apply the learning-rate schedule for a run that is `fraction` (0..1) done."""
+        scale = 1.0 if self.ppo.lr_schedule == "constant" else max(0.0, 1.0 - fraction)
+        for optimizer, base in (
+            (self.actor_optimizer, self.ppo.pi_lr),
+            (self.critic_optimizer, self.ppo.vf_lr),
+        ):
+            for group in optimizer.param_groups:
+                group["lr"] = base * scale
+
     def prepare(self, batches: Sequence[AgentBatch]) -> list[AgentBatch]:
         """Update the value normalizers with the batch's returns and normalize advantages per group."""
         prepared = []

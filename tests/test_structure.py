@@ -146,3 +146,15 @@ def test_one_update_moves_every_actor_and_the_critic():
     for value in (stats.loss_pi, stats.loss_v, stats.kl, stats.entropy):
         assert torch.isfinite(torch.tensor(value))
     assert stats.stop_iter == 1
+
+
+def test_linear_lr_schedule_decays_both_rates_to_zero():
+    config = load_config(
+        None, [f"env.id={SPREAD}", "ppo.lr_schedule=linear", "ppo.pi_lr=1e-3", "ppo.vf_lr=2e-3"]
+    )
+    model, _ = _model("state")
+    trainer = Trainer(model, config.ppo, generator=torch.Generator())
+    for fraction, scale in [(0.0, 1.0), (0.25, 0.75), (1.0, 0.0)]:
+        trainer.set_progress(fraction)
+        assert trainer.actor_optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * scale)
+        assert trainer.critic_optimizer.param_groups[0]["lr"] == pytest.approx(2e-3 * scale)
