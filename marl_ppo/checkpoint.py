@@ -23,6 +23,7 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
             torch.save(payload, handle)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; checkpoints are ordinary shareable files
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

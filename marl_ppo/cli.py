@@ -14,7 +14,7 @@ from pathlib import Path
 from marl_ppo.checkpoint import CheckpointError
 from marl_ppo.config import ConfigError, config_keys, load_config
 from marl_ppo.envs.pettingzoo import EnvContractError
-from marl_ppo.registry import EnvError, env_spec, registered_ids
+from marl_ppo.registry import EnvError, registered_ids, resolve_factory
 
 USER_ERRORS = (ConfigError, EnvError, CheckpointError, EnvContractError)
 
@@ -65,7 +65,9 @@ def _train(options: argparse.Namespace) -> int:
     config = load_config(experiment, overrides)
     run_dir = options.run_dir or _default_run_dir(experiment)
     _check_run_dir(run_dir)
-    env_spec(config.env.id) if ":" not in config.env.id else None
+    resolve_factory(
+        config.env.id
+    )  # unknown ids and missing extras fail here, before the run directory exists
     from marl_ppo.train import train  # heavy imports (torch, tensorboard) only when training
 
     result = train(config, run_dir)

@@ -235,7 +235,7 @@ def config_keys(cls: type = ExperimentConfig, prefix: str = "") -> dict[str, str
         name = prefix + field.name
         doc = cls.__pydantic_fields__[field.name].description or ""
         keys[name] = doc
-        if dataclasses.is_dataclass(field.type) or isinstance(field.type, str) and field.type in _SECTIONS:
+        if field.type in _SECTIONS:  # annotations are strings (postponed evaluation)
             keys.update(config_keys(_SECTIONS[field.type], name + "."))
     return keys
 

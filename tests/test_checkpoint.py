@@ -1,0 +1,45 @@
+"""Checkpoint files: atomic replacement, weights_only loading, one-line errors for bad files."""
+
+import pytest
+import torch
+
+from marl_ppo.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_checkpoint
+
+
+def test_round_trip_with_weights_only(tmp_path):
+    path = tmp_path / "ckpt" / "latest.pt"
+    save_checkpoint(path, {"format": FORMAT, "model": {"w": torch.arange(3.0)}, "updates": 4})
+    payload = load_checkpoint(path)
+    assert payload["updates"] == 4 and torch.equal(payload["model"]["w"], torch.arange(3.0))
+    assert list(path.parent.iterdir()) == [path]  # no temporary file left behind
+
+
+def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "latest.pt"
+    save_checkpoint(path, {"format": FORMAT, "updates": 1})
+
+    def broken_save(obj, handle):
+        handle.write(b"partial")
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError, match="No space"):
+        save_checkpoint(path, {"format": FORMAT, "updates": 2})
+    monkeypatch.undo()
+    assert load_checkpoint(path)["updates"] == 1
+    assert list(tmp_path.iterdir()) == [path]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "foreign", "missing"])
+def test_bad_files_give_one_line_errors(tmp_path, damage):
+    path = tmp_path / "latest.pt"
+    save_checkpoint(path, {"format": FORMAT, "model": {"w": torch.zeros(100)}})
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[:-1])
+    elif damage == "foreign":
+        torch.save({"state_dict": {}}, path)
+    else:
+        path.unlink()
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)

@@ -1,0 +1,16 @@
+"""Learning checks (slow, `make test-slow`): the default experiment must learn, not just run."""
+
+import pytest
+from conftest import ROOT
+
+from marl_ppo.config import load_config
+from marl_ppo.train import train
+
+
+@pytest.mark.slow
+def test_default_mappo_experiment_beats_minus_40_team_return(tmp_path):
+    # random policy: about -81; measured with this experiment on a 2-core CPU: -32.3 (seed 0) after 1M steps
+    config = load_config(ROOT / "experiments/mpe/simple_spread.yaml", ["log.progress=false"])
+    result = train(config, tmp_path)
+    assert result.env_steps == 1_000_000
+    assert result.team_return_mean > -40.0, f"team return {result.team_return_mean:.1f} after 1M steps"
