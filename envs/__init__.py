@@ -10,3 +10,4 @@ def register() -> None:
     """Register every env in this package (called through the `marl_ppo.envs` entry point)."""
     register_env("envs/never_ending_v0", "envs.never_ending:parallel_env")
     register_env("envs/early_leaver_v0", "envs.early_leaver:parallel_env")
+    register_env("envs/mixed_actions_v0", "envs.mixed_actions:parallel_env")

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of `values` where `mask` is set (0 when nothing is)."""
-    weight = mask.to(values.dtype)
-    return (values * weight).sum() / weight.sum().clamp_min(1.0)
+    """Mean of `values` where `mask` is set (0 when nothing is); masked-out entries may hold anything."""
+    total = torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device)).sum()
+    return total / mask.sum().clamp_min(1).to(values.dtype)
 
 
 @dataclass(frozen=True)

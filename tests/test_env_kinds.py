@@ -1,0 +1,100 @@
+"""Teams of different shapes train: Box and MultiDiscrete heads, heterogeneous groups, agents that
+leave (and get no loss afterwards), and envs given as `path/to/file.py:callable`."""
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from pettingzoo.test import parallel_api_test
+
+from envs.mixed_actions import MixedActionsEnv
+from marl_ppo.batch import rollout_batches
+from marl_ppo.cli import main
+from marl_ppo.config import load_config
+from marl_ppo.models.team import TeamModel
+from marl_ppo.rollout.buffer import RolloutBuffer
+from marl_ppo.rollout.collector import Collector
+from marl_ppo.train import build_vector_env, train
+from marl_ppo.trainer import Trainer
+
+TINY = [
+    "num_envs=2",
+    "rollout_steps=10",
+    "total_steps=40",
+    "log.progress=false",
+    "ppo.num_minibatches=2",
+    "ppo.train_pi_iters=2",
+    "ppo.train_vf_iters=2",
+    "model.hidden_sizes=[8]",
+]
+
+
+def test_mixed_actions_env_passes_the_pettingzoo_api_test():
+    parallel_api_test(MixedActionsEnv(), num_cycles=30)
+
+
+@pytest.mark.parametrize("share_actor", [False, True])
+def test_box_and_multidiscrete_agents_train_together(tmp_path, share_actor):
+    config = load_config(None, ["env.id=envs/mixed_actions_v0", f"share_actor={share_actor}", *TINY])
+    venv = build_vector_env(config)
+    assert [(g.name, g.action_shape) for g in venv.spec.groups] == [("mover", (2,)), ("signaller", (2,))]
+    result = train(config, tmp_path)
+    assert result.updates == 2 and result.episodes == 4
+
+
+def test_continuous_mpe_trains(tmp_path):
+    config = load_config(
+        None, ["env.id=mpe2/simple_spread_v3", "env.kwargs={continuous_actions: true}", *TINY]
+    )
+    assert train(config, tmp_path).updates == 2
+
+
+def test_env_from_a_python_file(tmp_path, capsys):
+    source = tmp_path / "my_env.py"
+    source.write_text(
+        "from envs.early_leaver import EarlyLeaverEnv\n\n"
+        "def make(leave_at=2):\n    return EarlyLeaverEnv(leave_at=leave_at, max_steps=5)\n"
+    )
+    run_dir = tmp_path / "run"
+    args = ["train", f"env.id={source}:make", "env.kwargs={leave_at: 1}", *TINY, "--run-dir", str(run_dir)]
+    assert main(args) == 0
+    assert "done: 40 env steps, 8 episodes" in capsys.readouterr().out
+    assert main(["train", f"env.id={source}:missing", "--run-dir", str(tmp_path / "r2")]) == 2
+    assert "defines no callable 'missing'" in capsys.readouterr().err
+
+
+def test_an_agent_that_left_gets_no_loss():
+    config = load_config(
+        None, ["env.id=envs/early_leaver_v0", "env.kwargs={leave_at: 2, max_steps: 6}", *TINY]
+    )
+    torch.manual_seed(0)
+    venv = build_vector_env(config)
+    model = TeamModel(venv.spec, config)
+    buffer = RolloutBuffer(venv.spec, config.rollout_steps, config.num_envs)
+    collector = Collector(venv, model, torch.device("cpu"))
+    collector.start(0)
+    rollout = collector.collect(buffer)
+    (batch,) = rollout_batches(buffer, rollout.last_values, gamma=0.99, lam=0.95)
+    gone = ~batch.alive
+    assert gone[:, 1].sum() > 0 and not gone[:, [0, 2]].any()  # only agent_1 is ever absent
+
+    def garbage(tensor):
+        noise = torch.full_like(tensor, 1e6) if tensor.is_floating_point() else torch.full_like(tensor, 2)
+        mask = gone.reshape(*gone.shape, *([1] * (tensor.dim() - 2)))
+        return torch.where(mask, noise, tensor)
+
+    poisoned = dataclasses.replace(
+        batch,
+        **{
+            name: garbage(getattr(batch, name))
+            for name in ("obs", "actions", "logp_old", "values_old", "advantages", "returns")
+        },
+    )
+    results = []
+    for candidate in (batch, poisoned):
+        twin = copy.deepcopy(model)
+        Trainer(twin, config.ppo, generator=torch.Generator().manual_seed(0)).update([candidate])
+        results.append(twin.state_dict())
+    for name, tensor in results[0].items():
+        torch.testing.assert_close(results[1][name], tensor, msg=name)
