@@ -102,26 +102,22 @@ def train(config: ExperimentConfig, run_dir: Path | str) -> TrainResult:
     )
     start = time.perf_counter()
     updates = 0
+
+    def save(name: str) -> None:
+        _save(run_dir / "checkpoints" / name, config, venv.spec, model, trainer, updates, collector)
+
     try:
         while collector.env_steps < config.total_steps:
             _one_update(config, collector, buffer, trainer, logger, start)
             updates += 1
             if updates % config.log.checkpoint_every == 0:
-                _save(
-                    run_dir / "checkpoints" / "latest.pt",
-                    config,
-                    venv.spec,
-                    model,
-                    trainer,
-                    updates,
-                    collector,
-                )
+                save("latest.pt")
     finally:
         logger.close()
         venv.close()
     wall = time.perf_counter() - start
-    for name in ("latest.pt", "final.pt"):
-        _save(run_dir / "checkpoints" / name, config, venv.spec, model, trainer, updates, collector)
+    save("latest.pt")
+    save("final.pt")
     result = TrainResult(
         run_dir,
         collector.env_steps,
