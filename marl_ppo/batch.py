@@ -32,6 +32,8 @@ class AgentBatch:
     """(N, A) bool: the agent acted at this step; only these samples enter losses and statistics"""
     state: torch.Tensor
     """(N, state_dim) global state, shared by all groups' batches"""
+    action_mask: torch.Tensor
+    """(N, A, mask_dim) allowed actions when acting (mask_dim 0 when the group has no masks)"""
 
     def __len__(self) -> int:
         return self.obs.shape[0]
@@ -48,7 +50,7 @@ def build_batches(
     state = buffer.state.reshape(-1, buffer.state.shape[-1])
 
     def flat(tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.reshape(-1, *tensor.shape[2:])
+        return tensor.flatten(0, 1)
 
     batches = []
     for storage, adv, ret in zip(buffer.groups, advantages, returns, strict=True):
@@ -63,6 +65,7 @@ def build_batches(
                 returns=flat(ret),
                 alive=flat(storage.alive),
                 state=state,
+                action_mask=flat(storage.action_mask),
             )
         )
     return batches

@@ -128,7 +128,7 @@ class Trainer:
         for actor, critic, norm, batch in zip(
             self.model.actors, self.model.critics, self.model.value_norms, batches, strict=True
         ):
-            dist = actor(batch.obs)
+            dist = actor(batch.obs, batch.action_mask)
             terms = policy_loss(
                 dist.log_prob(batch.actions),
                 batch.logp_old,

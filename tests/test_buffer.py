@@ -21,6 +21,7 @@ def _add(buffer, t):
         state=np.full((envs, 6), t, np.float32),
         obs=[np.full((envs, 2, 3), t, np.float32)],
         alive=[np.ones((envs, 2), bool)],
+        action_mask=[np.ones((envs, 2, 0), bool)],
         actions=[np.full((envs, 2), t % 4)],
         logp=[np.zeros((envs, 2), np.float32)],
         values=[np.full((envs, 2), t, np.float32)],

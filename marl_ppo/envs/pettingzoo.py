@@ -9,8 +9,9 @@ Conventions (../DESIGN.md): agent order is `possible_agents`; absent agents keep
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,8 @@ class TeamArrays:
 
     obs: list[np.ndarray]
     alive: list[np.ndarray]
+    action_mask: list[np.ndarray]
+    """Allowed actions for the next step, `(..., A_g, mask_dim)`; all True where the env gives no mask."""
     reward: list[np.ndarray]
     terminated: list[np.ndarray]
     truncated: list[np.ndarray]
@@ -39,14 +42,15 @@ class TeamArrays:
 
     @classmethod
     def allocate(cls, spec: TeamSpec, lead: tuple[int, ...] = ()) -> TeamArrays:
-        """Zero arrays for `spec` with leading dims `lead`."""
+        """Zero arrays (masks all True) for `spec` with leading dims `lead`."""
 
-        def per_group(tail: Any, dtype: Any) -> list[np.ndarray]:
+        def per_group(tail: Callable[[GroupSpec], tuple[int, ...]], dtype: Any) -> list[np.ndarray]:
             return [np.zeros(lead + (g.num_agents,) + tail(g), dtype=dtype) for g in spec.groups]
 
         return cls(
             obs=per_group(lambda g: (g.obs_dim,), np.float32),
             alive=per_group(lambda g: (), bool),
+            action_mask=[np.ones(lead + (g.num_agents, g.mask_dim), bool) for g in spec.groups],
             reward=per_group(lambda g: (), np.float32),
             terminated=per_group(lambda g: (), bool),
             truncated=per_group(lambda g: (), bool),
@@ -57,19 +61,25 @@ class TeamArrays:
 
     def row(self, index: int) -> TeamArrays:
         """Views of env `index` (for arrays allocated with one leading env dim)."""
-        return TeamArrays(
-            obs=[a[index] for a in self.obs],
-            alive=[a[index] for a in self.alive],
-            reward=[a[index] for a in self.reward],
-            terminated=[a[index] for a in self.terminated],
-            truncated=[a[index] for a in self.truncated],
-            final_obs=[a[index] for a in self.final_obs],
-            state=self.state[index],
-            final_state=self.final_state[index],
-        )
+        views: dict[str, Any] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            views[field.name] = [a[index] for a in value] if isinstance(value, list) else value[index]
+        return TeamArrays(**views)
+
+
+def has_mask_in_obs(space: gym.Space) -> bool:
+    """True for PettingZoo's masked observations: a Dict with `observation` and `action_mask` keys."""
+    return isinstance(space, gym.spaces.Dict) and {"observation", "action_mask"} <= set(space.spaces)
+
+
+def feature_space(space: gym.Space) -> gym.Space:
+    """The part of an observation space the networks see (a masked Dict's `observation`)."""
+    return space["observation"] if has_mask_in_obs(space) else space
 
 
 def _flat_dim(space: gym.Space) -> int:
+    space = feature_space(space)
     if isinstance(space, gym.spaces.Box):
         return int(np.prod(space.shape))
     return int(gym.spaces.flatdim(space))
@@ -83,11 +93,16 @@ def _group_name(agents: Sequence[str], taken: set[str]) -> str:
     return name
 
 
-def build_team_spec(env: Any, env_id: str, groups: Mapping[str, Sequence[str]] | None = None) -> TeamSpec:
-    """Group the env's agents (by identical spaces, or by the `groups` mapping) and size the state."""
-    agents = tuple(env.possible_agents)
-    if not agents:
-        raise EnvContractError(f"env '{env_id}': possible_agents is empty; the env must declare its agents")
+def _same_spaces(env: Any, first: str, other: str) -> bool:
+    return env.observation_space(first) == env.observation_space(other) and env.action_space(
+        first
+    ) == env.action_space(other)
+
+
+def _group_members(
+    env: Any, agents: tuple[str, ...], groups: Mapping[str, Sequence[str]] | None
+) -> list[tuple[str, tuple[str, ...]]]:
+    """(name, agents) per group: as configured, else agents with identical spaces in agent order."""
     if groups:
         named = [(name, tuple(members)) for name, members in groups.items()]
         listed = [a for _, members in named for a in members]
@@ -97,29 +112,40 @@ def build_team_spec(env: Any, env_id: str, groups: Mapping[str, Sequence[str]] |
             raise EnvContractError(
                 f"env.groups must list each of {list(agents)} exactly once (unknown: {unknown}, missing: {missing})"
             )
-    else:
-        buckets: list[list[str]] = []
-        for agent in agents:
-            for bucket in buckets:
-                head = bucket[0]
-                if env.observation_space(head) == env.observation_space(agent) and env.action_space(
-                    head
-                ) == env.action_space(agent):
-                    bucket.append(agent)
-                    break
-            else:
-                buckets.append([agent])
-        taken: set[str] = set()
-        named = []
-        for bucket in buckets:
-            name = _group_name(bucket, taken)
-            taken.add(name)
-            named.append((name, tuple(bucket)))
+        return named
+    buckets: list[list[str]] = []
+    for agent in agents:
+        bucket = next((b for b in buckets if _same_spaces(env, b[0], agent)), None)
+        if bucket is None:
+            buckets.append([agent])
+        else:
+            bucket.append(agent)
+    taken: set[str] = set()
+    named = []
+    for bucket in buckets:
+        name = _group_name(bucket, taken)
+        taken.add(name)
+        named.append((name, tuple(bucket)))
+    return named
+
+
+def _info_mask_agents(env: Any) -> set[str]:
+    """Agents whose reset infos carry an `action_mask` (the probe env is reset once to look)."""
+    _, infos = env.reset(seed=0)
+    return {agent for agent, info in (infos or {}).items() if isinstance(info, dict) and "action_mask" in info}
+
+
+def build_team_spec(env: Any, env_id: str, groups: Mapping[str, Sequence[str]] | None = None) -> TeamSpec:
+    """Group the env's agents (by identical spaces, or by the `groups` mapping), find masks, size the state."""
+    agents = tuple(env.possible_agents)
+    if not agents:
+        raise EnvContractError(f"env '{env_id}': possible_agents is empty; the env must declare its agents")
+    info_masks = _info_mask_agents(env)
     specs = []
-    for name, members in named:
+    for name, members in _group_members(env, agents, groups):
         obs_space, act_space = env.observation_space(members[0]), env.action_space(members[0])
         for agent in members[1:]:
-            if env.observation_space(agent) != obs_space or env.action_space(agent) != act_space:
+            if not _same_spaces(env, members[0], agent):
                 raise EnvContractError(
                     f"env.groups: agent '{agent}' has different spaces from '{members[0]}' in group '{name}'"
                 )
@@ -128,7 +154,13 @@ def build_team_spec(env: Any, env_id: str, groups: Mapping[str, Sequence[str]] |
                 f"env '{env_id}': agent '{members[0]}' has action space {act_space}; "
                 "supported are Discrete, MultiDiscrete and Box"
             )
-        specs.append(GroupSpec(name, members, obs_space, act_space, _flat_dim(obs_space)))
+        if has_mask_in_obs(obs_space):
+            mask_source = "obs"
+        elif info_masks & set(members):
+            mask_source = "info"
+        else:
+            mask_source = None
+        specs.append(GroupSpec(name, members, obs_space, act_space, _flat_dim(obs_space), mask_source))
     state_space = getattr(env, "state_space", None)
     if isinstance(state_space, gym.spaces.Space):
         state_dim, from_env = _flat_dim(state_space), True
@@ -147,48 +179,54 @@ class ParallelEnvAdapter:
         self.step_count = 0
 
     def reset(self, seed: int | None, out: TeamArrays) -> None:
-        """Reset the env and write the first observations, alive flags and state into `out`."""
-        observations, _ = self.env.reset(seed=seed)
+        """Reset the env and write the first observations, alive flags, masks and state into `out`."""
+        observations, infos = self.env.reset(seed=seed)
         self.step_count = 0
         if not self.env.agents:
             raise EnvContractError(
                 f"env '{self.spec.env_id}': reset returned no agents; at least one must be live"
             )
-        for g, _group in enumerate(self.spec.groups):
+        for g in range(len(self.spec.groups)):
             out.obs[g].fill(0.0)
             out.alive[g].fill(False)
+            out.action_mask[g].fill(True)
         for agent in self.env.agents:
             g, i = self._slot(agent)
             out.obs[g][i] = self._flatten(agent, observations[agent])
             out.alive[g][i] = True
+            self._write_mask(agent, observations[agent], infos, out.action_mask[g][i])
         self._write_state(out.state, out.obs)
 
     def step(self, actions: Sequence[np.ndarray], out: TeamArrays) -> bool:
-        """Send the live agents' actions; write rewards, flags and next obs. True when the episode is over."""
+        """Send the live agents' actions; write rewards, flags, next obs and masks. True when the episode is over."""
         action_dict = {}
         for agent in self.env.agents:
             g, i = self._slot(agent)
             action_dict[agent] = self._to_env_action(g, actions[g][i])
-        observations, rewards, terminations, truncations, _ = self.env.step(action_dict)
+        observations, rewards, terminations, truncations, infos = self.env.step(action_dict)
         self.step_count += 1
         for g in range(len(self.spec.groups)):
             out.reward[g].fill(0.0)
             out.terminated[g].fill(False)
             out.truncated[g].fill(False)
             out.final_obs[g].fill(0.0)
+            out.action_mask[g].fill(True)
         for agent in action_dict:
             g, i = self._slots[agent]
             out.reward[g][i] = rewards.get(agent, 0.0)
             out.terminated[g][i] = bool(terminations.get(agent, False))
             out.truncated[g][i] = bool(truncations.get(agent, False)) and not out.terminated[g][i]
-            if agent in observations:
-                out.final_obs[g][i] = self._flatten(agent, observations[agent])
+        for agent, observation in observations.items():  # includes agents that join this step
+            g, i = self._slot(agent)
+            out.final_obs[g][i] = self._flatten(agent, observation)
         live = set(self.env.agents)
         for g, group in enumerate(self.spec.groups):
             for i, agent in enumerate(group.agents):
                 still = agent in live and not (out.terminated[g][i] or out.truncated[g][i])
                 out.alive[g][i] = still
                 out.obs[g][i] = out.final_obs[g][i] if still else 0.0
+                if still and group.mask_source is not None:
+                    self._write_mask(agent, observations.get(agent), infos, out.action_mask[g][i])
         self._write_state(out.final_state, out.final_obs)
         if self.spec.state_from_env:
             out.state[...] = out.final_state
@@ -212,9 +250,25 @@ class ParallelEnvAdapter:
     def _flatten(self, agent: str, observation: Any) -> np.ndarray:
         g, _ = self._slots[agent]
         space = self.spec.groups[g].observation_space
+        if has_mask_in_obs(space):
+            space, observation = space["observation"], observation["observation"]
         if isinstance(space, gym.spaces.Box):
             return np.asarray(observation, dtype=np.float32).reshape(-1)
         return np.asarray(gym.spaces.flatten(space, observation), dtype=np.float32)
+
+    def _write_mask(self, agent: str, observation: Any, infos: Mapping[str, Any] | None, target: np.ndarray) -> None:
+        g, _ = self._slots[agent]
+        source = self.spec.groups[g].mask_source
+        if source is None:
+            return
+        raw = observation["action_mask"] if source == "obs" else (infos or {}).get(agent, {}).get("action_mask")
+        if raw is None:
+            raise EnvContractError(
+                f"env '{self.spec.env_id}': agent '{agent}' at step {self.step_count} gave no action_mask "
+                f"in its {'observation' if source == 'obs' else 'infos'}, though it did at reset"
+            )
+        parts = raw if isinstance(raw, tuple | list) and len(raw) and np.ndim(raw[0]) == 1 else [raw]
+        target[...] = np.concatenate([np.asarray(p).reshape(-1) for p in parts]).astype(bool)
 
     def _to_env_action(self, g: int, action: np.ndarray) -> Any:
         space = self.spec.groups[g].action_space

@@ -18,6 +18,9 @@ class GroupSpec:
     action_space: gym.Space
     obs_dim: int
     """Length of the flattened observation vector fed to the networks."""
+    mask_source: str | None = None
+    """Where the agents' action masks come from: `obs` (a Dict observation with an `action_mask` key,
+    PettingZoo's classic convention), `info` (`infos[agent]["action_mask"]`) or None (no masks)."""
 
     @property
     def num_agents(self) -> int:
@@ -33,6 +36,18 @@ class GroupSpec:
         if isinstance(space, gym.spaces.MultiDiscrete | gym.spaces.Box):
             return (int(np.prod(space.shape)),)
         raise TypeError(f"unsupported action space {space!r}; use Discrete, MultiDiscrete or Box")
+
+    @property
+    def mask_dim(self) -> int:
+        """Length of an agent's flat action mask (0 without masks): n, or sum(nvec) for MultiDiscrete."""
+        if self.mask_source is None:
+            return 0
+        space = self.action_space
+        if isinstance(space, gym.spaces.Discrete):
+            return int(space.n)
+        if isinstance(space, gym.spaces.MultiDiscrete):
+            return int(space.nvec.sum())
+        raise TypeError(f"action masks need a Discrete or MultiDiscrete action space, not {space!r}")
 
     @property
     def action_dtype(self) -> np.dtype:

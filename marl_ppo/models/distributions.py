@@ -22,10 +22,16 @@ class ActionDistribution(Protocol):
     def entropy(self) -> torch.Tensor: ...
 
 
-class Categorical:
-    """One categorical per agent; logits `(..., A, n)`, actions `(..., A)` int64."""
+MASKED_LOGIT = -1e9
+"""Logit given to a masked action: its probability is exactly 0 and it is never sampled."""
 
-    def __init__(self, logits: torch.Tensor) -> None:
+
+class Categorical:
+    """One categorical per agent; logits `(..., A, n)`, actions `(..., A)` int64; optional bool mask `(..., A, n)`."""
+
+    def __init__(self, logits: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        if mask is not None:
+            logits = logits.masked_fill(~mask, MASKED_LOGIT)
         self.log_probs = logits - logits.logsumexp(-1, keepdim=True)
 
     def sample(self) -> torch.Tensor:
@@ -49,8 +55,9 @@ class Categorical:
 class MultiCategorical:
     """Independent categoricals per action dimension; actions `(..., A, k)` int64."""
 
-    def __init__(self, logits: torch.Tensor, sizes: list[int]) -> None:
-        self.parts = [Categorical(chunk) for chunk in torch.split(logits, sizes, dim=-1)]
+    def __init__(self, logits: torch.Tensor, sizes: list[int], mask: torch.Tensor | None = None) -> None:
+        masks = torch.split(mask, sizes, dim=-1) if mask is not None else [None] * len(sizes)
+        self.parts = [Categorical(c, m) for c, m in zip(torch.split(logits, sizes, dim=-1), masks, strict=True)]
 
     def sample(self) -> torch.Tensor:
         """One sample per dimension."""
@@ -106,13 +113,13 @@ def head_size(space: gym.Space) -> int:
 
 
 def make_distribution(
-    space: gym.Space, output: torch.Tensor, log_std: torch.Tensor | None
+    space: gym.Space, output: torch.Tensor, log_std: torch.Tensor | None, mask: torch.Tensor | None = None
 ) -> ActionDistribution:
-    """Wrap the actor's raw output in the distribution that fits `space`."""
+    """Wrap the actor's raw output (and the action mask, for discrete spaces) in the fitting distribution."""
     if isinstance(space, gym.spaces.Discrete):
-        return Categorical(output)
+        return Categorical(output, mask)
     if isinstance(space, gym.spaces.MultiDiscrete):
-        return MultiCategorical(output, [int(n) for n in space.nvec.reshape(-1)])
+        return MultiCategorical(output, [int(n) for n in space.nvec.reshape(-1)], mask)
     if isinstance(space, gym.spaces.Box):
         assert log_std is not None
         return DiagGaussian(output, log_std)

@@ -74,9 +74,11 @@ class GroupActor(nn.Module):
         else:
             self.log_std = None
 
-    def forward(self, obs: torch.Tensor) -> ActionDistribution:
-        """The action distribution of every agent in the group."""
-        return make_distribution(self.action_space, self.net(obs), self.log_std)
+    def forward(self, obs: torch.Tensor, action_mask: torch.Tensor | None = None) -> ActionDistribution:
+        """The action distribution of every agent in the group; masked actions get probability 0."""
+        if action_mask is not None and action_mask.shape[-1] == 0:
+            action_mask = None
+        return make_distribution(self.action_space, self.net(obs), self.log_std, action_mask)
 
 
 class GroupCritic(nn.Module):
@@ -116,9 +118,11 @@ class TeamModel(nn.Module):
         )
         self.value_norms = nn.ModuleList(ValueNorm(enabled=config.ppo.value_norm) for _ in spec.groups)
 
-    def distributions(self, obs: Sequence[torch.Tensor]) -> list[ActionDistribution]:
-        """One distribution per group over its agents."""
-        return [actor(o) for actor, o in zip(self.actors, obs, strict=True)]
+    def distributions(
+        self, obs: Sequence[torch.Tensor], masks: Sequence[torch.Tensor | None]
+    ) -> list[ActionDistribution]:
+        """One distribution per group over its agents, respecting each group's action masks."""
+        return [actor(o, m) for actor, o, m in zip(self.actors, obs, masks, strict=True)]
 
     def raw_values(self, state: torch.Tensor, obs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Critic outputs per group, in normalized units when value_norm is on."""

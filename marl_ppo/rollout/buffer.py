@@ -34,6 +34,8 @@ class GroupStorage:
     terminated: torch.Tensor
     truncated: torch.Tensor
     alive: torch.Tensor
+    action_mask: torch.Tensor
+    """Allowed actions when the action was chosen, `(T, E, A_g, mask_dim)` (mask_dim 0 without masks)."""
 
     @classmethod
     def allocate(cls, group: GroupSpec, steps: int, num_envs: int, device: torch.device) -> GroupStorage:
@@ -53,6 +55,7 @@ class GroupStorage:
             terminated=zeros(dtype=torch.bool),
             truncated=zeros(dtype=torch.bool),
             alive=zeros(dtype=torch.bool),
+            action_mask=zeros(group.mask_dim, dtype=torch.bool),
         )
 
 
@@ -83,6 +86,7 @@ class RolloutBuffer:
         state: ArrayLike,
         obs: Sequence[ArrayLike],
         alive: Sequence[ArrayLike],
+        action_mask: Sequence[ArrayLike],
         actions: Sequence[ArrayLike],
         logp: Sequence[ArrayLike],
         values: Sequence[ArrayLike],
@@ -101,6 +105,7 @@ class RolloutBuffer:
         for g, storage in enumerate(self.groups):
             storage.obs[t].copy_(_tensor(obs[g]))
             storage.alive[t].copy_(_tensor(alive[g]))
+            storage.action_mask[t].copy_(_tensor(action_mask[g]))
             storage.actions[t].copy_(_tensor(actions[g]))
             storage.logp[t].copy_(_tensor(logp[g]))
             storage.values[t].copy_(_tensor(values[g]))

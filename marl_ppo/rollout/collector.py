@@ -69,8 +69,9 @@ class Collector:
         while not buffer.full:
             obs = [self._to_torch(o) for o in arrays.obs]
             alive = [self._to_torch(a) for a in arrays.alive]
+            masks = [self._to_torch(m) for m in arrays.action_mask]
             state = self._to_torch(arrays.state)
-            dists = self.model.distributions(obs)
+            dists = self.model.distributions(obs, masks)
             actions = [d.sample() for d in dists]
             logp = [d.log_prob(a) for d, a in zip(dists, actions, strict=True)]
             values = self.model.values(state, obs)
@@ -85,6 +86,7 @@ class Collector:
                 state=state,
                 obs=obs,
                 alive=alive,
+                action_mask=masks,
                 actions=actions,
                 logp=logp,
                 values=values,
