@@ -132,7 +132,9 @@ def _group_members(
 def _info_mask_agents(env: Any) -> set[str]:
     """Agents whose reset infos carry an `action_mask` (the probe env is reset once to look)."""
     _, infos = env.reset(seed=0)
-    return {agent for agent, info in (infos or {}).items() if isinstance(info, dict) and "action_mask" in info}
+    return {
+        agent for agent, info in (infos or {}).items() if isinstance(info, dict) and "action_mask" in info
+    }
 
 
 def build_team_spec(env: Any, env_id: str, groups: Mapping[str, Sequence[str]] | None = None) -> TeamSpec:
@@ -256,12 +258,16 @@ class ParallelEnvAdapter:
             return np.asarray(observation, dtype=np.float32).reshape(-1)
         return np.asarray(gym.spaces.flatten(space, observation), dtype=np.float32)
 
-    def _write_mask(self, agent: str, observation: Any, infos: Mapping[str, Any] | None, target: np.ndarray) -> None:
+    def _write_mask(
+        self, agent: str, observation: Any, infos: Mapping[str, Any] | None, target: np.ndarray
+    ) -> None:
         g, _ = self._slots[agent]
         source = self.spec.groups[g].mask_source
         if source is None:
             return
-        raw = observation["action_mask"] if source == "obs" else (infos or {}).get(agent, {}).get("action_mask")
+        raw = (
+            observation["action_mask"] if source == "obs" else (infos or {}).get(agent, {}).get("action_mask")
+        )
         if raw is None:
             raise EnvContractError(
                 f"env '{self.spec.env_id}': agent '{agent}' at step {self.step_count} gave no action_mask "

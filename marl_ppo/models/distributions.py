@@ -57,7 +57,9 @@ class MultiCategorical:
 
     def __init__(self, logits: torch.Tensor, sizes: list[int], mask: torch.Tensor | None = None) -> None:
         masks = torch.split(mask, sizes, dim=-1) if mask is not None else [None] * len(sizes)
-        self.parts = [Categorical(c, m) for c, m in zip(torch.split(logits, sizes, dim=-1), masks, strict=True)]
+        self.parts = [
+            Categorical(c, m) for c, m in zip(torch.split(logits, sizes, dim=-1), masks, strict=True)
+        ]
 
     def sample(self) -> torch.Tensor:
         """One sample per dimension."""
