@@ -6,15 +6,16 @@ Parses arguments and calls the library; user errors print one line and exit with
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from marl_ppo.checkpoint import CheckpointError
-from marl_ppo.config import ConfigError, config_keys, load_config
+from marl_ppo.config import ConfigError, config_keys, load_config, parse_overrides
 from marl_ppo.envs.pettingzoo import EnvContractError
-from marl_ppo.registry import EnvError, registered_ids, resolve_factory
+from marl_ppo.registry import EnvError, registered_specs, resolve_factory
 
 USER_ERRORS = (ConfigError, EnvError, CheckpointError, EnvContractError)
 
@@ -30,7 +31,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--help-config", action="store_true", help="list every config key with its meaning")
     train.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
-    commands.add_parser("envs", help="list registered environment ids")
+    envs = commands.add_parser("envs", help="list registered environment ids, or check one")
+    envs.add_argument("--json", action="store_true", help="print the list as JSON objects")
+    envs.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    env_commands = envs.add_subparsers(dest="env_command")
+    check = env_commands.add_parser("check", help="conformance check of an env id (exit status 1 on failure)")
+    check.add_argument(
+        "env_id", metavar="ID", help="registered id, package.module:callable or file.py:callable"
+    )
+    check.add_argument("kwargs", nargs="*", metavar="key=value", help="keyword arguments for the env factory")
+    check.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     return parser
 
 
@@ -79,9 +89,24 @@ def _train(options: argparse.Namespace) -> int:
     return 0
 
 
-def _envs() -> int:
-    for env_id in registered_ids():
-        print(env_id)
+def _envs(options: argparse.Namespace) -> int:
+    if options.env_command == "check":
+        from marl_ppo.conformance import check_env
+
+        resolve_factory(options.env_id)
+        report = check_env(options.env_id, **parse_overrides(options.kwargs))
+        print(report.render())
+        return 0 if report.passed else 1
+    rows = [
+        {"id": s.id, "family": s.family, "installed": s.installed, "extra": s.extra}
+        for s in registered_specs()
+    ]
+    if options.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for row in rows:
+        status = "installed" if row["installed"] else f"needs: pip install 'marl-ppo[{row['extra']}]'"
+        print(f"{row['id']:40s} {status}")
     return 0
 
 
@@ -91,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if options.command == "train":
             return _train(options)
-        return _envs()
+        return _envs(options)
     except USER_ERRORS as err:
         if options.debug:
             raise

@@ -40,6 +40,14 @@ class EnvSpec:
         """The part of the id before the slash (`mpe2` for `mpe2/simple_spread_v3`)."""
         return self.id.split("/", 1)[0] if "/" in self.id else ""
 
+    @property
+    def installed(self) -> bool:
+        """Whether the entry point's top-level package can be imported (checked without importing it)."""
+        if callable(self.entry_point):
+            return True
+        top = self.entry_point.partition(":")[0].split(".")[0]
+        return importlib.util.find_spec(top) is not None
+
     def load(self) -> Factory:
         """Import (if needed) and return the factory callable."""
         if callable(self.entry_point):
@@ -84,6 +92,12 @@ def register_env(
         return add
     add(factory)
     return factory
+
+
+def registered_specs() -> list[EnvSpec]:
+    """All registered specs, sorted by id."""
+    _load_entry_points()
+    return [_REGISTRY[env_id] for env_id in sorted(_REGISTRY)]
 
 
 def registered_ids() -> list[str]:

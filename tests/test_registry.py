@@ -1,0 +1,89 @@
+"""Registry, env listing and the conformance check."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import marl_ppo
+from envs.early_leaver import EarlyLeaverEnv
+from marl_ppo.cli import main
+from marl_ppo.conformance import check_env
+from marl_ppo.registry import EnvError, make_env, registered_ids, resolve_factory
+
+
+class UnseededEnv(EarlyLeaverEnv):
+    """Breaks determinism: its observations come from an RNG that reset(seed) does not seed."""
+
+    def _obs(self, agents):
+        return {a: np.array([np.random.randint(3), self._t], np.float32) for a in agents}
+
+
+def test_register_as_function_and_decorator_then_make():
+    marl_ppo.register_env("tests/leaver_short_v0", EarlyLeaverEnv, leave_at=1, max_steps=2)
+
+    @marl_ppo.register_env("tests/leaver_long_v0", max_steps=9)
+    def long_leaver(**kwargs):
+        return EarlyLeaverEnv(**kwargs)
+
+    short = marl_ppo.make_env("tests/leaver_short_v0")
+    assert isinstance(short, EarlyLeaverEnv) and (short.leave_at, short.max_steps) == (1, 2)
+    assert marl_ppo.make_env("tests/leaver_long_v0", leave_at=4).max_steps == 9  # defaults, then kwargs
+    assert callable(long_leaver)  # the decorator returns the function unchanged
+
+
+def test_make_env_returns_the_parallel_env_itself():
+    from pettingzoo import ParallelEnv
+
+    env = make_env("mpe2/simple_spread_v3", N=4)
+    assert isinstance(env, ParallelEnv) and len(env.possible_agents) == 4
+
+
+def test_project_envs_come_from_the_entry_point():
+    ids = registered_ids()
+    for env_id in (
+        "envs/matrix_game_v0",
+        "envs/masked_guess_v0",
+        "envs/never_ending_v0",
+        "envs/early_leaver_v0",
+    ):
+        assert env_id in ids
+
+
+def test_unknown_id_lists_close_matches_and_missing_extra_names_the_install():
+    with pytest.raises(EnvError, match="did you mean 'mpe2/simple_spread_v3'"):
+        resolve_factory("mpe2/simple_spred_v3")
+    marl_ppo.register_env("tests/needs_extra_v0", "not_installed_pkg.module:make", extra="exotic")
+    with pytest.raises(EnvError, match=r"pip install 'marl-ppo\[exotic\]'"):
+        make_env("tests/needs_extra_v0")
+
+
+def test_registering_imports_nothing_heavy():
+    code = (
+        "import sys, marl_ppo; from marl_ppo.registry import registered_ids; ids = registered_ids();"
+        "print(len(ids), sorted(m for m in ('torch', 'mpe2', 'pettingzoo', 'tensorboard') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    count, heavy = out.split(" ", 1)
+    assert int(count) > 10 and heavy.strip() == "[]"
+
+
+def test_envs_json_lists_id_family_installed(capsys):
+    assert main(["envs", "--json"]) == 0
+    rows = {row["id"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows["mpe2/simple_spread_v3"]["family"] == "mpe2" and rows["mpe2/simple_spread_v3"]["installed"]
+    assert rows["envs/matrix_game_v0"]["family"] == "envs"
+
+
+def test_conformance_passes_for_a_good_env_and_reports_a_broken_one(capsys):
+    assert main(["envs", "check", "envs/early_leaver_v0", "leave_at=2"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("PASS") == 4 and "all checks passed" in out
+    marl_ppo.register_env("tests/unseeded_v0", UnseededEnv)
+    report = check_env("tests/unseeded_v0")
+    status = {r.name: r.status for r in report.results}
+    assert status["same seed, same run"] == "FAIL" and status["one-update train"] == "PASS"
+    assert not report.passed and "diverge" in report.render()
+    assert main(["envs", "check", "tests/unseeded_v0"]) == 1
