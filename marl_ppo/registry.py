@@ -34,6 +34,8 @@ class EnvSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
     extra: str | None = None
     """The optional dependency group that provides it (`pip install marl-ppo[extra]`)."""
+    requires: tuple[str, ...] = ()
+    """Top-level modules the env needs; default: the entry point's package."""
 
     @property
     def family(self) -> str:
@@ -41,12 +43,17 @@ class EnvSpec:
         return self.id.split("/", 1)[0] if "/" in self.id else ""
 
     @property
+    def missing_modules(self) -> list[str]:
+        """The modules it needs that cannot be imported (checked without importing them)."""
+        modules = self.requires
+        if not modules and isinstance(self.entry_point, str):
+            modules = (self.entry_point.partition(":")[0].split(".")[0],)
+        return [module for module in modules if importlib.util.find_spec(module) is None]
+
+    @property
     def installed(self) -> bool:
-        """Whether the entry point's top-level package can be imported (checked without importing it)."""
-        if callable(self.entry_point):
-            return True
-        top = self.entry_point.partition(":")[0].split(".")[0]
-        return importlib.util.find_spec(top) is not None
+        """Whether everything it needs is installed."""
+        return not self.missing_modules
 
     def load(self) -> Factory:
         """Import (if needed) and return the factory callable."""
@@ -68,6 +75,10 @@ def _load_entry_points() -> None:
     _ENTRY_POINTS_LOADED = True
     from importlib.metadata import entry_points
 
+    from marl_ppo.catalog import register_catalog
+
+    register_catalog()
+
     for entry in entry_points(group=ENTRY_POINT_GROUP):
         try:
             hook = entry.load()
@@ -78,14 +89,19 @@ def _load_entry_points() -> None:
 
 
 def register_env(
-    env_id: str, factory: Factory | str | None = None, *, extra: str | None = None, **default_kwargs: Any
+    env_id: str,
+    factory: Factory | str | None = None,
+    *,
+    extra: str | None = None,
+    requires: tuple[str, ...] = (),
+    **default_kwargs: Any,
 ) -> Any:
     """Register `factory` under `env_id`; without a factory, returns a decorator that registers its target."""
     if not env_id or env_id != env_id.strip() or " " in env_id:
         raise EnvError(f"invalid env id {env_id!r}; use a name like 'myfamily/my_env_v0'")
 
     def add(target: Factory | str) -> Factory | str:
-        _REGISTRY[env_id] = EnvSpec(env_id, target, dict(default_kwargs), extra)
+        _REGISTRY[env_id] = EnvSpec(env_id, target, dict(default_kwargs), extra, tuple(requires))
         return target
 
     if factory is None:
@@ -123,6 +139,9 @@ def resolve_factory(env_id: str) -> tuple[Factory, dict[str, Any]]:
     """The factory behind an env id and its registered default kwargs."""
     if ":" not in env_id:
         spec = env_spec(env_id)
+        missing = spec.missing_modules
+        if missing and spec.extra is not None:
+            raise EnvError(_missing_extra(env_id, ", ".join(missing), spec.extra))
         return spec.load(), dict(spec.kwargs)
     target, _, attr = env_id.rpartition(":")
     if target.endswith(".py"):
@@ -137,6 +156,15 @@ def make_env(env_id: str, **kwargs: Any) -> Any:
         return factory(**{**defaults, **kwargs})
     except TypeError as err:
         raise EnvError(f"env '{env_id}' rejected its kwargs: {err}; check env.kwargs") from None
+    except ModuleNotFoundError as err:
+        extra = _REGISTRY[env_id].extra if env_id in _REGISTRY else None
+        if extra is None:
+            raise
+        raise EnvError(_missing_extra(env_id, str(err.name), extra)) from None
+
+
+def _missing_extra(env_id: str, package: str, extra: str) -> str:
+    return f"env '{env_id}' needs the optional package '{package}'; install it with: pip install 'marl-ppo[{extra}]'"
 
 
 def _import_attr(entry_point: str, *, extra: str | None, env_id: str) -> Factory:
@@ -145,10 +173,7 @@ def _import_attr(entry_point: str, *, extra: str | None, env_id: str) -> Factory
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
         if extra is not None:
-            raise EnvError(
-                f"env '{env_id}' needs the optional package '{err.name}'; "
-                f"install it with: pip install 'marl-ppo[{extra}]'"
-            ) from None
+            raise EnvError(_missing_extra(env_id, str(err.name), extra)) from None
         raise EnvError(
             f"env '{env_id}': cannot import module '{module_name}' ({err}); check env.id"
         ) from None
@@ -179,19 +204,3 @@ def _load_from_file(path: Path, attr: str, env_id: str) -> Factory:
     if not callable(factory):
         raise EnvError(f"env '{env_id}': '{path}' defines no callable '{attr}'; check env.id")
     return factory
-
-
-MPE2_SCENARIOS = (
-    "simple_v3",
-    "simple_adversary_v3",
-    "simple_crypto_v3",
-    "simple_push_v3",
-    "simple_reference_v3",
-    "simple_speaker_listener_v4",
-    "simple_spread_v3",
-    "simple_tag_v3",
-    "simple_world_comm_v3",
-)
-
-for _name in MPE2_SCENARIOS:
-    register_env(f"mpe2/{_name}", f"mpe2.{_name}:parallel_env", extra="mpe")

@@ -1,0 +1,98 @@
+"""The standard benchmark catalog: ids, factories and the optional extra that provides each family.
+
+Registering imports nothing: every factory imports its package when an env is built. Families and
+their extras (`pip install 'marl-ppo[EXTRA]'`):
+- `mpe2/*` (mpe): every mpe2 scenario;
+- `sisl/*` (sisl): multiwalker, pursuit (PettingZoo 1.27 no longer ships waterworld);
+- `butterfly/*` (butterfly): pistonball, cooperative_pong, knights_archers_zombies;
+- `classic/rps_v2` (classic): rock-paper-scissors, both seats one shared policy;
+- `lbf/*` (lbf) and `rware/*` (rware): Gymnasium multi-agent envs, time limits reported as truncation;
+- `magent2/battle_v4` (magent2): two armies of many agents.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Any
+
+from marl_ppo.registry import register_env
+
+MPE2_SCENARIOS = (
+    "simple_v3",
+    "simple_adversary_v3",
+    "simple_crypto_v3",
+    "simple_push_v3",
+    "simple_reference_v3",
+    "simple_speaker_listener_v4",
+    "simple_spread_v3",
+    "simple_tag_v3",
+    "simple_world_comm_v3",
+)
+
+PETTINGZOO_PARALLEL = {
+    # our id: (PettingZoo registry id, extra, modules it needs)
+    "sisl/multiwalker_v9": ("sisl/multiwalker-v9", "sisl", ("pettingzoo", "Box2D", "pygame")),
+    "sisl/pursuit_v5": ("sisl/pursuit-v5", "sisl", ("pettingzoo", "pygame")),
+    "butterfly/pistonball_v6": ("butterfly/pistonball-v6", "butterfly", ("pettingzoo", "pymunk", "pygame")),
+    "butterfly/cooperative_pong_v6": ("butterfly/cooperative_pong-v6", "butterfly", ("pettingzoo", "pygame")),
+    "butterfly/knights_archers_zombies_v11": (
+        "butterfly/knights_archers_zombies-v11",
+        "butterfly",
+        ("pettingzoo", "pygame"),
+    ),
+    "classic/rps_v2": ("classic/rps-v2", "classic", ("pettingzoo", "pygame")),
+}
+
+LBF_TASKS = (
+    "Foraging-8x8-2p-2f-coop-v3",
+    "Foraging-2s-8x8-2p-2f-coop-v3",
+    "Foraging-10x10-3p-3f-v3",
+    "Foraging-2s-10x10-3p-3f-v3",
+    "Foraging-15x15-3p-5f-v3",
+    "Foraging-15x15-4p-3f-v3",
+    "Foraging-15x15-4p-5f-v3",
+)
+RWARE_TASKS = ("rware-tiny-2ag-v2", "rware-tiny-4ag-v2", "rware-small-4ag-v2")
+
+
+def pettingzoo_parallel(name: str, **kwargs: Any) -> Any:
+    """A PettingZoo ParallelEnv from PettingZoo's own registry."""
+    import pettingzoo
+
+    return pettingzoo.make("parallel", name, **kwargs)
+
+
+def gymnasium_team(gym_id: str, package: str, **kwargs: Any) -> Any:
+    """A Gymnasium (multi-agent Tuple-space or single-agent) env presented as a PettingZoo team."""
+    importlib.import_module(package)  # registers its ids with gymnasium
+    import gymnasium
+
+    from marl_ppo.envs.gymnasium import GymnasiumTeamEnv
+
+    return GymnasiumTeamEnv(gymnasium.make(gym_id, **kwargs))
+
+
+def _slug(gym_id: str) -> str:
+    return gym_id.lower().replace("-", "_")
+
+
+def register_catalog() -> None:
+    """Register every catalog id (cheap: nothing is imported)."""
+    for name in MPE2_SCENARIOS:
+        register_env(f"mpe2/{name}", f"mpe2.{name}:parallel_env", extra="mpe")
+    for env_id, (name, extra, modules) in PETTINGZOO_PARALLEL.items():
+        register_env(env_id, functools.partial(pettingzoo_parallel, name), extra=extra, requires=modules)
+    for task in LBF_TASKS:
+        factory = functools.partial(gymnasium_team, task, "lbforaging")
+        register_env(f"lbf/{_slug(task)}", factory, extra="lbf", requires=("lbforaging",))
+    for task in RWARE_TASKS:
+        factory = functools.partial(gymnasium_team, task, "rware")
+        register_env(f"rware/{_slug(task)}", factory, extra="rware", requires=("rware",))
+    register_env(
+        "magent2/battle_v4",
+        "magent2.environments.battle_v4:parallel_env",
+        extra="magent2",
+        requires=("magent2",),
+        map_size=20,
+    )
