@@ -44,15 +44,16 @@ PETTINGZOO_PARALLEL = {
     "classic/rps_v2": ("classic/rps-v2", "classic", ("pettingzoo", "pygame")),
 }
 
-LBF_TASKS = (
-    "Foraging-8x8-2p-2f-coop-v3",
-    "Foraging-2s-8x8-2p-2f-coop-v3",
-    "Foraging-10x10-3p-3f-v3",
-    "Foraging-2s-10x10-3p-3f-v3",
-    "Foraging-15x15-3p-5f-v3",
-    "Foraging-15x15-4p-3f-v3",
-    "Foraging-15x15-4p-5f-v3",
-)
+LBF_TASKS = {
+    # EPyMARL's task list; lbforaging registers at most 4 food, so the 5-food tasks set max_num_food
+    "Foraging-8x8-2p-2f-coop-v3": ("Foraging-8x8-2p-2f-coop-v3", {}),
+    "Foraging-2s-8x8-2p-2f-coop-v3": ("Foraging-2s-8x8-2p-2f-coop-v3", {}),
+    "Foraging-10x10-3p-3f-v3": ("Foraging-10x10-3p-3f-v3", {}),
+    "Foraging-2s-10x10-3p-3f-v3": ("Foraging-2s-10x10-3p-3f-v3", {}),
+    "Foraging-15x15-3p-5f-v3": ("Foraging-15x15-3p-4f-v3", {"max_num_food": 5}),
+    "Foraging-15x15-4p-3f-v3": ("Foraging-15x15-4p-3f-v3", {}),
+    "Foraging-15x15-4p-5f-v3": ("Foraging-15x15-4p-4f-v3", {"max_num_food": 5}),
+}
 RWARE_TASKS = ("rware-tiny-2ag-v2", "rware-tiny-4ag-v2", "rware-small-4ag-v2")
 
 
@@ -83,9 +84,9 @@ def register_catalog() -> None:
         register_env(f"mpe2/{name}", f"mpe2.{name}:parallel_env", extra="mpe")
     for env_id, (name, extra, modules) in PETTINGZOO_PARALLEL.items():
         register_env(env_id, functools.partial(pettingzoo_parallel, name), extra=extra, requires=modules)
-    for task in LBF_TASKS:
-        factory = functools.partial(gymnasium_team, task, "lbforaging")
-        register_env(f"lbf/{_slug(task)}", factory, extra="lbf", requires=("lbforaging",))
+    for task, (gym_id, kwargs) in LBF_TASKS.items():
+        factory = functools.partial(gymnasium_team, gym_id, "lbforaging")
+        register_env(f"lbf/{_slug(task)}", factory, extra="lbf", requires=("lbforaging",), **kwargs)
     for task in RWARE_TASKS:
         factory = functools.partial(gymnasium_team, task, "rware")
         register_env(f"rware/{_slug(task)}", factory, extra="rware", requires=("rware",))

@@ -36,6 +36,8 @@ class EnvConfig:
     """Keyword arguments passed to the environment factory."""
     groups: dict[str, list[str]] | None = None
     """Agent groups by name (`{group: [agent, ...]}`); default: agents with identical spaces form a group."""
+    image_pool: PositiveInt = 1
+    """Average-pool (H, W, C) image observations and states over k x k pixel blocks (uint8 scaled to [0, 1])."""
 
 
 @dataclass(frozen=True, config=_STRICT)

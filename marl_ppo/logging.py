@@ -21,6 +21,7 @@ class RunLogger:
         run_dir: Path,
         *,
         agents: Sequence[str],
+        groups: dict[str, Sequence[str]],
         total_steps: int,
         return_window: int,
         per_agent: bool,
@@ -30,6 +31,12 @@ class RunLogger:
 
         self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
         self.agents = tuple(agents)
+        # per-group returns matter for competitive teams (red vs blue); one group needs no breakdown
+        self.group_columns = (
+            {name: [self.agents.index(a) for a in members] for name, members in groups.items()}
+            if len(groups) > 1
+            else {}
+        )
         self.per_agent = per_agent
         self.team_returns: deque[float] = deque(maxlen=return_window)
         self.agent_returns: deque[np.ndarray] = deque(maxlen=return_window)
@@ -62,6 +69,10 @@ class RunLogger:
             self.writer.add_scalar("rollout/team_return", episode.team_return, step)
             self.writer.add_scalar("rollout/agent_return", float(episode.agent_returns.mean()), step)
             self.writer.add_scalar("rollout/episode_length", episode.length, step)
+            for name, columns in self.group_columns.items():
+                self.writer.add_scalar(
+                    f"groups/{name}/return", float(episode.agent_returns[columns].sum()), step
+                )
             if self.per_agent:
                 for agent, value in zip(self.agents, episode.agent_returns, strict=True):
                     self.writer.add_scalar(f"agents/{agent}/return", float(value), step)

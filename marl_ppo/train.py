@@ -69,7 +69,7 @@ def _make_adapter(config: ExperimentConfig, spec: TeamSpec) -> ParallelEnvAdapte
 def build_vector_env(config: ExperimentConfig) -> SyncVectorEnv | SubprocessVectorEnv:
     """E copies of the configured env behind one TeamSpec, in this process or in worker processes."""
     probe = make_parallel_env(config)
-    spec = build_team_spec(probe, config.env.id, config.env.groups)
+    spec = build_team_spec(probe, config.env.id, config.env.groups, image_pool=config.env.image_pool)
     probe.close()
     make_adapter = functools.partial(_make_adapter, config, spec)
     if config.vector == "subprocess":
@@ -95,6 +95,7 @@ def train(config: ExperimentConfig, run_dir: Path | str) -> TrainResult:
     logger = RunLogger(
         run_dir,
         agents=venv.spec.agents,
+        groups={g.name: g.agents for g in venv.spec.groups},
         total_steps=config.total_steps,
         return_window=config.log.return_window,
         per_agent=config.log.per_agent,

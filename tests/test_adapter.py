@@ -106,3 +106,25 @@ def test_box_actions_are_clipped_to_bounds():
     assert isinstance(group.action_space, spaces.Box) and group.action_shape == (5,)
     clipped = adapter._to_env_action(0, np.array([-3.0, 0.5, 2.0, 0.0, 1.0], np.float32))
     np.testing.assert_array_equal(clipped, [0.0, 0.5, 1.0, 0.0, 1.0])
+
+
+def test_pool_image_averages_blocks_and_scales_uint8():
+    from marl_ppo.envs.pettingzoo import pool_image
+
+    image = np.arange(5 * 4 * 2, dtype=np.uint8).reshape(5, 4, 2)  # 5 rows: the last is cropped
+    pooled = pool_image(image, 2)
+    assert pooled.shape == (2, 2, 2)
+    # top-left block, channel 0: pixels (0,0)=0, (0,1)=2, (1,0)=8, (1,1)=10 -> mean 5
+    assert pooled[0, 0, 0] == pytest.approx(5 / 255)
+    assert pooled[1, 1, 1] == pytest.approx(np.mean([21, 23, 29, 31]) / 255)
+
+
+def test_image_pool_shrinks_obs_and_state_dims():
+    env = make_env("butterfly/pistonball_v6")
+    spec = build_team_spec(env, "pistonball", image_pool=8)
+    assert spec.groups[0].obs_dim == (457 // 8) * (120 // 8) * 3
+    assert spec.state_dim == (560 // 8) * (880 // 8) * 3
+    adapter = ParallelEnvAdapter(env, spec)
+    out = TeamArrays.allocate(spec)
+    adapter.reset(0, out)
+    assert out.obs[0].min() >= 0.0 and out.obs[0].max() <= 1.0 and out.state.max() > 0

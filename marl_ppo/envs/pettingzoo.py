@@ -78,8 +78,27 @@ def feature_space(space: gym.Space) -> gym.Space:
     return space["observation"] if has_mask_in_obs(space) else space
 
 
-def _flat_dim(space: gym.Space) -> int:
+def is_image(space: gym.Space) -> bool:
+    """A Box shaped (height, width, channels), the layout PettingZoo's pixel observations use."""
+    return isinstance(space, gym.spaces.Box) and len(space.shape) == 3
+
+
+def pool_image(image: np.ndarray, factor: int) -> np.ndarray:
+    """Average-pool an (H, W, C) image over factor x factor blocks (edges cropped); uint8 scaled to [0, 1]."""
+    height, width, channels = image.shape
+    h, w = height // factor, width // factor
+    blocks = np.asarray(image[: h * factor, : w * factor], dtype=np.float32).reshape(
+        h, factor, w, factor, channels
+    )
+    pooled = blocks.mean(axis=(1, 3))
+    return pooled / 255.0 if image.dtype == np.uint8 else pooled
+
+
+def _flat_dim(space: gym.Space, image_pool: int = 1) -> int:
     space = feature_space(space)
+    if is_image(space) and image_pool > 1:
+        height, width, channels = space.shape
+        return (height // image_pool) * (width // image_pool) * channels
     if isinstance(space, gym.spaces.Box):
         return int(np.prod(space.shape))
     return int(gym.spaces.flatdim(space))
@@ -137,7 +156,9 @@ def _info_mask_agents(env: Any) -> set[str]:
     }
 
 
-def build_team_spec(env: Any, env_id: str, groups: Mapping[str, Sequence[str]] | None = None) -> TeamSpec:
+def build_team_spec(
+    env: Any, env_id: str, groups: Mapping[str, Sequence[str]] | None = None, *, image_pool: int = 1
+) -> TeamSpec:
     """Group the env's agents (by identical spaces, or by the `groups` mapping), find masks, size the state."""
     agents = tuple(env.possible_agents)
     if not agents:
@@ -162,13 +183,14 @@ def build_team_spec(env: Any, env_id: str, groups: Mapping[str, Sequence[str]] |
             mask_source = "info"
         else:
             mask_source = None
-        specs.append(GroupSpec(name, members, obs_space, act_space, _flat_dim(obs_space), mask_source))
+        obs_dim = _flat_dim(obs_space, image_pool)
+        specs.append(GroupSpec(name, members, obs_space, act_space, obs_dim, mask_source))
     state_space = getattr(env, "state_space", None)
     if isinstance(state_space, gym.spaces.Space):
-        state_dim, from_env = _flat_dim(state_space), True
+        state_dim, from_env = _flat_dim(state_space, image_pool), True
     else:
-        state_dim, from_env = sum(_flat_dim(env.observation_space(a)) for a in agents), False
-    return TeamSpec(env_id, agents, tuple(specs), state_dim, from_env)
+        state_dim, from_env = sum(_flat_dim(env.observation_space(a), image_pool) for a in agents), False
+    return TeamSpec(env_id, agents, tuple(specs), state_dim, from_env, image_pool)
 
 
 class ParallelEnvAdapter:
@@ -254,6 +276,8 @@ class ParallelEnvAdapter:
         space = self.spec.groups[g].observation_space
         if has_mask_in_obs(space):
             space, observation = space["observation"], observation["observation"]
+        if is_image(space) and self.spec.image_pool > 1:
+            return pool_image(np.asarray(observation), self.spec.image_pool).reshape(-1)
         if isinstance(space, gym.spaces.Box):
             return np.asarray(observation, dtype=np.float32).reshape(-1)
         return np.asarray(gym.spaces.flatten(space, observation), dtype=np.float32)
@@ -286,7 +310,10 @@ class ParallelEnvAdapter:
 
     def _write_state(self, target: np.ndarray, obs: list[np.ndarray]) -> None:
         if self.spec.state_from_env:
-            target[...] = np.asarray(self.env.state(), dtype=np.float32).reshape(-1)
+            state = np.asarray(self.env.state())
+            if state.ndim == 3 and self.spec.image_pool > 1:
+                state = pool_image(state, self.spec.image_pool)
+            target[...] = state.reshape(-1)
             return
         position = 0
         for g, group in enumerate(self.spec.groups):

@@ -65,6 +65,8 @@ class TeamSpec:
     state_dim: int
     state_from_env: bool
     """True when the global state is the env's own `state()`; else concatenated observations."""
+    image_pool: int = 1
+    """Image observations (and an image state) are average-pooled over blocks of this many pixels."""
 
     @property
     def num_agents(self) -> int:
