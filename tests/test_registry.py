@@ -87,3 +87,25 @@ def test_conformance_passes_for_a_good_env_and_reports_a_broken_one(capsys):
     assert status["same seed, same run"] == "FAIL" and status["one-update train"] == "PASS"
     assert not report.passed and "diverge" in report.render()
     assert main(["envs", "check", "tests/unseeded_v0"]) == 1
+
+
+def test_readme_bring_your_own_env_example_works_when_pasted(tmp_path, capsys):
+    from conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Bring your own environment", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(code.strip().splitlines()) < 20
+    (tmp_path / "my_env.py").write_text(code)
+    env_id = f"{tmp_path / 'my_env.py'}:Rendezvous"
+    assert main(["envs", "check", env_id]) == 0
+    assert "all checks passed" in capsys.readouterr().out
+    args = [
+        "train",
+        f"env.id={env_id}",
+        "total_steps=320",
+        "log.progress=false",
+        "--run-dir",
+        str(tmp_path / "r"),
+    ]
+    assert main(args) == 0
