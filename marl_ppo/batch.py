@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from marl_ppo.rollout.buffer import GroupStorage, RolloutBuffer
-from marl_ppo.rollout.gae import bootstrap_values, compute_gae
+from marl_ppo.rollout.gae import compute_gae, fold_turns
 
 
 @dataclass(frozen=True)
@@ -86,20 +86,33 @@ def minibatches(
 def rollout_batches(
     buffer: RolloutBuffer, last_values: Sequence[torch.Tensor], *, gamma: float, lam: float
 ) -> list[AgentBatch]:
-    """GAE per group over a full buffer (bootstrapping truncations from V(final obs)), then flatten."""
+    """GAE per group over a full buffer, then flatten.
+
+    Each acting step's transition runs to the agent's next acting step (`fold_turns`), truncations
+    bootstrap from V(final obs) and terminations from nothing.
+    """
     if not buffer.full:
         raise ValueError(f"rollout_batches: buffer holds {buffer.pos} of {buffer.steps} steps; fill it first")
     advantages, returns = [], []
     for storage, last in zip(buffer.groups, last_values, strict=True):
-        next_values = bootstrap_values(storage.values, last, storage.final_values, storage.truncated)
-        adv, ret = compute_gae(
+        steps = fold_turns(
             storage.rewards,
             storage.values,
-            next_values,
+            last,
+            storage.final_values,
             storage.terminated,
-            storage.terminated | storage.truncated,
+            storage.truncated,
+            storage.alive,
+        )
+        adv, ret = compute_gae(
+            steps.rewards,
+            storage.values,
+            steps.next_values,
+            steps.terminated,
+            steps.done,
             gamma=gamma,
             lam=lam,
+            alive=storage.alive,
         )
         advantages.append(adv)
         returns.append(ret)

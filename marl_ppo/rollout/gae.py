@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -14,20 +16,21 @@ def compute_gae(
     *,
     gamma: float,
     lam: float,
+    alive: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and return targets for time-major `(T, ...)` tensors of identical shape.
 
     `next_values[t]` is the value of the state after step t (at a truncation: of the final
     observation, read before any reset). `terminated` zeroes that bootstrap; `done`
     (terminated or truncated) stops the lambda-trace from flowing back across an episode end.
+    With `alive`, steps where an agent did not act are transparent: the trace passes them
+    unchanged to the agent's previous acting step (see `fold_turns` for the matching inputs).
     """
     shape = rewards.shape
-    for name, tensor in (
-        ("values", values),
-        ("next_values", next_values),
-        ("terminated", terminated),
-        ("done", done),
-    ):
+    checked = {"values": values, "next_values": next_values, "terminated": terminated, "done": done}
+    if alive is not None:
+        checked["alive"] = alive
+    for name, tensor in checked.items():
         if tensor.shape != shape:
             raise ValueError(f"compute_gae: {name} has shape {tuple(tensor.shape)}, rewards {tuple(shape)}")
     if len(shape) == 0:
@@ -41,22 +44,67 @@ def compute_gae(
     advantages = torch.empty_like(rewards)
     running = torch.zeros_like(rewards[0])
     for t in range(shape[0] - 1, -1, -1):
-        running = deltas[t] + decay[t] * running
+        step = deltas[t] + decay[t] * running
+        running = step if alive is None else torch.where(alive[t], step, running)
         advantages[t] = running
     return advantages, advantages + values
 
 
-def bootstrap_values(
-    values: torch.Tensor, last_values: torch.Tensor, final_values: torch.Tensor, truncated: torch.Tensor
-) -> torch.Tensor:
-    """`next_values` for compute_gae: V of the following step, or V(final obs) where the step truncated.
+@dataclass(frozen=True)
+class Transitions:
+    """Per-step GAE inputs where each acting step's transition runs to the agent's next acting step."""
 
-    `values` is `(T, ...)`, `last_values` the values after the last step `(...)`, `final_values`
-    `(T, ...)` holds V(final obs/state) wherever `truncated` is set (elsewhere it is ignored).
+    rewards: torch.Tensor
+    next_values: torch.Tensor
+    terminated: torch.Tensor
+    done: torch.Tensor
+
+
+def fold_turns(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    last_values: torch.Tensor,
+    final_values: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    alive: torch.Tensor,
+) -> Transitions:
+    """Transitions for agents that act at some steps only (turn-based games, agents that leave or join).
+
+    For an agent acting at step t whose next acting step is t', the transition t -> t' collects the
+    rewards of steps t..t'-1 and bootstraps from `values[t']`. If the episode ends at some step s in
+    between (the agent's `terminated`/`truncated` flag at s), the transition ends there: rewards up to
+    s, no bootstrap on termination, `final_values[s]` (V of the final observation) on truncation.
+    After the last acting step of the rollout the bootstrap is `last_values`. When every agent acts
+    at every step this reduces to the usual one-step transitions. All inputs are `(T, ...)` except
+    `last_values` `(...)`.
     """
-    if last_values.shape != values.shape[1:]:
-        raise ValueError(
-            f"bootstrap_values: last_values has shape {tuple(last_values.shape)}, expected {tuple(values.shape[1:])}"
+    steps = rewards.shape[0]
+    out_rewards, out_next = torch.empty_like(rewards), torch.empty_like(rewards)
+    out_terminated, out_done = torch.empty_like(alive), torch.empty_like(alive)
+    # what follows the current step up to the agent's next acting step
+    pending_reward = torch.zeros_like(rewards[0])
+    pending_terminated = torch.zeros_like(alive[0])
+    pending_truncated = torch.zeros_like(alive[0])
+    pending_final = torch.zeros_like(rewards[0])
+    following_value = last_values
+    for t in range(steps - 1, -1, -1):
+        ended = terminated[t] | truncated[t]
+        # the step's own reward, plus what followed it unless its own flags end the transition here
+        step_reward = rewards[t] + torch.where(ended, 0.0, pending_reward)
+        step_terminated = torch.where(ended, terminated[t], pending_terminated)
+        step_truncated = torch.where(ended, truncated[t], pending_truncated)
+        step_final = torch.where(ended, final_values[t], pending_final)
+        out_rewards[t] = step_reward
+        out_terminated[t] = step_terminated
+        out_done[t] = step_terminated | step_truncated
+        out_next[t] = torch.where(
+            step_truncated, step_final, torch.where(step_terminated, 0.0, following_value)
         )
-    following = torch.cat([values[1:], last_values.unsqueeze(0)], dim=0)
-    return torch.where(truncated, final_values, following)
+        # seen from the step before t: an acting step starts a fresh stretch, a waiting step extends it
+        pending_reward = torch.where(alive[t], torch.zeros_like(step_reward), step_reward)
+        pending_terminated = ~alive[t] & step_terminated
+        pending_truncated = ~alive[t] & step_truncated
+        pending_final = step_final
+        following_value = torch.where(alive[t], values[t], following_value)
+    return Transitions(out_rewards, out_next, out_terminated, out_done)
