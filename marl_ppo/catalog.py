@@ -5,7 +5,8 @@ their extras (`pip install 'marl-ppo[EXTRA]'`):
 - `mpe2/*` (mpe): every mpe2 scenario;
 - `sisl/*` (sisl): multiwalker, pursuit (PettingZoo 1.27 no longer ships waterworld);
 - `butterfly/*` (butterfly): pistonball, cooperative_pong, knights_archers_zombies;
-- `classic/rps_v2` (classic): rock-paper-scissors, both seats one shared policy;
+- `classic/*` (classic): rock-paper-scissors (parallel), connect four and tic-tac-toe (turn-based);
+  both seats share one policy (self-play);
 - `lbf/*` (lbf) and `rware/*` (rware): Gymnasium multi-agent envs, time limits reported as truncation;
 - `magent2/battle_v4` (magent2): two armies of many agents.
 """
@@ -44,6 +45,11 @@ PETTINGZOO_PARALLEL = {
     "classic/rps_v2": ("classic/rps-v2", "classic", ("pettingzoo", "pygame")),
 }
 
+PETTINGZOO_AEC = {  # turn-based games, played move by move (marl_ppo.envs.aec)
+    "classic/connect_four_v3": "classic/connect_four-v3",
+    "classic/tictactoe_v3": "classic/tictactoe-v3",
+}
+
 LBF_TASKS = {
     # EPyMARL's task list; lbforaging registers at most 4 food, so the 5-food tasks set max_num_food
     "Foraging-8x8-2p-2f-coop-v3": ("Foraging-8x8-2p-2f-coop-v3", {}),
@@ -62,6 +68,13 @@ def pettingzoo_parallel(name: str, **kwargs: Any) -> Any:
     import pettingzoo
 
     return pettingzoo.make("parallel", name, **kwargs)
+
+
+def pettingzoo_aec(name: str, **kwargs: Any) -> Any:
+    """A PettingZoo AEC (turn-based) env from PettingZoo's own registry."""
+    import pettingzoo
+
+    return pettingzoo.make("aec", name, **kwargs)
 
 
 def gymnasium_team(gym_id: str, package: str, **kwargs: Any) -> Any:
@@ -84,6 +97,9 @@ def register_catalog() -> None:
         register_env(f"mpe2/{name}", f"mpe2.{name}:parallel_env", extra="mpe")
     for env_id, (name, extra, modules) in PETTINGZOO_PARALLEL.items():
         register_env(env_id, functools.partial(pettingzoo_parallel, name), extra=extra, requires=modules)
+    for env_id, name in PETTINGZOO_AEC.items():
+        factory = functools.partial(pettingzoo_aec, name)
+        register_env(env_id, factory, extra="classic", requires=("pettingzoo", "pygame"))
     for task, (gym_id, kwargs) in LBF_TASKS.items():
         factory = functools.partial(gymnasium_team, gym_id, "lbforaging")
         register_env(f"lbf/{_slug(task)}", factory, extra="lbf", requires=("lbforaging",), **kwargs)

@@ -1,7 +1,7 @@
 """Conformance check for an environment: does it keep the PettingZoo parallel contract well enough to train?
 
 `check_env(env_id)` runs, each isolated so one failure does not hide the others:
-1. PettingZoo's own `parallel_api_test`;
+1. PettingZoo's own `parallel_api_test` (`api_test` for turn-based AEC envs);
 2. same seed, same actions -> same trajectory (two fresh copies side by side);
 3. every observation inside its declared space, the global state matching `state_space`;
 4. a one-update smoke train through the whole framework.
@@ -22,6 +22,7 @@ import gymnasium as gym
 import numpy as np
 
 from marl_ppo.config import build_config, config_to_dict, merge
+from marl_ppo.envs.aec import is_aec
 from marl_ppo.registry import make_env
 
 
@@ -120,9 +121,13 @@ class Skipped(Exception):
 
 
 def _check_api(env_id: str, kwargs: dict[str, Any]) -> str:
-    from pettingzoo.test import parallel_api_test
+    from pettingzoo.test import api_test, parallel_api_test
 
     env = make_env(env_id, **kwargs)
+    if is_aec(env):
+        with contextlib.redirect_stdout(io.StringIO()):
+            api_test(env, num_cycles=100)
+        return "pettingzoo.test.api_test (turn-based AEC env), 100 cycles"
     _, infos = env.reset(seed=0)
     if any(isinstance(info, dict) and "action_mask" in info for info in infos.values()):
         raise Skipped("masks are given in infos, which parallel_api_test ignores when it samples actions")
@@ -131,7 +136,13 @@ def _check_api(env_id: str, kwargs: dict[str, Any]) -> str:
     return "pettingzoo.test.parallel_api_test, 100 cycles"
 
 
+def _skip_aec(env_id: str, kwargs: dict[str, Any], reason: str) -> None:
+    if is_aec(make_env(env_id, **kwargs)):
+        raise Skipped(f"turn-based AEC env: {reason}")
+
+
 def _check_determinism(env_id: str, kwargs: dict[str, Any], steps: int = 200) -> str:
+    _skip_aec(env_id, kwargs, "not checked for AEC envs yet")
     first, second = (_trajectory(env_id, kwargs, seed=7, steps=steps) for _ in range(2))
     for step, (a, b) in enumerate(zip(first, second, strict=True)):
         if not _equal(a, b):
@@ -142,6 +153,7 @@ def _check_determinism(env_id: str, kwargs: dict[str, Any], steps: int = 200) ->
 
 
 def _check_spaces(env_id: str, kwargs: dict[str, Any], steps: int = 200) -> str:
+    _skip_aec(env_id, kwargs, "PettingZoo's api_test above checks observations against their spaces")
     env = make_env(env_id, **kwargs)
     rng = np.random.default_rng(0)
     observations, infos = env.reset(seed=0)
@@ -189,7 +201,7 @@ def _check_train(env_id: str, kwargs: dict[str, Any]) -> str:
 
 
 CHECKS: tuple[tuple[str, Callable[[str, dict[str, Any]], str]], ...] = (
-    ("parallel API", _check_api),
+    ("PettingZoo API", _check_api),
     ("same seed, same run", _check_determinism),
     ("spaces and state", _check_spaces),
     ("one-update train", _check_train),

@@ -15,6 +15,7 @@ import yaml
 from marl_ppo.batch import rollout_batches
 from marl_ppo.checkpoint import FORMAT, save_checkpoint
 from marl_ppo.config import ExperimentConfig, config_to_dict
+from marl_ppo.envs.aec import TurnBasedAdapter, is_aec
 from marl_ppo.envs.pettingzoo import ParallelEnvAdapter, build_team_spec
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.envs.subprocess import SubprocessVectorEnv
@@ -51,24 +52,25 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def make_parallel_env(config: ExperimentConfig) -> Any:
-    """Build one env copy and check it is a PettingZoo ParallelEnv."""
+def make_team_env(config: ExperimentConfig) -> Any:
+    """Build one env copy and check it is a PettingZoo env (parallel or AEC)."""
     env = make_env(config.env.id, **config.env.kwargs)
-    if hasattr(env, "agent_selection") or not hasattr(env, "possible_agents"):
+    if not hasattr(env, "possible_agents"):
         raise EnvError(
-            f"env '{config.env.id}' returned {type(env).__name__}, not a PettingZoo ParallelEnv; "
-            "return env.parallel_env() (or wrap an AEC env with pettingzoo.utils.conversions.aec_to_parallel)"
+            f"env '{config.env.id}' returned {type(env).__name__}, not a PettingZoo env; return a ParallelEnv "
+            "or AEC env (wrap a Gymnasium env in marl_ppo.envs.gymnasium.GymnasiumTeamEnv)"
         )
     return env
 
 
 def _make_adapter(config: ExperimentConfig, spec: TeamSpec) -> ParallelEnvAdapter:
-    return ParallelEnvAdapter(make_parallel_env(config), spec)
+    env = make_team_env(config)
+    return TurnBasedAdapter(env, spec) if is_aec(env) else ParallelEnvAdapter(env, spec)
 
 
 def build_vector_env(config: ExperimentConfig) -> SyncVectorEnv | SubprocessVectorEnv:
     """E copies of the configured env behind one TeamSpec, in this process or in worker processes."""
-    probe = make_parallel_env(config)
+    probe = make_team_env(config)
     spec = build_team_spec(probe, config.env.id, config.env.groups, image_pool=config.env.image_pool)
     probe.close()
     make_adapter = functools.partial(_make_adapter, config, spec)

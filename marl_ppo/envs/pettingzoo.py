@@ -150,7 +150,8 @@ def _group_members(
 
 def _info_mask_agents(env: Any) -> set[str]:
     """Agents whose reset infos carry an `action_mask` (the probe env is reset once to look)."""
-    _, infos = env.reset(seed=0)
+    result = env.reset(seed=0)
+    infos = result[1] if isinstance(result, tuple) else getattr(env, "infos", {})  # AEC reset returns None
     return {
         agent for agent, info in (infos or {}).items() if isinstance(info, dict) and "action_mask" in info
     }
