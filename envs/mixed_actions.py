@@ -1,6 +1,7 @@
 """Two agents with different action spaces: `mover` acts in a Box, `signaller` in a MultiDiscrete.
 
-Each episode lasts `max_steps` steps. The mover is paid for keeping its action near the target in
+Each episode lasts `max_steps` steps; with `signaller_leaves_at=k` the signaller terminates after
+step k and the mover plays on alone (a heterogeneous team with an agent that leaves early). The mover is paid for keeping its action near the target in
 its observation; the signaller for repeating the observed pair of digits. Small and exact, for
 tests of heterogeneous teams and of the Box and MultiDiscrete heads.
 """
@@ -19,7 +20,8 @@ class MixedActionsEnv(ParallelEnv):
 
     metadata = {"name": "mixed_actions_v0", "render_modes": []}
 
-    def __init__(self, max_steps: int = 10) -> None:
+    def __init__(self, max_steps: int = 10, signaller_leaves_at: int | None = None) -> None:
+        self.signaller_leaves_at = signaller_leaves_at
         self.possible_agents = ["mover", "signaller"]
         self.agents: list[str] = []
         self.max_steps = max_steps
@@ -38,9 +40,9 @@ class MixedActionsEnv(ParallelEnv):
             return spaces.Box(-1.0, 1.0, (2,), np.float32)
         return spaces.MultiDiscrete([3, 3])
 
-    def _observe(self) -> dict[str, np.ndarray]:
+    def _observe(self, agents: list[str]) -> dict[str, np.ndarray]:
         signal = np.concatenate([self._digits, [self._t / self.max_steps, 1.0]]).astype(np.float32)
-        return {"mover": self._target.copy(), "signaller": signal}
+        return {a: self._target.copy() if a == "mover" else signal for a in agents}
 
     def _draw(self) -> None:
         self._target = self._rng.uniform(-1, 1, 2).astype(np.float32)
@@ -52,23 +54,23 @@ class MixedActionsEnv(ParallelEnv):
         self.agents = list(self.possible_agents)
         self._t = 0
         self._draw()
-        return self._observe(), {a: {} for a in self.agents}
+        return self._observe(self.agents), {a: {} for a in self.agents}
 
     def step(self, actions):
         self._t += 1
-        rewards = {
-            "mover": -float(np.abs(np.asarray(actions["mover"]) - self._target).sum()),
-            "signaller": float((np.asarray(actions["signaller"]) == self._digits).sum()),
-        }
+        acting = list(self.agents)
+        rewards = {"mover": -float(np.abs(np.asarray(actions["mover"]) - self._target).sum())}
+        if "signaller" in acting:
+            rewards["signaller"] = float((np.asarray(actions["signaller"]) == self._digits).sum())
         over = self._t >= self.max_steps
+        leaves = self.signaller_leaves_at is not None and self._t >= self.signaller_leaves_at
+        terminations = {a: a == "signaller" and leaves for a in acting}
+        truncations = {a: over and not terminations[a] for a in acting}
         self._draw()
-        observations = self._observe()
-        flags = {a: over for a in self.agents}
-        infos = {a: {} for a in self.agents}
-        terminations = {a: False for a in self.agents}
-        if over:
-            self.agents = []
-        return observations, rewards, terminations, flags, infos
+        observations = self._observe(acting)
+        infos = {a: {} for a in acting}
+        self.agents = [a for a in acting if not (terminations[a] or truncations[a])]
+        return observations, rewards, terminations, truncations, infos
 
 
 def parallel_env(**kwargs) -> MixedActionsEnv:

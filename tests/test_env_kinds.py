@@ -30,8 +30,15 @@ TINY = [
 ]
 
 
-def test_mixed_actions_env_passes_the_pettingzoo_api_test():
-    parallel_api_test(MixedActionsEnv(), num_cycles=30)
+@pytest.mark.parametrize("leaves_at", [None, 3])
+def test_mixed_actions_env_passes_the_pettingzoo_api_test(leaves_at):
+    parallel_api_test(MixedActionsEnv(signaller_leaves_at=leaves_at), num_cycles=30)
+
+
+def test_heterogeneous_team_with_a_leaver_trains(tmp_path):
+    config = load_config(None, ["env.id=envs/mixed_actions_v0", "env.kwargs={signaller_leaves_at: 4}", *TINY])
+    result = train(config, tmp_path)
+    assert result.updates == 2 and result.episodes == 4
 
 
 @pytest.mark.parametrize("share_actor", [False, True])
