@@ -8,7 +8,8 @@ their extras (`pip install 'marl-ppo[EXTRA]'`):
 - `classic/*` (classic): rock-paper-scissors (parallel), connect four and tic-tac-toe (turn-based);
   both seats share one policy (self-play);
 - `lbf/*` (lbf) and `rware/*` (rware): Gymnasium multi-agent envs, time limits reported as truncation;
-- `magent2/battle_v4` (magent2): two armies of many agents.
+- `magent2/battle_v4` (magent2): two armies of many agents;
+- `vmas/*` (vmas): VMAS scenarios as one batched simulator whose tensors stay on the training device.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ LBF_TASKS = {
     "Foraging-15x15-4p-3f-v3": ("Foraging-15x15-4p-3f-v3", {}),
     "Foraging-15x15-4p-5f-v3": ("Foraging-15x15-4p-4f-v3", {"max_num_food": 5}),
 }
+VMAS_SCENARIOS = ("navigation", "balance", "sampling", "transport", "wheel", "dispersion", "give_way")
+
 RWARE_TASKS = ("rware-tiny-2ag-v2", "rware-tiny-4ag-v2", "rware-small-4ag-v2")
 
 
@@ -87,6 +90,22 @@ def gymnasium_team(gym_id: str, package: str, **kwargs: Any) -> Any:
     return GymnasiumTeamEnv(gymnasium.make(gym_id, **kwargs))
 
 
+def make_vmas(scenario: str, *, num_envs: int = 32, device: str = "cpu", **kwargs: Any) -> Any:
+    """The raw batched VMAS environment (terminated and truncated kept apart, dict spaces)."""
+    import vmas
+
+    kwargs.setdefault("continuous_actions", True)
+    kwargs.setdefault("max_steps", 100)
+    return vmas.make_env(
+        scenario=scenario,
+        num_envs=num_envs,
+        device=device,
+        dict_spaces=True,
+        terminated_truncated=True,
+        **kwargs,
+    )
+
+
 def _slug(gym_id: str) -> str:
     return gym_id.lower().replace("-", "_")
 
@@ -106,6 +125,9 @@ def register_catalog() -> None:
     for task in RWARE_TASKS:
         factory = functools.partial(gymnasium_team, task, "rware")
         register_env(f"rware/{_slug(task)}", factory, extra="rware", requires=("rware",))
+    for scenario in VMAS_SCENARIOS:
+        factory = functools.partial(make_vmas, scenario)
+        register_env(f"vmas/{scenario}", factory, extra="vmas", requires=("vmas",), batched=True)
     register_env(
         "magent2/battle_v4",
         "magent2.environments.battle_v4:parallel_env",

@@ -36,6 +36,8 @@ class EnvSpec:
     """The optional dependency group that provides it (`pip install marl-ppo[extra]`)."""
     requires: tuple[str, ...] = ()
     """Top-level modules the env needs; default: the entry point's package."""
+    batched: bool = False
+    """The factory builds all copies at once: it takes `num_envs`, `device` and `seed` (VMAS)."""
 
     @property
     def family(self) -> str:
@@ -94,6 +96,7 @@ def register_env(
     *,
     extra: str | None = None,
     requires: tuple[str, ...] = (),
+    batched: bool = False,
     **default_kwargs: Any,
 ) -> Any:
     """Register `factory` under `env_id`; without a factory, returns a decorator that registers its target."""
@@ -101,7 +104,7 @@ def register_env(
         raise EnvError(f"invalid env id {env_id!r}; use a name like 'myfamily/my_env_v0'")
 
     def add(target: Factory | str) -> Factory | str:
-        _REGISTRY[env_id] = EnvSpec(env_id, target, dict(default_kwargs), extra, tuple(requires))
+        _REGISTRY[env_id] = EnvSpec(env_id, target, dict(default_kwargs), extra, tuple(requires), batched)
         return target
 
     if factory is None:

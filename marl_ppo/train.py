@@ -20,9 +20,10 @@ from marl_ppo.envs.pettingzoo import ParallelEnvAdapter, build_team_spec
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.envs.subprocess import SubprocessVectorEnv
 from marl_ppo.envs.vector import SyncVectorEnv
+from marl_ppo.envs.vmas import VmasVectorEnv
 from marl_ppo.logging import RunLogger
 from marl_ppo.models.team import TeamModel
-from marl_ppo.registry import EnvError, make_env
+from marl_ppo.registry import EnvError, env_spec, make_env
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.collector import Collector
 from marl_ppo.seeding import seed_everything
@@ -68,8 +69,16 @@ def _make_adapter(config: ExperimentConfig, spec: TeamSpec) -> ParallelEnvAdapte
     return TurnBasedAdapter(env, spec) if is_aec(env) else ParallelEnvAdapter(env, spec)
 
 
-def build_vector_env(config: ExperimentConfig) -> SyncVectorEnv | SubprocessVectorEnv:
-    """E copies of the configured env behind one TeamSpec, in this process or in worker processes."""
+def build_vector_env(
+    config: ExperimentConfig, device: torch.device | None = None
+) -> SyncVectorEnv | SubprocessVectorEnv | VmasVectorEnv:
+    """E copies of the configured env: one batched simulator, or copies in this process or in workers."""
+    if ":" not in config.env.id and env_spec(config.env.id).batched:
+        device = device or torch.device("cpu")
+        env = make_env(
+            config.env.id, num_envs=config.num_envs, device=str(device), seed=config.seed, **config.env.kwargs
+        )
+        return VmasVectorEnv(env, config.env.id)
     probe = make_team_env(config)
     spec = build_team_spec(probe, config.env.id, config.env.groups, image_pool=config.env.image_pool)
     probe.close()
@@ -88,7 +97,7 @@ def train(config: ExperimentConfig, run_dir: Path | str) -> TrainResult:
         torch.set_num_threads(config.torch_threads)
     generator = seed_everything(config.seed)
     device = resolve_device(config.device)
-    venv = build_vector_env(config)
+    venv = build_vector_env(config, device)
     model = TeamModel(venv.spec, config).to(device)
     trainer = Trainer(model, config.ppo, generator=generator)
     buffer = RolloutBuffer(venv.spec, config.rollout_steps, config.num_envs, device)

@@ -118,7 +118,7 @@ def _same_spaces(env: Any, first: str, other: str) -> bool:
     ) == env.action_space(other)
 
 
-def _group_members(
+def group_members(
     env: Any, agents: tuple[str, ...], groups: Mapping[str, Sequence[str]] | None
 ) -> list[tuple[str, tuple[str, ...]]]:
     """(name, agents) per group: as configured, else agents with identical spaces in agent order."""
@@ -166,7 +166,7 @@ def build_team_spec(
         raise EnvContractError(f"env '{env_id}': possible_agents is empty; the env must declare its agents")
     info_masks = _info_mask_agents(env)
     specs = []
-    for name, members in _group_members(env, agents, groups):
+    for name, members in group_members(env, agents, groups):
         obs_space, act_space = env.observation_space(members[0]), env.action_space(members[0])
         for agent in members[1:]:
             if not _same_spaces(env, members[0], agent):

@@ -9,6 +9,7 @@ import torch
 
 from marl_ppo.envs.subprocess import SubprocessVectorEnv
 from marl_ppo.envs.vector import SyncVectorEnv
+from marl_ppo.envs.vmas import VmasVectorEnv
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import RolloutBuffer
 
@@ -39,16 +40,23 @@ class Collector:
     """Runs the policy in the vector env, keeping per-episode return accounting across rollouts."""
 
     def __init__(
-        self, venv: SyncVectorEnv | SubprocessVectorEnv, model: TeamModel, device: torch.device
+        self,
+        venv: SyncVectorEnv | SubprocessVectorEnv | VmasVectorEnv,
+        model: TeamModel,
+        device: torch.device,
     ) -> None:
         self.venv = venv
         self.model = model
         self.device = device
         spec = venv.spec
         # column of each group's agents in the team's agent order, for per-agent returns
-        self._columns = [np.array([spec.agents.index(a) for a in g.agents]) for g in spec.groups]
-        self._returns = np.zeros((venv.num_envs, spec.num_agents), dtype=np.float64)
-        self._lengths = np.zeros(venv.num_envs, dtype=np.int64)
+        self._tensor_io = getattr(venv, "tensor_io", False)
+        where = venv.arrays.state.device if self._tensor_io else torch.device("cpu")
+        self._columns = [
+            torch.tensor([spec.agents.index(a) for a in g.agents], device=where) for g in spec.groups
+        ]
+        self._returns = torch.zeros((venv.num_envs, spec.num_agents), dtype=torch.float64, device=where)
+        self._lengths = torch.zeros(venv.num_envs, dtype=torch.int64, device=where)
         self.env_steps = 0
         """Env steps taken so far over all copies (one per copy per step)."""
 
@@ -58,7 +66,10 @@ class Collector:
         self._returns[:] = 0.0
         self._lengths[:] = 0
 
-    def _to_torch(self, array: np.ndarray) -> torch.Tensor:
+    def _to_torch(self, array: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """A copy on the learner's device (env arrays are overwritten by the next step)."""
+        if isinstance(array, torch.Tensor):
+            return array.to(self.device, copy=True)
         return torch.from_numpy(array.copy()).to(self.device)
 
     @torch.no_grad()
@@ -75,9 +86,8 @@ class Collector:
             actions = [d.sample() for d in dists]
             logp = [d.log_prob(a) for d, a in zip(dists, actions, strict=True)]
             values = self.model.values(state, obs)
-            self.venv.step([a.cpu().numpy() for a in actions])
-            truncated = [torch.from_numpy(t) for t in arrays.truncated]
-            if any(t.any() for t in truncated):
+            self.venv.step(actions if self._tensor_io else [a.cpu().numpy() for a in actions])
+            if any(t.any() for t in arrays.truncated):
                 final_obs = [self._to_torch(o) for o in arrays.final_obs]
                 final_values = self.model.values(self._to_torch(arrays.final_state), final_obs)
             else:
@@ -105,15 +115,18 @@ class Collector:
     def _account(self, result: RolloutResult) -> None:
         arrays = self.venv.arrays
         for columns, reward in zip(self._columns, arrays.reward, strict=True):
-            self._returns[:, columns] += reward
+            self._returns[:, columns] += torch.as_tensor(reward, device=self._returns.device)
         self._lengths += 1
         self.env_steps += self.venv.num_envs
-        for i in np.flatnonzero(self.venv.episode_over):
-            agent_returns = self._returns[i].copy()
+        over = torch.as_tensor(self.venv.episode_over, device=self._returns.device)
+        if not over.any():
+            return
+        finished = torch.nonzero(over).flatten()
+        returns = self._returns[finished].cpu().numpy()  # only finished episodes' totals, for the logs
+        lengths = self._lengths[finished].tolist()
+        for agent_returns, length in zip(returns, lengths, strict=True):
             result.episodes.append(
-                EpisodeRecord(
-                    float(agent_returns.sum()), agent_returns, int(self._lengths[i]), self.env_steps
-                )
+                EpisodeRecord(float(agent_returns.sum()), agent_returns, length, self.env_steps)
             )
-            self._returns[i] = 0.0
-            self._lengths[i] = 0
+        self._returns[finished] = 0.0
+        self._lengths[finished] = 0
