@@ -90,6 +90,21 @@ def gymnasium_team(gym_id: str, package: str, **kwargs: Any) -> Any:
     return GymnasiumTeamEnv(gymnasium.make(gym_id, **kwargs))
 
 
+def gymnasium_id(gym_id: str, **kwargs: Any) -> Any:
+    """Any id of Gymnasium's registry as a team (one agent, or one per element of Tuple spaces)."""
+    import gymnasium
+
+    from marl_ppo.envs.gymnasium import GymnasiumTeamEnv
+
+    try:
+        env = gymnasium.make(gym_id, **kwargs)
+    except gymnasium.error.Error as err:
+        from marl_ppo.registry import EnvError
+
+        raise EnvError(f"env 'gymnasium/{gym_id}': {err}") from None
+    return GymnasiumTeamEnv(env)
+
+
 def make_vmas(scenario: str, *, num_envs: int = 32, device: str = "cpu", **kwargs: Any) -> Any:
     """The raw batched VMAS environment (terminated and truncated kept apart, dict spaces)."""
     import vmas

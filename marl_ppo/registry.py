@@ -10,6 +10,7 @@ The callable returns a PettingZoo ParallelEnv; `env.kwargs` are passed to it.
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import importlib.util
 import sys
@@ -65,6 +66,8 @@ class EnvSpec:
 
 
 _REGISTRY: dict[str, EnvSpec] = {}
+GYMNASIUM_PREFIX = "gymnasium/"
+"""`gymnasium/<id>` is any id Gymnasium's own registry knows (e.g. `gymnasium/CartPole-v1`)."""
 _ENTRY_POINTS_LOADED = False
 ENTRY_POINT_GROUP = "marl_ppo.envs"
 
@@ -131,6 +134,10 @@ def env_spec(env_id: str) -> EnvSpec:
         _load_entry_points()
     if env_id in _REGISTRY:
         return _REGISTRY[env_id]
+    if env_id.startswith(GYMNASIUM_PREFIX) and len(env_id) > len(GYMNASIUM_PREFIX):
+        from marl_ppo.catalog import gymnasium_id
+
+        return EnvSpec(env_id, functools.partial(gymnasium_id, env_id[len(GYMNASIUM_PREFIX) :]))
     close = difflib.get_close_matches(env_id, list(_REGISTRY), n=3, cutoff=0.5)
     hint = (
         f"did you mean {', '.join(repr(c) for c in close)}?" if close else "run `marl-ppo envs` to list ids"

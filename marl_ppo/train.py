@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import torch
 import yaml
 
@@ -16,6 +17,7 @@ from marl_ppo.batch import rollout_batches
 from marl_ppo.checkpoint import FORMAT, save_checkpoint
 from marl_ppo.config import ExperimentConfig, config_to_dict
 from marl_ppo.envs.aec import TurnBasedAdapter, is_aec
+from marl_ppo.envs.gymnasium import GymnasiumTeamEnv
 from marl_ppo.envs.pettingzoo import ParallelEnvAdapter, build_team_spec
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.envs.subprocess import SubprocessVectorEnv
@@ -56,6 +58,8 @@ def resolve_device(name: str) -> torch.device:
 def make_team_env(config: ExperimentConfig) -> Any:
     """Build one env copy and check it is a PettingZoo env (parallel or AEC)."""
     env = make_env(config.env.id, **config.env.kwargs)
+    if isinstance(env, gym.Env):  # a Gymnasium env: single-agent, or a team with Tuple spaces
+        env = GymnasiumTeamEnv(env)
     if not hasattr(env, "possible_agents"):
         raise EnvError(
             f"env '{config.env.id}' returned {type(env).__name__}, not a PettingZoo env; return a ParallelEnv "
@@ -90,14 +94,14 @@ def build_vector_env(
 
 def train(config: ExperimentConfig, run_dir: Path | str) -> TrainResult:
     """Train MAPPO/IPPO as configured, writing logs, checkpoints and summary.json into `run_dir`."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     generator = seed_everything(config.seed)
     device = resolve_device(config.device)
-    venv = build_vector_env(config, device)
+    venv = build_vector_env(config, device)  # before touching run_dir: a bad env leaves nothing behind
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
     model = TeamModel(venv.spec, config).to(device)
     trainer = Trainer(model, config.ppo, generator=generator)
     buffer = RolloutBuffer(venv.spec, config.rollout_steps, config.num_envs, device)

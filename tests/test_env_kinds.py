@@ -10,6 +10,7 @@ from pettingzoo.test import parallel_api_test
 
 from envs.mixed_actions import MixedActionsEnv
 from marl_ppo.batch import rollout_batches
+from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
 from marl_ppo.models.team import TeamModel
@@ -105,3 +106,14 @@ def test_an_agent_that_left_gets_no_loss():
         results.append(twin.state_dict())
     for name, tensor in results[0].items():
         torch.testing.assert_close(results[1][name], tensor, msg=name)
+
+
+def test_a_gymnasium_env_trains_as_a_one_agent_team(tmp_path, capsys):
+    run_dir = tmp_path / "cartpole"
+    assert main(["train", "env.id=gymnasium/CartPole-v1", *TINY, "--run-dir", str(run_dir)]) == 0
+    assert "done: 40 env steps" in capsys.readouterr().out
+    saved = load_checkpoint(run_dir / "checkpoints/final.pt")
+    assert saved["agents"] == ["agent_0"]
+    assert main(["train", "env.id=gymnasium/CartPol-v1", "--run-dir", str(tmp_path / "typo")]) == 2
+    assert "Did you mean" in capsys.readouterr().err
+    assert not (tmp_path / "typo").exists(), "a bad env id leaves no run directory behind"
