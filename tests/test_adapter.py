@@ -128,3 +128,38 @@ def test_image_pool_shrinks_obs_and_state_dims():
     out = TeamArrays.allocate(spec)
     adapter.reset(0, out)
     assert out.obs[0].min() >= 0.0 and out.obs[0].max() <= 1.0 and out.state.max() > 0
+
+
+class _LateJoinerEnv(EarlyLeaverEnv):
+    """agent_2 is absent at reset and joins after step 2 (its first observation arrives with step 2)."""
+
+    def reset(self, seed=None, options=None):
+        observations, infos = super().reset(seed, options)
+        self.agents = ["agent_0", "agent_1"]
+        return {a: observations[a] for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        observations, rewards, terminations, truncations, infos = super().step(actions)
+        if self._t == 2 and "agent_2" not in self.agents:
+            self.agents.append("agent_2")
+            observations["agent_2"] = np.array([2, self._t], np.float32)
+        return observations, rewards, terminations, truncations, infos
+
+
+def test_an_agent_that_joins_later_becomes_alive_with_its_first_observation():
+    env = _LateJoinerEnv(leave_at=10, max_steps=5)
+    spec = build_team_spec(env, "late")
+    adapter, out = ParallelEnvAdapter(env, spec), TeamArrays.allocate(spec)
+    adapter.reset(0, out)
+    np.testing.assert_array_equal(out.alive[0], [True, True, False])
+    np.testing.assert_array_equal(out.obs[0][2], [0, 0])
+    actions = [np.zeros(3, np.int64)]
+    adapter.step(actions, out)
+    assert set(env.received_actions[-1]) == {"agent_0", "agent_1"}  # no action for an absent agent
+    np.testing.assert_array_equal(out.reward[0], [1, 2, 0])
+    adapter.step(actions, out)  # agent_2 joins with this step's observations
+    np.testing.assert_array_equal(out.alive[0], [True, True, True])
+    np.testing.assert_array_equal(out.obs[0][2], [2, 2])
+    adapter.step(actions, out)
+    assert set(env.received_actions[-1]) == {"agent_0", "agent_1", "agent_2"}
+    np.testing.assert_array_equal(out.reward[0], [1, 2, 3])
