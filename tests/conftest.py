@@ -27,3 +27,21 @@ def tiny_overrides():
 @pytest.fixture
 def spread_config(tiny_overrides):
     return load_config(ROOT / "experiments/mpe/simple_spread.yaml", tiny_overrides)
+
+
+def collect_rollout(config, seed=0):
+    """Build the config's vector env and a fresh model, and collect one full rollout."""
+    import torch
+
+    from marl_ppo.models.team import TeamModel
+    from marl_ppo.rollout.buffer import RolloutBuffer
+    from marl_ppo.rollout.collector import Collector
+    from marl_ppo.train import build_vector_env
+
+    torch.manual_seed(seed)
+    venv = build_vector_env(config)
+    model = TeamModel(venv.spec, config)
+    buffer = RolloutBuffer(venv.spec, config.rollout_steps, config.num_envs)
+    collector = Collector(venv, model, torch.device("cpu"))
+    collector.start(seed)
+    return model, buffer, collector.collect(buffer)

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import collect_rollout
 from pettingzoo.test import parallel_api_test
 
 from envs.mixed_actions import MixedActionsEnv
@@ -13,9 +14,6 @@ from marl_ppo.batch import rollout_batches
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
-from marl_ppo.models.team import TeamModel
-from marl_ppo.rollout.buffer import RolloutBuffer
-from marl_ppo.rollout.collector import Collector
 from marl_ppo.train import build_vector_env, train
 from marl_ppo.trainer import Trainer
 
@@ -76,13 +74,7 @@ def test_an_agent_that_left_gets_no_loss():
     config = load_config(
         None, ["env.id=envs/early_leaver_v0", "env.kwargs={leave_at: 2, max_steps: 6}", *TINY]
     )
-    torch.manual_seed(0)
-    venv = build_vector_env(config)
-    model = TeamModel(venv.spec, config)
-    buffer = RolloutBuffer(venv.spec, config.rollout_steps, config.num_envs)
-    collector = Collector(venv, model, torch.device("cpu"))
-    collector.start(0)
-    rollout = collector.collect(buffer)
+    model, buffer, rollout = collect_rollout(config)
     (batch,) = rollout_batches(buffer, rollout.last_values, gamma=0.99, lam=0.95)
     gone = ~batch.alive
     assert gone[:, 1].sum() > 0 and not gone[:, [0, 2]].any()  # only agent_1 is ever absent

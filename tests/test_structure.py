@@ -4,6 +4,7 @@ import copy
 
 import pytest
 import torch
+from conftest import collect_rollout
 
 from marl_ppo.batch import rollout_batches
 from marl_ppo.config import load_config
@@ -11,9 +12,6 @@ from marl_ppo.envs.pettingzoo import build_team_spec
 from marl_ppo.models.layers import AgentMLP
 from marl_ppo.models.team import TeamModel
 from marl_ppo.registry import make_env
-from marl_ppo.rollout.buffer import RolloutBuffer
-from marl_ppo.rollout.collector import Collector
-from marl_ppo.train import build_vector_env
 from marl_ppo.trainer import Trainer
 
 SPREAD = "mpe2/simple_spread_v3"
@@ -121,14 +119,8 @@ def test_one_update_moves_every_actor_and_the_critic():
             "ppo.target_kl=null",
         ],
     )
-    torch.manual_seed(0)
-    venv = build_vector_env(config)
-    model = TeamModel(venv.spec, config)
+    model, buffer, rollout = collect_rollout(config)
     trainer = Trainer(model, config.ppo, generator=torch.Generator().manual_seed(0))
-    buffer = RolloutBuffer(venv.spec, config.rollout_steps, config.num_envs)
-    collector = Collector(venv, model, torch.device("cpu"))
-    collector.start(0)
-    rollout = collector.collect(buffer)
     batches = rollout_batches(buffer, rollout.last_values, gamma=config.gamma, lam=config.gae_lambda)
     before = copy.deepcopy(model.state_dict())
     grads = {}

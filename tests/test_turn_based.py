@@ -1,17 +1,14 @@
 """Turn-based (AEC) games: one mover per step, masks for legal moves, the loser credited on its last move."""
 
 import numpy as np
-import torch
+from conftest import collect_rollout
 
 from marl_ppo.config import load_config
 from marl_ppo.envs.aec import TurnBasedAdapter, is_aec
 from marl_ppo.envs.pettingzoo import TeamArrays, build_team_spec
-from marl_ppo.models.team import TeamModel
 from marl_ppo.registry import make_env
-from marl_ppo.rollout.buffer import RolloutBuffer
-from marl_ppo.rollout.collector import Collector
 from marl_ppo.rollout.gae import fold_turns
-from marl_ppo.train import build_vector_env, train
+from marl_ppo.train import train
 
 TICTACTOE = "classic/tictactoe_v3"
 
@@ -40,13 +37,7 @@ def test_tictactoe_moves_alternate_with_masks_and_the_winner_is_paid():
 
 def test_self_play_rollout_keeps_masks_and_credits_the_loser(tmp_path):
     config = load_config(None, [f"env.id={TICTACTOE}", "share_actor=true", "num_envs=4", "rollout_steps=40"])
-    torch.manual_seed(0)
-    venv = build_vector_env(config)
-    model = TeamModel(venv.spec, config)
-    buffer = RolloutBuffer(venv.spec, config.rollout_steps, config.num_envs)
-    collector = Collector(venv, model, torch.device("cpu"))
-    collector.start(0)
-    rollout = collector.collect(buffer)
+    model, buffer, rollout = collect_rollout(config)
     storage = buffer.groups[0]
     assert (storage.alive.sum(-1) == 1).all(), "exactly one player moves at every step"
     chosen_allowed = storage.action_mask.gather(-1, storage.actions.unsqueeze(-1)).squeeze(-1)

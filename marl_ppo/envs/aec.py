@@ -43,11 +43,7 @@ class TurnBasedAdapter(ParallelEnvAdapter):
         g, i = self._slot(mover)
         self.env.step(self._to_env_action(g, actions[g][i]))
         self.step_count += 1
-        for g in range(len(self.spec.groups)):
-            out.reward[g].fill(0.0)
-            out.terminated[g].fill(False)
-            out.truncated[g].fill(False)
-            out.final_obs[g].fill(0.0)
+        self._clear_step(out)
         for agent, reward in self.env.rewards.items():
             g, i = self._slot(agent)
             out.reward[g][i] = reward

@@ -230,12 +230,7 @@ class ParallelEnvAdapter:
             action_dict[agent] = self._to_env_action(g, actions[g][i])
         observations, rewards, terminations, truncations, infos = self.env.step(action_dict)
         self.step_count += 1
-        for g in range(len(self.spec.groups)):
-            out.reward[g].fill(0.0)
-            out.terminated[g].fill(False)
-            out.truncated[g].fill(False)
-            out.final_obs[g].fill(0.0)
-            out.action_mask[g].fill(True)
+        self._clear_step(out)
         for agent in action_dict:
             g, i = self._slots[agent]
             out.reward[g][i] = rewards.get(agent, 0.0)
@@ -258,6 +253,15 @@ class ParallelEnvAdapter:
         else:
             self._write_state(out.state, out.obs)
         return not any(out.alive[g].any() for g in range(len(self.spec.groups)))
+
+    def _clear_step(self, out: TeamArrays) -> None:
+        """Reset what a step reports (rewards, flags, final obs, masks) before the step writes it."""
+        for g in range(len(self.spec.groups)):
+            out.reward[g].fill(0.0)
+            out.terminated[g].fill(False)
+            out.truncated[g].fill(False)
+            out.final_obs[g].fill(0.0)
+            out.action_mask[g].fill(True)
 
     def close(self) -> None:
         """Close the underlying env."""
