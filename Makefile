@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 EXPERIMENT ?= experiments/mpe/simple_spread.yaml
 ARGS ?=
 
-.PHONY: install run test test-slow lint clean
+.PHONY: install run test test-slow bench lint clean
 
 install: $(STAMP)
 
@@ -27,6 +27,9 @@ test: install
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow
+
+bench: install
+	$(BIN)/python -m marl_ppo.bench $(ARGS)
 
 lint: install
 	$(BIN)/ruff check marl_ppo envs tests

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,8 @@ class TrainResult:
     agent_return_mean: float
     sps: float
     wall_s: float
+    timing: dict[str, float]
+    """Seconds spent over the run stepping envs (`env_s`), acting (`act_s`) and learning (`learn_s`)."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -118,13 +121,15 @@ def train(config: ExperimentConfig, run_dir: Path | str) -> TrainResult:
     )
     start = time.perf_counter()
     updates = 0
+    timing = {"env_s": 0.0, "act_s": 0.0, "learn_s": 0.0}
 
     def save(name: str) -> None:
         _save(run_dir / "checkpoints" / name, config, venv.spec, model, trainer, updates, collector)
 
     try:
         while collector.env_steps < config.total_steps:
-            _one_update(config, collector, buffer, trainer, logger, start)
+            for name, seconds in _one_update(config, collector, buffer, trainer, logger, start).items():
+                timing[name] += seconds
             updates += 1
             if updates % config.log.checkpoint_every == 0:
                 save("latest.pt")
@@ -143,6 +148,7 @@ def train(config: ExperimentConfig, run_dir: Path | str) -> TrainResult:
         logger.agent_return_mean,
         collector.env_steps / wall if wall > 0 else 0.0,
         wall,
+        timing,
     )
     _write_summary(result)
     return result
@@ -155,7 +161,7 @@ def _one_update(
     trainer: Trainer,
     logger: RunLogger,
     start: float,
-) -> None:
+) -> dict[str, float]:
     t0 = time.perf_counter()
     buffer.reset()
     rollout = collector.collect(buffer)
@@ -167,11 +173,20 @@ def _one_update(
     logger.episodes_done(rollout.episodes)
     extra = {
         "perf/sps": collector.env_steps / (t2 - start),
-        "perf/rollout_s": t1 - t0,
+        "perf/env_s": rollout.env_seconds,
+        "perf/act_s": (t1 - t0) - rollout.env_seconds,
         "perf/learn_s": t2 - t1,
+        "perf/peak_rss_mb": peak_rss_mb(),
         "train/pi_lr": trainer.actor_optimizer.param_groups[0]["lr"],
     }
     logger.update_done(collector.env_steps, stats, extra)
+    return {"env_s": extra["perf/env_s"], "act_s": extra["perf/act_s"], "learn_s": extra["perf/learn_s"]}
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process, in MiB (Linux reports ru_maxrss in KiB)."""
+    self_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return self_kib / 1024
 
 
 def _save(
@@ -208,5 +223,7 @@ def _write_summary(result: TrainResult) -> None:
         "agent_return_mean": result.agent_return_mean,
         "sps": result.sps,
         "wall_s": result.wall_s,
+        "peak_rss_mb": peak_rss_mb(),
+        **result.timing,
     }
     (result.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -40,6 +40,10 @@ def test_two_updates_log_every_tag_and_write_a_loadable_checkpoint(spread_config
         "rollout/agent_return",
         "rollout/episode_length",
         "perf/sps",
+        "perf/env_s",
+        "perf/act_s",
+        "perf/learn_s",
+        "perf/peak_rss_mb",
         "agents/agent_0/return",
         "agents/agent_2/return",
     }
@@ -61,7 +65,15 @@ def test_two_updates_log_every_tag_and_write_a_loadable_checkpoint(spread_config
     assert (tmp_path / "checkpoints/latest.pt").is_file()
 
     summary = json.loads((tmp_path / "summary.json").read_text())
-    for key in ("env_steps", "episodes", "team_return_mean", "agent_return_mean", "sps", "wall_s"):
+    for key in (
+        "env_steps",
+        "episodes",
+        "team_return_mean",
+        "agent_return_mean",
+        "sps",
+        "wall_s",
+        "peak_rss_mb",
+    ):
         assert key in summary
     assert summary["env_steps"] == 100 and summary["episodes"] == 4
     assert abs(summary["team_return_mean"] - 3 * summary["agent_return_mean"]) < 1e-6

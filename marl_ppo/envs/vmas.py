@@ -117,8 +117,11 @@ class VmasVectorEnv:
         self._write_state(arrays.final_state, arrays.final_obs)
         torch.logical_or(terminated, truncated, out=self.episode_over)
         finished = torch.nonzero(self.episode_over).flatten().tolist()  # indices for reset_at (a few ints)
-        for index in finished:
-            observations = self.env.reset_at(index)
+        if len(finished) == self.num_envs:
+            observations = self.env.reset()  # copies with a common time limit end together: one batched reset
+        else:
+            for index in finished:
+                observations = self.env.reset_at(index)
         for obs, final in zip(arrays.obs, arrays.final_obs, strict=True):
             obs.copy_(final)
         if finished:

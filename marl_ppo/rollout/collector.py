@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +35,8 @@ class RolloutResult:
     last_values: list[torch.Tensor] = field(default_factory=list)
     """Per group `(E, A_g)`: values of the observations after the last step (return units)."""
     env_steps: int = 0
+    env_seconds: float = 0.0
+    """Wall time spent inside the vector env's step (waiting on workers, for the subprocess env)."""
 
 
 class Collector:
@@ -86,7 +89,10 @@ class Collector:
             actions = [d.sample() for d in dists]
             logp = [d.log_prob(a) for d, a in zip(dists, actions, strict=True)]
             values = self.model.values(state, obs)
-            self.venv.step(actions if self._tensor_io else [a.cpu().numpy() for a in actions])
+            sent = actions if self._tensor_io else [a.cpu().numpy() for a in actions]
+            started = time.perf_counter()
+            self.venv.step(sent)
+            result.env_seconds += time.perf_counter() - started
             if any(t.any() for t in arrays.truncated):
                 final_obs = [self._to_torch(o) for o in arrays.final_obs]
                 final_values = self.model.values(self._to_torch(arrays.final_state), final_obs)

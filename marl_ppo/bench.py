@@ -1,0 +1,204 @@
+"""`make bench`: env steps per second of full training against the raw env, measured in one run.
+
+For each case the raw env is stepped alone (random actions drawn beforehand, one process), then
+training runs as a separate process, several times. The script prints medians and their ratio,
+the training's timing split (env stepping, acting, learning) and its peak RSS.
+
+    python -m marl_ppo.bench [--repeats N] [--steps N] [--only NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SPREAD_YAML = ROOT / "experiments" / "mpe" / "simple_spread.yaml"
+
+
+def raw_pettingzoo_sps(env_id: str, kwargs: dict[str, Any], seconds: float = 4.0, seed: int = 0) -> float:
+    """Env steps/s of one env copy in this process, with random actions drawn beforehand."""
+    from marl_ppo.registry import make_env
+
+    env = make_env(env_id, **kwargs)
+    env.reset(seed=seed)
+    agents = list(env.possible_agents)
+    for agent in agents:
+        env.action_space(agent).seed(seed)
+    pool = [{a: env.action_space(a).sample() for a in agents} for _ in range(1000)]
+    steps, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        for actions in pool:
+            env.step({a: actions[a] for a in env.agents})
+            steps += 1
+            if not env.agents:
+                env.reset()
+    return steps / (time.perf_counter() - started)
+
+
+def raw_vmas_sps(scenario: str, num_envs: int, kwargs: dict[str, Any], seconds: float = 4.0) -> float:
+    """Env steps/s (vector steps x copies) of a batched VMAS simulator with pre-drawn random actions."""
+    import torch
+
+    from marl_ppo.catalog import make_vmas
+
+    torch.set_num_threads(1)
+    env = make_vmas(scenario, num_envs=num_envs, device="cpu", seed=0, **kwargs)
+    env.reset()
+    names = [agent.name for agent in env.agents]
+    pool = [{n: torch.rand(num_envs, 2) * 2 - 1 for n in names} for _ in range(50)]
+    steps, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        for actions in pool:
+            _, _, terminated, truncated, _ = env.step(actions)
+            finished = torch.nonzero(terminated | truncated).flatten().tolist()
+            if len(finished) == num_envs:
+                env.reset()
+            else:
+                for index in finished:
+                    env.reset_at(index)
+            steps += num_envs
+    return steps / (time.perf_counter() - started)
+
+
+def training_run(experiment: Path | None, overrides: list[str]) -> dict[str, Any]:
+    """One training run in its own process; returns its summary.json."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        command = [sys.executable, "-m", "marl_ppo", "train"]
+        command += [str(experiment)] if experiment else []
+        command += [*overrides, "log.progress=false", "--run-dir", str(run_dir)]
+        subprocess.run(command, check=True, capture_output=True, text=True)
+        return json.loads((run_dir / "summary.json").read_text())
+
+
+@dataclass
+class Case:
+    """One line of the benchmark: a raw-env baseline and the training run measured against it."""
+
+    name: str
+    raw: Callable[[], float]
+    experiment: Path | None
+    overrides: list[str]
+    agents: int
+    results: list[dict[str, Any]] = field(default_factory=list)
+    raw_sps: list[float] = field(default_factory=list)
+
+
+def cases(steps: int) -> list[Case]:
+    """The benchmark's cases; `steps` sizes the simple_spread training runs."""
+    spread = {"N": 3, "max_cycles": 25, "continuous_actions": False}
+    return [
+        Case(
+            "spread sync",
+            lambda: raw_pettingzoo_sps("mpe2/simple_spread_v3", spread),
+            SPREAD_YAML,
+            ["vector=sync", f"total_steps={steps}"],
+            3,
+        ),
+        Case(
+            "spread 1 worker",
+            lambda: raw_pettingzoo_sps("mpe2/simple_spread_v3", spread),
+            SPREAD_YAML,
+            ["vector=subprocess", "num_workers=1", f"total_steps={steps}"],
+            3,
+        ),
+        Case(
+            "spread 2 workers",
+            lambda: raw_pettingzoo_sps("mpe2/simple_spread_v3", spread),
+            SPREAD_YAML,
+            ["vector=subprocess", "num_workers=2", f"total_steps={steps}"],
+            3,
+        ),
+        Case(
+            "vmas nav 64",
+            lambda: raw_vmas_sps("navigation", 64, {"max_steps": 100}),
+            None,
+            [
+                "env.id=vmas/navigation",
+                "num_envs=64",
+                "rollout_steps=100",
+                f"total_steps={64 * 100 * 8}",
+                "share_actor=true",
+            ],
+            4,
+        ),
+        Case(
+            "vmas nav 1024",
+            lambda: raw_vmas_sps("navigation", 1024, {"max_steps": 100}),
+            None,
+            [
+                "env.id=vmas/navigation",
+                "num_envs=1024",
+                "rollout_steps=100",
+                f"total_steps={1024 * 100 * 3}",
+                "share_actor=true",
+                "ppo.num_minibatches=16",
+            ],
+            4,
+        ),
+    ]
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def report(done: list[Case]) -> str:
+    """The table of medians."""
+    header = (
+        f"{'case':18s} {'raw sps':>9s} {'train sps':>9s} {'ratio':>6s} {'us/agent-step':>13s} "
+        f"{'env %':>6s} {'act %':>6s} {'learn %':>7s} {'peak MiB':>8s}"
+    )
+    lines = [header]
+    for case in done:
+        raw, sps = _median(case.raw_sps), _median([r["sps"] for r in case.results])
+        shares = {}
+        for key in ("env_s", "act_s", "learn_s"):
+            shares[key] = _median(
+                [r[key] / max(r["env_s"] + r["act_s"] + r["learn_s"], 1e-9) for r in case.results]
+            )
+        per_agent_step = 1e6 / (sps * case.agents) if sps else float("nan")
+        lines.append(
+            f"{case.name:18s} {raw:9.0f} {sps:9.0f} {sps / raw:6.2f} {per_agent_step:13.1f} "
+            f"{100 * shares['env_s']:6.1f} {100 * shares['act_s']:6.1f} {100 * shares['learn_s']:7.1f} "
+            f"{_median([r['peak_rss_mb'] for r in case.results]):8.0f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every case `--repeats` times, alternating raw and training runs, and print the medians."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--steps", type=int, default=48_000, help="env steps of each simple_spread training run"
+    )
+    parser.add_argument("--only", nargs="*", help="run only cases whose name contains one of these words")
+    options = parser.parse_args(argv)
+    selected = [c for c in cases(options.steps) if not options.only or any(w in c.name for w in options.only)]
+    for repeat in range(options.repeats):
+        for case in selected:
+            case.raw_sps.append(case.raw())
+            case.results.append(training_run(case.experiment, case.overrides))
+            print(
+                f"[{repeat + 1}/{options.repeats}] {case.name}: raw {case.raw_sps[-1]:.0f} steps/s, "
+                f"training {case.results[-1]['sps']:.0f} steps/s",
+                flush=True,
+            )
+    print()
+    print(report(selected))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
