@@ -36,6 +36,9 @@ class EnvConfig:
     """Keyword arguments passed to the environment factory."""
     groups: dict[str, list[str]] | None = None
     """Agent groups by name (`{group: [agent, ...]}`); default: agents with identical spaces form a group."""
+    state: Literal["auto", "env", "concat"] = "auto"
+    """Global state for the critic: `env` calls env.state(), `concat` concatenates all observations,
+    `auto` uses env.state() when the env declares a state_space."""
     image_pool: PositiveInt = 1
     """Average-pool (H, W, C) image observations and states over k x k pixel blocks (uint8 scaled to [0, 1])."""
 

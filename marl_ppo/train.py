@@ -87,7 +87,9 @@ def build_vector_env(
         )
         return VmasVectorEnv(env, config.env.id)
     probe = make_team_env(config)
-    spec = build_team_spec(probe, config.env.id, config.env.groups, image_pool=config.env.image_pool)
+    spec = build_team_spec(
+        probe, config.env.id, config.env.groups, image_pool=config.env.image_pool, state=config.env.state
+    )
     probe.close()
     make_adapter = functools.partial(_make_adapter, config, spec)
     if config.vector == "subprocess":

@@ -118,3 +118,15 @@ def test_subprocess_vector_env_trains_exactly_like_sync(tiny_overrides, tmp_path
     weights_b = load_checkpoint(tmp_path / "sub/checkpoints/final.pt")["model"]
     for name, tensor in weights_a.items():
         assert torch.equal(tensor, weights_b[name]), name
+
+
+def test_mpe_state_and_concatenated_observations_train_identically(tiny_overrides, tmp_path):
+    # mpe2's state() is the concatenation of the agents' observations, so env.state=concat (cheaper:
+    # no second pass over the observations) must give exactly the same run
+    path = ROOT / "experiments/mpe/simple_spread.yaml"
+    runs = {}
+    for state in ("env", "concat"):
+        train(load_config(path, [*tiny_overrides, "vector=sync", f"env.state={state}"]), tmp_path / state)
+        runs[state] = load_checkpoint(tmp_path / state / "checkpoints/final.pt")["model"]
+    for name, tensor in runs["env"].items():
+        assert torch.equal(tensor, runs["concat"][name]), name

@@ -158,7 +158,12 @@ def _info_mask_agents(env: Any) -> set[str]:
 
 
 def build_team_spec(
-    env: Any, env_id: str, groups: Mapping[str, Sequence[str]] | None = None, *, image_pool: int = 1
+    env: Any,
+    env_id: str,
+    groups: Mapping[str, Sequence[str]] | None = None,
+    *,
+    image_pool: int = 1,
+    state: str = "auto",
 ) -> TeamSpec:
     """Group the env's agents (by identical spaces, or by the `groups` mapping), find masks, size the state."""
     agents = tuple(env.possible_agents)
@@ -187,7 +192,11 @@ def build_team_spec(
         obs_dim = _flat_dim(obs_space, image_pool)
         specs.append(GroupSpec(name, members, obs_space, act_space, obs_dim, mask_source))
     state_space = getattr(env, "state_space", None)
-    if isinstance(state_space, gym.spaces.Space):
+    if state == "env" and not isinstance(state_space, gym.spaces.Space):
+        raise EnvContractError(
+            f"env.state=env but env '{env_id}' declares no state_space; use env.state=auto"
+        )
+    if state != "concat" and isinstance(state_space, gym.spaces.Space):
         state_dim, from_env = _flat_dim(state_space, image_pool), True
     else:
         state_dim, from_env = sum(_flat_dim(env.observation_space(a), image_pool) for a in agents), False
