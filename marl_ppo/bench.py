@@ -10,6 +10,7 @@ the training's timing split (env stepping, acting, learning) and its peak RSS.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -95,7 +96,10 @@ class Case:
 
 
 def cases(steps: int) -> list[Case]:
-    """The benchmark's cases; `steps` sizes the simple_spread training runs."""
+    """The benchmark's cases; `steps` sizes the simple_spread training runs.
+
+    The two MAgent2 battles (24 and 288 agents) show how the cost per agent-step scales with the team.
+    """
     spread = {"N": 3, "max_cycles": 25, "continuous_actions": False}
     return [
         Case(
@@ -145,6 +149,25 @@ def cases(steps: int) -> list[Case]:
                 "ppo.num_minibatches=16",
             ],
             4,
+        ),
+        *(
+            Case(
+                f"battle {agents} agents",
+                functools.partial(raw_pettingzoo_sps, "magent2/battle_v4", {"map_size": size}),
+                None,
+                [
+                    "env.id=magent2/battle_v4",
+                    f"env.kwargs={{map_size: {size}}}",
+                    "vector=sync",
+                    "num_envs=2",
+                    "rollout_steps=50",
+                    "total_steps=400",
+                    "share_actor=true",
+                    "critic=obs",
+                ],
+                agents,
+            )
+            for size, agents in ((22, 24), (62, 288))
         ),
     ]
 
