@@ -97,14 +97,20 @@ def test_ippo_experiment_runs_from_the_cli(tiny_overrides, tmp_path, capsys):
     assert saved["critic"] == "obs"
 
 
+def assert_same_final_weights(run_a, run_b):
+    """Two runs ended with bit-identical model weights."""
+    weights_a = load_checkpoint(run_a / "checkpoints/final.pt")["model"]
+    weights_b = load_checkpoint(run_b / "checkpoints/final.pt")["model"]
+    assert weights_a.keys() == weights_b.keys()
+    for name, tensor in weights_a.items():
+        assert torch.equal(tensor, weights_b[name]), name
+
+
 def test_same_seed_same_run(spread_config, tmp_path):
     first = train(spread_config, tmp_path / "a")
     second = train(spread_config, tmp_path / "b")
     assert first.team_return_mean == second.team_return_mean
-    weights_a = load_checkpoint(tmp_path / "a/checkpoints/final.pt")["model"]
-    weights_b = load_checkpoint(tmp_path / "b/checkpoints/final.pt")["model"]
-    for name, tensor in weights_a.items():
-        assert torch.equal(tensor, weights_b[name]), name
+    assert_same_final_weights(tmp_path / "a", tmp_path / "b")
 
 
 def test_subprocess_vector_env_trains_exactly_like_sync(tiny_overrides, tmp_path):
@@ -114,19 +120,13 @@ def test_subprocess_vector_env_trains_exactly_like_sync(tiny_overrides, tmp_path
         load_config(path, [*tiny_overrides, "vector=subprocess", "num_workers=2"]), tmp_path / "sub"
     )
     assert sync.team_return_mean == workers.team_return_mean
-    weights_a = load_checkpoint(tmp_path / "sync/checkpoints/final.pt")["model"]
-    weights_b = load_checkpoint(tmp_path / "sub/checkpoints/final.pt")["model"]
-    for name, tensor in weights_a.items():
-        assert torch.equal(tensor, weights_b[name]), name
+    assert_same_final_weights(tmp_path / "sync", tmp_path / "sub")
 
 
 def test_mpe_state_and_concatenated_observations_train_identically(tiny_overrides, tmp_path):
     # mpe2's state() is the concatenation of the agents' observations, so env.state=concat (cheaper:
     # no second pass over the observations) must give exactly the same run
     path = ROOT / "experiments/mpe/simple_spread.yaml"
-    runs = {}
     for state in ("env", "concat"):
         train(load_config(path, [*tiny_overrides, "vector=sync", f"env.state={state}"]), tmp_path / state)
-        runs[state] = load_checkpoint(tmp_path / state / "checkpoints/final.pt")["model"]
-    for name, tensor in runs["env"].items():
-        assert torch.equal(tensor, runs["concat"][name]), name
+    assert_same_final_weights(tmp_path / "env", tmp_path / "concat")
