@@ -4,7 +4,10 @@ For each case the raw env is stepped alone (random actions drawn beforehand, one
 training runs as a separate process, several times. The script prints medians and their ratio,
 the training's timing split (env stepping, acting, learning) and its peak RSS.
 
-    python -m marl_ppo.bench [--repeats N] [--steps N] [--only NAME ...]
+    python -m marl_ppo.bench [--repeats N] [--steps N] [--only NAME ...] [--device cpu|cuda]
+
+On a machine with a GPU, `python -m marl_ppo.bench --only vmas --device cuda` is the GPU check: the
+VMAS simulator, the rollout buffer and the learner all on the GPU.
 """
 
 from __future__ import annotations
@@ -46,17 +49,19 @@ def raw_pettingzoo_sps(env_id: str, kwargs: dict[str, Any], seconds: float = 4.0
     return steps / (time.perf_counter() - started)
 
 
-def raw_vmas_sps(scenario: str, num_envs: int, kwargs: dict[str, Any], seconds: float = 4.0) -> float:
+def raw_vmas_sps(
+    scenario: str, num_envs: int, kwargs: dict[str, Any], seconds: float = 4.0, device: str = "cpu"
+) -> float:
     """Env steps/s (vector steps x copies) of a batched VMAS simulator with pre-drawn random actions."""
     import torch
 
     from marl_ppo.catalog import make_vmas
 
     torch.set_num_threads(1)
-    env = make_vmas(scenario, num_envs=num_envs, device="cpu", seed=0, **kwargs)
+    env = make_vmas(scenario, num_envs=num_envs, device=device, seed=0, **kwargs)
     env.reset()
     names = [agent.name for agent in env.agents]
-    pool = [{n: torch.rand(num_envs, 2) * 2 - 1 for n in names} for _ in range(50)]
+    pool = [{n: torch.rand(num_envs, 2, device=device) * 2 - 1 for n in names} for _ in range(50)]
     steps, started = 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
         for actions in pool:
@@ -95,10 +100,11 @@ class Case:
     raw_sps: list[float] = field(default_factory=list)
 
 
-def cases(steps: int) -> list[Case]:
+def cases(steps: int, device: str = "cpu") -> list[Case]:
     """The benchmark's cases; `steps` sizes the simple_spread training runs.
 
     The two MAgent2 battles (24 and 288 agents) show how the cost per agent-step scales with the team.
+    `device` is where the VMAS simulator and the learner run (`cuda` on a machine with a GPU).
     """
     spread = {"N": 3, "max_cycles": 25, "continuous_actions": False}
     return [
@@ -207,8 +213,13 @@ def main(argv: list[str] | None = None) -> int:
         "--steps", type=int, default=48_000, help="env steps of each simple_spread training run"
     )
     parser.add_argument("--only", nargs="*", help="run only cases whose name contains one of these words")
+    parser.add_argument("--device", default="cpu", help="device of the VMAS cases: cpu or cuda (GPU check)")
     options = parser.parse_args(argv)
-    selected = [c for c in cases(options.steps) if not options.only or any(w in c.name for w in options.only)]
+    selected = [
+        c
+        for c in cases(options.steps, options.device)
+        if not options.only or any(w in c.name for w in options.only)
+    ]
     for repeat in range(options.repeats):
         for case in selected:
             case.raw_sps.append(case.raw())
