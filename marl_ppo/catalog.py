@@ -18,7 +18,7 @@ import functools
 import importlib
 from typing import Any
 
-from marl_ppo.registry import register_env
+from marl_ppo.registry import EnvError, register_env
 
 MPE2_SCENARIOS = (
     "simple_v3",
@@ -81,13 +81,9 @@ def pettingzoo_aec(name: str, **kwargs: Any) -> Any:
 
 
 def gymnasium_team(gym_id: str, package: str, **kwargs: Any) -> Any:
-    """A Gymnasium (multi-agent Tuple-space or single-agent) env presented as a PettingZoo team."""
+    """An env of a package that registers its ids with Gymnasium (LBF, RWARE), as a team."""
     importlib.import_module(package)  # registers its ids with gymnasium
-    import gymnasium
-
-    from marl_ppo.envs.gymnasium import GymnasiumTeamEnv
-
-    return GymnasiumTeamEnv(gymnasium.make(gym_id, **kwargs))
+    return gymnasium_id(gym_id, **kwargs)
 
 
 def gymnasium_id(gym_id: str, **kwargs: Any) -> Any:
@@ -99,9 +95,7 @@ def gymnasium_id(gym_id: str, **kwargs: Any) -> Any:
     try:
         env = gymnasium.make(gym_id, **kwargs)
     except gymnasium.error.Error as err:
-        from marl_ppo.registry import EnvError
-
-        raise EnvError(f"env 'gymnasium/{gym_id}': {err}") from None
+        raise EnvError(f"Gymnasium env '{gym_id}': {err}") from None
     return GymnasiumTeamEnv(env)
 
 

@@ -139,22 +139,16 @@ class ExperimentConfig:
     """Logging and checkpointing."""
 
     def __post_init__(self) -> None:
-        batch = self.rollout_steps * self.num_envs
-        if self.ppo.num_minibatches > batch:
+        if self.ppo.num_minibatches > self.batch_steps:
             raise ValueError(
                 f"ppo.num_minibatches={self.ppo.num_minibatches} exceeds the batch of "
-                f"rollout_steps*num_envs={batch} env steps; lower ppo.num_minibatches"
+                f"rollout_steps*num_envs={self.batch_steps} env steps; lower ppo.num_minibatches"
             )
 
     @property
     def batch_steps(self) -> int:
         """Env steps per update, over all env copies."""
         return self.rollout_steps * self.num_envs
-
-    @property
-    def num_updates(self) -> int:
-        """Updates needed to reach total_steps (the last batch may overshoot)."""
-        return -(-self.total_steps // self.batch_steps)
 
 
 def config_to_dict(config: ExperimentConfig) -> dict[str, Any]:
@@ -224,7 +218,7 @@ def build_config(data: Mapping[str, Any]) -> ExperimentConfig:
     try:
         return TypeAdapter(ExperimentConfig).validate_python(dict(data))
     except ValidationError as err:
-        raise ConfigError(_describe(err.errors()[0], data)) from None
+        raise ConfigError(_describe(err.errors()[0])) from None
 
 
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> ExperimentConfig:
@@ -253,7 +247,7 @@ _SECTIONS: dict[str, type] = {
 }
 
 
-def _describe(error: Mapping[str, Any], data: Mapping[str, Any]) -> str:
+def _describe(error: Mapping[str, Any]) -> str:
     loc = [str(part) for part in error["loc"] if not isinstance(part, int)]
     key = ".".join(loc) or "<root>"
     kind = error["type"]

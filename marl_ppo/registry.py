@@ -1,10 +1,13 @@
 """Environment registry: ids to factories, resolved lazily so registering imports nothing heavy.
 
 `env.id` may be
-- a registered id such as `mpe2/simple_spread_v3` (family/name),
+- a registered id such as `mpe2/simple_spread_v3` (family/name; the catalog and the `marl_ppo.envs`
+  entry points register them on first lookup),
+- `gymnasium/<id>` for any id of Gymnasium's own registry,
 - `package.module:callable`, or
 - `path/to/file.py:callable`.
-The callable returns a PettingZoo ParallelEnv; `env.kwargs` are passed to it.
+The callable returns a PettingZoo env (parallel or AEC) or a Gymnasium env; `env.kwargs` are passed
+to it. Batched simulators (VMAS) register with `batched=True` and build all copies at once.
 """
 
 from __future__ import annotations
