@@ -44,3 +44,13 @@ def test_only_the_orchestrator_builds_the_logger_and_the_cli_only_calls_the_libr
     ]
     assert users == ["train.py"]
     assert "marl_ppo.trainer" not in _imports(PACKAGE / "cli.py")
+
+
+def test_rollout_layer_does_not_import_the_models_or_the_trainer():
+    for path in (PACKAGE / "rollout").glob("*.py"):
+        bad = [
+            n
+            for n in _imports(path)
+            if n.startswith(("marl_ppo.models", "marl_ppo.trainer", "marl_ppo.train"))
+        ]
+        assert not bad, f"{path.name} imports {bad}"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -11,8 +13,15 @@ import torch
 from marl_ppo.envs.subprocess import SubprocessVectorEnv
 from marl_ppo.envs.vector import SyncVectorEnv
 from marl_ppo.envs.vmas import VmasVectorEnv
-from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import RolloutBuffer
+
+
+class Policy(Protocol):
+    """What the collector needs from the team's networks (TeamModel provides it)."""
+
+    def distributions(self, obs: Sequence[torch.Tensor], masks: Sequence[torch.Tensor | None]) -> list: ...
+
+    def values(self, state: torch.Tensor, obs: Sequence[torch.Tensor]) -> list[torch.Tensor]: ...
 
 
 @dataclass
@@ -45,7 +54,7 @@ class Collector:
     def __init__(
         self,
         venv: SyncVectorEnv | SubprocessVectorEnv | VmasVectorEnv,
-        model: TeamModel,
+        model: Policy,
         device: torch.device,
     ) -> None:
         self.venv = venv
