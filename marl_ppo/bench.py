@@ -112,7 +112,7 @@ class Case:
 def cases(steps: int, device: str = "cpu") -> list[Case]:
     """The benchmark's cases; `steps` sizes the simple_spread training runs.
 
-    The two MAgent2 battles (24 and 288 agents) show how the cost per agent-step scales with the team.
+    The MAgent2 battles (4, 24 and 288 agents) show how the cost per agent-step scales with the team.
     `device` is where the VMAS simulator and the learner run (`cuda` on a machine with a GPU).
     """
     spread = {"N": 3, "max_cycles": 25, "continuous_actions": False}
@@ -167,13 +167,13 @@ def cases(steps: int, device: str = "cpu") -> list[Case]:
                     "vector=sync",
                     "num_envs=2",
                     "rollout_steps=50",
-                    "total_steps=400",
+                    f"total_steps={total}",
                     "share_actor=true",
                     "critic=obs",
                 ],
                 agents,
             )
-            for size, agents in ((22, 24), (62, 288))
+            for size, agents, total in ((12, 4, 4000), (22, 24, 800), (62, 288, 400))
         ),
     ]
 

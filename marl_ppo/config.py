@@ -140,8 +140,9 @@ class ExperimentConfig:
     """One critic network per group with an agent-id input, instead of one per agent."""
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     """Torch device for the networks."""
-    torch_threads: Annotated[int, Field(ge=0)] = 1
-    """torch.set_num_threads for the learner; 0 leaves torch's default."""
+    torch_threads: PositiveInt | Literal["auto"] = "auto"
+    """torch.set_num_threads for the learner; `auto`: the cores left after the env worker processes
+    (at least 1), so a batched simulator or sync envs use every core and workers are not starved."""
     ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
     """PPO optimisation settings."""
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)

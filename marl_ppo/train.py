@@ -124,7 +124,7 @@ def resolve_vector(config: ExperimentConfig) -> ExperimentConfig:
     """
     if config.vector != "auto":
         return config
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     batched = ":" not in config.env.id and env_spec(config.env.id).batched
     enough = cores >= 2 and config.num_envs >= 2 * min(config.num_workers, cores)
     if batched or not enough:
@@ -133,6 +133,20 @@ def resolve_vector(config: ExperimentConfig) -> ExperimentConfig:
     if seconds >= AUTO_WORKERS_MIN_STEP_S:
         return dataclasses.replace(config, vector="workers")
     return dataclasses.replace(config, vector="sync", policy_lag=0)
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def learner_threads(config: ExperimentConfig) -> int:
+    """Torch threads of the learner: `torch_threads`, or for `auto` the cores env workers leave free."""
+    if config.torch_threads != "auto":
+        return config.torch_threads
+    batched = ":" not in config.env.id and env_spec(config.env.id).batched
+    workers = config.num_workers if config.vector in ("subprocess", "workers") and not batched else 0
+    return max(1, usable_cores() - workers)
 
 
 def probe_step_seconds(config: ExperimentConfig, budget_s: float = 0.25) -> float:
@@ -195,9 +209,8 @@ def build_collector(
 
 def train(config: ExperimentConfig, run_dir: Path | str) -> TrainResult:
     """Train MAPPO/IPPO as configured, writing logs, checkpoints and summary.json into `run_dir`."""
-    if config.torch_threads:
-        torch.set_num_threads(config.torch_threads)
     config = resolve_vector(config)  # before seeding: the probe steps an env copy
+    torch.set_num_threads(learner_threads(config))
     generator = seed_everything(config.seed)
     device = resolve_device(config.device)
     # before touching run_dir: a bad env leaves nothing behind

@@ -189,7 +189,7 @@ def test_auto_vector_picks_by_cores_copies_and_step_cost(
 ):
     import marl_ppo.train as train_module
 
-    monkeypatch.setattr(train_module.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.setattr(train_module, "usable_cores", lambda: cores)
     monkeypatch.setattr(train_module, "probe_step_seconds", lambda config: step_s)
     config = load_config(
         SPREAD_YAML, [*tiny_overrides, "vector=auto", f"num_envs={num_envs}", "policy_lag=1"]
@@ -205,3 +205,21 @@ def test_auto_vector_probe_tells_a_toy_env_from_simple_spread(tiny_overrides):
     spread = probe_step_seconds(load_config(SPREAD_YAML, tiny_overrides))
     toy = probe_step_seconds(load_config(None, [*tiny_overrides, "env.id=envs/matrix_game_v0"]))
     assert toy < 50e-6 <= spread
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["vector=sync"], 2),
+        (["vector=workers", "num_workers=2"], 1),
+        (["vector=subprocess", "num_workers=1"], 1),
+        (["env.id=vmas/navigation", "env.kwargs={}", "vector=workers"], 2),  # batched: no workers
+        (["vector=workers", "torch_threads=3"], 3),
+    ],
+)
+def test_learner_threads_use_the_cores_env_workers_leave(tiny_overrides, monkeypatch, overrides, expected):
+    import marl_ppo.train as train_module
+
+    monkeypatch.setattr(train_module, "usable_cores", lambda: 2)
+    config = load_config(SPREAD_YAML, [*tiny_overrides, *overrides])
+    assert train_module.learner_threads(config) == expected
