@@ -14,7 +14,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -30,7 +30,6 @@ from marl_ppo.config import (
     parse_overrides,
 )
 from marl_ppo.envs.state import EnvStateError
-from marl_ppo.logging import RunLogger
 from marl_ppo.rollout.collector import Collector
 from marl_ppo.seeding import restore_rng_state, resume_seed, rng_state
 from marl_ppo.trainer import Trainer
@@ -46,6 +45,14 @@ RESUMABLE_KEYS = (
 )
 """Config keys that `--resume` may change: none of them changes what the run computes
 (`total_steps` extends the run; with `ppo.lr_schedule: linear` the decay stretches to the new total)."""
+
+
+class Stateful(Protocol):
+    """A component whose state a checkpoint carries (the run logger, the trainer)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 class NotExactResumeWarning(UserWarning):
@@ -108,7 +115,7 @@ def _check_unfinished(payload: Mapping[str, Any], config: ExperimentConfig, run_
 
 
 def run_state(
-    *, model: nn.Module, trainer: Trainer, collector: Collector, logger: RunLogger
+    *, model: nn.Module, trainer: Trainer, collector: Collector, logger: Stateful
 ) -> dict[str, Any]:
     """Everything the next update depends on, as tensors and primitives (env copies as uint8 tensors)."""
     try:
@@ -131,7 +138,7 @@ def restore_run_state(
     model: nn.Module,
     trainer: Trainer,
     collector: Collector,
-    logger: RunLogger,
+    logger: Stateful,
     seed: int,
 ) -> None:
     """Put back `run_state`; envs that could not be saved are reset with a seed from (seed, update)."""

@@ -124,7 +124,9 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(tiny_overrides, tmp
 
     assert (resumed.updates, resumed.env_steps, resumed.episodes) == (2 * K, 120, 4)
     assert resumed.team_return_mean == straight.team_return_mean
-    assert_same_run_state(tmp_path / "straight/checkpoints/final.pt", tmp_path / "resumed/checkpoints/final.pt")
+    assert_same_run_state(
+        tmp_path / "straight/checkpoints/final.pt", tmp_path / "resumed/checkpoints/final.pt"
+    )
     logged, expected = scalars(tmp_path / "resumed"), scalars(tmp_path / "straight")
     assert logged.keys() == expected.keys()
     for tag, points in expected.items():
