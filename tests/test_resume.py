@@ -134,21 +134,24 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(tiny_overrides, tmp
     assert [step for step, _ in logged["train/loss_pi"]] == [20, 40, 60, 80, 100, 120]
 
 
-def test_stop_signal_mid_update_finishes_it_and_checkpoints(tiny_overrides, tmp_path, monkeypatch):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_stop_signal_mid_update_finishes_it_and_checkpoints(tiny_overrides, tmp_path, monkeypatch, signum):
     config = _config(tiny_overrides, "vector=sync", "log.checkpoint_every=100")
     real, calls = Trainer.update, []
 
     def update(self, batches):
         calls.append(1)
         if len(calls) == 2:
-            signal.raise_signal(signal.SIGTERM)  # arrives in the middle of the second update
+            signal.raise_signal(signum)  # arrives in the middle of the second update
         return real(self, batches)
 
     monkeypatch.setattr(Trainer, "update", update)
     with pytest.raises(Interrupted) as stopped:
         train(config, tmp_path / "run")
-    assert stopped.value.exit_status == 143 and "--resume" in str(stopped.value)
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone after the run
+    assert stopped.value.exit_status == 128 + signum  # 143 for SIGTERM, 130 for Ctrl-C
+    assert "--resume" in str(stopped.value)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handlers are gone after the run
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     saved = load_checkpoint(tmp_path / "run/checkpoints/latest.pt")
     assert (saved["updates"], saved["env_steps"]) == (2, 40)  # the interrupted update was completed
     assert not (tmp_path / "run/summary.json").exists()
