@@ -47,6 +47,12 @@ def write_atomic(path: Path, data: bytes | memoryview) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if os.name == "posix":  # make the rename itself survive a power cut
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
 
 
 def load_checkpoint(path: Path | str) -> dict[str, Any]:

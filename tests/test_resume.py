@@ -12,7 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import marl_ppo
 import marl_ppo.train as train_module
 from marl_ppo.checkpoint import load_checkpoint
-from marl_ppo.config import load_config
+from marl_ppo.config import ConfigError, load_config
 from marl_ppo.envs.pettingzoo import TeamArrays
 from marl_ppo.envs.state import load_env_state
 from marl_ppo.registry import make_env
@@ -169,6 +169,18 @@ def test_keep_last_prunes_older_periodic_checkpoints(tiny_overrides, tmp_path):
     assert names == ["final.pt", "latest.pt", "update_00000005.pt", "update_00000006.pt"]
     assert load_checkpoint(tmp_path / "checkpoints/update_00000005.pt")["updates"] == 5
     assert load_checkpoint(tmp_path / "checkpoints/latest.pt")["updates"] == 6
+
+
+def test_library_resume_checks_the_config_and_keep_last_is_validated(tiny_overrides, tmp_path):
+    config = _config(tiny_overrides, "vector=sync", "total_steps=40")
+    train(config, tmp_path)
+    changed = _config(tiny_overrides, "vector=sync", "total_steps=80", "ppo.clip_ratio=0.3")
+    with pytest.raises(ConfigError, match=r"config key 'ppo.clip_ratio' is 0.3 but the run .* used 0.2"):
+        train(changed, tmp_path, resume=True)
+    with pytest.raises(ConfigError, match=r"already finished \(env step 40 of total_steps=40\)"):
+        train(config, tmp_path, resume=True)
+    with pytest.raises(ConfigError, match=r"config key 'log.keep_last': input should be greater than 0"):
+        _config(tiny_overrides, "log.keep_last=0")
 
 
 def _unpicklable_spread(**kwargs):
