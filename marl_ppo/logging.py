@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
@@ -137,12 +138,7 @@ def _wait_for_a_later_event_file_name(log_dir: Path) -> None:
     Event file names start with the creation second, then host and pid: a run resumed within the
     same second as an earlier writer (or on another host) could otherwise be read before it.
     """
-    import time
-
-    stamps = [
-        int(p.name.split(".")[3])
-        for p in log_dir.glob("events.out.tfevents.*")
-        if p.name.split(".")[3].isdigit()
-    ]
+    fields = [path.name.split(".") for path in log_dir.glob("events.out.tfevents.*")]
+    stamps = [int(parts[3]) for parts in fields if parts[3].isdigit()]
     while stamps and int(time.time()) <= max(stamps):
         time.sleep(0.05)

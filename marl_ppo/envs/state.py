@@ -4,8 +4,9 @@ Gymnasium's and PettingZoo's envs inherit `EzPickle`, which pickles only the con
 arguments: unpickling builds a fresh env, not the one that was running. `dump_env_state` pickles
 such objects by their whole `__dict__` instead (positions, step counters, the env's own
 `np_random`). PettingZoo envs create pygame surfaces and fonts even when they never render; those
-are saved as their (compressed) pixels and their font file. Envs holding other objects that cannot be pickled (C pointers, simulator handles, classes
-defined inside functions) raise `EnvStateError`; the caller then falls back to reseeding.
+are saved as their (compressed) pixels and their font file. Envs holding other objects that cannot
+be pickled (C pointers, simulator handles, classes defined inside functions) raise
+`EnvStateError`; the caller then falls back to reseeding.
 
 Unpickling runs code named in the bytes: only load states that this process's own run wrote.
 """
