@@ -1,26 +1,45 @@
-"""Checkpoints: plain dicts of tensors and primitives, written atomically, loadable with weights_only=True."""
+"""Checkpoints: plain dicts of tensors and primitives, written atomically, loadable with weights_only=True.
+
+A run directory's `checkpoints/` holds `update_<N>.pt` every `log.checkpoint_every` updates (the
+last `log.keep_last` of them are kept), `latest.pt` (the newest, replaced atomically) and
+`final.pt` at the end of the run.
+"""
 
 from __future__ import annotations
 
+import io
 import os
+import re
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+
+FORMAT = "marl_ppo.checkpoint.v1"
+_PERIODIC = re.compile(r"update_(\d+)\.pt")
 
 
 class CheckpointError(ValueError):
     """A checkpoint file that cannot be read; the message names the file and what to do."""
 
 
-def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
-    """Write `payload` to `path` via a temporary file and rename, so `path` is never half-written."""
+def save_checkpoint(path: Path, payload: dict[str, Any], copies: Sequence[Path] = ()) -> None:
+    """Write `payload` to `path` (and to each of `copies`) via a temporary file and rename: never half-written."""
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    for target in (path, *copies):
+        write_atomic(target, buffer.getbuffer())
+
+
+def write_atomic(path: Path, data: bytes | memoryview) -> None:
+    """Write `data` to a temporary file next to `path`, fsync it and rename it onto `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            torch.save(payload, handle)
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; checkpoints are ordinary shareable files
@@ -28,6 +47,12 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if os.name == "posix":  # make the rename itself survive a power cut
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
 
 
 def load_checkpoint(path: Path | str) -> dict[str, Any]:
@@ -46,4 +71,20 @@ def load_checkpoint(path: Path | str) -> dict[str, Any]:
     return payload
 
 
-FORMAT = "marl_ppo.checkpoint.v1"
+def periodic_path(directory: Path, update: int) -> Path:
+    """`directory/update_<N>.pt`, zero-padded so that names sort by update."""
+    return directory / f"update_{update:08d}.pt"
+
+
+def prune_checkpoints(directory: Path, keep_last: int | None) -> list[Path]:
+    """Delete all but the newest `keep_last` `update_<N>.pt` files (None keeps all) and stale temporary files."""
+    periodic = sorted(
+        (int(match.group(1)), path)
+        for path in directory.glob("update_*.pt")
+        if (match := _PERIODIC.fullmatch(path.name))
+    )
+    doomed = [path for _, path in periodic[:-keep_last]] if keep_last is not None else []
+    doomed += list(directory.glob(".*.tmp"))  # left by a process killed mid-write
+    for path in doomed:
+        path.unlink(missing_ok=True)
+    return doomed

@@ -1,6 +1,7 @@
-"""Command line: `marl-ppo train [EXPERIMENT.yaml] [key=value ...] [--run-dir DIR]` and `marl-ppo envs`.
+"""Command line: `marl-ppo train [EXPERIMENT.yaml] [key=value ...] [--run-dir DIR]`, `--resume RUN_DIR`, `marl-ppo envs`.
 
-Parses arguments and calls the library; user errors print one line and exit with status 2.
+Parses arguments and calls the library; user errors print one line and exit with status 2. A run
+stopped by Ctrl-C or SIGTERM prints how to resume it and exits with 130 or 143.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from marl_ppo.checkpoint import CheckpointError
-from marl_ppo.config import ConfigError, config_keys, load_config, parse_overrides
+from marl_ppo.config import ConfigError, ExperimentConfig, config_keys, load_config, parse_overrides
 from marl_ppo.envs.pettingzoo import EnvContractError
 from marl_ppo.registry import EnvError, registered_specs, resolve_factory
+from marl_ppo.signals import Interrupted
 
 USER_ERRORS = (ConfigError, EnvError, CheckpointError, EnvContractError)
 
@@ -28,6 +30,12 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("args", nargs="*", metavar="[EXPERIMENT.yaml] [key=value ...]")
     train.add_argument(
         "--run-dir", type=Path, help="where to write logs and checkpoints (default: runs/<name>-<time>)"
+    )
+    train.add_argument(
+        "--resume",
+        type=Path,
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its latest checkpoint (key=value may extend total_steps)",
     )
     train.add_argument("--help-config", action="store_true", help="list every config key with its meaning")
     train.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
@@ -71,22 +79,43 @@ def _train(options: argparse.Namespace) -> int:
         for key, doc in config_keys().items():
             print(f"{key:28s} {doc}")
         return 0
-    experiment, overrides = _split(options.args)
-    config = load_config(experiment, overrides)
-    run_dir = options.run_dir or _default_run_dir(experiment)
-    _check_run_dir(run_dir)
+    if options.resume is not None:
+        config, run_dir = _resumed(options)
+    else:
+        experiment, overrides = _split(options.args)
+        config = load_config(experiment, overrides)
+        run_dir = options.run_dir or _default_run_dir(experiment)
+        _check_run_dir(run_dir)
     resolve_factory(
         config.env.id
     )  # unknown ids and missing extras fail here, before the run directory exists
     from marl_ppo.train import train  # heavy imports (torch, tensorboard) only when training
 
-    result = train(config, run_dir)
+    try:
+        result = train(config, run_dir, resume=options.resume is not None)
+    except Interrupted as stopped:
+        print(stopped, file=sys.stderr)
+        return stopped.exit_status
     print(
         f"done: {result.env_steps} env steps, {result.episodes} episodes, team return (last "
         f"{config.log.return_window}) {result.team_return_mean:.2f}, {result.sps:.0f} steps/s, "
         f"{result.wall_s / 60:.1f} min; run directory {run_dir}"
     )
     return 0
+
+
+def _resumed(options: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
+    """The config and run directory of `--resume RUN_DIR [key=value ...]`."""
+    if options.run_dir is not None and options.run_dir != options.resume:
+        raise ConfigError("--resume RUN_DIR continues in RUN_DIR itself; drop --run-dir")
+    experiment, overrides = _split(options.args)
+    if experiment is not None:
+        raise ConfigError(
+            f"--resume takes the config from the run's checkpoint; drop the experiment file '{experiment}'"
+        )
+    from marl_ppo.resume import resume_config  # imports torch
+
+    return resume_config(options.resume, overrides), options.resume
 
 
 def _envs(options: argparse.Namespace) -> int:

@@ -95,7 +95,11 @@ class PPOConfig:
 @dataclass(frozen=True, config=_STRICT)
 class LogConfig:
     checkpoint_every: PositiveInt = 50
-    """Write `checkpoints/latest.pt` every this many updates (always at the end too)."""
+    """Write a checkpoint (`checkpoints/update_<N>.pt` and `latest.pt`) every this many updates, at the end,
+    and when stopped by Ctrl-C or SIGTERM."""
+    keep_last: PositiveInt | None = 3
+    """Periodic checkpoints `update_<N>.pt` to keep (older ones are deleted); null keeps all.
+    `latest.pt` and `final.pt` are always kept."""
     progress: bool = True
     """Show the console progress bar."""
     per_agent: bool = True

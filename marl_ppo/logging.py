@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import torch
 
 from marl_ppo.rollout.collector import EpisodeRecord
 from marl_ppo.trainer import TrainStats
@@ -26,10 +29,17 @@ class RunLogger:
         return_window: int,
         per_agent: bool,
         progress: bool,
+        resume_step: int | None = None,
     ) -> None:
+        """`resume_step`: continue a run checkpointed at this env step, dropping what it logged after."""
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        log_dir = run_dir / "tensorboard"
+        if resume_step is not None:
+            _wait_for_a_later_event_file_name(log_dir)
+        # purge_step: TensorBoard's reader drops the killed run's events from this step on
+        purge_step = None if resume_step is None else resume_step + 1
+        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
         self.agents = tuple(agents)
         # per-group returns matter for competitive teams (red vs blue); one group needs no breakdown
         self.group_columns = (
@@ -46,7 +56,12 @@ class RunLogger:
             from tqdm import tqdm
 
             self.bar = tqdm(
-                total=total_steps, unit="step", unit_scale=True, dynamic_ncols=True, smoothing=0.1
+                total=total_steps,
+                initial=resume_step or 0,
+                unit="step",
+                unit_scale=True,
+                dynamic_ncols=True,
+                smoothing=0.1,
             )
 
     @property
@@ -89,8 +104,41 @@ class RunLogger:
                 sps=f"{extra.get('perf/sps', 0):.0f}", team_return=f"{self.team_return_mean:.1f}"
             )
 
+    def state_dict(self) -> dict[str, Any]:
+        """The episode counter and the return window."""
+        agents = np.stack(self.agent_returns) if self.agent_returns else np.zeros((0, len(self.agents)))
+        return {
+            "episodes": self.episodes,
+            "team_returns": torch.tensor(list(self.team_returns), dtype=torch.float64),
+            "agent_returns": torch.from_numpy(agents.astype(np.float64)),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()`."""
+        self.episodes = int(state["episodes"])
+        self.team_returns.clear()
+        self.team_returns.extend(state["team_returns"].tolist())
+        self.agent_returns.clear()
+        self.agent_returns.extend(row.numpy() for row in state["agent_returns"])
+
+    def flush(self) -> None:
+        """Write pending events to disk (before a checkpoint, so that a killed run loses none of them)."""
+        self.writer.flush()
+
     def close(self) -> None:
         """Flush and close the event file and the progress bar."""
         self.writer.close()
         if self.bar is not None:
             self.bar.close()
+
+
+def _wait_for_a_later_event_file_name(log_dir: Path) -> None:
+    """Make the next event file sort after the existing ones (TensorBoard reads them in name order).
+
+    Event file names start with the creation second, then host and pid: a run resumed within the
+    same second as an earlier writer (or on another host) could otherwise be read before it.
+    """
+    fields = [path.name.split(".") for path in log_dir.glob("events.out.tfevents.*")]
+    stamps = [int(parts[3]) for parts in fields if parts[3].isdigit()]
+    while stamps and int(time.time()) <= max(stamps):
+        time.sleep(0.05)

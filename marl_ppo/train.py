@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from marl_ppo.batch import rollout_batches
-from marl_ppo.checkpoint import FORMAT, save_checkpoint
+from marl_ppo.checkpoint import FORMAT, periodic_path, prune_checkpoints, save_checkpoint
 from marl_ppo.config import ExperimentConfig, config_to_dict
 from marl_ppo.envs.aec import TurnBasedAdapter, is_aec
 from marl_ppo.envs.gymnasium import GymnasiumTeamEnv
@@ -30,10 +30,12 @@ from marl_ppo.envs.vmas import VmasVectorEnv
 from marl_ppo.logging import RunLogger
 from marl_ppo.models.team import TeamModel
 from marl_ppo.registry import EnvError, env_spec, make_env
+from marl_ppo.resume import load_resumable, restore_run_state, run_state
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.collector import Collector
 from marl_ppo.rollout.workers import RolloutWorkers
 from marl_ppo.seeding import seed_everything
+from marl_ppo.signals import Interrupted, StopSignals
 from marl_ppo.trainer import Trainer
 
 
@@ -207,8 +209,15 @@ def build_collector(
     return Collector(venv, model, device), model
 
 
-def train(config: ExperimentConfig, run_dir: Path | str) -> TrainResult:
-    """Train MAPPO/IPPO as configured, writing logs, checkpoints and summary.json into `run_dir`."""
+def train(config: ExperimentConfig, run_dir: Path | str, *, resume: bool = False) -> TrainResult:
+    """Train MAPPO/IPPO as configured, writing logs, checkpoints and summary.json into `run_dir`.
+
+    `resume=True` continues the run checkpointed in `run_dir/checkpoints/latest.pt` where it stopped;
+    `config` may differ from that run's only in `resume.RESUMABLE_KEYS`. Ctrl-C or SIGTERM lets the
+    current update finish, writes a checkpoint and raises `Interrupted`.
+    """
+    run_dir = Path(run_dir)
+    saved = load_resumable(run_dir, config) if resume else None  # a bad checkpoint fails before any work
     config = resolve_vector(config)  # before seeding: the probe steps an env copy
     torch.set_num_threads(learner_threads(config))
     generator = seed_everything(config.seed)
@@ -216,13 +225,36 @@ def train(config: ExperimentConfig, run_dir: Path | str) -> TrainResult:
     # before touching run_dir: a bad env leaves nothing behind
     collector, model = build_collector(config, device)
     spec = model.spec
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
-    trainer = Trainer(model, config.ppo, generator=generator)
-    buffer = RolloutBuffer(spec, config.rollout_steps, config.num_envs, device)
-    collector.start(config.seed)
-    logger = RunLogger(
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
+        trainer = Trainer(model, config.ppo, generator=generator)
+        logger = _make_logger(config, run_dir, spec, None if saved is None else saved["env_steps"])
+        try:
+            run = _Run(config, run_dir, model, trainer, collector, logger)
+            run.begin(saved)
+            buffer = RolloutBuffer(spec, config.rollout_steps, config.num_envs, device)
+            with StopSignals() as stop:  # also covers the last save: a first signal cannot cut it short
+                run.loop(buffer, stop)
+                if stop.received is not None and collector.env_steps < config.total_steps:
+                    checkpoint = run.save()
+                    raise Interrupted(
+                        stop.received, run_dir=run_dir, checkpoint=checkpoint, env_steps=collector.env_steps
+                    )
+                run.save(final=True)
+        finally:
+            logger.close()
+    finally:
+        collector.close()
+    result = run.result()
+    _write_summary(result)
+    return result
+
+
+def _make_logger(
+    config: ExperimentConfig, run_dir: Path, spec: TeamSpec, resume_step: int | None
+) -> RunLogger:
+    return RunLogger(
         run_dir,
         agents=spec.agents,
         groups={g.name: g.agents for g in spec.groups},
@@ -230,40 +262,95 @@ def train(config: ExperimentConfig, run_dir: Path | str) -> TrainResult:
         return_window=config.log.return_window,
         per_agent=config.log.per_agent,
         progress=config.log.progress,
+        resume_step=resume_step,
     )
-    start = time.perf_counter()
-    updates = 0
-    timing = {"env_s": 0.0, "act_s": 0.0, "learn_s": 0.0}
 
-    def save(name: str) -> None:
-        _save(run_dir / "checkpoints" / name, config, spec, model, trainer, updates, collector)
 
-    try:
-        while collector.env_steps < config.total_steps:
-            for name, seconds in _one_update(config, collector, buffer, trainer, logger, start).items():
-                timing[name] += seconds
-            updates += 1
-            if updates % config.log.checkpoint_every == 0:
-                save("latest.pt")
-    finally:
-        logger.close()
-        collector.close()
-    wall = time.perf_counter() - start
-    save("latest.pt")
-    save("final.pt")
-    result = TrainResult(
-        run_dir,
-        collector.env_steps,
-        updates,
-        logger.episodes,
-        logger.team_return_mean,
-        logger.agent_return_mean,
-        collector.env_steps / wall if wall > 0 else 0.0,
-        wall,
-        timing,
-    )
-    _write_summary(result)
-    return result
+class _Run:
+    """One run's components and counters: runs updates, writes and restores checkpoints."""
+
+    def __init__(
+        self,
+        config: ExperimentConfig,
+        run_dir: Path,
+        model: TeamModel,
+        trainer: Trainer,
+        collector: Collector | RolloutWorkers,
+        logger: RunLogger,
+    ) -> None:
+        self.config, self.run_dir = config, run_dir
+        self.model, self.trainer, self.collector, self.logger = model, trainer, collector, logger
+        self.updates = 0
+        self.timing = {"env_s": 0.0, "act_s": 0.0, "learn_s": 0.0}
+        self.start = time.perf_counter()
+        """perf_counter() at the run's start; a resumed run moves it back by the time already trained."""
+
+    def begin(self, saved: dict[str, Any] | None) -> None:
+        """Reset the envs for a new run, or restore everything a checkpoint saved."""
+        if saved is None:
+            self.collector.start(self.config.seed)
+            return
+        restore_run_state(
+            saved,
+            model=self.model,
+            trainer=self.trainer,
+            collector=self.collector,
+            logger=self.logger,
+            seed=self.config.seed,
+        )
+        self.updates = int(saved["updates"])
+        self.timing = dict(saved["timing"])
+        self.start = time.perf_counter() - saved["wall_s"]
+
+    def loop(self, buffer: RolloutBuffer, stop: StopSignals) -> None:
+        """Update until total_steps or a stop signal, checkpointing every `log.checkpoint_every` updates."""
+        while self.collector.env_steps < self.config.total_steps and stop.received is None:
+            seconds = _one_update(self.config, self.collector, buffer, self.trainer, self.logger, self.start)
+            for name, value in seconds.items():
+                self.timing[name] += value
+            self.updates += 1
+            if self.updates % self.config.log.checkpoint_every == 0:
+                self.save()
+
+    def save(self, *, final: bool = False) -> Path:
+        """Write `update_<N>.pt` and `latest.pt` (and `final.pt`), prune old ones; return the periodic file."""
+        self.logger.flush()  # events up to this checkpoint survive a kill -9; later ones are purged on resume
+        directory = self.run_dir / "checkpoints"
+        path = periodic_path(directory, self.updates)
+        copies = [directory / "latest.pt"] + ([directory / "final.pt"] if final else [])
+        save_checkpoint(path, self._payload(), copies)
+        prune_checkpoints(directory, self.config.log.keep_last)
+        return path
+
+    def _payload(self) -> dict[str, Any]:
+        spec = self.model.spec
+        return {
+            "format": FORMAT,
+            "config": config_to_dict(self.config),
+            "agents": list(spec.agents),
+            "groups": {g.name: list(g.agents) for g in spec.groups},
+            "updates": self.updates,
+            "env_steps": self.collector.env_steps,
+            "wall_s": time.perf_counter() - self.start,
+            "timing": dict(self.timing),
+            **run_state(model=self.model, trainer=self.trainer, collector=self.collector, logger=self.logger),
+        }
+
+    def result(self) -> TrainResult:
+        """The finished run's figures."""
+        wall = time.perf_counter() - self.start
+        steps = self.collector.env_steps
+        return TrainResult(
+            self.run_dir,
+            steps,
+            self.updates,
+            self.logger.episodes,
+            self.logger.team_return_mean,
+            self.logger.agent_return_mean,
+            steps / wall if wall > 0 else 0.0,
+            wall,
+            dict(self.timing),
+        )
 
 
 def _one_update(
@@ -301,31 +388,6 @@ def peak_rss_mb() -> float:
     """Peak resident memory of this process, in MiB (Linux reports ru_maxrss in KiB)."""
     self_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return self_kib / 1024
-
-
-def _save(
-    path: Path,
-    config: ExperimentConfig,
-    spec: TeamSpec,
-    model: TeamModel,
-    trainer: Trainer,
-    updates: int,
-    collector: Collector | RolloutWorkers,
-) -> None:
-    save_checkpoint(
-        path,
-        {
-            "format": FORMAT,
-            "config": config_to_dict(config),
-            "agents": list(spec.agents),
-            "groups": {g.name: list(g.agents) for g in spec.groups},
-            "model": model.state_dict(),
-            "actor_optimizer": trainer.actor_optimizer.state_dict(),
-            "critic_optimizer": trainer.critic_optimizer.state_dict(),
-            "updates": updates,
-            "env_steps": collector.env_steps,
-        },
-    )
 
 
 def _write_summary(result: TrainResult) -> None:

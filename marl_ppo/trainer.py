@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -74,6 +75,20 @@ class Trainer:
         ):
             for group in optimizer.param_groups:
                 group["lr"] = base * scale
+
+    def state_dict(self) -> dict[str, Any]:
+        """Both optimizers' states and the minibatch-shuffling generator's state."""
+        return {
+            "actor_optimizer": self.actor_optimizer.state_dict(),
+            "critic_optimizer": self.critic_optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()` (the model's weights are restored separately)."""
+        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        self.generator.set_state(state["generator"])
 
     def prepare(self, batches: Sequence[AgentBatch]) -> list[AgentBatch]:
         """Update the value normalizers with the batch's returns and normalize advantages per group."""

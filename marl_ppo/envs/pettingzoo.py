@@ -38,7 +38,8 @@ def without_check_wrappers(env: Any) -> Any:
     core = env.aec_env
     while isinstance(core, (OrderEnforcingWrapper, AssertOutOfBoundsWrapper)):
         core = core.env
-    return env if core is env.aec_env else aec_to_parallel_wrapper(core)
+    env.aec_env = core  # in place: whatever else the factory set on the env object stays
+    return env
 
 
 class EnvContractError(RuntimeError):

@@ -25,6 +25,7 @@ import numpy as np
 
 from marl_ppo.envs.pettingzoo import ParallelEnvAdapter, TeamArrays
 from marl_ppo.envs.spec import TeamSpec
+from marl_ppo.envs.state import EnvStateError, dump_env_state, load_env_state
 
 _ALIGN = 64
 _CLOSE_TIMEOUT_S = 5.0
@@ -77,19 +78,20 @@ def _worker(
 ) -> None:
     """Step the envs `envs` on command, writing into the shared buffer; acknowledge each command."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # so is SIGTERM sent to the whole process group
     parent_end.close()
     arrays, actions, episode_over, _ = _shared_views(spec, num_envs, buffer)
     adapters: list[ParallelEnvAdapter] = []
     rows = [arrays.row(i) for i in envs]
-    command, seed = "start", None
+    command, argument = "start", None
     while True:
-        reply: tuple[str, str | None] = ("ok", None)
+        reply: tuple[str, Any] = ("ok", None)
         try:
             if command == "start":
                 adapters = [make_adapter() for _ in envs]
             elif command == "reset":
                 for i, adapter, row in zip(envs, adapters, rows, strict=True):
-                    adapter.reset(seed + i, row)
+                    adapter.reset(argument + i, row)
                     episode_over[i] = False
             elif command == "step":
                 for i, adapter, row in zip(envs, adapters, rows, strict=True):
@@ -97,6 +99,15 @@ def _worker(
                     episode_over[i] = over
                     if over:
                         adapter.reset(None, row)
+            elif command == "get_state":
+                try:
+                    reply = ("ok", [dump_env_state(adapter) for adapter in adapters])
+                except EnvStateError as err:  # not a failure of the worker: the parent falls back
+                    reply = ("ok", str(err))
+            elif command == "set_state":
+                for adapter in adapters:
+                    adapter.close()
+                adapters = [load_env_state(blob) for blob in argument]
             elif command == "close":
                 for adapter in adapters:
                     adapter.close()
@@ -108,7 +119,7 @@ def _worker(
             conn.send(reply)
             if command == "close":
                 return
-            command, seed = conn.recv()
+            command, argument = conn.recv()
         except (EOFError, OSError):  # the parent is gone
             return
 
@@ -156,6 +167,7 @@ class SubprocessVectorEnv:
         self.arrays, self._actions, self.episode_over, _ = _shared_views(self.spec, num_envs, self._buffer)
         num_workers = min(num_workers, num_envs)
         bounds = [round(k * num_envs / num_workers) for k in range(num_workers + 1)]
+        self._slices = [slice(bounds[k], bounds[k + 1]) for k in range(num_workers)]
         self._processes: list[BaseProcess] = []
         self._conns: list[Connection] = []
         self._closer = weakref.finalize(self, _shutdown, self._processes, self._conns)
@@ -186,23 +198,42 @@ class SubprocessVectorEnv:
         self._command("step", None)
         return self.arrays
 
+    def env_states(self) -> list[bytes]:
+        """Each env copy's complete state, pickled; raises EnvStateError when the env cannot be pickled."""
+        replies = self._ask("get_state", [None] * len(self._conns))
+        reasons = [reply for reply in replies if isinstance(reply, str)]
+        if reasons:
+            raise EnvStateError(reasons[0])
+        return [blob for reply in replies for blob in reply]
+
+    def load_env_states(self, states: Sequence[bytes]) -> None:
+        """Replace the env copies by the ones `env_states` saved (trusted bytes only: unpickling runs code)."""
+        if len(states) != self.num_envs:
+            raise ValueError(f"got {len(states)} env states for {self.num_envs} env copies")
+        self._ask("set_state", [list(states[envs]) for envs in self._slices])
+
     def close(self) -> None:
         """Close every env and stop the workers (also done on garbage collection and at exit)."""
         self._closer()
 
     def _command(self, command: str, seed: int | None) -> None:
+        self._ask(command, [seed] * len(self._conns))
+
+    def _ask(self, command: str, arguments: Sequence[Any]) -> list[Any]:
+        """Send worker k `(command, arguments[k])`; return the workers' replies in order."""
         if not self._closer.alive:
             raise RuntimeError("SubprocessVectorEnv is closed")
-        for k, conn in enumerate(self._conns):
+        for k, (conn, argument) in enumerate(zip(self._conns, arguments, strict=True)):
             try:
-                conn.send((command, seed))
+                conn.send((command, argument))
             except OSError:
                 self._fail(self._died(k, command))
-        self._gather(command)
+        return self._gather(command)
 
-    def _gather(self, command: str) -> None:
-        """Wait for every worker's acknowledgement; raise (after stopping all workers) on error or death."""
+    def _gather(self, command: str) -> list[Any]:
+        """Wait for every worker's reply; raise (after stopping all workers) on error or death."""
         pending = set(range(len(self._conns)))
+        replies: list[Any] = [None] * len(self._conns)
         errors = []
         while pending:
             waiting = [self._conns[k] for k in pending] + [self._processes[k].sentinel for k in pending]
@@ -216,9 +247,11 @@ class SubprocessVectorEnv:
                     self._fail(self._died(k, command))
                 if status == "error":
                     errors.append(f"worker {k} failed during '{command}': {message}")
+                replies[k] = message
                 pending.discard(k)
         if errors:
             self._fail("\n".join(errors))
+        return replies
 
     def _died(self, k: int, command: str) -> str:
         """Describe worker `k`'s death (waiting briefly so that its exit code is known)."""
@@ -230,7 +263,7 @@ class SubprocessVectorEnv:
         )
 
     @staticmethod
-    def _receive(conn: Connection) -> tuple[str, str | None]:
+    def _receive(conn: Connection) -> tuple[str, Any]:
         """The worker's reply, or ('dead', None) when its end of the pipe is closed without one."""
         try:
             return conn.recv() if conn.poll() else ("dead", None)

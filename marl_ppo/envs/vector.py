@@ -8,6 +8,7 @@ import numpy as np
 
 from marl_ppo.envs.pettingzoo import ParallelEnvAdapter, TeamArrays
 from marl_ppo.envs.spec import TeamSpec
+from marl_ppo.envs.state import dump_env_state, load_env_state
 
 
 class SyncVectorEnv:
@@ -41,6 +42,17 @@ class SyncVectorEnv:
             if over:
                 adapter.reset(None, row)
         return self.arrays
+
+    def env_states(self) -> list[bytes]:
+        """Each env copy's complete state, pickled; raises EnvStateError when the env cannot be pickled."""
+        return [dump_env_state(adapter) for adapter in self.adapters]
+
+    def load_env_states(self, states: Sequence[bytes]) -> None:
+        """Replace the env copies by the ones `env_states` saved (trusted bytes only: unpickling runs code)."""
+        if len(states) != self.num_envs:
+            raise ValueError(f"got {len(states)} env states for {self.num_envs} env copies")
+        self.close()
+        self.adapters = [load_env_state(blob) for blob in states]
 
     def close(self) -> None:
         """Close every env."""

@@ -17,6 +17,7 @@ import torch
 
 from marl_ppo.envs.pettingzoo import TeamArrays, group_members
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
+from marl_ppo.envs.state import dump_env_state, load_env_state
 
 
 def _to_gymnasium(space: Any) -> gym.Space:
@@ -128,6 +129,16 @@ class VmasVectorEnv:
             self._write_obs(arrays.obs, observations)
         self._write_state(arrays.state, arrays.obs)
         return arrays
+
+    def env_states(self) -> list[bytes]:
+        """The simulator's complete state as one blob; raises EnvStateError when it cannot be pickled."""
+        return [dump_env_state(self.env)]
+
+    def load_env_states(self, states: Sequence[bytes]) -> None:
+        """Replace the simulator by the one `env_states` saved (trusted bytes only: unpickling runs code)."""
+        if len(states) != 1:
+            raise ValueError(f"got {len(states)} env states for one batched simulator")
+        self.env = load_env_state(states[0])
 
     def close(self) -> None:
         """Nothing to release (the simulator lives in this process)."""

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from marl_ppo.envs.pettingzoo import TeamArrays
 from marl_ppo.envs.subprocess import SubprocessVectorEnv
 from marl_ppo.envs.vector import SyncVectorEnv
 from marl_ppo.envs.vmas import VmasVectorEnv
@@ -84,6 +86,32 @@ class Collector:
         """Close the vector env."""
         self.venv.close()
 
+    def env_states(self) -> list[bytes]:
+        """Every env copy's pickled state (see `marl_ppo.envs.state`)."""
+        return self.venv.env_states()
+
+    def load_env_states(self, states: list[bytes]) -> None:
+        """Replace the env copies by saved ones (trusted bytes only: unpickling runs code)."""
+        self.venv.load_env_states(states)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters, the unfinished episodes' returns and lengths, and the env arrays the next step reads."""
+        return {
+            "env_steps": self.env_steps,
+            "returns": self._returns.cpu().clone(),
+            "lengths": self._lengths.cpu().clone(),
+            "arrays": _arrays_state(self.venv.arrays),
+        }
+
+    def load_state_dict(self, state: dict[str, Any], *, episodes: bool = True) -> None:
+        """Restore `state_dict()`; `episodes=False` keeps only the step counter (the envs were reset instead)."""
+        self.env_steps = int(state["env_steps"])
+        if not episodes:
+            return
+        self._returns.copy_(state["returns"])
+        self._lengths.copy_(state["lengths"])
+        _load_arrays(self.venv.arrays, state["arrays"])
+
     def _to_torch(self, array: np.ndarray | torch.Tensor) -> torch.Tensor:
         """A copy on the learner's device (env arrays are overwritten by the next step)."""
         if isinstance(array, torch.Tensor):
@@ -151,3 +179,36 @@ class Collector:
             )
         self._returns[finished] = 0.0
         self._lengths[finished] = 0
+
+
+def _arrays_state(arrays: TeamArrays) -> dict[str, Any]:
+    """CPU tensor copies of every field of the vector env's arrays (numpy or torch)."""
+
+    def copy(value: np.ndarray | torch.Tensor) -> torch.Tensor:
+        return value.cpu().clone() if isinstance(value, torch.Tensor) else torch.from_numpy(value.copy())
+
+    state: dict[str, Any] = {}
+    for f in dataclasses.fields(arrays):
+        value = getattr(arrays, f.name)
+        state[f.name] = [copy(v) for v in value] if isinstance(value, list) else copy(value)
+    return state
+
+
+def _load_arrays(arrays: TeamArrays, state: dict[str, Any]) -> None:
+    """Write saved tensors into the vector env's arrays in place (they may be shared memory)."""
+
+    def load(target: np.ndarray | torch.Tensor, saved: torch.Tensor) -> None:
+        if tuple(target.shape) != tuple(saved.shape):
+            raise ValueError(
+                f"saved env arrays have shape {tuple(saved.shape)}, expected {tuple(target.shape)}"
+            )
+        if isinstance(target, torch.Tensor):
+            target.copy_(saved)
+        else:
+            target[...] = saved.numpy()
+
+    for f in dataclasses.fields(arrays):
+        value, saved = getattr(arrays, f.name), state[f.name]
+        pairs = zip(value, saved, strict=True) if isinstance(value, list) else [(value, saved)]
+        for target, item in pairs:
+            load(target, item)

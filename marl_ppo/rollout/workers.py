@@ -62,6 +62,7 @@ def _worker(
 ) -> None:
     """Collect this worker's env slice on command; acknowledge every command on the pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # so is SIGTERM sent to the whole process group
     parent_end.close()
     torch.set_num_threads(1)
     command, argument = "start", None
@@ -83,9 +84,18 @@ def _worker(
                     "ok",
                     _collect(collector, model, buffer, targets, envs, shared_weights, shared_last_values),
                 )
+            elif command == "get_state":
+                reply = ("ok", {"collector": collector.state_dict(), "torch_rng": torch.get_rng_state()})
+            elif command == "set_state":
+                collector.load_state_dict(argument["collector"])
+                torch.set_rng_state(argument["torch_rng"])
+            elif command == "env_states":
+                reply = ("ok", collector.env_states())
+            elif command == "load_env_states":
+                collector.load_env_states(argument)
             elif command == "close":
                 if collector is not None:
-                    collector.venv.close()
+                    collector.close()
             else:
                 raise ValueError(f"unknown command {command!r}")
         except Exception as err:  # reported to the parent, which raises it there
@@ -123,6 +133,24 @@ def _collect(
     return {"episodes": episodes, "env_s": result.env_seconds, "total_s": time.perf_counter() - started}
 
 
+def _episode_state(step: int, episode: EpisodeRecord) -> dict[str, Any]:
+    """An episode record as primitives and a tensor (checkpoints load with weights_only)."""
+    return {
+        "step": step,
+        "team_return": episode.team_return,
+        "agent_returns": torch.from_numpy(episode.agent_returns),
+        "length": episode.length,
+        "end_step": episode.end_step,
+    }
+
+
+def _episode_from_state(state: dict[str, Any]) -> tuple[int, EpisodeRecord]:
+    record = EpisodeRecord(
+        state["team_return"], state["agent_returns"].numpy(), state["length"], state["end_step"]
+    )
+    return state["step"], record
+
+
 class RolloutWorkers:
     """E env copies in `num_workers` processes that act with a copy of the policy; a Collector's interface."""
 
@@ -155,6 +183,8 @@ class RolloutWorkers:
             tensor.share_memory_()
         self._last_values = [torch.zeros(num_envs, g.num_agents).share_memory_() for g in spec.groups]
         self._in_flight = False
+        self._pending: dict[str, Any] | None = None
+        """A received rollout not yet handed to the learner (buffer tensors, last values, replies)."""
         if start_method is None:
             start_method = "fork" if "fork" in mp.get_all_start_methods() else None
         ctx = mp.get_context(start_method)
@@ -190,18 +220,20 @@ class RolloutWorkers:
     def start(self, seed: int) -> None:
         """Reset every env copy (env i gets `seed + i`); worker k samples with `worker_seed(seed, k)`."""
         self._command("reset", seed)
-        self._in_flight = False
+        self._pending = None
 
     def collect(self, buffer: RolloutBuffer) -> RolloutResult:
         """Fill `buffer` with the next rollout of every env copy (launched now, or earlier with policy lag)."""
-        if not self._in_flight:
-            self._launch()
-        replies = self._gather("collect")
-        self._in_flight = False
-        for target, shared in zip(_buffer_tensors(buffer), _buffer_tensors(self._shared), strict=True):
+        if self._pending is None:
+            if not self._in_flight:
+                self._launch()
+            self._receive()
+        replies = self._pending["replies"]
+        for target, shared in zip(_buffer_tensors(buffer), self._pending["buffer"], strict=True):
             target.copy_(shared)
         buffer.pos = buffer.steps
-        last_values = [v.to(buffer.device, copy=True) for v in self._last_values]
+        last_values = [v.to(buffer.device, copy=True) for v in self._pending["last_values"]]
+        self._pending = None
         if self.policy_lag:
             self._launch()  # the next rollout runs with these weights while the learner updates
         result = RolloutResult(last_values=last_values, env_steps=buffer.steps * self.num_envs)
@@ -214,6 +246,66 @@ class RolloutWorkers:
     def close(self) -> None:
         """Stop the workers and close their envs (also done on garbage collection and at exit)."""
         self._closer()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Step counter, each worker's collector state and sampling RNG, and a rollout already collected.
+
+        With policy lag a rollout is in flight between updates; it is received here (as the next
+        `collect` would) and saved, so a resumed run hands the learner the same data.
+        """
+        if self._in_flight:
+            self._receive()
+        pending = None
+        if self._pending is not None:
+            pending = {
+                "buffer": self._pending["buffer"],
+                "last_values": self._pending["last_values"],
+                "episodes": [
+                    [_episode_state(t, e) for t, e in r["episodes"]] for r in self._pending["replies"]
+                ],
+            }
+        return {"env_steps": self.env_steps, "workers": self._command("get_state", None), "pending": pending}
+
+    def load_state_dict(self, state: dict[str, Any], *, episodes: bool = True) -> None:
+        """Restore `state_dict()`; `episodes=False` keeps only the step counter (the envs are reset instead)."""
+        self.env_steps = int(state["env_steps"])
+        if not episodes:
+            return
+        self._ask("set_state", state["workers"])
+        saved = state["pending"]
+        self._pending = None
+        if saved is not None:
+            replies = [  # its timings were the stopped process's wall clock: not carried over
+                {"episodes": [_episode_from_state(e) for e in episodes], "env_s": 0.0, "total_s": 0.0}
+                for episodes in saved["episodes"]
+            ]
+            self._pending = {
+                "buffer": saved["buffer"],
+                "last_values": saved["last_values"],
+                "replies": replies,
+            }
+
+    def env_states(self) -> list[bytes]:
+        """Every env copy's pickled state, in env order (see `marl_ppo.envs.state`)."""
+        if self._in_flight:
+            self._receive()
+        return [blob for states in self._command("env_states", None) for blob in states]
+
+    def load_env_states(self, states: list[bytes]) -> None:
+        """Replace the env copies by saved ones (trusted bytes only: unpickling runs code)."""
+        if len(states) != self.num_envs:
+            raise ValueError(f"got {len(states)} env states for {self.num_envs} env copies")
+        self._ask("load_env_states", [list(states[envs.start : envs.stop]) for envs in self._slices])
+
+    def _receive(self) -> None:
+        """Wait for the rollout in flight and keep a copy of it for the next `collect`."""
+        replies = self._gather("collect")
+        self._in_flight = False
+        self._pending = {
+            "replies": replies,
+            "buffer": [t.clone() for t in _buffer_tensors(self._shared)],
+            "last_values": [v.clone() for v in self._last_values],
+        }
 
     def _episodes(self, replies: list[dict[str, Any]]) -> list[EpisodeRecord]:
         """Finished episodes in the order one process would report them, with the run's step counts."""
@@ -237,10 +329,15 @@ class RolloutWorkers:
         self._in_flight = True
 
     def _command(self, command: str, argument: Any) -> list[Any]:
+        """Send every worker the same command; their replies in worker order."""
+        return self._ask(command, [argument] * len(self._conns))
+
+    def _ask(self, command: str, arguments: list[Any]) -> list[Any]:
+        """Send worker k `(command, arguments[k])`; their replies in worker order."""
         if self._in_flight:
             self._gather("collect")  # drain a rollout started with policy lag
             self._in_flight = False
-        for k, conn in enumerate(self._conns):
+        for k, (conn, argument) in enumerate(zip(self._conns, arguments, strict=True)):
             self._send(k, conn, (command, argument))
         return self._gather(command)
 

@@ -1,0 +1,223 @@
+"""Resume is exact: 2K updates straight equal K updates, a crash, and K more from the checkpoint."""
+
+import signal
+import threading
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import marl_ppo
+import marl_ppo.train as train_module
+from marl_ppo.checkpoint import load_checkpoint
+from marl_ppo.config import ConfigError, load_config
+from marl_ppo.envs.pettingzoo import TeamArrays
+from marl_ppo.envs.state import load_env_state
+from marl_ppo.registry import make_env
+from marl_ppo.resume import NotExactResumeWarning
+from marl_ppo.signals import Interrupted
+from marl_ppo.train import train
+from marl_ppo.trainer import Trainer
+
+K = 3
+STEPS_PER_UPDATE = 20  # 2 env copies x 10 steps: 25-step episodes end mid-rollout and span checkpoints
+
+
+def _config(tiny_overrides, *extra):
+    return load_config(
+        ROOT / "experiments/mpe/simple_spread.yaml",  # linear lr decay, value normalization
+        [
+            *tiny_overrides,
+            "rollout_steps=10",
+            f"total_steps={2 * K * STEPS_PER_UPDATE}",
+            f"log.checkpoint_every={K}",
+            *extra,
+        ],
+    )
+
+
+class _Killed(Exception):
+    """Stands for the process dying (no final checkpoint)."""
+
+
+def _crash_at_update(monkeypatch, number):
+    """Make train() die while running update `number` (1-based), after the ones before were logged."""
+    real, calls = train_module._one_update, []
+
+    def one_update(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == number:
+            raise _Killed
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "_one_update", one_update)
+
+
+def scalars(run_dir):
+    """Every non-`perf/` scalar the run logged, as TensorBoard's reader returns it: tag -> [(step, value)]."""
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    return {
+        tag: [(e.step, e.value) for e in events.Scalars(tag)]
+        for tag in events.Tags()["scalars"]
+        if not tag.startswith("perf/")
+    }
+
+
+def assert_identical(a, b, where="checkpoint"):
+    """Nested dicts/lists of tensors and primitives are equal, tensors bit for bit."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_identical(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_identical(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def _run_state_only(payload):
+    # pickled env bytes are not canonical (shared references); _env_futures compares the envs instead
+    skipped = ("wall_s", "timing", "envs")
+    config = {key: value for key, value in payload["config"].items() if key != "vector"}
+    return {**{key: value for key, value in payload.items() if key not in skipped}, "config": config}
+
+
+def _env_futures(payload, steps=30):
+    """Observations and rewards of each saved env copy over `steps` more steps (auto-reset included)."""
+    futures = []
+    for blob in payload["envs"]["states"]:
+        adapter = load_env_state(blob.numpy().tobytes())
+        out = TeamArrays.allocate(adapter.spec)
+        actions = [np.ones((g.num_agents,), dtype=np.int64) for g in adapter.spec.groups]
+        for _ in range(steps):
+            if adapter.step(actions, out):
+                adapter.reset(None, out)
+            futures.append((out.obs[0].copy(), out.reward[0].copy()))
+    return futures
+
+
+def assert_same_run_state(path_a, path_b):
+    """Two checkpoints hold the same run state, and their env copies continue identically."""
+    a, b = load_checkpoint(path_a), load_checkpoint(path_b)
+    # weights, optimizer moments, normalizers, every RNG, collector and logger state, the counters
+    assert_identical(_run_state_only(a), _run_state_only(b))
+    for (obs_a, reward_a), (obs_b, reward_b) in zip(_env_futures(a), _env_futures(b), strict=True):
+        assert np.array_equal(obs_a, obs_b) and np.array_equal(reward_a, reward_b)
+
+
+@pytest.mark.parametrize(
+    ("vector", "resumed_vector", "lag"),
+    [
+        ("sync", "sync", 0),
+        ("subprocess", "subprocess", 0),
+        ("subprocess", "sync", 0),
+        ("workers", "workers", 0),
+        ("workers", "workers", 1),  # a rollout is in flight at every checkpoint
+    ],
+)
+def test_killed_and_resumed_run_equals_the_uninterrupted_one(
+    tiny_overrides, tmp_path, monkeypatch, vector, resumed_vector, lag
+):
+    config = _config(tiny_overrides, f"vector={vector}", "num_workers=2", f"policy_lag={lag}")
+    straight = train(config, tmp_path / "straight")
+
+    _crash_at_update(monkeypatch, K + 2)  # update K+1 was logged after the checkpoint at K: must be purged
+    with pytest.raises(_Killed):
+        train(config, tmp_path / "resumed")
+    monkeypatch.undo()
+    assert load_checkpoint(tmp_path / "resumed/checkpoints/latest.pt")["updates"] == K
+    resumed_config = _config(tiny_overrides, f"vector={resumed_vector}", "num_workers=2", f"policy_lag={lag}")
+    resumed = train(resumed_config, tmp_path / "resumed", resume=True)  # env states are per env copy
+
+    assert (resumed.updates, resumed.env_steps, resumed.episodes) == (2 * K, 120, 4)
+    assert resumed.team_return_mean == straight.team_return_mean
+    assert_same_run_state(
+        tmp_path / "straight/checkpoints/final.pt", tmp_path / "resumed/checkpoints/final.pt"
+    )
+    logged, expected = scalars(tmp_path / "resumed"), scalars(tmp_path / "straight")
+    assert logged.keys() == expected.keys()
+    for tag, points in expected.items():
+        assert logged[tag] == points, tag  # same steps, same values, nothing twice
+    assert [step for step, _ in logged["train/loss_pi"]] == [20, 40, 60, 80, 100, 120]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_stop_signal_mid_update_finishes_it_and_checkpoints(tiny_overrides, tmp_path, monkeypatch, signum):
+    config = _config(tiny_overrides, "vector=sync", "log.checkpoint_every=100")
+    real, calls = Trainer.update, []
+
+    def update(self, batches):
+        calls.append(1)
+        if len(calls) == 2:
+            signal.raise_signal(signum)  # arrives in the middle of the second update
+        return real(self, batches)
+
+    monkeypatch.setattr(Trainer, "update", update)
+    with pytest.raises(Interrupted) as stopped:
+        train(config, tmp_path / "run")
+    assert stopped.value.exit_status == 128 + signum  # 143 for SIGTERM, 130 for Ctrl-C
+    assert "--resume" in str(stopped.value)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handlers are gone after the run
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    saved = load_checkpoint(tmp_path / "run/checkpoints/latest.pt")
+    assert (saved["updates"], saved["env_steps"]) == (2, 40)  # the interrupted update was completed
+    assert not (tmp_path / "run/summary.json").exists()
+
+    monkeypatch.undo()
+    train(config, tmp_path / "run", resume=True)
+    train(config, tmp_path / "straight")
+    assert_same_run_state(tmp_path / "straight/checkpoints/final.pt", tmp_path / "run/checkpoints/final.pt")
+
+
+def test_keep_last_prunes_older_periodic_checkpoints(tiny_overrides, tmp_path):
+    config = _config(tiny_overrides, "vector=sync", "log.checkpoint_every=1", "log.keep_last=2")
+    train(config, tmp_path)
+    names = sorted(path.name for path in (tmp_path / "checkpoints").iterdir())
+    assert names == ["final.pt", "latest.pt", "update_00000005.pt", "update_00000006.pt"]
+    assert load_checkpoint(tmp_path / "checkpoints/update_00000005.pt")["updates"] == 5
+    assert load_checkpoint(tmp_path / "checkpoints/latest.pt")["updates"] == 6
+
+
+def test_library_resume_checks_the_config_and_keep_last_is_validated(tiny_overrides, tmp_path):
+    config = _config(tiny_overrides, "vector=sync", "total_steps=40")
+    train(config, tmp_path)
+    changed = _config(tiny_overrides, "vector=sync", "total_steps=80", "ppo.clip_ratio=0.3")
+    with pytest.raises(ConfigError, match=r"config key 'ppo.clip_ratio' is 0.3 but the run .* used 0.2"):
+        train(changed, tmp_path, resume=True)
+    with pytest.raises(ConfigError, match=r"already finished \(env step 40 of total_steps=40\)"):
+        train(config, tmp_path, resume=True)
+    with pytest.raises(ConfigError, match=r"config key 'log.keep_last': input should be greater than 0"):
+        _config(tiny_overrides, "log.keep_last=0")
+
+
+def _unpicklable_spread(**kwargs):
+    env = make_env("mpe2/simple_spread_v3", **kwargs)
+    env.lock = threading.Lock()  # a lock cannot be pickled, so neither can the env
+    return env
+
+
+def test_unpicklable_env_resumes_with_fresh_episodes_and_a_warning(tiny_overrides, tmp_path, monkeypatch):
+    marl_ppo.register_env("tests/unpicklable_spread_v0", _unpicklable_spread)
+    config = _config(tiny_overrides, "vector=sync", "env.id=tests/unpicklable_spread_v0")
+    _crash_at_update(monkeypatch, K + 2)
+    with pytest.raises(_Killed):
+        train(config, tmp_path)
+    monkeypatch.undo()
+    saved = load_checkpoint(tmp_path / "checkpoints/latest.pt")
+    assert "cannot pickle '_thread.lock'" in saved["envs"]["unavailable"]
+
+    with pytest.warns(NotExactResumeWarning, match="resume is not exact"):
+        result = train(config, tmp_path, resume=True)
+    assert (result.updates, result.env_steps) == (2 * K, 120)
+    # the resets at the resume (env step 60) start 25-step episodes that end at env step 60 + 2 * 25
+    lengths = scalars(tmp_path)["rollout/episode_length"]
+    assert lengths == [(50, 25.0), (50, 25.0), (110, 25.0), (110, 25.0)]
+    steps = [step for step, _ in scalars(tmp_path)["train/loss_pi"]]
+    assert steps == [20, 40, 60, 80, 100, 120]

@@ -1,0 +1,154 @@
+"""`marl-ppo train --resume`: after kill -9, after SIGTERM / Ctrl-C, and its one-line errors."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import ROOT
+from test_resume import scalars
+
+from marl_ppo.checkpoint import CheckpointError, load_checkpoint
+from marl_ppo.cli import main
+
+SPREAD = str(ROOT / "experiments/mpe/simple_spread.yaml")
+STEPS_PER_UPDATE = 20
+
+
+def _args(tiny_overrides, *extra):
+    return [SPREAD, *tiny_overrides, "rollout_steps=10", *extra]
+
+
+def _start(tiny_overrides, run_dir, *extra):
+    """A `marl-ppo train` process (2 env worker processes) that would run for a long time."""
+    command = [
+        sys.executable,
+        "-m",
+        "marl_ppo",
+        "train",
+        *_args(tiny_overrides, "total_steps=10_000_000", *extra),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [*command, "--run-dir", str(run_dir)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for_checkpoint(process, run_dir, updates, timeout=60.0):
+    """Wait until latest.pt holds at least `updates` updates; return it."""
+    path = run_dir / "checkpoints/latest.pt"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()
+        if path.exists():
+            try:
+                saved = load_checkpoint(path)
+            except CheckpointError:  # replaced between exists() and the read
+                continue
+            if saved["updates"] >= updates:
+                return saved
+        time.sleep(0.05)
+    process.kill()
+    raise AssertionError(f"no checkpoint with {updates} updates after {timeout} s")
+
+
+def test_kill_9_then_resume_continues_the_log_without_duplicates(tiny_overrides, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    process = _start(tiny_overrides, run_dir, "log.checkpoint_every=2")
+    _wait_for_checkpoint(process, run_dir, updates=4)
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=30)
+    assert process.returncode == -signal.SIGKILL
+    saved = load_checkpoint(run_dir / "checkpoints/latest.pt")
+    total = saved["env_steps"] + 3 * STEPS_PER_UPDATE
+
+    assert main(["train", "--resume", str(run_dir), f"total_steps={total}"]) == 0
+    assert f"done: {total} env steps" in capsys.readouterr().out
+    logged = scalars(run_dir)
+    expected = list(range(STEPS_PER_UPDATE, total + 1, STEPS_PER_UPDATE))
+    assert [step for step, _ in logged["train/loss_pi"]] == expected  # no gap, nothing twice
+    episode_ends = [step for step, _ in logged["rollout/episode_length"]]
+    assert episode_ends == sorted(episode_ends) and len(episode_ends) == 2 * (total // 50)
+    assert load_checkpoint(run_dir / "checkpoints/final.pt")["updates"] == total // STEPS_PER_UPDATE
+
+
+def test_sigterm_writes_a_checkpoint_and_exits_with_143(tiny_overrides, tmp_path):
+    signum = signal.SIGTERM
+    run_dir = tmp_path / "run"
+    process = _start(tiny_overrides, run_dir, "log.checkpoint_every=3")
+    _wait_for_checkpoint(process, run_dir, updates=3)
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signum
+    last_line = stderr.strip().splitlines()[-1]
+    assert last_line.startswith(f"stopped by {signal.Signals(signum).name} at env step ")
+    assert last_line.endswith(f"continue with: marl-ppo train --resume {run_dir}")
+    saved = load_checkpoint(run_dir / "checkpoints/latest.pt")
+    assert saved["env_steps"] == saved["updates"] * STEPS_PER_UPDATE and saved["updates"] >= 3
+    assert f"at env step {saved['env_steps']}," in last_line
+    assert not (run_dir / "summary.json").exists()
+    assert not list((run_dir / "checkpoints").glob(".*.tmp"))
+
+
+@pytest.fixture
+def finished_run(tiny_overrides, tmp_path):
+    run_dir = tmp_path / "finished"
+    assert main(["train", *_args(tiny_overrides, "total_steps=100"), "--run-dir", str(run_dir)]) == 0
+    return run_dir
+
+
+def _one_line_error(capsys, argv):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err
+    return err
+
+
+def test_finished_run_resumes_only_when_extended(finished_run, capsys):
+    capsys.readouterr()
+    err = _one_line_error(capsys, ["train", "--resume", str(finished_run)])
+    assert "already finished (env step 100 of total_steps=100)" in err and "total_steps=N" in err
+    assert main(["train", "--resume", str(finished_run), "total_steps=160", "log.keep_last=1"]) == 0
+    assert "done: 160 env steps" in capsys.readouterr().out
+    names = sorted(path.name for path in (finished_run / "checkpoints").iterdir())
+    assert names == ["final.pt", "latest.pt", "update_00000008.pt"]
+
+
+def test_resume_rejects_changes_that_would_make_another_run(finished_run, capsys):
+    err = _one_line_error(
+        capsys, ["train", "--resume", str(finished_run), "total_steps=200", "ppo.pi_lr=0.1"]
+    )
+    assert "config key 'ppo.pi_lr' cannot change when resuming" in err
+    err = _one_line_error(capsys, ["train", "--resume", str(finished_run), SPREAD])
+    assert "drop the experiment file" in err
+
+
+@pytest.mark.parametrize("damage", ["truncate", "foreign", "missing", "no_run_dir"])
+def test_damaged_or_missing_checkpoint_is_a_one_line_error(finished_run, tmp_path, capsys, damage):
+    run_dir = tmp_path / "damaged"
+    shutil.copytree(finished_run, run_dir)
+    latest = run_dir / "checkpoints/latest.pt"
+    if damage == "truncate":
+        latest.write_bytes(latest.read_bytes()[:-1])
+    elif damage == "foreign":
+        torch.save({"state_dict": {"w": torch.zeros(3)}}, latest)
+    elif damage == "missing":
+        latest.unlink()
+    else:
+        shutil.rmtree(run_dir)
+    err = _one_line_error(capsys, ["train", "--resume", str(run_dir), "total_steps=200"])
+    expected = {
+        "truncate": "is unreadable (",
+        "foreign": "is not a marl_ppo checkpoint",
+        "missing": "has no checkpoints/latest.pt",
+        "no_run_dir": "does not exist",
+    }[damage]
+    assert expected in err and str(run_dir) in err
