@@ -15,9 +15,10 @@ from pathlib import Path
 from marl_ppo.checkpoint import CheckpointError
 from marl_ppo.config import ConfigError, config_keys, load_config, parse_overrides
 from marl_ppo.envs.pettingzoo import EnvContractError
+from marl_ppo.evaluate import EvalError
 from marl_ppo.registry import EnvError, registered_specs, resolve_factory
 
-USER_ERRORS = (ConfigError, EnvError, CheckpointError, EnvContractError)
+USER_ERRORS = (ConfigError, EnvError, CheckpointError, EnvContractError, EvalError)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,6 +32,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--help-config", action="store_true", help="list every config key with its meaning")
     train.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    evaluate = commands.add_parser("eval", help="evaluate a run's checkpoint; writes eval.json (and a video)")
+    evaluate.add_argument("target", metavar="RUN_DIR|CHECKPOINT", type=Path)
+    evaluate.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="config overrides, e.g. env.kwargs.max_cycles=50"
+    )
+    evaluate.add_argument("--episodes", type=int, default=10, help="episodes to play (default: 10)")
+    evaluate.add_argument("--deterministic", action="store_true", help="take each distribution's mode")
+    evaluate.add_argument("--render", metavar="gif|mp4", help="also record one episode in this format")
+    evaluate.add_argument(
+        "--seed", type=int, help="first eval env seed (default: the run's seed + 1,000,000)"
+    )
+    evaluate.add_argument(
+        "--out", type=Path, help="where to write eval.json and the video (default: the run)"
+    )
+    evaluate.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     envs = commands.add_parser("envs", help="list registered environment ids, or check one")
     envs.add_argument("--json", action="store_true", help="print the list as JSON objects")
     envs.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
@@ -110,12 +126,41 @@ def _envs(options: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(options: argparse.Namespace) -> int:
+    from marl_ppo.eval_checkpoint import evaluate_checkpoint  # heavy imports (torch, envs)
+
+    output = evaluate_checkpoint(
+        options.target,
+        episodes=options.episodes,
+        deterministic=options.deterministic,
+        overrides=options.overrides,
+        render=options.render,
+        out=options.out,
+        seed=options.seed,
+    )
+    team = output.result.to_dict()["team_return"]
+    low, high = team["ci95"]
+    video = f", video {output.video}" if output.video is not None else ""
+    print(
+        f"{len(output.result.team_returns)} episodes: team return (sum over agents) {team['mean']:.2f} "
+        f"[95% CI {low:.2f}, {high:.2f}]; wrote {output.eval_json}{video}"
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `marl-ppo` console script."""
-    options = _parser().parse_args(argv)
+    parser = _parser()
+    options, extra = parser.parse_known_args(argv)
+    if extra and hasattr(options, "overrides") and not any(arg.startswith("-") for arg in extra):
+        options.overrides += extra  # key=value overrides given after an option
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if options.command == "train":
             return _train(options)
+        if options.command == "eval":
+            return _eval(options)
         return _envs(options)
     except USER_ERRORS as err:
         if options.debug:

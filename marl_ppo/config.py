@@ -131,6 +131,11 @@ class ExperimentConfig:
     """Torch device for the networks."""
     torch_threads: Annotated[int, Field(ge=0)] = 1
     """torch.set_num_threads for the learner; 0 leaves torch's default."""
+    eval_every: Annotated[int, Field(ge=0)] | None = None
+    """Evaluate the policy deterministically every this many env steps (at the first update that reaches
+    each multiple, and at the end), logged under `eval/`; 0 or null disables."""
+    eval_episodes: PositiveInt = 10
+    """Episodes per periodic evaluation, on their own env copies seeded apart from training's."""
     ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
     """PPO optimisation settings."""
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)

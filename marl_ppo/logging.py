@@ -89,6 +89,11 @@ class RunLogger:
                 sps=f"{extra.get('perf/sps', 0):.0f}", team_return=f"{self.team_return_mean:.1f}"
             )
 
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        """Log scalars given by full tag (e.g. an evaluation's `eval/` tags) at `step`."""
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, value, step)
+
     def close(self) -> None:
         """Flush and close the event file and the progress bar."""
         self.writer.close()

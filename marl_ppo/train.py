@@ -24,6 +24,7 @@ from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.envs.subprocess import SubprocessVectorEnv
 from marl_ppo.envs.vector import SyncVectorEnv
 from marl_ppo.envs.vmas import VmasVectorEnv
+from marl_ppo.evaluate import PeriodicEvaluation, eval_config
 from marl_ppo.logging import RunLogger
 from marl_ppo.models.team import TeamModel
 from marl_ppo.registry import EnvError, env_spec, make_env
@@ -112,6 +113,10 @@ def train(config: ExperimentConfig, run_dir: Path | str) -> TrainResult:
     buffer = RolloutBuffer(venv.spec, config.rollout_steps, config.num_envs, device)
     collector = Collector(venv, model, device)
     collector.start(config.seed)
+    evaluation = None
+    if config.eval_every:  # deterministic episodes on env copies of its own, logged under eval/
+        eval_venv = build_vector_env(eval_config(config, config.eval_episodes), device)
+        evaluation = PeriodicEvaluation(config, eval_venv, model, device)
     logger = RunLogger(
         run_dir,
         agents=venv.spec.agents,
@@ -135,9 +140,14 @@ def train(config: ExperimentConfig, run_dir: Path | str) -> TrainResult:
             updates += 1
             if updates % config.log.checkpoint_every == 0:
                 save("latest.pt")
+            if evaluation is not None:
+                final = collector.env_steps >= config.total_steps
+                logger.scalars(collector.env_steps, evaluation.after_update(collector.env_steps, final=final))
     finally:
         logger.close()
         venv.close()
+        if evaluation is not None:
+            evaluation.close()
     wall = time.perf_counter() - start
     save("latest.pt")
     save("final.pt")
