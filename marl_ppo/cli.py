@@ -17,8 +17,9 @@ from marl_ppo.config import ConfigError, config_keys, load_config, parse_overrid
 from marl_ppo.envs.pettingzoo import EnvContractError
 from marl_ppo.evaluate import EvalError
 from marl_ppo.registry import EnvError, registered_specs, resolve_factory
+from marl_ppo.sweep import SweepError
 
-USER_ERRORS = (ConfigError, EnvError, CheckpointError, EnvContractError, EvalError)
+USER_ERRORS = (ConfigError, EnvError, CheckpointError, EnvContractError, EvalError, SweepError)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,6 +48,15 @@ def _parser() -> argparse.ArgumentParser:
         "--out", type=Path, help="where to write eval.json and the video (default: the run)"
     )
     evaluate.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    sweep = commands.add_parser("sweep", help="train a grid of key=v1,v2 values x seeds, one process per run")
+    sweep.add_argument("experiment", metavar="EXPERIMENT.yaml", type=Path)
+    sweep.add_argument("overrides", nargs="*", metavar="key=v1,v2", help="grid values (or one fixed value)")
+    sweep.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per grid point (default: 3)")
+    sweep.add_argument("--jobs", type=int, help="runs at once (default: available cores / cores per run)")
+    sweep.add_argument(
+        "--out", type=Path, default=Path("runs"), help="parent of the sweep directory (default: runs)"
+    )
+    sweep.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     envs = commands.add_parser("envs", help="list registered environment ids, or check one")
     envs.add_argument("--json", action="store_true", help="print the list as JSON objects")
     envs.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
@@ -148,6 +158,19 @@ def _eval(options: argparse.Namespace) -> int:
     return 0
 
 
+def _sweep(options: argparse.Namespace) -> int:
+    from marl_ppo.sweep import default_jobs, parse_grid, plan_sweep, run_sweep, summary_line
+
+    runs, config = plan_sweep(options.experiment, parse_grid(options.overrides), options.seeds, options.out)
+    resolve_factory(config.env.id)  # unknown ids and missing extras fail here, before any process starts
+    jobs = options.jobs if options.jobs is not None else min(default_jobs(config), len(runs))
+    name = options.experiment.stem
+    print(f"sweep {name}: {len(runs)} runs, {jobs} at a time, in {options.out / name}")
+    outcome = run_sweep(options.experiment, runs, jobs)
+    print(summary_line(name, outcome))
+    return 1 if outcome.failed else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `marl-ppo` console script."""
     parser = _parser()
@@ -161,6 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _train(options)
         if options.command == "eval":
             return _eval(options)
+        if options.command == "sweep":
+            return _sweep(options)
         return _envs(options)
     except USER_ERRORS as err:
         if options.debug:
