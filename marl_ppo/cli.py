@@ -1,4 +1,4 @@
-"""Command line: `marl-ppo train [EXPERIMENT.yaml] [key=value ...] [--run-dir DIR]` and `marl-ppo envs`.
+"""Command line: `marl-ppo train`, `eval`, `sweep`, `report` and `envs` (see `marl-ppo -h`).
 
 Parses arguments and calls the library; user errors print one line and exit with status 2.
 """
@@ -17,9 +17,10 @@ from marl_ppo.config import ConfigError, config_keys, load_config, parse_overrid
 from marl_ppo.envs.pettingzoo import EnvContractError
 from marl_ppo.evaluate import EvalError
 from marl_ppo.registry import EnvError, registered_specs, resolve_factory
+from marl_ppo.runlogs import ReportError
 from marl_ppo.sweep import SweepError
 
-USER_ERRORS = (ConfigError, EnvError, CheckpointError, EnvContractError, EvalError, SweepError)
+USER_ERRORS = (ConfigError, EnvError, CheckpointError, EnvContractError, EvalError, SweepError, ReportError)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,6 +58,17 @@ def _parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=Path("runs"), help="parent of the sweep directory (default: runs)"
     )
     sweep.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    report = commands.add_parser("report", help="returns across seeds (IQM, 95% CIs) and learning curves")
+    report.add_argument(
+        "paths",
+        nargs="+",
+        type=Path,
+        metavar="RUN_DIR",
+        help="run directories, or directories that hold them",
+    )
+    report.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
+    report.add_argument("--reps", type=int, default=5000, help="bootstrap resamples (default: 5000)")
+    report.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     envs = commands.add_parser("envs", help="list registered environment ids, or check one")
     envs.add_argument("--json", action="store_true", help="print the list as JSON objects")
     envs.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
@@ -171,6 +183,18 @@ def _sweep(options: argparse.Namespace) -> int:
     return 1 if outcome.failed else 0
 
 
+def _report(options: argparse.Namespace) -> int:
+    from marl_ppo.report import write_report  # heavy imports (tensorboard, rliable, matplotlib)
+
+    files = write_report(options.paths, options.out, reps=options.reps)
+    runs = sum(len(row.configuration.runs) for row in files.rows)
+    print(
+        f"{runs} runs in {len(files.rows)} configurations: wrote {files.markdown} and "
+        f"{len(files.figures)} figure(s) in {options.out}"
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `marl-ppo` console script."""
     parser = _parser()
@@ -186,6 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _eval(options)
         if options.command == "sweep":
             return _sweep(options)
+        if options.command == "report":
+            return _report(options)
         return _envs(options)
     except USER_ERRORS as err:
         if options.debug:
