@@ -189,7 +189,7 @@ def _report(options: argparse.Namespace) -> int:
     files = write_report(options.paths, options.out, reps=options.reps)
     runs = sum(len(row.configuration.runs) for row in files.rows)
     print(
-        f"{runs} runs in {len(files.rows)} configurations: wrote {files.markdown} and "
+        f"{runs} run(s) in {len(files.rows)} configuration(s): wrote {files.markdown} and "
         f"{len(files.figures)} figure(s) in {options.out}"
     )
     return 0

@@ -119,7 +119,7 @@ def test_report_cli_writes_table_and_figures(runs, tmp_path, capsys):
         )
         == 0
     )
-    assert "6 runs in 2 configurations" in capsys.readouterr().out
+    assert "6 run(s) in 2 configuration(s)" in capsys.readouterr().out
     assert (tmp_path / "out" / "report.md").is_file()
     assert (tmp_path / "out" / "curves_mpe2_simple_spread_v3.png").is_file()
 
