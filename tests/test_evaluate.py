@@ -4,14 +4,16 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from conftest import ROOT
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_integration import assert_same_final_weights
 
+from marl_ppo import evaluate
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
 from marl_ppo.eval_checkpoint import evaluate_checkpoint
-from marl_ppo.evaluate import EVAL_SEED_OFFSET, mean_ci95
+from marl_ppo.evaluate import EVAL_SEED_OFFSET, EvalError, mean_ci95, run_episodes
 from marl_ppo.registry import make_env
 from marl_ppo.train import train
 
@@ -139,3 +141,41 @@ def test_mean_ci95_is_the_student_t_interval():
     assert stats["mean"] == 3.0 and stats["std"] == pytest.approx(np.sqrt(2.5))
     np.testing.assert_allclose(stats["ci95"], [3.0 - half, 3.0 + half], rtol=1e-6)
     assert np.isnan(mean_ci95([2.0])["ci95"]).all()  # one episode has no interval
+
+
+def _never_ending(max_steps):
+    from marl_ppo.models.team import TeamModel
+    from marl_ppo.train import build_vector_env
+
+    config = load_config(
+        None,
+        [
+            "env.id=envs/never_ending_v0",
+            "num_envs=2",
+            f"env.kwargs={{num_agents: 2, max_steps: {max_steps}}}",
+        ],
+    )
+    venv = build_vector_env(config)
+    return venv, TeamModel(venv.spec, config)
+
+
+def test_episode_returns_are_summed_per_agent_and_over_agents():
+    venv, model = _never_ending(max_steps=5)  # every agent is paid 1 per step for 5 steps
+    result = run_episodes(venv, model, torch.device("cpu"), episodes=3, seed=0, deterministic=False)
+    np.testing.assert_array_equal(result.agent_returns, np.full((3, 2), 5.0))
+    np.testing.assert_array_equal(result.team_returns, [10.0, 10.0, 10.0])
+    assert result.lengths.tolist() == [5, 5, 5]
+    assert result.scalars(per_agent=True) == {
+        "eval/team_return": 10.0,
+        "eval/agent_return": 5.0,
+        "eval/episode_length": 5.0,
+        "eval/agents/agent_0/return": 5.0,
+        "eval/agents/agent_1/return": 5.0,
+    }
+
+
+def test_an_episode_that_never_ends_is_an_error_not_a_hang(monkeypatch):
+    monkeypatch.setattr(evaluate, "MAX_EPISODE_STEPS", 50)
+    venv, model = _never_ending(max_steps=1000)
+    with pytest.raises(EvalError, match="ran 50 steps without ending an episode"):
+        run_episodes(venv, model, torch.device("cpu"), episodes=1, seed=0, deterministic=True)
