@@ -58,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=Path("runs"), help="parent of the sweep directory (default: runs)"
     )
     sweep.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
-    report = commands.add_parser("report", help="returns across seeds (IQM, 95% CIs) and learning curves")
+    report = commands.add_parser("report", help="returns across seeds (IQM, 95%% CIs) and learning curves")
     report.add_argument(
         "paths",
         nargs="+",

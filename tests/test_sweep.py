@@ -147,3 +147,10 @@ def test_an_unfinished_run_dir_is_an_error_not_overwritten(experiment, tmp_path,
     (tmp_path / "matrix" / "seed0" / "config.yaml").write_text("seed: 0\n")
     assert main(["sweep", str(experiment), "--seeds", "1", "--out", str(tmp_path)]) == 2
     assert "holds an unfinished run; remove it or pass another --out" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [[], ["eval"], ["sweep"], ["report"]])
+def test_help_of_every_command_prints(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "-h"])
+    assert exit_info.value.code == 0 and "usage: marl-ppo" in capsys.readouterr().out
