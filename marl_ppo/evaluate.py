@@ -175,7 +175,7 @@ def run_episodes(
 def eval_config(config: ExperimentConfig, episodes: int, **env_kwargs: Any) -> ExperimentConfig:
     """The run's config for evaluation: in-process env copies (at most one per episode), extra env kwargs."""
     data = config_to_dict(config)
-    data.update(vector="sync", num_envs=min(episodes, config.num_envs))
+    data.update(vector="sync", policy_lag=0, num_envs=min(episodes, config.num_envs))
     data["ppo"]["num_minibatches"] = 1  # unused here; keeps the batch-size check valid for few copies
     data["env"]["kwargs"] = {**data["env"]["kwargs"], **env_kwargs}
     return build_config(data)

@@ -133,7 +133,8 @@ def plan_sweep(
 def default_jobs(config: ExperimentConfig) -> int:
     """Runs at once: the cores available divided by the cores one run keeps busy."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    per_run = config.num_workers if config.vector == "subprocess" else max(1, config.torch_threads)
+    in_workers = config.vector in ("subprocess", "workers", "auto")  # auto may pick workers
+    per_run = config.num_workers if in_workers else max(1, config.torch_threads)
     return max(1, cores // per_run)
 
 

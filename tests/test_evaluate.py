@@ -13,7 +13,7 @@ from marl_ppo import evaluate
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
 from marl_ppo.eval_checkpoint import evaluate_checkpoint
-from marl_ppo.evaluate import EVAL_SEED_OFFSET, EvalError, mean_ci95, run_episodes
+from marl_ppo.evaluate import EVAL_SEED_OFFSET, EvalError, eval_config, mean_ci95, run_episodes
 from marl_ppo.registry import make_env
 from marl_ppo.train import train
 
@@ -179,3 +179,11 @@ def test_an_episode_that_never_ends_is_an_error_not_a_hang(monkeypatch):
     venv, model = _never_ending(max_steps=1000)
     with pytest.raises(EvalError, match="ran 50 steps without ending an episode"):
         run_episodes(venv, model, torch.device("cpu"), episodes=1, seed=0, deterministic=True)
+
+
+def test_eval_config_steps_at_most_one_copy_per_episode_in_process():
+    config = load_config(SPREAD, ["vector=workers", "policy_lag=1", "num_envs=32"])
+    evaluated = eval_config(config, 10, render_mode="rgb_array")
+    assert (evaluated.vector, evaluated.policy_lag, evaluated.num_envs) == ("sync", 0, 10)
+    assert evaluated.env.kwargs == {**config.env.kwargs, "render_mode": "rgb_array"}
+    assert evaluated.model == config.model and evaluated.seed == config.seed
