@@ -1,4 +1,4 @@
-"""Command line: `marl-ppo train [EXPERIMENT.yaml] [key=value ...] [--run-dir DIR]`, `--resume RUN_DIR`, `marl-ppo envs`.
+"""Command line: `marl-ppo train` (with `--resume RUN_DIR`), `eval`, `sweep`, `report` and `envs` (see `marl-ppo -h`).
 
 Parses arguments and calls the library; user errors print one line and exit with status 2. A run
 stopped by Ctrl-C or SIGTERM prints how to resume it and exits with 130 or 143.
@@ -16,10 +16,13 @@ from pathlib import Path
 from marl_ppo.checkpoint import CheckpointError
 from marl_ppo.config import ConfigError, ExperimentConfig, config_keys, load_config, parse_overrides
 from marl_ppo.envs.pettingzoo import EnvContractError
+from marl_ppo.evaluate import EvalError
 from marl_ppo.registry import EnvError, registered_specs, resolve_factory
+from marl_ppo.runlogs import ReportError
 from marl_ppo.signals import Interrupted
+from marl_ppo.sweep import SweepError
 
-USER_ERRORS = (ConfigError, EnvError, CheckpointError, EnvContractError)
+USER_ERRORS = (ConfigError, EnvError, CheckpointError, EnvContractError, EvalError, SweepError, ReportError)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,6 +42,41 @@ def _parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--help-config", action="store_true", help="list every config key with its meaning")
     train.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    evaluate = commands.add_parser("eval", help="evaluate a run's checkpoint; writes eval.json (and a video)")
+    evaluate.add_argument("target", metavar="RUN_DIR|CHECKPOINT", type=Path)
+    evaluate.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="config overrides, e.g. env.kwargs.max_cycles=50"
+    )
+    evaluate.add_argument("--episodes", type=int, default=10, help="episodes to play (default: 10)")
+    evaluate.add_argument("--deterministic", action="store_true", help="take each distribution's mode")
+    evaluate.add_argument("--render", metavar="gif|mp4", help="also record one episode in this format")
+    evaluate.add_argument(
+        "--seed", type=int, help="first eval env seed (default: the run's seed + 1,000,000)"
+    )
+    evaluate.add_argument(
+        "--out", type=Path, help="where to write eval.json and the video (default: the run)"
+    )
+    evaluate.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    sweep = commands.add_parser("sweep", help="train a grid of key=v1,v2 values x seeds, one process per run")
+    sweep.add_argument("experiment", metavar="EXPERIMENT.yaml", type=Path)
+    sweep.add_argument("overrides", nargs="*", metavar="key=v1,v2", help="grid values (or one fixed value)")
+    sweep.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per grid point (default: 3)")
+    sweep.add_argument("--jobs", type=int, help="runs at once (default: available cores / cores per run)")
+    sweep.add_argument(
+        "--out", type=Path, default=Path("runs"), help="parent of the sweep directory (default: runs)"
+    )
+    sweep.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    report = commands.add_parser("report", help="returns across seeds (IQM, 95%% CIs) and learning curves")
+    report.add_argument(
+        "paths",
+        nargs="+",
+        type=Path,
+        metavar="RUN_DIR",
+        help="run directories, or directories that hold them",
+    )
+    report.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
+    report.add_argument("--reps", type=int, default=5000, help="bootstrap resamples (default: 5000)")
+    report.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     envs = commands.add_parser("envs", help="list registered environment ids, or check one")
     envs.add_argument("--json", action="store_true", help="print the list as JSON objects")
     envs.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
@@ -139,12 +177,70 @@ def _envs(options: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(options: argparse.Namespace) -> int:
+    from marl_ppo.eval_checkpoint import evaluate_checkpoint  # heavy imports (torch, envs)
+
+    output = evaluate_checkpoint(
+        options.target,
+        episodes=options.episodes,
+        deterministic=options.deterministic,
+        overrides=options.overrides,
+        render=options.render,
+        out=options.out,
+        seed=options.seed,
+    )
+    team = output.result.to_dict()["team_return"]
+    low, high = team["ci95"]
+    video = f", video {output.video}" if output.video is not None else ""
+    print(
+        f"{len(output.result.team_returns)} episodes: team return (sum over agents) {team['mean']:.2f} "
+        f"[95% CI {low:.2f}, {high:.2f}]; wrote {output.eval_json}{video}"
+    )
+    return 0
+
+
+def _sweep(options: argparse.Namespace) -> int:
+    from marl_ppo.sweep import default_jobs, parse_grid, plan_sweep, run_sweep, summary_line
+
+    runs, config = plan_sweep(options.experiment, parse_grid(options.overrides), options.seeds, options.out)
+    resolve_factory(config.env.id)  # unknown ids and missing extras fail here, before any process starts
+    jobs = options.jobs if options.jobs is not None else min(default_jobs(config), len(runs))
+    name = options.experiment.stem
+    print(f"sweep {name}: {len(runs)} runs, {jobs} at a time, in {options.out / name}")
+    outcome = run_sweep(options.experiment, runs, jobs)
+    print(summary_line(name, outcome))
+    return 1 if outcome.failed else 0
+
+
+def _report(options: argparse.Namespace) -> int:
+    from marl_ppo.report import write_report  # heavy imports (tensorboard, rliable, matplotlib)
+
+    files = write_report(options.paths, options.out, reps=options.reps)
+    runs = sum(len(row.configuration.runs) for row in files.rows)
+    print(
+        f"{runs} run(s) in {len(files.rows)} configuration(s): wrote {files.markdown} and "
+        f"{len(files.figures)} figure(s) in {options.out}"
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `marl-ppo` console script."""
-    options = _parser().parse_args(argv)
+    parser = _parser()
+    options, extra = parser.parse_known_args(argv)
+    if extra and hasattr(options, "overrides") and not any(arg.startswith("-") for arg in extra):
+        options.overrides += extra  # key=value overrides given after an option
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if options.command == "train":
             return _train(options)
+        if options.command == "eval":
+            return _eval(options)
+        if options.command == "sweep":
+            return _sweep(options)
+        if options.command == "report":
+            return _report(options)
         return _envs(options)
     except USER_ERRORS as err:
         if options.debug:

@@ -145,8 +145,13 @@ class ExperimentConfig:
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     """Torch device for the networks."""
     torch_threads: PositiveInt | Literal["auto"] = "auto"
-    """torch.set_num_threads for the learner; `auto`: the cores left after the env worker processes
-    (at least 1), so a batched simulator or sync envs use every core and workers are not starved."""
+    """torch.set_num_threads for the learner; `auto`: every core with a batched simulator (VMAS), else 1
+    (the small networks gain nothing from more, and threads contending with busy cores slow them down)."""
+    eval_every: Annotated[int, Field(ge=0)] | None = None
+    """Evaluate the policy deterministically every this many env steps (at the first update that reaches
+    each multiple, and at the end), logged under `eval/`; 0 or null disables."""
+    eval_episodes: PositiveInt = 10
+    """Episodes per periodic evaluation, on their own env copies seeded apart from training's."""
     ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
     """PPO optimisation settings."""
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)

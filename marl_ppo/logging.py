@@ -125,6 +125,11 @@ class RunLogger:
         """Write pending events to disk (before a checkpoint, so that a killed run loses none of them)."""
         self.writer.flush()
 
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        """Log scalars given by full tag (e.g. an evaluation's `eval/` tags) at `step`."""
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, value, step)
+
     def close(self) -> None:
         """Flush and close the event file and the progress bar."""
         self.writer.close()

@@ -210,14 +210,15 @@ def test_auto_vector_probe_tells_a_toy_env_from_simple_spread(tiny_overrides):
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        (["vector=sync"], 2),
+        (["vector=sync"], 1),
         (["vector=workers", "num_workers=2"], 1),
-        (["vector=subprocess", "num_workers=1"], 1),
-        (["env.id=vmas/navigation", "env.kwargs={}", "vector=workers"], 2),  # batched: no workers
+        (["env.id=vmas/navigation", "env.kwargs={}", "vector=workers"], 2),  # batched: big tensors
         (["vector=workers", "torch_threads=3"], 3),
     ],
 )
-def test_learner_threads_use_the_cores_env_workers_leave(tiny_overrides, monkeypatch, overrides, expected):
+def test_learner_threads_are_one_except_for_batched_simulators(
+    tiny_overrides, monkeypatch, overrides, expected
+):
     import marl_ppo.train as train_module
 
     monkeypatch.setattr(train_module, "usable_cores", lambda: 2)

@@ -1,0 +1,141 @@
+"""Finished runs read back from disk: resolved config and TensorBoard return series, grouped by configuration.
+
+A configuration is a run's resolved config without the keys that say how it was executed, not
+what it trained (`EXECUTION_KEYS`); its runs are the seeds. An experiment is the env id the
+configurations were trained on.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+EXECUTION_KEYS = ("seed", "log", "device", "torch_threads", "num_workers", "vector")
+"""Top-level config keys that do not define a configuration (seeds are its runs; the rest is how it ran)."""
+
+RETURN_TAGS = ("rollout/team_return", "eval/team_return")
+
+
+class ReportError(ValueError):
+    """A user-facing report problem; its message is one line naming the value and the fix."""
+
+
+@dataclass(frozen=True)
+class RunLog:
+    """One run: its directory, resolved config and `(steps, values)` of each return tag it logged."""
+
+    run_dir: Path
+    config: dict[str, Any]
+    series: dict[str, tuple[np.ndarray, np.ndarray]]
+
+    def has(self, tag: str) -> bool:
+        """True when the run logged at least one point of `tag`."""
+        return tag in self.series and len(self.series[tag][0]) > 0
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """The runs (seeds) of one configuration of one experiment."""
+
+    experiment: str
+    label: str
+    """The config keys that set it apart from the experiment's other configurations (`key=value, ...`)."""
+    runs: tuple[RunLog, ...]
+
+
+def _is_run_dir(path: Path) -> bool:
+    return (path / "config.yaml").is_file() and (path / "tensorboard").is_dir()
+
+
+def find_run_dirs(paths: Iterable[Path | str]) -> list[Path]:
+    """Run directories among `paths` and below them (a sweep directory holds many), in sorted order."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if not path.exists():
+            raise ReportError(f"'{path}' does not exist; pass run directories or a directory that holds them")
+        below = [path] if _is_run_dir(path) else sorted(p.parent for p in path.rglob("config.yaml"))
+        runs = [p for p in below if _is_run_dir(p)]
+        if not runs:
+            raise ReportError(f"no run directory (config.yaml and tensorboard/) in or under '{path}'")
+        found.extend(run for run in runs if run not in found)
+    return found
+
+
+def read_run(run_dir: Path) -> RunLog:
+    """Read a run's config.yaml and every point of its return tags from its TensorBoard event files."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})  # 0 keeps all
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    series = {}
+    for tag in RETURN_TAGS:
+        if tag in tags:
+            points = events.Scalars(tag)
+            series[tag] = (
+                np.array([p.step for p in points], dtype=np.int64),
+                np.array([p.value for p in points], dtype=np.float64),
+            )
+    return RunLog(run_dir, config, series)
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = json.dumps(value, sort_keys=True)
+    return flat
+
+
+def experiment_name(config: dict[str, Any]) -> str:
+    """The env id a run trained on (different `env.kwargs` are different configurations of it)."""
+    return str((config.get("env") or {}).get("id", "unknown env"))
+
+
+def _configuration_key(config: dict[str, Any]) -> str:
+    trained = {key: value for key, value in config.items() if key not in EXECUTION_KEYS}
+    return json.dumps(trained, sort_keys=True)
+
+
+def group_configurations(runs: Sequence[RunLog]) -> list[Configuration]:
+    """Runs grouped into configurations (same config but seed), per experiment, in first-seen order."""
+    groups: dict[tuple[str, str], list[RunLog]] = {}
+    for run in runs:
+        groups.setdefault((experiment_name(run.config), _configuration_key(run.config)), []).append(run)
+    configurations = []
+    for experiment in dict.fromkeys(name for name, _ in groups):
+        members = [group for (name, _), group in groups.items() if name == experiment]
+        flats = [_flatten({k: v for k, v in g[0].config.items() if k not in EXECUTION_KEYS}) for g in members]
+        keys = sorted({key for flat in flats for key in flat})
+        varying = [key for key in keys if len({flat.get(key) for flat in flats}) > 1]
+        for group, flat in zip(members, flats, strict=True):
+            label = ", ".join(f"{key}={_shown(flat.get(key))}" for key in varying)
+            configurations.append(Configuration(experiment, label or _common_name(group), tuple(group)))
+    return configurations
+
+
+def _shown(value: str | None) -> str:
+    if value is None:
+        return "unset"
+    loaded = json.loads(value)
+    return loaded if isinstance(loaded, str) else value
+
+
+def _common_name(runs: Sequence[RunLog]) -> str:
+    parents = {run.run_dir.resolve().parent for run in runs}
+    return parents.pop().name if len(parents) == 1 else runs[0].run_dir.name
+
+
+def file_stem(text: str) -> str:
+    """A file-name-safe version of an experiment name."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")

@@ -1,0 +1,211 @@
+"""`marl-ppo sweep`: a grid of `key=v1,v2` overrides x seeds, each run a `marl-ppo train` process.
+
+Run directories are `<out>/<experiment>/<key=value,...>/seed<k>` (only keys with several values name
+a directory), each with its console output beside it in `seed<k>.log`. Every configuration is
+validated before the first process starts; runs that already finished (their directory holds
+`summary.json`) are skipped, so a sweep can be re-run after a failure.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from marl_ppo.config import ConfigError, ExperimentConfig, load_config
+
+
+class SweepError(ValueError):
+    """A user-facing sweep problem; its message is one line naming the value and the fix."""
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """One training process of the sweep."""
+
+    name: str
+    """`<key=value,...>/seed<k>`, the run directory relative to the sweep directory."""
+    overrides: tuple[str, ...]
+    run_dir: Path
+
+    @property
+    def log_file(self) -> Path:
+        """The run's console output, beside its run directory."""
+        return self.run_dir.with_name(self.run_dir.name + ".log")
+
+
+@dataclass
+class SweepOutcome:
+    """Names of the runs that finished, failed (with exit status) or were skipped as already finished."""
+
+    finished: list[str] = field(default_factory=list)
+    failed: list[tuple[SweepRun, int]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def split_values(text: str) -> list[str]:
+    """Split `v1,v2` on the commas outside brackets, braces and quotes (`[64,64],[32]` is two values)."""
+    values, depth, quote, current = [], 0, "", []
+    for char in text:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            values.append("".join(current))
+            current = []
+            continue
+        current.append(char)
+    values.append("".join(current))
+    return [value.strip() for value in values]
+
+
+def parse_grid(items: Sequence[str]) -> dict[str, list[str]]:
+    """`key=v1,v2` arguments -> {key: [v1, v2]} in the given order."""
+    grid: dict[str, list[str]] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise SweepError(f"grid argument '{item}' is not key=v1,v2; write e.g. ppo.pi_lr=3e-4,1e-3")
+        if key == "seed":
+            raise SweepError("seed cannot be a grid key; use --seeds N (runs seeds 0..N-1)")
+        if key in grid:
+            raise SweepError(f"grid key '{key}' is given twice; list all its values once: {key}=v1,v2")
+        values = split_values(raw)
+        if "" in values:
+            raise SweepError(f"grid argument '{item}' has an empty value; separate values with single commas")
+        grid[key] = values
+    return grid
+
+
+def _dir_name(assignments: Sequence[tuple[str, str]]) -> str:
+    text = ",".join(f"{key}={value}" for key, value in assignments)
+    return re.sub(r"[^A-Za-z0-9._=,+-]", "_", text)
+
+
+def plan_sweep(
+    experiment: Path, grid: dict[str, list[str]], seeds: int, out: Path
+) -> tuple[list[SweepRun], ExperimentConfig]:
+    """Every (grid point, seed) run with its validated overrides and run directory; the first config."""
+    if seeds < 1:
+        raise SweepError(f"--seeds {seeds} must be at least 1")
+    sweep_dir = out / experiment.stem
+    varying = [key for key, values in grid.items() if len(values) > 1]
+    runs, first = [], None
+    for point in itertools.product(*grid.values()):
+        assignments = list(zip(grid, point, strict=True))
+        overrides = tuple(f"{key}={value}" for key, value in assignments)
+        config_dir = sweep_dir / _dir_name([(k, v) for k, v in assignments if k in varying])
+        for seed in range(seeds):
+            try:
+                config = load_config(experiment, [*overrides, f"seed={seed}"])
+            except ConfigError as err:
+                raise ConfigError(f"{err} (in sweep point {', '.join(overrides)})") from None
+            first = first or config
+            run_dir = config_dir / f"seed{seed}" if varying else sweep_dir / f"seed{seed}"
+            name = run_dir.relative_to(sweep_dir).as_posix()
+            runs.append(SweepRun(name, (*overrides, f"seed={seed}"), run_dir))
+    for run in runs:
+        if (
+            run.run_dir.exists()
+            and any(run.run_dir.iterdir())
+            and not (run.run_dir / "summary.json").exists()
+        ):
+            raise SweepError(
+                f"run directory '{run.run_dir}' holds an unfinished run; remove it or pass another --out"
+            )
+    assert first is not None
+    return runs, first
+
+
+def default_jobs(config: ExperimentConfig) -> int:
+    """Runs at once: the cores available divided by the cores one run keeps busy."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    in_workers = config.vector in ("subprocess", "workers", "auto")  # auto may pick workers
+    per_run = config.num_workers if in_workers else max(1, config.torch_threads)
+    return max(1, cores // per_run)
+
+
+def _command(experiment: Path, run: SweepRun) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "marl_ppo",
+        "train",
+        str(experiment),
+        *run.overrides,
+        "log.progress=false",
+        "--run-dir",
+        str(run.run_dir),
+    ]
+
+
+def _result_line(run: SweepRun) -> str:
+    summary = json.loads((run.run_dir / "summary.json").read_text())
+    return f"team return {summary['team_return_mean']:.2f}, {summary['wall_s'] / 60:.1f} min"
+
+
+def run_sweep(
+    experiment: Path, runs: Sequence[SweepRun], jobs: int, echo: Callable[[str], None] = print
+) -> SweepOutcome:
+    """Run the training processes, at most `jobs` at once, echoing one line as each ends."""
+    if jobs < 1:
+        raise SweepError(f"--jobs {jobs} must be at least 1")
+    outcome = SweepOutcome()
+    pending = []
+    for run in runs:
+        if (run.run_dir / "summary.json").exists():
+            outcome.skipped.append(run.name)
+        else:
+            pending.append(run)
+    total, running = len(pending), {}
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                run = pending.pop(0)
+                run.run_dir.parent.mkdir(parents=True, exist_ok=True)
+                with open(run.log_file, "w") as log:
+                    running[run] = subprocess.Popen(_command(experiment, run), stdout=log, stderr=log)
+            time.sleep(0.1)
+            for run, process in list(running.items()):
+                if process.poll() is None:
+                    continue
+                del running[run]
+                done = len(outcome.finished) + len(outcome.failed) + 1
+                if process.returncode == 0:
+                    outcome.finished.append(run.name)
+                    echo(f"[{done}/{total}] done {run.name}: {_result_line(run)}")
+                else:
+                    outcome.failed.append((run, process.returncode))
+                    echo(
+                        f"[{done}/{total}] FAILED {run.name} (exit {process.returncode}); log {run.log_file}"
+                    )
+    finally:
+        for process in running.values():  # interrupted: stop the runs this sweep started
+            process.terminate()
+        for process in running.values():
+            process.wait()
+    return outcome
+
+
+def summary_line(name: str, outcome: SweepOutcome) -> str:
+    """One line: counts of finished, skipped and failed runs, naming each failure and its log file."""
+    line = (
+        f"sweep {name}: {len(outcome.finished)} finished, {len(outcome.skipped)} skipped "
+        f"(already finished), {len(outcome.failed)} failed"
+    )
+    if outcome.failed:
+        line += ": " + "; ".join(f"{run.name} (log {run.log_file})" for run, _ in outcome.failed)
+    return line

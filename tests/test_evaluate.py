@@ -1,0 +1,189 @@
+"""Evaluation of a trained run: eval.json numbers, rendered episodes, overrides, periodic eval, errors."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_integration import assert_same_final_weights
+
+from marl_ppo import evaluate
+from marl_ppo.cli import main
+from marl_ppo.config import load_config
+from marl_ppo.eval_checkpoint import evaluate_checkpoint
+from marl_ppo.evaluate import EVAL_SEED_OFFSET, EvalError, eval_config, mean_ci95, run_episodes
+from marl_ppo.registry import make_env
+from marl_ppo.train import train
+
+SPREAD = ROOT / "experiments/mpe/simple_spread.yaml"
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A tiny MAPPO run on mpe2 simple_spread (2 updates of 2 copies x 25 steps)."""
+    overrides = [
+        "num_envs=2",
+        "rollout_steps=25",
+        "total_steps=100",
+        "vector=sync",
+        "log.progress=false",
+        "ppo.train_pi_iters=2",
+        "ppo.train_vf_iters=2",
+        "ppo.num_minibatches=2",
+        "model.hidden_sizes=[16,16]",
+    ]
+    run_dir = tmp_path_factory.mktemp("evaluate") / "run"
+    train(load_config(SPREAD, overrides), run_dir)
+    return run_dir
+
+
+def test_eval_writes_returns_with_confidence_intervals_and_a_gif(trained_run, tmp_path):
+    from PIL import Image, ImageSequence
+
+    output = evaluate_checkpoint(trained_run, episodes=5, deterministic=True, render="gif", out=tmp_path)
+    report = json.loads((tmp_path / "eval.json").read_text())
+    assert report["episodes"] == 5 and report["deterministic"] is True
+    assert report["seed"] == EVAL_SEED_OFFSET  # the run's seed 0 + the offset: apart from training seeds
+    assert report["trained_env_steps"] == 100 and report["checkpoint"].endswith("final.pt")
+    episodes = report["per_episode"]
+    assert episodes["length"] == [25] * 5  # every mpe2 episode runs max_cycles=25 steps
+    agent_returns = np.array(episodes["agent_returns"])
+    assert agent_returns.shape == (5, 3)
+    np.testing.assert_allclose(episodes["team_return"], agent_returns.sum(axis=1))  # team = sum over agents
+    team = report["team_return"]
+    assert team["mean"] == pytest.approx(np.mean(episodes["team_return"]))
+    low, high = team["ci95"]
+    assert np.isfinite([low, high]).all() and low < team["mean"] < high
+    assert set(report["agents"]) == {"agent_0", "agent_1", "agent_2"}
+    assert report["agents"]["agent_1"]["mean"] == pytest.approx(agent_returns[:, 1].mean())
+    assert report["video"] == "episode.gif" and output.video == tmp_path / "episode.gif"
+
+    gif = Image.open(tmp_path / "episode.gif")
+    durations = [frame.info["duration"] for frame in ImageSequence.Iterator(gif)]
+    frame_ms = round(1000 / make_env("mpe2/simple_spread_v3").metadata["render_fps"])
+    # the reset frame and one per step; Pillow merges identical consecutive frames, keeping their time
+    assert sum(durations) == 26 * frame_ms and 0 < gif.n_frames <= 26
+    assert gif.size == (700, 700)
+
+
+def test_deterministic_eval_is_repeatable_and_every_copy_plays_its_share(trained_run, tmp_path):
+    first = evaluate_checkpoint(trained_run, episodes=5, deterministic=True, out=tmp_path / "a").result
+    second = evaluate_checkpoint(trained_run, episodes=5, deterministic=True, out=tmp_path / "b").result
+    np.testing.assert_array_equal(first.agent_returns, second.agent_returns)
+    assert len(first.team_returns) == 5  # 2 env copies play 3 and 2 episodes
+    assert len(set(first.team_returns.tolist())) == 5  # distinct seeds, distinct episodes
+    sampled = [
+        evaluate_checkpoint(trained_run, episodes=2, seed=7, out=tmp_path / name).result for name in "cd"
+    ]
+    np.testing.assert_array_equal(sampled[0].team_returns, sampled[1].team_returns)  # seeded sampling
+
+
+def test_env_kwargs_override_changes_the_evaluated_env(trained_run, tmp_path):
+    output = evaluate_checkpoint(
+        trained_run, episodes=2, deterministic=True, overrides=["env.kwargs.max_cycles=10"], out=tmp_path
+    )
+    assert output.result.lengths.tolist() == [10, 10]
+    assert json.loads(output.eval_json.read_text())["env"]["kwargs"]["max_cycles"] == 10
+
+
+def test_eval_cli_writes_eval_json_and_mp4(trained_run, tmp_path, capsys):
+    pytest.importorskip("imageio_ffmpeg")
+    import imageio.v3 as iio
+
+    code = main(["eval", str(trained_run), "--episodes", "2", "--render", "mp4", "--out", str(tmp_path)])
+    assert code == 0
+    assert "2 episodes: team return (sum over agents)" in capsys.readouterr().out
+    assert iio.imread(tmp_path / "episode.mp4").shape == (26, 700, 700, 3)
+    assert json.loads((tmp_path / "eval.json").read_text())["episodes"] == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["eval", "no/such/run"], "is neither a run directory nor a checkpoint file"),
+        (["eval", "{empty}"], "has no checkpoints/final.pt or checkpoints/latest.pt"),
+        (["eval", "{run}", "--render", "avi"], "--render 'avi' is not a video format; use one of gif, mp4"),
+        (["eval", "{run}", "--episodes", "0"], "--episodes 0 must be at least 1"),
+        (["eval", "{run}", "env.kwargs.N=4"], "checkpoint was trained with"),
+        (["eval", "{run}", "ppo.pi_lr=-1"], "config key 'ppo.pi_lr'"),
+    ],
+)
+def test_bad_eval_input_is_one_line_and_exit_status_2(trained_run, tmp_path, capsys, args, message):
+    (tmp_path / "empty").mkdir()
+    filled = [a.format(run=trained_run, empty=tmp_path / "empty") for a in args]
+    assert main([*filled, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "out" / "eval.json").exists()
+
+
+def test_periodic_eval_logs_eval_scalars_and_leaves_training_unchanged(tiny_overrides, tmp_path):
+    plain = load_config(SPREAD, [*tiny_overrides, "vector=sync"])
+    evaluated = load_config(SPREAD, [*tiny_overrides, "vector=sync", "eval_every=50", "eval_episodes=3"])
+    train(plain, tmp_path / "plain")
+    train(evaluated, tmp_path / "evaluated")
+    assert_same_final_weights(tmp_path / "plain", tmp_path / "evaluated")  # evaluation draws no training RNG
+
+    events = EventAccumulator(str(tmp_path / "evaluated" / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("eval/team_return")] == [50, 100]
+    assert [e.value for e in events.Scalars("eval/episode_length")] == [25.0, 25.0]
+    team = [e.value for e in events.Scalars("eval/team_return")]
+    per_agent = [[e.value for e in events.Scalars(f"eval/agents/agent_{i}/return")] for i in range(3)]
+    np.testing.assert_allclose(team, np.sum(per_agent, axis=0), rtol=1e-5)
+
+
+def test_mean_ci95_is_the_student_t_interval():
+    stats = mean_ci95([1.0, 2.0, 3.0, 4.0, 5.0])
+    half = 2.7764451 * np.sqrt(2.5) / np.sqrt(5)  # t(0.975, df=4) * s / sqrt(n)
+    assert stats["mean"] == 3.0 and stats["std"] == pytest.approx(np.sqrt(2.5))
+    np.testing.assert_allclose(stats["ci95"], [3.0 - half, 3.0 + half], rtol=1e-6)
+    assert np.isnan(mean_ci95([2.0])["ci95"]).all()  # one episode has no interval
+
+
+def _never_ending(max_steps):
+    from marl_ppo.models.team import TeamModel
+    from marl_ppo.train import build_vector_env
+
+    config = load_config(
+        None,
+        [
+            "env.id=envs/never_ending_v0",
+            "num_envs=2",
+            f"env.kwargs={{num_agents: 2, max_steps: {max_steps}}}",
+        ],
+    )
+    venv = build_vector_env(config)
+    return venv, TeamModel(venv.spec, config)
+
+
+def test_episode_returns_are_summed_per_agent_and_over_agents():
+    venv, model = _never_ending(max_steps=5)  # every agent is paid 1 per step for 5 steps
+    result = run_episodes(venv, model, torch.device("cpu"), episodes=3, seed=0, deterministic=False)
+    np.testing.assert_array_equal(result.agent_returns, np.full((3, 2), 5.0))
+    np.testing.assert_array_equal(result.team_returns, [10.0, 10.0, 10.0])
+    assert result.lengths.tolist() == [5, 5, 5]
+    assert result.scalars(per_agent=True) == {
+        "eval/team_return": 10.0,
+        "eval/agent_return": 5.0,
+        "eval/episode_length": 5.0,
+        "eval/agents/agent_0/return": 5.0,
+        "eval/agents/agent_1/return": 5.0,
+    }
+
+
+def test_an_episode_that_never_ends_is_an_error_not_a_hang(monkeypatch):
+    monkeypatch.setattr(evaluate, "MAX_EPISODE_STEPS", 50)
+    venv, model = _never_ending(max_steps=1000)
+    with pytest.raises(EvalError, match="ran 50 steps without ending an episode"):
+        run_episodes(venv, model, torch.device("cpu"), episodes=1, seed=0, deterministic=True)
+
+
+def test_eval_config_steps_at_most_one_copy_per_episode_in_process():
+    config = load_config(SPREAD, ["vector=workers", "policy_lag=1", "num_envs=32"])
+    evaluated = eval_config(config, 10, render_mode="rgb_array")
+    assert (evaluated.vector, evaluated.policy_lag, evaluated.num_envs) == ("sync", 0, 10)
+    assert evaluated.env.kwargs == {**config.env.kwargs, "render_mode": "rgb_array"}
+    assert evaluated.model == config.model and evaluated.seed == config.seed

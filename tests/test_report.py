@@ -1,0 +1,137 @@
+"""Reports from TensorBoard logs of known values: IQM, confidence intervals, seed counts, tables, figures."""
+
+import numpy as np
+import pytest
+import yaml
+from torch.utils.tensorboard import SummaryWriter
+
+from marl_ppo.cli import main
+from marl_ppo.config import config_to_dict, load_config
+from marl_ppo.curves import binned_curve
+from marl_ppo.report import iqm_estimates, write_report
+from marl_ppo.runlogs import find_run_dirs, group_configurations, read_run
+
+pytest.importorskip("rliable")
+pytest.importorskip("matplotlib")
+
+# per configuration, per seed: (final training return, eval returns at env steps 100, 200, 300)
+LOGS = {
+    "0.001": [(-30.0, [-60.0, -20.0, -25.0]), (-31.0, [-50.0, -21.0, -26.0]), (-35.0, [-40.0, -22.0, -30.0])],
+    "0.002": [(-10.0, [-50.0, -9.0, -10.0]), (-10.0, [-50.0, -9.0, -10.0]), (-10.0, [-50.0, -9.0, -10.0])],
+}
+
+
+def write_run(run_dir, overrides, final_return, eval_returns):
+    """A run directory as training writes it: config.yaml and TensorBoard scalars of known values."""
+    run_dir.mkdir(parents=True)
+    config = config_to_dict(load_config(None, overrides))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    writer = SummaryWriter(str(run_dir / "tensorboard"))
+    for episode in range(150):  # 150 episodes of 2 steps: the last 100 (return_window) at the final return
+        writer.add_scalar("rollout/team_return", final_return if episode >= 50 else -80.0, 2 * (episode + 1))
+    for step, value in zip((100, 200, 300), eval_returns, strict=True):
+        writer.add_scalar("eval/team_return", value, step)
+    writer.close()
+
+
+@pytest.fixture
+def runs(tmp_path):
+    for lr, seeds in LOGS.items():
+        for seed, (final, evals) in enumerate(seeds):
+            # log.progress and vector say how a run ran, not what it trained: they do not split configurations
+            extra = ["log.progress=false", "vector=subprocess"] if seed == 1 else []
+            write_run(
+                tmp_path / "runs" / f"lr{lr}" / f"seed{seed}",
+                [f"ppo.pi_lr={lr}", f"seed={seed}", *extra],
+                final,
+                evals,
+            )
+    write_run(tmp_path / "runs" / "other" / "seed0", ["env.id=envs/matrix_game_v0"], 5.0, [1.0, 2.0, 3.0])
+    return tmp_path / "runs"
+
+
+def test_report_gives_iqm_ci_and_seeds_per_configuration(runs, tmp_path):
+    files = write_report([runs], tmp_path / "report", reps=500)
+    by_label = {row.configuration.label: row for row in files.rows}
+    assert set(by_label) == {"ppo.pi_lr=0.001", "ppo.pi_lr=0.002", "other"}
+    first, second = by_label["ppo.pi_lr=0.001"], by_label["ppo.pi_lr=0.002"]
+    assert len(first.configuration.runs) == 3 and first.env_steps == 300
+    final, last_eval, best = (first.estimates[m] for m in ("final_return", "final_eval", "max_eval"))
+    assert final.seeds == 3 and final.iqm == pytest.approx(-32.0)  # 3 seeds: nothing trimmed, the mean
+    assert last_eval.iqm == pytest.approx(-27.0) and best.iqm == pytest.approx(-21.0)
+    assert -35.0 <= final.low < final.iqm < final.high <= -30.0  # bootstrap bounds within the seeds' range
+    for metric, value in (("final_return", -10.0), ("final_eval", -10.0), ("max_eval", -9.0)):
+        estimate = second.estimates[metric]
+        assert (estimate.iqm, estimate.low, estimate.high) == pytest.approx((value, value, value))
+
+    markdown = files.markdown.read_text()
+    assert (
+        "| ppo.pi_lr=0.002 | 3 | 300 | -10.00 [-10.00, -10.00] | -10.00 [-10.00, -10.00] | -9.00 [-9.00, -9.00] |"
+        in markdown
+    )
+    assert "| other | 1 | 300 | 5.00 (one seed) | 3.00 (one seed) | 3.00 (one seed) |" in markdown
+    assert "## mpe2/simple_spread_v3" in markdown and "## envs/matrix_game_v0" in markdown
+    assert sorted(p.name for p in files.figures) == [
+        "curves_envs_matrix_game_v0.png",
+        "curves_mpe2_simple_spread_v3.png",
+    ]
+    for figure in files.figures:
+        assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and figure.stat().st_size > 10_000
+        assert f"]({figure.name})" in markdown
+
+
+def test_iqm_trims_a_quarter_of_the_seeds_from_each_end():
+    estimates = iqm_estimates({"a": [0.0, 1.0, 2.0, 100.0], "b": [3.0] * 5}, reps=200, seed=0)
+    assert estimates["a"].iqm == pytest.approx(1.5) and estimates["a"].seeds == 4  # mean of 1 and 2
+    assert (estimates["b"].iqm, estimates["b"].low, estimates["b"].high) == (3.0, 3.0, 3.0)
+
+
+def test_training_returns_are_averaged_per_span_of_env_steps():
+    steps = np.array([1, 2, 3, 4, 9, 10])
+    values = np.array([1.0, 1.0, 3.0, 3.0, 7.0, 7.0])
+    edges = np.array([0.0, 2.0, 4.0, 6.0, 8.0, 10.0])
+    # spans (0,2], (2,4], (8,10]; the empty spans (4,6] and (6,8] are interpolated between 3 and 7
+    np.testing.assert_allclose(binned_curve(steps, values, edges), [1.0, 3.0, 13 / 3, 17 / 3, 7.0])
+
+
+def test_runs_are_found_below_a_directory_and_read_completely(runs):
+    run_dirs = find_run_dirs([runs])
+    assert len(run_dirs) == 7
+    run = read_run(runs / "lr0.001" / "seed2")
+    steps, values = run.series["rollout/team_return"]
+    assert len(steps) == 150 and steps[-1] == 300 and values[-1] == -35.0
+    labels = [c.label for c in group_configurations([read_run(d) for d in run_dirs])]
+    assert sorted(labels) == ["other", "ppo.pi_lr=0.001", "ppo.pi_lr=0.002"]
+
+
+def test_report_cli_writes_table_and_figures(runs, tmp_path, capsys):
+    assert (
+        main(
+            [
+                "report",
+                str(runs / "lr0.001"),
+                str(runs / "lr0.002"),
+                "--out",
+                str(tmp_path / "out"),
+                "--reps",
+                "200",
+            ]
+        )
+        == 0
+    )
+    assert "6 run(s) in 2 configuration(s)" in capsys.readouterr().out
+    assert (tmp_path / "out" / "report.md").is_file()
+    assert (tmp_path / "out" / "curves_mpe2_simple_spread_v3.png").is_file()
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda root: root / "missing", "does not exist; pass run directories"),
+        (lambda root: root, "no run directory (config.yaml and tensorboard/) in or under"),
+    ],
+)
+def test_bad_report_input_is_one_line_and_exit_status_2(tmp_path, capsys, make, message):
+    assert main(["report", str(make(tmp_path)), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

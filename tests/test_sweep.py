@@ -1,0 +1,156 @@
+"""Sweeps: grid parsing, run directories, one process per run, failures named with their logs."""
+
+import json
+import sys
+
+import pytest
+import yaml
+
+from marl_ppo import sweep as sweep_module
+from marl_ppo.cli import main
+from marl_ppo.sweep import parse_grid, plan_sweep, split_values
+
+TINY_MATRIX = {
+    "env": {"id": "envs/matrix_game_v0"},
+    "num_envs": 2,
+    "rollout_steps": 4,
+    "total_steps": 8,
+    "ppo": {"num_minibatches": 1, "train_pi_iters": 1, "train_vf_iters": 1},
+    "model": {"hidden_sizes": [8]},
+}
+
+
+@pytest.fixture
+def experiment(tmp_path):
+    path = tmp_path / "matrix.yaml"
+    path.write_text(yaml.safe_dump(TINY_MATRIX))
+    return path
+
+
+def test_grid_values_split_on_top_level_commas_only():
+    assert split_values("3e-4,1e-3") == ["3e-4", "1e-3"]
+    assert split_values("[64,64],[32]") == ["[64,64]", "[32]"]
+    assert split_values("'a,b',c") == ["'a,b'", "c"]
+    grid = parse_grid(["ppo.pi_lr=3e-4,1e-3", "model.hidden_sizes=[64,64],[32]", "gamma=0.9"])
+    assert grid == {
+        "ppo.pi_lr": ["3e-4", "1e-3"],
+        "model.hidden_sizes": ["[64,64]", "[32]"],
+        "gamma": ["0.9"],
+    }
+
+
+def test_plan_names_run_dirs_by_the_varying_keys_and_seed(experiment, tmp_path):
+    grid = parse_grid(["ppo.pi_lr=0.001,0.002", "gamma=0.9"])
+    runs, config = plan_sweep(experiment, grid, 2, tmp_path / "runs")
+    assert [run.name for run in runs] == [
+        "ppo.pi_lr=0.001/seed0",
+        "ppo.pi_lr=0.001/seed1",
+        "ppo.pi_lr=0.002/seed0",
+        "ppo.pi_lr=0.002/seed1",
+    ]
+    assert runs[3].overrides == ("ppo.pi_lr=0.002", "gamma=0.9", "seed=1")
+    assert runs[0].run_dir == tmp_path / "runs/matrix/ppo.pi_lr=0.001/seed0"
+    assert runs[0].log_file == tmp_path / "runs/matrix/ppo.pi_lr=0.001/seed0.log"
+    assert config.gamma == 0.9 and config.ppo.pi_lr == 0.001
+    only_seeds, _ = plan_sweep(experiment, {}, 2, tmp_path / "runs")
+    assert [run.name for run in only_seeds] == ["seed0", "seed1"]
+
+
+def test_sweep_trains_each_seed_in_its_own_run_dir(experiment, tmp_path, capsys):
+    out = tmp_path / "runs"
+    args = ["sweep", str(experiment), "--seeds", "2", "ppo.pi_lr=0.002", "--jobs", "2", "--out", str(out)]
+    assert main(args) == 0  # two real `marl-ppo train` processes
+    for seed in (0, 1):
+        run_dir = out / "matrix" / f"seed{seed}"
+        assert (run_dir / "summary.json").is_file() and (run_dir / "checkpoints/final.pt").is_file()
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+        assert saved["seed"] == seed and saved["ppo"]["pi_lr"] == 0.002
+        assert "done: 8 env steps" in run_dir.with_name(f"seed{seed}.log").read_text()
+    assert "sweep matrix: 2 finished, 0 skipped (already finished), 0 failed" in capsys.readouterr().out
+    assert main(args) == 0  # a second call finds every run finished and starts nothing
+    assert "0 finished, 2 skipped" in capsys.readouterr().out
+
+
+def test_every_grid_point_and_seed_is_one_process_with_its_overrides(experiment, tmp_path, monkeypatch):
+    def fake_train(experiment, run):  # records its arguments where a run would write its summary
+        script = "import json, sys, pathlib; d = pathlib.Path(sys.argv[-1]); d.mkdir(); "
+        script += "(d / 'summary.json').write_text(json.dumps(sys.argv[1:-1]))"
+        return [sys.executable, "-c", script, *run.overrides, str(run.run_dir)]
+
+    monkeypatch.setattr(sweep_module, "_command", fake_train)
+    monkeypatch.setattr(sweep_module, "_result_line", lambda run: "ok")
+    out = tmp_path / "runs"
+    assert (
+        main(
+            [
+                "sweep",
+                str(experiment),
+                "ppo.pi_lr=0.001,0.002",
+                "gamma=0.9",
+                "--seeds",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    for lr in ("0.001", "0.002"):
+        for seed in (0, 1):
+            recorded = (out / "matrix" / f"ppo.pi_lr={lr}" / f"seed{seed}" / "summary.json").read_text()
+            assert json.loads(recorded) == [f"ppo.pi_lr={lr}", "gamma=0.9", f"seed={seed}"]
+    assert sorted(p.name for p in (out / "matrix").iterdir()) == ["ppo.pi_lr=0.001", "ppo.pi_lr=0.002"]
+
+
+def test_failed_runs_give_exit_status_1_naming_the_run_and_its_log(experiment, tmp_path, capsys, monkeypatch):
+    def fake_command(experiment, run):  # a run that fails at once, without the cost of training
+        seed = run.overrides[-1]
+        return [
+            sys.executable,
+            "-c",
+            f"import sys; print('boom'); sys.exit(3 if '{seed}' == 'seed=1' else 0)",
+        ]
+
+    monkeypatch.setattr(sweep_module, "_command", fake_command)
+    monkeypatch.setattr(sweep_module, "_result_line", lambda run: "ok")
+    assert main(["sweep", str(experiment), "--seeds", "2", "--out", str(tmp_path)]) == 1
+    printed = capsys.readouterr().out
+    log = tmp_path / "matrix" / "seed1.log"
+    assert f"FAILED seed1 (exit 3); log {log}" in printed
+    assert printed.strip().splitlines()[-1] == (
+        f"sweep matrix: 1 finished, 0 skipped (already finished), 1 failed: seed1 (log {log})"
+    )
+    assert log.read_text() == "boom\n"
+
+
+@pytest.mark.parametrize(
+    ("grid", "message"),
+    [
+        (["seed=1,2"], "seed cannot be a grid key; use --seeds N"),
+        (["ppo.pi_lr"], "grid argument 'ppo.pi_lr' is not key=v1,v2"),
+        (["ppo.pi_lr=1e-3,,2e-3"], "has an empty value"),
+        (["ppo.pi_lr=1e-3,-1"], "config key 'ppo.pi_lr'"),
+        (["ppo.bogus=1,2"], "unknown config key 'ppo.bogus'"),
+        (["env.id=nope/v0"], "unknown env id 'nope/v0'"),
+        (["--seeds", "0"], "--seeds 0 must be at least 1"),
+    ],
+)
+def test_bad_sweep_input_stops_before_any_run(experiment, tmp_path, capsys, grid, message):
+    assert main(["sweep", str(experiment), *grid, "--out", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_unfinished_run_dir_is_an_error_not_overwritten(experiment, tmp_path, capsys):
+    (tmp_path / "matrix" / "seed0").mkdir(parents=True)
+    (tmp_path / "matrix" / "seed0" / "config.yaml").write_text("seed: 0\n")
+    assert main(["sweep", str(experiment), "--seeds", "1", "--out", str(tmp_path)]) == 2
+    assert "holds an unfinished run; remove it or pass another --out" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [[], ["eval"], ["sweep"], ["report"]])
+def test_help_of_every_command_prints(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "-h"])
+    assert exit_info.value.code == 0 and "usage: marl-ppo" in capsys.readouterr().out
