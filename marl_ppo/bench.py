@@ -65,8 +65,9 @@ def raw_vmas_sps(
     import torch
 
     from marl_ppo.catalog import make_vmas
+    from marl_ppo.train import usable_cores
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(usable_cores())  # as training does with a batched simulator (torch_threads: auto)
     env = make_vmas(scenario, num_envs=num_envs, device=device, seed=0, **kwargs)
     env.reset()
     names = [agent.name for agent in env.agents]
@@ -153,6 +154,22 @@ def cases(steps: int, device: str = "cpu") -> list[Case]:
                 f"total_steps={1024 * 100 * 3}",
                 "share_actor=true",
                 "ppo.num_minibatches=16",
+            ],
+            4,
+        ),
+        Case(  # the same with 2 epochs of 4 minibatches: the learner's share is what sets the ratio
+            "vmas nav 1024 2 ep",
+            lambda: raw_vmas_sps("navigation", 1024, {"max_steps": 100}),
+            None,
+            [
+                "env.id=vmas/navigation",
+                "num_envs=1024",
+                "rollout_steps=100",
+                f"total_steps={1024 * 100 * 3}",
+                "share_actor=true",
+                "ppo.num_minibatches=4",
+                "ppo.train_pi_iters=2",
+                "ppo.train_vf_iters=2",
             ],
             4,
         ),

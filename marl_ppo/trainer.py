@@ -21,15 +21,17 @@ class TrainStats:
     """Per-update metrics (logged under `train/`). Losses are summed over groups, diagnostics averaged."""
 
     loss_pi: float
-    """Actor loss over the whole batch after the update (clipped surrogate minus entropy bonus)."""
+    """Actor loss over the batch after the update (clipped surrogate minus entropy bonus). This and the
+    other after-update diagnostics use the whole batch up to DIAGNOSTIC_ROWS env steps, else an even
+    stride of that many rows."""
     delta_loss_pi: float
     """loss_pi after minus before the update."""
     loss_v: float
-    """Value loss over the whole batch after the update (critic units)."""
+    """Value loss over the batch after the update (critic units)."""
     delta_loss_v: float
     """loss_v after minus before the update."""
     kl: float
-    """Approximate KL(old || new) over the whole batch after the update."""
+    """Approximate KL(old || new) over the batch after the update."""
     entropy: float
     """Exact entropy of the updated policies, mean over live agent-steps."""
     clipfrac: float
@@ -105,7 +107,8 @@ class Trainer:
         """One PPO update on the groups' batches (raw advantages, return-unit values)."""
         stats_in = _batch_statistics(batches)
         batches = self.prepare(batches)
-        before = self._evaluate(batches)
+        probe = _diagnostic_rows(batches)  # the same rows before and after, so the deltas compare
+        before = self._evaluate(probe)
         ppo = self.ppo
         policy_active, pi_epochs = True, 0
         for epoch in range(max(ppo.train_pi_iters, ppo.train_vf_iters)):
@@ -120,7 +123,7 @@ class Trainer:
                 pi_epochs += 1
                 if ppo.target_kl is not None and sum(kls) / len(kls) > 1.5 * ppo.target_kl:
                     policy_active = False
-        after = self._evaluate(batches)
+        after = self._evaluate(probe)
         return TrainStats(
             loss_pi=after.loss_pi,
             delta_loss_pi=after.loss_pi - before.loss_pi,
@@ -194,6 +197,19 @@ class Trainer:
             return float(sum(d[key] for d in diagnostics) / len(diagnostics))
 
         return _Evaluation(float(loss_pi), float(loss_v), mean("kl"), mean("entropy"), mean("clipfrac"))
+
+
+DIAGNOSTIC_ROWS = 8192
+"""Env steps the before/after-update diagnostics are computed on; more would only cost learner time."""
+
+
+def _diagnostic_rows(batches: Sequence[AgentBatch]) -> Sequence[AgentBatch]:
+    """The batches, or an even stride of DIAGNOSTIC_ROWS of their rows when they are larger."""
+    size = len(batches[0])
+    if size <= DIAGNOSTIC_ROWS:
+        return batches
+    rows = torch.linspace(0, size - 1, DIAGNOSTIC_ROWS, device=batches[0].obs.device).long()
+    return [batch.select(rows) for batch in batches]
 
 
 def _batch_statistics(batches: Sequence[AgentBatch]) -> dict[str, float]:

@@ -1,0 +1,33 @@
+"""After-update diagnostics on a row subset for large batches: they never change what is learned."""
+
+import torch
+
+import marl_ppo.trainer as trainer_module
+from marl_ppo.checkpoint import load_checkpoint
+from marl_ppo.train import train
+from tests.conftest import collect_rollout
+
+
+def test_diagnostic_rows_are_an_even_stride_with_both_ends(spread_config):
+    from marl_ppo.batch import rollout_batches
+
+    _, buffer, result = collect_rollout(spread_config)
+    batches = rollout_batches(buffer, result.last_values, gamma=0.95, lam=0.95)
+    assert trainer_module._diagnostic_rows(batches) is batches  # 50 rows: all of them
+    trainer_module.DIAGNOSTIC_ROWS = 8
+    try:
+        subset = trainer_module._diagnostic_rows(batches)
+    finally:
+        trainer_module.DIAGNOSTIC_ROWS = 8192
+    rows = [0, 7, 14, 21, 28, 35, 42, 49]
+    assert torch.equal(subset[0].obs, batches[0].obs[rows])
+    assert torch.equal(subset[0].state, batches[0].state[rows])
+
+
+def test_the_diagnostic_subset_leaves_learning_unchanged(spread_config, tmp_path, monkeypatch):
+    train(spread_config, tmp_path / "all")
+    monkeypatch.setattr(trainer_module, "DIAGNOSTIC_ROWS", 5)
+    train(spread_config, tmp_path / "subset")
+    a = load_checkpoint(tmp_path / "all/checkpoints/final.pt")["model"]
+    b = load_checkpoint(tmp_path / "subset/checkpoints/final.pt")["model"]
+    assert all(torch.equal(a[key], b[key]) for key in a)
