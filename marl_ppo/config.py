@@ -87,6 +87,10 @@ class PPOConfig:
     """Huber loss delta for the value loss; null uses the squared error."""
     value_clip: PositiveFloat | None = 0.2
     """Clip the new value to old value +- this (in normalized units when value_norm); null disables."""
+    on_nonfinite: Literal["error", "skip"] = "error"
+    """A NaN or inf loss, gradient or return: `error` stops the run naming the group, term and update;
+    `skip` drops that minibatch step (or the update's value-norm statistics) and counts it in
+    `train/nonfinite_skips`."""
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -115,6 +119,9 @@ class ExperimentConfig:
     """Step the env copies in this process (`sync`) or in `num_workers` worker processes (`subprocess`)."""
     num_workers: PositiveInt = 2
     """Worker processes for `vector: subprocess` (each steps a contiguous slice of the env copies)."""
+    worker_timeout_s: PositiveFloat = 60.0
+    """Seconds a worker process (`vector: subprocess`) may take to answer a command (build, reset or
+    step its envs) before it is reported as hung and every worker is stopped."""
     rollout_steps: PositiveInt = 100
     """Steps per env copy collected before each update (batch = rollout_steps * num_envs)."""
     gamma: Annotated[float, Field(gt=0, le=1)] = 0.99
