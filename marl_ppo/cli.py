@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -15,9 +16,13 @@ from pathlib import Path
 from marl_ppo.checkpoint import CheckpointError
 from marl_ppo.config import ConfigError, config_keys, load_config, parse_overrides
 from marl_ppo.envs.pettingzoo import EnvContractError
+from marl_ppo.faults import RunFault
 from marl_ppo.registry import EnvError, registered_specs, resolve_factory
 
 USER_ERRORS = (ConfigError, EnvError, CheckpointError, EnvContractError)
+"""Bad input (config, arguments, files, an env that breaks its contract): one line, exit status 2."""
+RUN_FAULTS = (RunFault,)
+"""A run that stopped on a fault (numerical, worker, disk): one line, exit status 1."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,6 +69,15 @@ def _default_run_dir(experiment: str | None) -> Path:
 def _check_run_dir(run_dir: Path) -> None:
     if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
         raise ConfigError(f"run directory '{run_dir}' already exists and is not empty; pick a new --run-dir")
+    existing = next(p for p in (run_dir.absolute(), *run_dir.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(
+            f"run directory '{run_dir}' cannot be created: '{existing}' is a file; pick another --run-dir"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"run directory '{run_dir}' is not writable (no write permission on '{existing}'); pick another --run-dir"
+        )
 
 
 def _train(options: argparse.Namespace) -> int:
@@ -122,6 +136,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except RUN_FAULTS as err:
+        if options.debug:
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -211,6 +211,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"experiment file '{path}' does not exist; pass a path to a YAML file")
     try:
         data = yaml.safe_load(path.read_text()) or {}
+    except UnicodeDecodeError:
+        raise ConfigError(f"experiment file '{path}' is not UTF-8 text; pass a YAML file") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -267,5 +269,5 @@ def _describe(error: Mapping[str, Any]) -> str:
         return str(error["msg"]).removeprefix("Value error, ")
     got = error.get("input")
     docs = config_keys()
-    hint = f" ({docs[key]})" if key in docs and docs[key] else ""
+    hint = f" ({' '.join(docs[key].split())})" if key in docs and docs[key] else ""  # docs may span lines
     return f"config key '{key}': {error['msg'].lower()}, got {got!r}{hint}"

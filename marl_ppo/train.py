@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,12 +95,19 @@ def build_vector_env(
     probe.close()
     make_adapter = functools.partial(_make_adapter, config, spec)
     if config.vector == "subprocess":
-        return SubprocessVectorEnv(make_adapter, config.num_envs, config.num_workers)
+        return SubprocessVectorEnv(
+            make_adapter, config.num_envs, config.num_workers, timeout_s=config.worker_timeout_s
+        )
     return SyncVectorEnv(make_adapter, config.num_envs)
 
 
-def train(config: ExperimentConfig, run_dir: Path | str) -> TrainResult:
-    """Train MAPPO/IPPO as configured, writing logs, checkpoints and summary.json into `run_dir`."""
+def train(
+    config: ExperimentConfig, run_dir: Path | str, *, on_update: Callable[[int], None] | None = None
+) -> TrainResult:
+    """Train MAPPO/IPPO as configured, writing logs, checkpoints and summary.json into `run_dir`.
+
+    `on_update(updates)` is called after each update (the memory benchmark samples RSS there).
+    """
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     generator = seed_everything(config.seed)
@@ -135,6 +144,8 @@ def train(config: ExperimentConfig, run_dir: Path | str) -> TrainResult:
             updates += 1
             if updates % config.log.checkpoint_every == 0:
                 save("latest.pt")
+            if on_update is not None:
+                on_update(updates)
     finally:
         logger.close()
         venv.close()
@@ -179,10 +190,21 @@ def _one_update(
         "perf/act_s": (t1 - t0) - rollout.env_seconds,
         "perf/learn_s": t2 - t1,
         "perf/peak_rss_mb": peak_rss_mb(),
+        "perf/rss_mb": rss_mb(),
         "train/pi_lr": trainer.actor_optimizer.param_groups[0]["lr"],
     }
     logger.update_done(collector.env_steps, stats, extra)
     return {"env_s": extra["perf/env_s"], "act_s": extra["perf/act_s"], "learn_s": extra["perf/learn_s"]}
+
+
+def rss_mb(pid: int | str = "self") -> float:
+    """Current resident memory of a process (this one by default), in MiB; nan where /proc is missing."""
+    try:
+        with open(f"/proc/{pid}/statm") as handle:
+            resident_pages = int(handle.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+    return resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def peak_rss_mb() -> float:

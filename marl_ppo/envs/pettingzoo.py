@@ -18,7 +18,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from marl_ppo.envs.contract import REJOIN_KEY, box_mismatch, describe, first_nonfinite
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
+from marl_ppo.faults import one_line
 
 
 class EnvContractError(RuntimeError):
@@ -148,9 +150,14 @@ def group_members(
     return named
 
 
-def _info_mask_agents(env: Any) -> set[str]:
+def _info_mask_agents(env: Any, env_id: str) -> set[str]:
     """Agents whose reset infos carry an `action_mask` (the probe env is reset once to look)."""
-    result = env.reset(seed=0)
+    try:
+        result = env.reset(seed=0)
+    except Exception as err:
+        raise EnvContractError(
+            f"env '{env_id}': reset(seed=0) raised {type(err).__name__}: {one_line(err)} (--debug shows the env's traceback)"
+        ) from err
     infos = result[1] if isinstance(result, tuple) else getattr(env, "infos", {})  # AEC reset returns None
     return {
         agent for agent, info in (infos or {}).items() if isinstance(info, dict) and "action_mask" in info
@@ -169,7 +176,7 @@ def build_team_spec(
     agents = tuple(env.possible_agents)
     if not agents:
         raise EnvContractError(f"env '{env_id}': possible_agents is empty; the env must declare its agents")
-    info_masks = _info_mask_agents(env)
+    info_masks = _info_mask_agents(env, env_id)
     specs = []
     for name, members in group_members(env, agents, groups):
         obs_space, act_space = env.observation_space(members[0]), env.action_space(members[0])
@@ -211,24 +218,34 @@ class ParallelEnvAdapter:
         self.spec = spec
         self._slots = {agent: spec.group_of(agent) for agent in spec.agents}
         self.step_count = 0
+        """Steps of the current episode (0 after reset); named in contract errors."""
+        self.copy_index = 0
+        """Which env copy this adapter steps (the vector env sets it); named in contract errors."""
+        self._rejoin = bool((getattr(env, "metadata", None) or {}).get(REJOIN_KEY, False))
+        self._done_at: dict[str, int] = {}
 
     def reset(self, seed: int | None, out: TeamArrays) -> None:
         """Reset the env and write the first observations, alive flags, masks and state into `out`."""
-        observations, infos = self.env.reset(seed=seed)
         self.step_count = 0
+        self._done_at.clear()
+        result = self._call("reset", self.env.reset, seed=seed)
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise self._error(None, f"reset returned {describe(result)}; expected (observations, infos)")
+        observations, infos = result
         if not self.env.agents:
-            raise EnvContractError(
-                f"env '{self.spec.env_id}': reset returned no agents; at least one must be live"
-            )
+            raise self._error(None, "reset returned no agents; at least one must be live")
         for g in range(len(self.spec.groups)):
             out.obs[g].fill(0.0)
             out.alive[g].fill(False)
             out.action_mask[g].fill(True)
         for agent in self.env.agents:
             g, i = self._slot(agent)
+            if agent not in observations:
+                raise self._error(agent, "reset gave no observation for this live agent")
             out.obs[g][i] = self._flatten(agent, observations[agent])
             out.alive[g][i] = True
             self._write_mask(agent, observations[agent], infos, out.action_mask[g][i])
+        self._check_finite(out.obs, "observation")
         self._write_state(out.state, out.obs)
 
     def step(self, actions: Sequence[np.ndarray], out: TeamArrays) -> bool:
@@ -237,21 +254,36 @@ class ParallelEnvAdapter:
         for agent in self.env.agents:
             g, i = self._slot(agent)
             action_dict[agent] = self._to_env_action(g, actions[g][i])
-        observations, rewards, terminations, truncations, infos = self.env.step(action_dict)
         self.step_count += 1
+        result = self._call("step", self.env.step, action_dict)
+        if not (isinstance(result, tuple) and len(result) == 5):
+            raise self._error(
+                None,
+                f"step returned {describe(result)}; expected (observations, rewards, terminations, "
+                "truncations, infos)",
+            )
+        observations, rewards, terminations, truncations, infos = result
         self._clear_step(out)
         for agent in action_dict:
             g, i = self._slots[agent]
-            out.reward[g][i] = rewards.get(agent, 0.0)
+            self._write_reward(agent, rewards, out.reward[g], i)
             out.terminated[g][i] = bool(terminations.get(agent, False))
             out.truncated[g][i] = bool(truncations.get(agent, False)) and not out.terminated[g][i]
+            if not self._rejoin and (out.terminated[g][i] or out.truncated[g][i]):
+                self._done_at.setdefault(agent, self.step_count)
         for agent, observation in observations.items():  # includes agents that join this step
             g, i = self._slot(agent)
             out.final_obs[g][i] = self._flatten(agent, observation)
+        self._check_finite(out.final_obs, "observation")
+        self._check_finite(out.reward, "reward")
         live = set(self.env.agents)
+        if self._done_at:
+            self._check_no_rejoin(live)
         for g, group in enumerate(self.spec.groups):
             for i, agent in enumerate(group.agents):
                 still = agent in live and not (out.terminated[g][i] or out.truncated[g][i])
+                if still and agent not in observations:
+                    raise self._error(agent, "step gave no observation for this live agent")
                 out.alive[g][i] = still
                 out.obs[g][i] = out.final_obs[g][i] if still else 0.0
                 if still and group.mask_source is not None:
@@ -276,25 +308,78 @@ class ParallelEnvAdapter:
         """Close the underlying env."""
         self.env.close()
 
+    def _error(self, agent: str | None, problem: str) -> EnvContractError:
+        """A contract error naming the env id, the copy, the episode step and (when known) the agent."""
+        who = f", agent '{agent}'" if agent is not None else ""
+        return EnvContractError(
+            f"env '{self.spec.env_id}' (copy {self.copy_index}, episode step {self.step_count}){who}: {problem}"
+        )
+
+    def _call(self, name: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call the env's `reset` or `step`; an exception from the env becomes a contract error."""
+        try:
+            return method(*args, **kwargs)
+        except EnvContractError:
+            raise
+        except Exception as err:
+            raise self._error(
+                None,
+                f"{name} raised {type(err).__name__}: {one_line(err)} (--debug shows the env's traceback)",
+            ) from err
+
+    def _check_finite(self, arrays: list[np.ndarray], what: str) -> None:
+        bad = first_nonfinite(arrays)
+        if bad is not None:
+            g, i = bad
+            value = describe(arrays[g][i].tolist())
+            raise self._error(
+                self.spec.groups[g].agents[i], f"{what} {value} holds NaN or inf; expected finite values"
+            )
+
+    def _check_no_rejoin(self, live: set[str]) -> None:
+        for agent, step in self._done_at.items():
+            if agent in live and step < self.step_count:
+                raise self._error(
+                    agent,
+                    f"agent is live again after it terminated or was truncated at episode step {step}; "
+                    f"an env whose agents may come back sets metadata['{REJOIN_KEY}'] = True",
+                )
+
+    def _write_reward(self, agent: str, rewards: Mapping[str, Any], target: np.ndarray, i: int) -> None:
+        try:
+            target[i] = rewards[agent]
+        except KeyError:
+            raise self._error(
+                agent, "step gave no reward for this agent, which acted; expected a number"
+            ) from None
+        except (TypeError, ValueError):
+            raise self._error(agent, f"reward {describe(rewards[agent])} is not a number") from None
+
     def _slot(self, agent: str) -> tuple[int, int]:
         try:
             return self._slots[agent]
-        except KeyError:
-            raise EnvContractError(
-                f"env '{self.spec.env_id}': agent '{agent}' at step {self.step_count} is not in possible_agents "
-                f"{list(self.spec.agents)}"
-            ) from None
+        except (KeyError, TypeError):
+            raise self._error(agent, f"agent is not in possible_agents {list(self.spec.agents)}") from None
 
     def _flatten(self, agent: str, observation: Any) -> np.ndarray:
         g, _ = self._slots[agent]
         space = self.spec.groups[g].observation_space
-        if has_mask_in_obs(space):
-            space, observation = space["observation"], observation["observation"]
-        if is_image(space) and self.spec.image_pool > 1:
-            return pool_image(np.asarray(observation), self.spec.image_pool).reshape(-1)
-        if isinstance(space, gym.spaces.Box):
-            return np.asarray(observation, dtype=np.float32).reshape(-1)
-        return np.asarray(gym.spaces.flatten(space, observation), dtype=np.float32)
+        try:
+            if has_mask_in_obs(space):
+                space, observation = space["observation"], observation["observation"]
+            if isinstance(space, gym.spaces.Box):
+                array = np.asarray(observation)
+                problem = box_mismatch(array, space)
+                if problem is not None:
+                    raise self._error(agent, problem)
+                if is_image(space) and self.spec.image_pool > 1:
+                    return pool_image(array, self.spec.image_pool).reshape(-1)
+                return array.astype(np.float32, copy=False).reshape(-1)
+            return np.asarray(gym.spaces.flatten(space, observation), dtype=np.float32)
+        except EnvContractError:
+            raise
+        except Exception:
+            raise self._error(agent, f"observation {describe(observation)} does not fit {space}") from None
 
     def _write_mask(
         self, agent: str, observation: Any, infos: Mapping[str, Any] | None, target: np.ndarray
@@ -307,9 +392,9 @@ class ParallelEnvAdapter:
             observation["action_mask"] if source == "obs" else (infos or {}).get(agent, {}).get("action_mask")
         )
         if raw is None:
-            raise EnvContractError(
-                f"env '{self.spec.env_id}': agent '{agent}' at step {self.step_count} gave no action_mask "
-                f"in its {'observation' if source == 'obs' else 'infos'}, though it did at reset"
+            raise self._error(
+                agent,
+                f"no action_mask in its {'observation' if source == 'obs' else 'infos'}, though it had one at reset",
             )
         parts = raw if isinstance(raw, tuple | list) and len(raw) and np.ndim(raw[0]) == 1 else [raw]
         target[...] = np.concatenate([np.asarray(p).reshape(-1) for p in parts]).astype(bool)
@@ -324,9 +409,13 @@ class ParallelEnvAdapter:
 
     def _write_state(self, target: np.ndarray, obs: list[np.ndarray]) -> None:
         if self.spec.state_from_env:
-            state = np.asarray(self.env.state())
+            state = np.asarray(self._call("state", self.env.state))
             if state.ndim == 3 and self.spec.image_pool > 1:
                 state = pool_image(state, self.spec.image_pool)
+            if state.size != target.size or not np.isfinite(state).all():
+                raise self._error(
+                    None, f"state() returned {describe(state.tolist())}; expected {target.size} finite values"
+                )
             target[...] = state.reshape(-1)
             return
         position = 0

@@ -23,11 +23,16 @@ from typing import Any
 
 import numpy as np
 
-from marl_ppo.envs.pettingzoo import ParallelEnvAdapter, TeamArrays
+from marl_ppo.envs.pettingzoo import EnvContractError, ParallelEnvAdapter, TeamArrays
 from marl_ppo.envs.spec import TeamSpec
+from marl_ppo.faults import WorkerError, one_line
 
 _ALIGN = 64
 _CLOSE_TIMEOUT_S = 5.0
+
+
+class RemoteTraceback(Exception):
+    """A worker's traceback, chained under the error raised in the parent (shown with --debug)."""
 
 
 class _Carver:
@@ -83,10 +88,12 @@ def _worker(
     rows = [arrays.row(i) for i in envs]
     command, seed = "start", None
     while True:
-        reply: tuple[str, str | None] = ("ok", None)
+        reply: tuple[str, str | None, str | None] = ("ok", None, None)
         try:
             if command == "start":
                 adapters = [make_adapter() for _ in envs]
+                for i, adapter in zip(envs, adapters, strict=True):
+                    adapter.copy_index = i
             elif command == "reset":
                 for i, adapter, row in zip(envs, adapters, rows, strict=True):
                     adapter.reset(seed + i, row)
@@ -102,8 +109,10 @@ def _worker(
                     adapter.close()
             else:
                 raise ValueError(f"unknown command {command!r}")
+        except EnvContractError as err:  # the parent raises it again, as the sync env would
+            reply = ("contract", str(err), traceback.format_exc())
         except Exception as err:  # reported to the parent, which raises it there
-            reply = ("error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
+            reply = ("error", f"{type(err).__name__}: {one_line(err)}", traceback.format_exc())
         try:
             conn.send(reply)
             if command == "close":
@@ -141,6 +150,7 @@ class SubprocessVectorEnv:
         num_envs: int,
         num_workers: int,
         start_method: str | None = None,
+        timeout_s: float | None = None,
     ) -> None:
         if num_envs < 1 or num_workers < 1:
             raise ValueError(f"num_envs ({num_envs}) and num_workers ({num_workers}) must be at least 1")
@@ -148,6 +158,8 @@ class SubprocessVectorEnv:
         self.spec: TeamSpec = probe.spec
         probe.close()
         self.num_envs = num_envs
+        self.timeout_s = timeout_s
+        """Seconds a worker may take to answer a command before it counts as hung; None waits forever."""
         if start_method is None:
             start_method = "fork" if "fork" in mp.get_all_start_methods() else None
         ctx = mp.get_context(start_method)
@@ -203,22 +215,41 @@ class SubprocessVectorEnv:
     def _gather(self, command: str) -> None:
         """Wait for every worker's acknowledgement; raise (after stopping all workers) on error or death."""
         pending = set(range(len(self._conns)))
-        errors = []
+        failures: list[tuple[str, int, str | None, str | None]] = []
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         while pending:
             waiting = [self._conns[k] for k in pending] + [self._processes[k].sentinel for k in pending]
-            ready = wait(waiting)
+            ready = wait(waiting, None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if not ready:
+                self._hung(sorted(pending), command)
             for k in sorted(pending):
                 conn, process = self._conns[k], self._processes[k]
                 if conn not in ready and process.sentinel not in ready:
                     continue
-                status, message = self._receive(conn)
+                status, message, trace = self._receive(conn)
                 if status == "dead":
                     self._fail(self._died(k, command))
-                if status == "error":
-                    errors.append(f"worker {k} failed during '{command}': {message}")
+                if status != "ok":
+                    failures.append((status, k, message, trace))
                 pending.discard(k)
-        if errors:
-            self._fail("\n".join(errors))
+        if failures:
+            status, k, message, trace = failures[0]  # the first worker's error; every worker is stopped
+            self._closer()
+            if status == "contract":
+                raise EnvContractError(message) from RemoteTraceback(trace)
+            raise WorkerError(
+                f"SubprocessVectorEnv: worker {k} failed during '{command}': {message}"
+            ) from RemoteTraceback(trace)
+
+    def _hung(self, pending: list[int], command: str) -> None:
+        """Stop every worker after `pending` did not answer within the timeout, and raise."""
+        names = ", ".join(f"worker {k} (pid {self._processes[k].pid})" for k in pending)
+        for k in pending:
+            self._processes[k].kill()  # a hung worker would not answer 'close'
+        self._fail(
+            f"{names} did not answer '{command}' within {self.timeout_s:g} s (worker_timeout_s); "
+            "an env hung, every worker was stopped"
+        )
 
     def _died(self, k: int, command: str) -> str:
         """Describe worker `k`'s death (waiting briefly so that its exit code is known)."""
@@ -230,13 +261,13 @@ class SubprocessVectorEnv:
         )
 
     @staticmethod
-    def _receive(conn: Connection) -> tuple[str, str | None]:
-        """The worker's reply, or ('dead', None) when its end of the pipe is closed without one."""
+    def _receive(conn: Connection) -> tuple[str, str | None, str | None]:
+        """The worker's reply, or ('dead', None, None) when its end of the pipe is closed without one."""
         try:
-            return conn.recv() if conn.poll() else ("dead", None)
+            return conn.recv() if conn.poll() else ("dead", None, None)
         except (EOFError, OSError):
-            return "dead", None
+            return "dead", None, None
 
     def _fail(self, message: str) -> None:
         self._closer()
-        raise RuntimeError(f"SubprocessVectorEnv: {message}")
+        raise WorkerError(f"SubprocessVectorEnv: {message}")

@@ -20,6 +20,8 @@ class SyncVectorEnv:
 
     def __init__(self, make_adapter: Callable[[], ParallelEnvAdapter], num_envs: int) -> None:
         self.adapters = [make_adapter() for _ in range(num_envs)]
+        for i, adapter in enumerate(self.adapters):
+            adapter.copy_index = i
         self.spec: TeamSpec = self.adapters[0].spec
         self.num_envs = num_envs
         self.arrays = TeamArrays.allocate(self.spec, (num_envs,))
