@@ -125,7 +125,9 @@ CASES = {
     "obs shape": broken("obs_shape", "agent 'agent_1'", "shape (3,)", "expected shape (2,)"),
     "obs dtype": broken("obs_dtype", "agent 'agent_1'", "dtype <U5", "expected shape (2,) and dtype float32"),
     "obs missing": broken("obs_missing", "agent 'agent_1'", "no observation for this live agent"),
-    "reward nan": broken("reward_nan", "agent 'agent_1'", "reward nan holds NaN or inf"),
+    "reward nan": broken(
+        "reward_nan", "agent 'agent_1'", "reward nan is not finite; expected a finite number"
+    ),
     "reward missing": broken("reward_missing", "agent 'agent_1'", "no reward for this agent, which acted"),
     "reward not a number": broken("reward_text", "agent 'agent_1'", "reward 'high' is not a number"),
     "unknown agent acts": broken(

@@ -45,7 +45,6 @@ class TurnBasedAdapter(ParallelEnvAdapter):
         for agent in self.env.rewards:
             g, i = self._slot(agent)
             self._write_reward(agent, self.env.rewards, out.reward[g], i)
-        self._check_finite(out.reward, "reward")
         for agent in self.env.agents:
             g, i = self._slot(agent)
             out.terminated[g][i] = bool(self.env.terminations[agent])

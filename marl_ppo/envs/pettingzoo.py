@@ -10,6 +10,7 @@ Conventions (../DESIGN.md): agent order is `possible_agents`; absent agents keep
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -275,7 +276,6 @@ class ParallelEnvAdapter:
             g, i = self._slot(agent)
             out.final_obs[g][i] = self._flatten(agent, observation)
         self._check_finite(out.final_obs, "observation")
-        self._check_finite(out.reward, "reward")
         live = set(self.env.agents)
         if self._done_at:
             self._check_no_rejoin(live)
@@ -347,13 +347,16 @@ class ParallelEnvAdapter:
 
     def _write_reward(self, agent: str, rewards: Mapping[str, Any], target: np.ndarray, i: int) -> None:
         try:
-            target[i] = rewards[agent]
+            reward = float(rewards[agent])
         except KeyError:
             raise self._error(
                 agent, "step gave no reward for this agent, which acted; expected a number"
             ) from None
         except (TypeError, ValueError):
             raise self._error(agent, f"reward {describe(rewards[agent])} is not a number") from None
+        if not math.isfinite(reward):  # a scalar test is cheaper than one over the reward array
+            raise self._error(agent, f"reward {reward} is not finite; expected a finite number")
+        target[i] = reward
 
     def _slot(self, agent: str) -> tuple[int, int]:
         try:
