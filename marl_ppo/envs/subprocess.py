@@ -233,7 +233,7 @@ class SubprocessVectorEnv:
                     failures.append((status, k, message, trace))
                 pending.discard(k)
         if failures:
-            status, k, message, trace = failures[0]  # the first worker's error; every worker is stopped
+            status, k, message, trace = min(failures, key=lambda f: f[1])  # lowest worker; all are stopped
             self._closer()
             if status == "contract":
                 raise EnvContractError(message) from RemoteTraceback(trace)
