@@ -10,7 +10,6 @@ Conventions (../DESIGN.md): agent order is `possible_agents`; absent agents keep
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,13 +18,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from marl_ppo.envs.contract import REJOIN_KEY, box_mismatch, describe, first_nonfinite
+from marl_ppo.envs.contract import REJOIN_KEY, ContractChecks, EnvContractError, box_mismatch, describe
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
 from marl_ppo.faults import one_line
-
-
-class EnvContractError(RuntimeError):
-    """The environment broke the PettingZoo parallel contract; the message names env, agent and step."""
 
 
 @dataclass
@@ -211,7 +206,7 @@ def build_team_spec(
     return TeamSpec(env_id, agents, tuple(specs), state_dim, from_env, image_pool)
 
 
-class ParallelEnvAdapter:
+class ParallelEnvAdapter(ContractChecks):
     """Steps one PettingZoo ParallelEnv, reading actions from and writing results into group arrays."""
 
     def __init__(self, env: Any, spec: TeamSpec) -> None:
@@ -307,56 +302,6 @@ class ParallelEnvAdapter:
     def close(self) -> None:
         """Close the underlying env."""
         self.env.close()
-
-    def _error(self, agent: str | None, problem: str) -> EnvContractError:
-        """A contract error naming the env id, the copy, the episode step and (when known) the agent."""
-        who = f", agent '{agent}'" if agent is not None else ""
-        return EnvContractError(
-            f"env '{self.spec.env_id}' (copy {self.copy_index}, episode step {self.step_count}){who}: {problem}"
-        )
-
-    def _call(self, name: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Call the env's `reset` or `step`; an exception from the env becomes a contract error."""
-        try:
-            return method(*args, **kwargs)
-        except EnvContractError:
-            raise
-        except Exception as err:
-            raise self._error(
-                None,
-                f"{name} raised {type(err).__name__}: {one_line(err)} (--debug shows the env's traceback)",
-            ) from err
-
-    def _check_finite(self, arrays: list[np.ndarray], what: str) -> None:
-        bad = first_nonfinite(arrays)
-        if bad is not None:
-            g, i = bad
-            value = describe(arrays[g][i].tolist())
-            raise self._error(
-                self.spec.groups[g].agents[i], f"{what} {value} holds NaN or inf; expected finite values"
-            )
-
-    def _check_no_rejoin(self, live: set[str]) -> None:
-        for agent, step in self._done_at.items():
-            if agent in live and step < self.step_count:
-                raise self._error(
-                    agent,
-                    f"agent is live again after it terminated or was truncated at episode step {step}; "
-                    f"an env whose agents may come back sets metadata['{REJOIN_KEY}'] = True",
-                )
-
-    def _write_reward(self, agent: str, rewards: Mapping[str, Any], target: np.ndarray, i: int) -> None:
-        try:
-            reward = float(rewards[agent])
-        except KeyError:
-            raise self._error(
-                agent, "step gave no reward for this agent, which acted; expected a number"
-            ) from None
-        except (TypeError, ValueError):
-            raise self._error(agent, f"reward {describe(rewards[agent])} is not a number") from None
-        if not math.isfinite(reward):  # a scalar test is cheaper than one over the reward array
-            raise self._error(agent, f"reward {reward} is not finite; expected a finite number")
-        target[i] = reward
 
     def _slot(self, agent: str) -> tuple[int, int]:
         try:
