@@ -14,6 +14,10 @@ import numpy as np
 from gymnasium import spaces
 from pettingzoo import ParallelEnv
 
+from marl_ppo import registry
+
+BROKEN = "tests/broken_v0"
+
 FAULTS = (
     "none",
     "obs_nan",
@@ -143,3 +147,14 @@ def make(**kwargs) -> BrokenEnv:
 def make_raising(**kwargs) -> BrokenEnv:
     """A factory that fails before building anything."""
     raise ConnectionError("could not reach the simulator at port 5555")
+
+
+def register_for_test(monkeypatch) -> None:
+    """Register the test ids for one test only (the catalog tests must not see them)."""
+    specs = [
+        registry.EnvSpec(BROKEN, BrokenEnv),
+        registry.EnvSpec("tests/factory_raises_v0", make_raising),
+        registry.EnvSpec("tests/needs_extra_v0", "no_such_sim.envs:make", extra="nosim"),
+    ]
+    for spec in specs:
+        monkeypatch.setitem(registry._REGISTRY, spec.id, spec)

@@ -12,18 +12,13 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from broken_envs import BrokenEnv, make_raising
+from broken_envs import BROKEN, register_for_test
 from conftest import ROOT
 
-from marl_ppo import register_env
 from marl_ppo.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_checkpoint
 from marl_ppo.cli import main
 from marl_ppo.envs.pettingzoo import EnvContractError
 
-BROKEN = "tests/broken_v0"
-register_env(BROKEN, BrokenEnv)
-register_env("tests/factory_raises_v0", make_raising)
-register_env("tests/needs_extra_v0", "no_such_sim.envs:make", extra="nosim")
 SPREAD_YAML = str(ROOT / "experiments/mpe/simple_spread.yaml")
 # 2 copies x 5 steps per update; the broken env strikes at its copy's 7th step, during update 2
 TINY = [
@@ -171,6 +166,11 @@ CASES = {
         status=1,
     ),
 }
+
+
+@pytest.fixture(autouse=True)
+def _test_envs(monkeypatch):
+    register_for_test(monkeypatch)
 
 
 def _files(directory):

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from broken_envs import BROKEN, register_for_test
 from conftest import ROOT, collect_rollout
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -131,9 +132,10 @@ def test_skip_drops_every_poisoned_step_and_counts_it(spread_config, monkeypatch
     assert trainer.update(batches).nonfinite_skips == 0
 
 
-def test_overflowing_returns_with_skip_finish_the_run_and_log_the_skips(tmp_path, capsys):
-    from test_bad_input import BROKEN, TINY
+def test_overflowing_returns_with_skip_finish_the_run_and_log_the_skips(tmp_path, capsys, monkeypatch):
+    from test_bad_input import TINY
 
+    register_for_test(monkeypatch)
     run_dir = tmp_path / "run"
     args = [f"env.id={BROKEN}", "env.kwargs.fault=huge_reward", *TINY, "ppo.on_nonfinite=skip"]
     assert main(["train", *args, "--run-dir", str(run_dir)]) == 0
@@ -146,8 +148,9 @@ def test_overflowing_returns_with_skip_finish_the_run_and_log_the_skips(tmp_path
 
 
 def test_full_disk_during_a_run_keeps_the_previous_checkpoint(tmp_path, capsys, monkeypatch):
-    from test_bad_input import BROKEN, TINY
+    from test_bad_input import TINY
 
+    register_for_test(monkeypatch)
     run_dir = tmp_path / "run"
     latest = run_dir / "checkpoints/latest.pt"
     real_save, seen = torch.save, {}
