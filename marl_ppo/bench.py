@@ -29,11 +29,20 @@ ROOT = Path(__file__).resolve().parent.parent
 SPREAD_YAML = ROOT / "experiments" / "mpe" / "simple_spread.yaml"
 
 
-def raw_pettingzoo_sps(env_id: str, kwargs: dict[str, Any], seconds: float = 4.0, seed: int = 0) -> float:
-    """Env steps/s of one env copy in this process, with random actions drawn beforehand."""
+def raw_pettingzoo_sps(
+    env_id: str, kwargs: dict[str, Any], seconds: float = 4.0, seed: int = 0, *, bare: bool = False
+) -> float:
+    """Env steps/s of one env copy in this process, with random actions drawn beforehand.
+
+    The env is stepped as its factory ships it; `bare` strips the assertion-only wrappers first, as
+    the adapter does (`env.skip_check_wrappers`), to show how much of the step they cost.
+    """
+    from marl_ppo.envs.pettingzoo import without_check_wrappers
     from marl_ppo.registry import make_env
 
     env = make_env(env_id, **kwargs)
+    if bare:
+        env = without_check_wrappers(env)
     env.reset(seed=seed)
     agents = list(env.possible_agents)
     for agent in agents:
@@ -103,31 +112,22 @@ class Case:
 def cases(steps: int, device: str = "cpu") -> list[Case]:
     """The benchmark's cases; `steps` sizes the simple_spread training runs.
 
-    The two MAgent2 battles (24 and 288 agents) show how the cost per agent-step scales with the team.
+    The MAgent2 battles (4, 24 and 288 agents) show how the cost per agent-step scales with the team.
     `device` is where the VMAS simulator and the learner run (`cuda` on a machine with a GPU).
     """
     spread = {"N": 3, "max_cycles": 25, "continuous_actions": False}
+    raw_spread = functools.partial(raw_pettingzoo_sps, "mpe2/simple_spread_v3", spread)
+    spread_runs = {  # name: how the 32 env copies are stepped and who acts
+        "spread sync": ["vector=sync"],
+        "spread 2 env procs": ["vector=subprocess", "num_workers=2"],
+        "spread 1 worker": ["vector=workers", "num_workers=1", "policy_lag=0"],
+        "spread 2 workers": ["vector=workers", "num_workers=2", "policy_lag=0"],
+        "spread 2 workers lag": ["vector=workers", "num_workers=2", "policy_lag=1"],
+    }
     return [
-        Case(
-            "spread sync",
-            lambda: raw_pettingzoo_sps("mpe2/simple_spread_v3", spread),
-            SPREAD_YAML,
-            ["vector=sync", f"total_steps={steps}"],
-            3,
-        ),
-        Case(
-            "spread 1 worker",
-            lambda: raw_pettingzoo_sps("mpe2/simple_spread_v3", spread),
-            SPREAD_YAML,
-            ["vector=subprocess", "num_workers=1", f"total_steps={steps}"],
-            3,
-        ),
-        Case(
-            "spread 2 workers",
-            lambda: raw_pettingzoo_sps("mpe2/simple_spread_v3", spread),
-            SPREAD_YAML,
-            ["vector=subprocess", "num_workers=2", f"total_steps={steps}"],
-            3,
+        *(
+            Case(name, raw_spread, SPREAD_YAML, [*overrides, f"total_steps={steps}"], 3)
+            for name, overrides in spread_runs.items()
         ),
         Case(
             "vmas nav 64",
@@ -167,13 +167,13 @@ def cases(steps: int, device: str = "cpu") -> list[Case]:
                     "vector=sync",
                     "num_envs=2",
                     "rollout_steps=50",
-                    "total_steps=400",
+                    f"total_steps={total}",
                     "share_actor=true",
                     "critic=obs",
                 ],
                 agents,
             )
-            for size, agents in ((22, 24), (62, 288))
+            for size, agents, total in ((12, 4, 4000), (22, 24, 800), (62, 288, 400))
         ),
     ]
 
@@ -185,7 +185,7 @@ def _median(values: list[float]) -> float:
 def report(done: list[Case]) -> str:
     """The table of medians."""
     header = (
-        f"{'case':18s} {'raw sps':>9s} {'train sps':>9s} {'ratio':>6s} {'us/agent-step':>13s} "
+        f"{'case':20s} {'raw sps':>9s} {'train sps':>9s} {'ratio':>6s} {'us/agent-step':>13s} "
         f"{'env %':>6s} {'act %':>6s} {'learn %':>7s} {'peak MiB':>8s}"
     )
     lines = [header]
@@ -198,7 +198,7 @@ def report(done: list[Case]) -> str:
             )
         per_agent_step = 1e6 / (sps * case.agents) if sps else float("nan")
         lines.append(
-            f"{case.name:18s} {raw:9.0f} {sps:9.0f} {sps / raw:6.2f} {per_agent_step:13.1f} "
+            f"{case.name:20s} {raw:9.0f} {sps:9.0f} {sps / raw:6.2f} {per_agent_step:13.1f} "
             f"{100 * shares['env_s']:6.1f} {100 * shares['act_s']:6.1f} {100 * shares['learn_s']:7.1f} "
             f"{_median([r['peak_rss_mb'] for r in case.results]):8.0f}"
         )
@@ -231,6 +231,15 @@ def main(argv: list[str] | None = None) -> int:
             )
     print()
     print(report(selected))
+    if any(case.name.startswith("spread") for case in selected):
+        spread = {"N": 3, "max_cycles": 25, "continuous_actions": False}
+        bare = [
+            raw_pettingzoo_sps("mpe2/simple_spread_v3", spread, bare=True) for _ in range(options.repeats)
+        ]
+        print(
+            f"simple_spread raw without its assertion-only wrappers (how the adapter steps it): "
+            f"{_median(bare):.0f} steps/s"
+        )
     return 0
 
 

@@ -41,6 +41,9 @@ class EnvConfig:
     `auto` uses env.state() when the env declares a state_space."""
     image_pool: PositiveInt = 1
     """Average-pool (H, W, C) image observations and states over k x k pixel blocks (uint8 scaled to [0, 1])."""
+    skip_check_wrappers: bool = True
+    """Step an AEC-converted env without PettingZoo's OrderEnforcing/AssertOutOfBounds wrappers, which
+    only assert what the adapter already guarantees (same trajectories, faster steps)."""
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -115,13 +118,21 @@ class ExperimentConfig:
     """Environment steps to train for (one step of one env copy counts once, not once per agent)."""
     num_envs: PositiveInt = 16
     """Environment copies stepped in parallel."""
-    vector: Literal["sync", "subprocess"] = "sync"
-    """Step the env copies in this process (`sync`) or in `num_workers` worker processes (`subprocess`)."""
+    vector: Literal["auto", "sync", "subprocess", "workers"] = "auto"
+    """Where the env copies run: `sync` in this process; `subprocess` in `num_workers` processes that
+    step them while this process acts; `workers` in `num_workers` processes that also act, each with a
+    copy of the policy (no per-step round trips; see policy_lag); `auto` picks `workers` when there
+    are 2+ cores, 2+ env copies per worker and an env step costs 50 us or more, else `sync` (the
+    choice is written to the run's config.yaml). Batched simulators (VMAS) ignore it."""
     num_workers: PositiveInt = 2
-    """Worker processes for `vector: subprocess` (each steps a contiguous slice of the env copies)."""
+    """Worker processes for `vector: subprocess|workers` (each owns a contiguous slice of the env copies)."""
+    policy_lag: Literal[0, 1] = 0
+    """With `vector: workers`, 1 collects the next rollout with the pre-update policy while the learner
+    updates (collection overlaps learning; PPO's ratio is taken against the acting policy); 0 waits.
+    Ignored (0) when `vector: auto` picks `sync`."""
     worker_timeout_s: PositiveFloat = 60.0
-    """Seconds a worker process (`vector: subprocess`) may take to answer a command (build, reset or
-    step its envs) before it is reported as hung and every worker is stopped."""
+    """Seconds a worker process (`vector: subprocess|workers`) may take to answer (build, reset or step
+    its envs, or collect a rollout) before it is reported as hung and every worker is stopped."""
     rollout_steps: PositiveInt = 100
     """Steps per env copy collected before each update (batch = rollout_steps * num_envs)."""
     gamma: Annotated[float, Field(gt=0, le=1)] = 0.99
@@ -136,8 +147,9 @@ class ExperimentConfig:
     """One critic network per group with an agent-id input, instead of one per agent."""
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     """Torch device for the networks."""
-    torch_threads: Annotated[int, Field(ge=0)] = 1
-    """torch.set_num_threads for the learner; 0 leaves torch's default."""
+    torch_threads: PositiveInt | Literal["auto"] = "auto"
+    """torch.set_num_threads for the learner; `auto`: the cores left after the env worker processes
+    (at least 1), so a batched simulator or sync envs use every core and workers are not starved."""
     ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
     """PPO optimisation settings."""
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -146,6 +158,11 @@ class ExperimentConfig:
     """Logging and checkpointing."""
 
     def __post_init__(self) -> None:
+        if self.policy_lag and self.vector not in ("workers", "auto"):
+            raise ValueError(
+                f"policy_lag={self.policy_lag} needs vector=workers (vector is '{self.vector}'); "
+                "set vector=workers or policy_lag=0"
+            )
         if self.ppo.num_minibatches > self.batch_steps:
             raise ValueError(
                 f"ppo.num_minibatches={self.ppo.num_minibatches} exceeds the batch of "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import torch
 import yaml
 
@@ -21,8 +23,8 @@ from marl_ppo.checkpoint import FORMAT, save_checkpoint
 from marl_ppo.config import ExperimentConfig, config_to_dict
 from marl_ppo.envs.aec import TurnBasedAdapter, is_aec
 from marl_ppo.envs.gymnasium import GymnasiumTeamEnv
-from marl_ppo.envs.pettingzoo import ParallelEnvAdapter, build_team_spec
-from marl_ppo.envs.spec import TeamSpec
+from marl_ppo.envs.pettingzoo import ParallelEnvAdapter, TeamArrays, build_team_spec, without_check_wrappers
+from marl_ppo.envs.spec import GroupSpec, TeamSpec
 from marl_ppo.envs.subprocess import SubprocessVectorEnv
 from marl_ppo.envs.vector import SyncVectorEnv
 from marl_ppo.envs.vmas import VmasVectorEnv
@@ -31,6 +33,7 @@ from marl_ppo.models.team import TeamModel
 from marl_ppo.registry import EnvError, env_spec, make_env
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.collector import Collector
+from marl_ppo.rollout.workers import RolloutWorkers
 from marl_ppo.seeding import seed_everything
 from marl_ppo.trainer import Trainer
 
@@ -75,7 +78,9 @@ def make_team_env(config: ExperimentConfig) -> Any:
 
 def _make_adapter(config: ExperimentConfig, spec: TeamSpec) -> ParallelEnvAdapter:
     env = make_team_env(config)
-    return TurnBasedAdapter(env, spec) if is_aec(env) else ParallelEnvAdapter(env, spec)
+    if is_aec(env):
+        return TurnBasedAdapter(env, spec)
+    return ParallelEnvAdapter(without_check_wrappers(env) if config.env.skip_check_wrappers else env, spec)
 
 
 def build_vector_env(
@@ -88,17 +93,122 @@ def build_vector_env(
             config.env.id, num_envs=config.num_envs, device=str(device), seed=config.seed, **config.env.kwargs
         )
         return VmasVectorEnv(env, config.env.id)
-    probe = make_team_env(config)
-    spec = build_team_spec(
-        probe, config.env.id, config.env.groups, image_pool=config.env.image_pool, state=config.env.state
-    )
-    probe.close()
+    config = resolve_vector(config)
+    spec = team_spec(config)
     make_adapter = functools.partial(_make_adapter, config, spec)
     if config.vector == "subprocess":
         return SubprocessVectorEnv(
             make_adapter, config.num_envs, config.num_workers, timeout_s=config.worker_timeout_s
         )
     return SyncVectorEnv(make_adapter, config.num_envs)
+
+
+def team_spec(config: ExperimentConfig) -> TeamSpec:
+    """The team layout (groups, spaces, state) of the configured env, from one probe copy."""
+    probe = make_team_env(config)
+    spec = build_team_spec(
+        probe, config.env.id, config.env.groups, image_pool=config.env.image_pool, state=config.env.state
+    )
+    probe.close()
+    return spec
+
+
+AUTO_WORKERS_MIN_STEP_S = 50e-6
+"""`vector: auto` runs env copies in rollout workers when one env step costs at least this long."""
+
+
+def resolve_vector(config: ExperimentConfig) -> ExperimentConfig:
+    """Replace `vector: auto` by `sync` or `workers`, from the cores available and the env's step cost.
+
+    Workers pay for themselves when there are at least two cores, enough env copies to split
+    (two per worker) and an env step that costs more than the per-step bookkeeping (50 us);
+    toy envs and single-core machines run in this process. The choice is recorded in the run's
+    config.yaml, so a rerun from that file takes the same path.
+    """
+    if config.vector != "auto":
+        return config
+    cores = usable_cores()
+    batched = ":" not in config.env.id and env_spec(config.env.id).batched
+    enough = cores >= 2 and config.num_envs >= 2 * min(config.num_workers, cores)
+    if batched or not enough:
+        return dataclasses.replace(config, vector="sync", policy_lag=0)
+    seconds = probe_step_seconds(config)
+    if seconds >= AUTO_WORKERS_MIN_STEP_S:
+        return dataclasses.replace(config, vector="workers")
+    return dataclasses.replace(config, vector="sync", policy_lag=0)
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def learner_threads(config: ExperimentConfig) -> int:
+    """Torch threads of the learner: `torch_threads`, or for `auto` the cores env workers leave free."""
+    if config.torch_threads != "auto":
+        return config.torch_threads
+    batched = ":" not in config.env.id and env_spec(config.env.id).batched
+    workers = config.num_workers if config.vector in ("subprocess", "workers") and not batched else 0
+    return max(1, usable_cores() - workers)
+
+
+def probe_step_seconds(config: ExperimentConfig, budget_s: float = 0.25) -> float:
+    """Median seconds of one adapter step of one env copy, with a fixed legal action (first allowed)."""
+    spec = team_spec(config)
+    adapter = _make_adapter(config, spec)
+    arrays = TeamArrays.allocate(spec)
+    adapter.reset(config.seed, arrays)
+    times: list[float] = []
+    deadline = time.perf_counter() + budget_s
+    while time.perf_counter() < deadline and len(times) < 200:
+        actions = [_first_allowed(g, m) for g, m in zip(spec.groups, arrays.action_mask, strict=True)]
+        started = time.perf_counter()
+        over = adapter.step(actions, arrays)
+        times.append(time.perf_counter() - started)
+        if over:
+            adapter.reset(None, arrays)
+    adapter.close()
+    return float(np.median(times))
+
+
+def _first_allowed(group: GroupSpec, mask: np.ndarray) -> np.ndarray:
+    """Per agent of the group, the first action its mask allows (the middle of a Box)."""
+    space = group.action_space
+    if isinstance(space, gym.spaces.Discrete):
+        return mask.argmax(-1) if mask.shape[-1] else np.zeros(group.num_agents, dtype=np.int64)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        if not mask.shape[-1]:
+            return np.zeros((group.num_agents, *group.action_shape), dtype=np.int64)
+        bounds = np.cumsum([0, *space.nvec.reshape(-1)])
+        return np.stack([mask[:, a:b].argmax(-1) for a, b in zip(bounds[:-1], bounds[1:], strict=True)], -1)
+    middle = (np.clip(space.low, -1e6, 1e6) + np.clip(space.high, -1e6, 1e6)) / 2
+    return np.broadcast_to(middle.reshape(-1), (group.num_agents, *group.action_shape)).astype(np.float32)
+
+
+def build_collector(
+    config: ExperimentConfig, device: torch.device
+) -> tuple[Collector | RolloutWorkers, TeamModel]:
+    """The rollout collector and the team's networks: acting here, or in rollout workers (`vector: workers`)."""
+    config = resolve_vector(config)
+    batched = ":" not in config.env.id and env_spec(config.env.id).batched
+    if config.vector == "workers" and not batched:
+        spec = team_spec(config)
+        model = TeamModel(spec, config).to(device)
+        workers = RolloutWorkers(
+            functools.partial(_make_adapter, config, spec),
+            functools.partial(TeamModel, spec, config),
+            model,
+            spec=spec,
+            num_envs=config.num_envs,
+            steps=config.rollout_steps,
+            num_workers=min(config.num_workers, config.num_envs),
+            policy_lag=config.policy_lag,
+            timeout_s=config.worker_timeout_s,
+        )
+        return workers, model
+    venv = build_vector_env(config, device)
+    model = TeamModel(venv.spec, config).to(device)
+    return Collector(venv, model, device), model
 
 
 def train(
@@ -108,23 +218,23 @@ def train(
 
     `on_update(updates)` is called after each update (the memory benchmark samples RSS there).
     """
-    if config.torch_threads:
-        torch.set_num_threads(config.torch_threads)
+    config = resolve_vector(config)  # before seeding: the probe steps an env copy
+    torch.set_num_threads(learner_threads(config))
     generator = seed_everything(config.seed)
     device = resolve_device(config.device)
-    venv = build_vector_env(config, device)  # before touching run_dir: a bad env leaves nothing behind
+    # before touching run_dir: a bad env leaves nothing behind
+    collector, model = build_collector(config, device)
+    spec = model.spec
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
-    model = TeamModel(venv.spec, config).to(device)
     trainer = Trainer(model, config.ppo, generator=generator)
-    buffer = RolloutBuffer(venv.spec, config.rollout_steps, config.num_envs, device)
-    collector = Collector(venv, model, device)
+    buffer = RolloutBuffer(spec, config.rollout_steps, config.num_envs, device)
     collector.start(config.seed)
     logger = RunLogger(
         run_dir,
-        agents=venv.spec.agents,
-        groups={g.name: g.agents for g in venv.spec.groups},
+        agents=spec.agents,
+        groups={g.name: g.agents for g in spec.groups},
         total_steps=config.total_steps,
         return_window=config.log.return_window,
         per_agent=config.log.per_agent,
@@ -135,7 +245,7 @@ def train(
     timing = {"env_s": 0.0, "act_s": 0.0, "learn_s": 0.0}
 
     def save(name: str) -> None:
-        _save(run_dir / "checkpoints" / name, config, venv.spec, model, trainer, updates, collector)
+        _save(run_dir / "checkpoints" / name, config, spec, model, trainer, updates, collector)
 
     try:
         while collector.env_steps < config.total_steps:
@@ -148,7 +258,7 @@ def train(
                 on_update(updates)
     finally:
         logger.close()
-        venv.close()
+        collector.close()
     wall = time.perf_counter() - start
     save("latest.pt")
     save("final.pt")
@@ -169,7 +279,7 @@ def train(
 
 def _one_update(
     config: ExperimentConfig,
-    collector: Collector,
+    collector: Collector | RolloutWorkers,
     buffer: RolloutBuffer,
     trainer: Trainer,
     logger: RunLogger,
@@ -184,10 +294,12 @@ def _one_update(
     stats = trainer.update(batches)
     t2 = time.perf_counter()
     logger.episodes_done(rollout.episodes)
+    act_s = rollout.act_seconds if rollout.act_seconds is not None else (t1 - t0) - rollout.env_seconds
     extra = {
         "perf/sps": collector.env_steps / (t2 - start),
         "perf/env_s": rollout.env_seconds,
-        "perf/act_s": (t1 - t0) - rollout.env_seconds,
+        "perf/act_s": act_s,
+        "perf/collect_wait_s": t1 - t0,
         "perf/learn_s": t2 - t1,
         "perf/peak_rss_mb": peak_rss_mb(),
         "perf/rss_mb": rss_mb(),
@@ -220,7 +332,7 @@ def _save(
     model: TeamModel,
     trainer: Trainer,
     updates: int,
-    collector: Collector,
+    collector: Collector | RolloutWorkers,
 ) -> None:
     save_checkpoint(
         path,

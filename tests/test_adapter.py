@@ -163,3 +163,38 @@ def test_an_agent_that_joins_later_becomes_alive_with_its_first_observation():
     adapter.step(actions, out)
     assert set(env.received_actions[-1]) == {"agent_0", "agent_1", "agent_2"}
     np.testing.assert_array_equal(out.reward[0], [1, 2, 3])
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_stepping_without_check_wrappers_keeps_every_trajectory(continuous):
+    """The assertion-only wrappers go; behaviour-changing ones (action clipping) stay; data is identical."""
+    from pettingzoo.utils.wrappers import ClipOutOfBoundsWrapper
+
+    from marl_ppo.envs.pettingzoo import without_check_wrappers
+
+    def build(strip):
+        env = make_env("mpe2/simple_spread_v3", max_cycles=7, continuous_actions=continuous)
+        return without_check_wrappers(env) if strip else env
+
+    stripped = build(True)
+    core = stripped.aec_env
+    assert isinstance(core, ClipOutOfBoundsWrapper) if continuous else type(core).__name__ == "raw_env"
+    runs = []
+    for strip in (False, True):
+        adapter, out = _adapter(build(strip))
+        rng = np.random.default_rng(0)
+        adapter.reset(5, out)
+        trace = []
+        for _ in range(30):
+            (group,) = adapter.spec.groups
+            if continuous:  # partly out of bounds, so that clipping matters
+                actions = [rng.uniform(-0.5, 1.5, size=(3, *group.action_shape)).astype(np.float32)]
+            else:
+                actions = [rng.integers(0, 5, size=3)]
+            if adapter.step(actions, out):
+                adapter.reset(None, out)
+            trace.append([a.copy() for a in (*out.obs, *out.reward, out.state, *out.truncated)])
+        runs.append(trace)
+    for wrapped, bare in zip(*runs, strict=True):
+        for a, b in zip(wrapped, bare, strict=True):
+            np.testing.assert_array_equal(a, b)

@@ -158,6 +158,16 @@ CASES = {
         status=1,
         extra=("vector=subprocess", "worker_timeout_s=1"),
     ),
+    "rollout worker obs nan": broken(
+        "obs_nan", "copy 0, episode step 3", "agent 'agent_1'", "NaN or inf", extra=("vector=workers",)
+    ),
+    "rollout worker hangs": broken(
+        "hang",
+        "RolloutWorkers: worker 0 (pid",
+        "did not answer 'collect' within 1 s (worker_timeout_s)",
+        status=1,
+        extra=("vector=workers", "num_workers=1", "worker_timeout_s=1"),
+    ),
     # numbers that blow up
     "returns overflow": broken(
         "huge_reward",

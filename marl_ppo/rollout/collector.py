@@ -46,6 +46,8 @@ class RolloutResult:
     env_steps: int = 0
     env_seconds: float = 0.0
     """Wall time spent inside the vector env's step (waiting on workers, for the subprocess env)."""
+    act_seconds: float | None = None
+    """Acting time where it is measured apart (rollout workers); None: the rest of the collect time."""
 
 
 class Collector:
@@ -77,6 +79,10 @@ class Collector:
         self.venv.reset(seed)
         self._returns[:] = 0.0
         self._lengths[:] = 0
+
+    def close(self) -> None:
+        """Close the vector env."""
+        self.venv.close()
 
     def _to_torch(self, array: np.ndarray | torch.Tensor) -> torch.Tensor:
         """A copy on the learner's device (env arrays are overwritten by the next step)."""

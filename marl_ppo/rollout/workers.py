@@ -1,0 +1,317 @@
+"""Rollout workers: env copies *and* a copy of the policy in each worker process.
+
+`vector: workers` moves acting out of the learner's process. Each worker owns a contiguous slice of
+the E env copies, a CPU copy of the team's networks and its own sampling RNG; per rollout it reads
+the learner's weights from shared memory, collects its slice with the ordinary `Collector` (same
+auto-reset, truncation bootstrap and episode accounting as in one process) and writes the slice
+into a shared rollout buffer. Per rollout the pipes carry one command and one small reply per
+worker (finished episodes and timings); no array data is pickled.
+
+`policy_lag = 1` overlaps collection with learning: as soon as rollout k is copied out, the workers
+start rollout k + 1 with the weights the learner had *before* update k. PPO then uses that behaviour
+policy's log-probabilities as `logp_old`, so the ratio and its clip are taken against the policy that
+acted. With `policy_lag = 0` the workers wait for the update: exactly on-policy.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import signal
+import time
+import traceback
+import weakref
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import torch
+from torch import nn
+
+from marl_ppo.envs.pettingzoo import EnvContractError, ParallelEnvAdapter
+from marl_ppo.envs.spec import TeamSpec
+from marl_ppo.envs.subprocess import RemoteTraceback, _shutdown
+from marl_ppo.envs.vector import SyncVectorEnv
+from marl_ppo.faults import WorkerError, one_line
+from marl_ppo.rollout.buffer import RolloutBuffer
+from marl_ppo.rollout.collector import Collector, EpisodeRecord, RolloutResult
+
+
+def worker_seed(seed: int, worker: int) -> int:
+    """The torch seed of worker `worker`'s action sampling in a run with `seed`."""
+    return seed * 1_000_003 + 7_919 * (worker + 1)
+
+
+def _buffer_tensors(buffer: RolloutBuffer) -> list[torch.Tensor]:
+    """Every `(T, E, ...)` tensor of a buffer, in a fixed order."""
+    tensors = [buffer.state]
+    for storage in buffer.groups:
+        tensors += [getattr(storage, name) for name in storage.__dataclass_fields__]
+    return tensors
+
+
+def _worker(
+    conn: Connection,
+    parent_end: Connection,
+    make_adapter: Callable[[], ParallelEnvAdapter],
+    make_model: Callable[[], nn.Module],
+    envs: range,
+    worker: int,
+    shared_weights: dict[str, torch.Tensor],
+    shared_buffer: RolloutBuffer,
+    shared_last_values: list[torch.Tensor],
+) -> None:
+    """Collect this worker's env slice on command; acknowledge every command on the pipe."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
+    parent_end.close()
+    torch.set_num_threads(1)
+    command, argument = "start", None
+    collector: Collector | None = None
+    while True:
+        reply: tuple[str, Any] = ("ok", None)
+        try:
+            if command == "start":
+                model = make_model()
+                venv = SyncVectorEnv(make_adapter, len(envs))
+                for i, adapter in zip(envs, venv.adapters, strict=True):
+                    adapter.copy_index = i  # the run's copy index, named in contract errors
+                buffer = RolloutBuffer(venv.spec, shared_buffer.steps, len(envs))
+                collector = Collector(venv, model, torch.device("cpu"))
+                targets = [t[:, envs.start : envs.stop] for t in _buffer_tensors(shared_buffer)]
+            elif command == "reset":
+                collector.start(argument + envs.start)
+                torch.manual_seed(worker_seed(argument, worker))
+            elif command == "collect":
+                reply = (
+                    "ok",
+                    _collect(collector, model, buffer, targets, envs, shared_weights, shared_last_values),
+                )
+            elif command == "close":
+                if collector is not None:
+                    collector.venv.close()
+            else:
+                raise ValueError(f"unknown command {command!r}")
+        except EnvContractError as err:  # the parent raises it again, as one process would
+            reply = ("contract", (str(err), traceback.format_exc()))
+        except Exception as err:  # reported to the parent, which raises it there
+            reply = ("error", (f"{type(err).__name__}: {one_line(err)}", traceback.format_exc()))
+        try:
+            conn.send(reply)
+            if command == "close":
+                return
+            command, argument = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            return
+
+
+def _collect(
+    collector: Collector,
+    model: nn.Module,
+    buffer: RolloutBuffer,
+    targets: list[torch.Tensor],
+    envs: range,
+    shared_weights: dict[str, torch.Tensor],
+    shared_last_values: list[torch.Tensor],
+) -> dict[str, Any]:
+    """One rollout of this worker's slice with the shared weights; returns episodes and timings."""
+    started = time.perf_counter()
+    model.load_state_dict(shared_weights)
+    steps_before = collector.env_steps
+    buffer.reset()
+    result = collector.collect(buffer)
+    for target, local in zip(targets, _buffer_tensors(buffer), strict=True):
+        target.copy_(local)
+    for target, local in zip(shared_last_values, result.last_values, strict=True):
+        target[envs.start : envs.stop] = local
+    # rollout step (0-based) at which each episode ended, for the learner's global step count
+    episodes = [((e.end_step - steps_before) // len(envs) - 1, e) for e in result.episodes]
+    return {"episodes": episodes, "env_s": result.env_seconds, "total_s": time.perf_counter() - started}
+
+
+class RolloutWorkers:
+    """E env copies in `num_workers` processes that act with a copy of the policy; a Collector's interface."""
+
+    def __init__(
+        self,
+        make_adapter: Callable[[], ParallelEnvAdapter],
+        make_model: Callable[[], nn.Module],
+        model: nn.Module,
+        *,
+        spec: TeamSpec,
+        num_envs: int,
+        steps: int,
+        num_workers: int,
+        policy_lag: int,
+        start_method: str | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        if not 1 <= num_workers <= num_envs:
+            raise ValueError(f"num_workers ({num_workers}) must be between 1 and num_envs ({num_envs})")
+        if policy_lag not in (0, 1):
+            raise ValueError(f"policy_lag must be 0 or 1, got {policy_lag}")
+        self.spec = spec
+        self.num_envs = num_envs
+        self.model = model
+        self.policy_lag = policy_lag
+        self.timeout_s = timeout_s
+        """Seconds a worker may take to answer a command (a whole rollout for 'collect'); None waits forever."""
+        self.env_steps = 0
+        """Env steps of the rollouts handed to the learner so far (one per copy per step)."""
+        self._weights = {k: v.detach().cpu().clone().share_memory_() for k, v in model.state_dict().items()}
+        self._shared = RolloutBuffer(spec, steps, num_envs)
+        for tensor in _buffer_tensors(self._shared):
+            tensor.share_memory_()
+        self._last_values = [torch.zeros(num_envs, g.num_agents).share_memory_() for g in spec.groups]
+        self._in_flight = False
+        if start_method is None:
+            start_method = "fork" if "fork" in mp.get_all_start_methods() else None
+        ctx = mp.get_context(start_method)
+        bounds = [round(k * num_envs / num_workers) for k in range(num_workers + 1)]
+        self._slices = [range(bounds[k], bounds[k + 1]) for k in range(num_workers)]
+        self._processes: list[BaseProcess] = []
+        self._conns: list[Connection] = []
+        self._closer = weakref.finalize(self, _shutdown, self._processes, self._conns)
+        for k, envs in enumerate(self._slices):
+            parent_end, child_end = ctx.Pipe()
+            process = ctx.Process(
+                target=_worker,
+                args=(
+                    child_end,
+                    parent_end,
+                    make_adapter,
+                    make_model,
+                    envs,
+                    k,
+                    self._weights,
+                    self._shared,
+                    self._last_values,
+                ),
+                name=f"marl_ppo-rollout-worker-{k}",
+                daemon=True,
+            )
+            process.start()
+            child_end.close()
+            self._processes.append(process)
+            self._conns.append(parent_end)
+        self._gather("start")
+
+    def start(self, seed: int) -> None:
+        """Reset every env copy (env i gets `seed + i`); worker k samples with `worker_seed(seed, k)`."""
+        self._command("reset", seed)
+        self._in_flight = False
+
+    def collect(self, buffer: RolloutBuffer) -> RolloutResult:
+        """Fill `buffer` with the next rollout of every env copy (launched now, or earlier with policy lag)."""
+        if not self._in_flight:
+            self._launch()
+        replies = self._gather("collect")
+        self._in_flight = False
+        for target, shared in zip(_buffer_tensors(buffer), _buffer_tensors(self._shared), strict=True):
+            target.copy_(shared)
+        buffer.pos = buffer.steps
+        last_values = [v.to(buffer.device, copy=True) for v in self._last_values]
+        if self.policy_lag:
+            self._launch()  # the next rollout runs with these weights while the learner updates
+        result = RolloutResult(last_values=last_values, env_steps=buffer.steps * self.num_envs)
+        result.episodes = self._episodes(replies)
+        result.env_seconds = max(r["env_s"] for r in replies)
+        result.act_seconds = max(r["total_s"] - r["env_s"] for r in replies)
+        self.env_steps += result.env_steps
+        return result
+
+    def close(self) -> None:
+        """Stop the workers and close their envs (also done on garbage collection and at exit)."""
+        self._closer()
+
+    def _episodes(self, replies: list[dict[str, Any]]) -> list[EpisodeRecord]:
+        """Finished episodes in the order one process would report them, with the run's step counts."""
+        tagged = [
+            (t, k, n, episode)
+            for k, reply in enumerate(replies)
+            for n, (t, episode) in enumerate(reply["episodes"])
+        ]
+        episodes = []
+        for t, _, _, episode in sorted(tagged, key=lambda item: item[:3]):
+            episode.end_step = self.env_steps + (t + 1) * self.num_envs
+            episodes.append(episode)
+        return episodes
+
+    def _launch(self) -> None:
+        with torch.no_grad():
+            for name, tensor in self.model.state_dict().items():
+                self._weights[name].copy_(tensor)
+        for k, conn in enumerate(self._conns):
+            self._send(k, conn, ("collect", None))
+        self._in_flight = True
+
+    def _command(self, command: str, argument: Any) -> list[Any]:
+        if self._in_flight:
+            self._gather("collect")  # drain a rollout started with policy lag
+            self._in_flight = False
+        for k, conn in enumerate(self._conns):
+            self._send(k, conn, (command, argument))
+        return self._gather(command)
+
+    def _send(self, k: int, conn: Connection, message: tuple[str, Any]) -> None:
+        if not self._closer.alive:
+            raise RuntimeError("RolloutWorkers is closed")
+        try:
+            conn.send(message)
+        except OSError:
+            self._fail(self._died(k, message[0]))
+
+    def _gather(self, command: str) -> list[Any]:
+        """Every worker's reply payload, in worker order; raise (after stopping all) on error or death."""
+        replies: dict[int, Any] = {}
+        errors = []
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        while len(replies) < len(self._conns):
+            pending = [k for k in range(len(self._conns)) if k not in replies]
+            waiting = [self._conns[k] for k in pending] + [self._processes[k].sentinel for k in pending]
+            ready = wait(waiting, None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if not ready:
+                self._hung(pending, command)
+            for k in pending:
+                conn, process = self._conns[k], self._processes[k]
+                if conn not in ready and process.sentinel not in ready:
+                    continue
+                try:
+                    status, payload = conn.recv() if conn.poll() else ("dead", None)
+                except (EOFError, OSError):
+                    status, payload = "dead", None
+                if status == "dead":
+                    self._fail(self._died(k, command))
+                if status != "ok":
+                    errors.append((k, status, *payload))
+                replies[k] = payload
+        if errors:
+            k, status, message, trace = min(errors)  # the lowest worker's error; every worker is stopped
+            self._closer()
+            if status == "contract":
+                raise EnvContractError(message) from RemoteTraceback(trace)
+            raise WorkerError(f"RolloutWorkers: worker {k} failed during '{command}': {message}") from (
+                RemoteTraceback(trace)
+            )
+        return [replies[k] for k in range(len(self._conns))]
+
+    def _hung(self, pending: list[int], command: str) -> None:
+        """Stop every worker after `pending` did not answer within the timeout, and raise."""
+        names = ", ".join(f"worker {k} (pid {self._processes[k].pid})" for k in pending)
+        for k in pending:
+            self._processes[k].kill()  # a hung worker would not answer 'close'
+        self._fail(
+            f"{names} did not answer '{command}' within {self.timeout_s:g} s (worker_timeout_s); "
+            "an env hung, every worker was stopped"
+        )
+
+    def _died(self, k: int, command: str) -> str:
+        process = self._processes[k]
+        process.join(1.0)
+        return (
+            f"worker {k} ({process.name}, pid {process.pid}) died during '{command}' "
+            f"(exit code {process.exitcode})"
+        )
+
+    def _fail(self, message: str) -> None:
+        self._closer()
+        raise WorkerError(f"RolloutWorkers: {message}")

@@ -1,0 +1,225 @@
+"""Rollout workers (`vector: workers`): exactly the sync collector's data per slice, declared policy lag."""
+
+import copy
+import dataclasses
+import functools
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from marl_ppo.config import ConfigError, load_config
+from marl_ppo.models.team import TeamModel
+from marl_ppo.rollout.buffer import RolloutBuffer
+from marl_ppo.rollout.collector import Collector
+from marl_ppo.rollout.workers import RolloutWorkers, _buffer_tensors, worker_seed
+from marl_ppo.train import _make_adapter, build_collector, team_spec, train
+from tests.conftest import ROOT
+
+SPREAD_YAML = ROOT / "experiments/mpe/simple_spread.yaml"
+EARLY_LEAVER = "envs/early_leaver_v0"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Workers compute with one thread; so does the reference here, for bit-identical matmuls."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _config(tiny_overrides, *extra, env=None):
+    overrides = [*tiny_overrides, "num_envs=5", "rollout_steps=7", *extra]
+    if env is None:  # simple_spread, with episodes that end inside the rollouts
+        return load_config(SPREAD_YAML, [*overrides, "env.kwargs.max_cycles=4"])
+    return load_config(None, [*overrides, f"env.id={env}", "env.kwargs={leave_at: 2, max_steps: 5}"])
+
+
+def _workers(config, model, num_workers, policy_lag=0):
+    spec = model.spec
+    return RolloutWorkers(
+        functools.partial(_make_adapter, config, spec),
+        functools.partial(TeamModel, spec, config),
+        model,
+        spec=spec,
+        num_envs=config.num_envs,
+        steps=config.rollout_steps,
+        num_workers=num_workers,
+        policy_lag=policy_lag,
+    )
+
+
+def _sync_slice(config, model, envs, seed, worker, rollouts):
+    """What one process collects for env copies `envs` with worker `worker`'s sampling seed."""
+    sliced = dataclasses.replace(config, num_envs=len(envs), vector="sync")
+    collector, _ = build_collector(sliced, torch.device("cpu"))
+    collector.model = model
+    collector.start(seed + envs.start)
+    torch.manual_seed(worker_seed(seed, worker))
+    buffers, results = [], []
+    for _ in range(rollouts):
+        buffer = RolloutBuffer(model.spec, config.rollout_steps, len(envs))
+        results.append(collector.collect(buffer))
+        buffers.append(buffer)
+    collector.close()
+    return buffers, results
+
+
+@pytest.mark.parametrize("env", [None, EARLY_LEAVER], ids=["simple_spread", "early_leaver"])
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_each_worker_slice_equals_a_sync_collector(tiny_overrides, env, num_workers):
+    """Every tensor of two consecutive rollouts, the bootstrap values and the episode log match."""
+    config = _config(tiny_overrides, env=env)
+    torch.manual_seed(0)
+    model = TeamModel(team_spec(config), config)
+    workers = _workers(config, model, num_workers)
+    try:
+        workers.start(seed=3)
+        got = []
+        for _ in range(2):
+            buffer = RolloutBuffer(model.spec, config.rollout_steps, config.num_envs)
+            got.append((buffer, workers.collect(buffer)))
+    finally:
+        workers.close()
+    slices = workers._slices
+    expected = [_sync_slice(config, model, envs, 3, k, 2) for k, envs in enumerate(slices)]
+    for r, (buffer, result) in enumerate(got):
+        for position, tensor in enumerate(_buffer_tensors(buffer)):
+            pieces = [_buffer_tensors(buffers[r])[position] for buffers, _ in expected]
+            assert torch.equal(tensor, torch.cat(pieces, dim=1)), f"rollout {r} tensor {position}"
+        for g, values in enumerate(result.last_values):
+            pieces = [results[r].last_values[g] for _, results in expected]
+            assert torch.equal(values, torch.cat(pieces))
+    # episodes in the order one process over all envs logs them (by step, then env), team step counts
+    reference = sorted(
+        (e.end_step // len(envs), k, n, e.team_return)
+        for k, (envs, (_, results)) in enumerate(zip(slices, expected, strict=True))
+        for n, e in enumerate(e for result in results for e in result.episodes)
+    )
+    episodes = [e for _, result in got for e in result.episodes]
+    assert [e.team_return for e in episodes] == [ret for *_, ret in reference]
+    assert [e.end_step for e in episodes] == [t * config.num_envs for t, *_ in reference]
+    assert len(episodes) > 0
+    assert workers.env_steps == 2 * config.rollout_steps * config.num_envs
+
+
+def _logp(model, buffer):
+    group = buffer.groups[0]
+    return model.actors[0](group.obs, group.action_mask).log_prob(group.actions)
+
+
+@pytest.mark.parametrize("policy_lag", [0, 1])
+def test_policy_lag_decides_which_weights_act(tiny_overrides, policy_lag):
+    """With lag 1 the rollout after an update was collected by the pre-update weights; lag 0 by the new ones."""
+    config = _config(tiny_overrides, "vector=workers", f"policy_lag={policy_lag}")
+    torch.manual_seed(0)
+    model = TeamModel(team_spec(config), config)
+    before = copy.deepcopy(model)
+    workers = _workers(config, model, 2, policy_lag)
+    try:
+        workers.start(seed=0)
+        buffer = RolloutBuffer(model.spec, config.rollout_steps, config.num_envs)
+        workers.collect(buffer)
+        with torch.no_grad():  # "the update"
+            for parameter in model.actors.parameters():
+                parameter.add_(0.5 * torch.randn_like(parameter))
+        workers.collect(buffer)
+    finally:
+        workers.close()
+    acting, other = (before, model) if policy_lag else (model, before)
+    stored = buffer.groups[0].logp
+    with torch.no_grad():
+        torch.testing.assert_close(_logp(acting, buffer), stored, rtol=0, atol=1e-5)
+        assert (_logp(other, buffer) - stored).abs().max() > 1e-2
+
+
+def test_training_with_workers_is_deterministic(tiny_overrides, tmp_path):
+    config = _config(tiny_overrides, "vector=workers", "policy_lag=1", "total_steps=140")
+    weights = []
+    for run in ("a", "b"):
+        train(config, tmp_path / run)
+        weights.append(torch.load(tmp_path / run / "checkpoints/final.pt", weights_only=True)["model"])
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_policy_lag_needs_rollout_workers(tiny_overrides):
+    with pytest.raises(ConfigError, match="policy_lag=1 needs vector=workers"):
+        load_config(SPREAD_YAML, [*tiny_overrides, "vector=subprocess", "policy_lag=1"])
+
+
+def test_a_killed_worker_stops_the_run_with_a_clear_error(tiny_overrides):
+    config = _config(tiny_overrides, "rollout_steps=2000")
+    torch.manual_seed(0)
+    model = TeamModel(team_spec(config), config)
+    workers = _workers(config, model, 2)
+    workers.start(seed=0)
+    victim = workers._processes[1]
+    buffer = RolloutBuffer(model.spec, config.rollout_steps, config.num_envs)
+    workers._launch()
+    os.kill(victim.pid, signal.SIGKILL)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"worker 1 .* died during 'collect' \(exit code -9\)"):
+        workers.collect(buffer)
+    assert time.monotonic() - started < 10
+    assert not any(p.is_alive() for p in workers._processes)
+
+
+def test_collector_interface_matches(tiny_overrides):
+    """train() drives both collectors through the same four members."""
+    for cls in (Collector, RolloutWorkers):
+        for member in ("start", "collect", "close"):
+            assert callable(getattr(cls, member))
+
+
+@pytest.mark.parametrize(
+    ("cores", "num_envs", "step_s", "expected"),
+    [
+        (2, 32, 300e-6, "workers"),  # simple_spread-like cost
+        (2, 32, 10e-6, "sync"),  # a toy env: bookkeeping would dominate
+        (1, 32, 300e-6, "sync"),  # nothing to overlap on one core
+        (2, 3, 300e-6, "sync"),  # too few copies to split
+    ],
+)
+def test_auto_vector_picks_by_cores_copies_and_step_cost(
+    tiny_overrides, monkeypatch, cores, num_envs, step_s, expected
+):
+    import marl_ppo.train as train_module
+
+    monkeypatch.setattr(train_module, "usable_cores", lambda: cores)
+    monkeypatch.setattr(train_module, "probe_step_seconds", lambda config: step_s)
+    config = load_config(
+        SPREAD_YAML, [*tiny_overrides, "vector=auto", f"num_envs={num_envs}", "policy_lag=1"]
+    )
+    resolved = train_module.resolve_vector(config)
+    assert resolved.vector == expected
+    assert resolved.policy_lag == (1 if expected == "workers" else 0)
+
+
+def test_auto_vector_probe_tells_a_toy_env_from_simple_spread(tiny_overrides):
+    from marl_ppo.train import probe_step_seconds
+
+    spread = probe_step_seconds(load_config(SPREAD_YAML, tiny_overrides))
+    toy = probe_step_seconds(load_config(None, [*tiny_overrides, "env.id=envs/matrix_game_v0"]))
+    assert toy < 50e-6 <= spread
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["vector=sync"], 2),
+        (["vector=workers", "num_workers=2"], 1),
+        (["vector=subprocess", "num_workers=1"], 1),
+        (["env.id=vmas/navigation", "env.kwargs={}", "vector=workers"], 2),  # batched: no workers
+        (["vector=workers", "torch_threads=3"], 3),
+    ],
+)
+def test_learner_threads_use_the_cores_env_workers_leave(tiny_overrides, monkeypatch, overrides, expected):
+    import marl_ppo.train as train_module
+
+    monkeypatch.setattr(train_module, "usable_cores", lambda: 2)
+    config = load_config(SPREAD_YAML, [*tiny_overrides, *overrides])
+    assert train_module.learner_threads(config) == expected
