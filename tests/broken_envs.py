@@ -37,6 +37,7 @@ FAULTS = (
     "reset_no_agents",
     "reset_raises",
     "first_reset_raises",
+    "reset_obs_nan",
     "huge_reward",
     "hang",
 )
@@ -82,7 +83,10 @@ class BrokenEnv(ParallelEnv):
         if (self.fault == "reset_raises" and strike) or self.fault == "first_reset_raises":
             raise RuntimeError("simulator lost its license server")
         self.agents = [] if self.fault == "reset_no_agents" and strike else list(self.possible_agents)
-        return {a: self._obs(a) for a in self.agents}, {a: {} for a in self.agents}
+        observations = {a: self._obs(a) for a in self.agents}
+        if self.fault == "reset_obs_nan" and strike:
+            observations["agent_0"] = np.array([np.nan, 0.0], np.float32)
+        return observations, {a: {} for a in self.agents}
 
     def step(self, actions):
         self._t += 1

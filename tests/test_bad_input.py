@@ -116,6 +116,19 @@ CASES = {
     "obs nan": broken(
         "obs_nan", "copy 0, episode step 3", "agent 'agent_1'", "observation [1.0, nan] holds NaN or inf"
     ),
+    "obs nan at an episode's end": broken(
+        "obs_nan", "copy 0, episode step 4", "agent 'agent_1'", "[1.0, nan]", extra=("env.kwargs.at=8",)
+    ),
+    "obs nan at reset": broken(
+        "reset_obs_nan",
+        "copy 0, episode step 0",
+        "agent 'agent_0'",
+        "[nan, 0.0]",
+        extra=("env.kwargs.max_steps=6",),
+    ),
+    "worker obs nan at an episode's end": broken(
+        "obs_nan", "copy 0, episode step 4", "agent 'agent_1'", extra=("env.kwargs.at=8", "vector=subprocess")
+    ),
     "obs inf": broken("obs_inf", "agent 'agent_1'", "[1.0, inf] holds NaN or inf; expected finite values"),
     "obs shape": broken("obs_shape", "agent 'agent_1'", "shape (3,)", "expected shape (2,)"),
     "obs dtype": broken("obs_dtype", "agent 'agent_1'", "dtype <U5", "expected shape (2,) and dtype float32"),
@@ -140,7 +153,7 @@ CASES = {
         "step_raises", "copy 0, episode step 3", "step raised ZeroDivisionError", "physics"
     ),
     "step old api": broken("step_old_api", "step returned", "expected (observations, rewards, terminations"),
-    "state nan": broken("state_nan", "state() returned", "expected 3 finite values"),
+    "state nan": broken("state_nan", "copy 0, episode step 3", "state() [nan, nan, nan] holds NaN or inf"),
     "reset no agents": broken(
         "reset_no_agents", "reset returned no agents", extra=("env.kwargs.max_steps=6",)
     ),

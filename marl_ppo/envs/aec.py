@@ -29,7 +29,7 @@ class TurnBasedAdapter(ParallelEnvAdapter):
 
     def reset(self, seed: int | None, out: TeamArrays) -> None:
         """Reset the env; every agent's observation is written, only the agent to move is alive."""
-        self.step_count = 0
+        self.ended_at, self.step_count = self.step_count, 0
         self._call("reset", self.env.reset, seed=seed)
         if not self.env.agents:
             raise self._error(None, "reset returned no agents; at least one must be live")
@@ -50,7 +50,6 @@ class TurnBasedAdapter(ParallelEnvAdapter):
             out.terminated[g][i] = bool(self.env.terminations[agent])
             out.truncated[g][i] = bool(self.env.truncations[agent]) and not out.terminated[g][i]
         self._observe_all(out.final_obs)
-        self._check_finite(out.final_obs, "observation")
         self._write_state(out.final_state, out.final_obs)
         while self.env.agents and self._done(self.env.agent_selection):
             self._call("step", self.env.step, None)  # finished agents leave through a None step
@@ -79,7 +78,6 @@ class TurnBasedAdapter(ParallelEnvAdapter):
             out.alive[g].fill(False)
             out.action_mask[g].fill(True)
         self._observe_all(out.obs)
-        self._check_finite(out.obs, "observation")
         g, i = self._slot(mover)
         out.alive[g][i] = True
         self._write_mask(mover, self.env.observe(mover), self.env.infos, out.action_mask[g][i])

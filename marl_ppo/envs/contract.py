@@ -22,13 +22,22 @@ class EnvContractError(RuntimeError):
     """The environment broke the PettingZoo contract; the message names env, copy, step and agent."""
 
 
-def first_nonfinite(arrays: Sequence[np.ndarray]) -> tuple[int, int] | None:
-    """(group, agent) of the first NaN or inf in per-group arrays shaped `(A_g, ...)`, else None."""
-    for g, array in enumerate(arrays):
-        if not np.isfinite(array).all():
-            finite_rows = np.isfinite(array.reshape(array.shape[0], -1)).all(axis=1)
-            return g, int(np.argmin(finite_rows))
-    return None
+def check_finite(arrays: Any, adapters: Sequence[ContractChecks], ended: np.ndarray, *, state: bool) -> None:
+    """One isfinite test per `(E, A_g, D)` observation array (and `(E, S)` state) of a vector step.
+
+    `arrays` holds the rows of `adapters` (a TeamArrays or a block of its rows) and `ended` their
+    `episode_over` flags. Only on failure is the env copy and agent found, and that adapter raises.
+    """
+    fields = ("final_obs", "obs", "final_state", "state") if state else ("final_obs", "obs")
+    for field in fields:
+        value = getattr(arrays, field)
+        for g, array in enumerate(value if isinstance(value, list) else [value]):
+            if not np.isfinite(array).all():
+                bad = np.argwhere(~np.isfinite(array))[0]
+                e, i = int(bad[0]), (int(bad[1]) if isinstance(value, list) else None)
+                adapters[e].raise_nonfinite(
+                    field, g, i, array[e] if i is None else array[e, i], bool(ended[e])
+                )
 
 
 def box_mismatch(array: np.ndarray, space: gym.spaces.Box) -> str | None:
@@ -54,14 +63,17 @@ class ContractChecks:
     spec: TeamSpec
     copy_index: int
     step_count: int
+    ended_at: int
+    """Steps of the episode that the last reset ended."""
     _done_at: dict[str, int]
     """Agents that terminated or were truncated this episode, and the episode step when they did."""
 
-    def _error(self, agent: str | None, problem: str) -> EnvContractError:
+    def _error(self, agent: str | None, problem: str, *, step: int | None = None) -> EnvContractError:
         """A contract error naming the env id, the copy, the episode step and (when known) the agent."""
         who = f", agent '{agent}'" if agent is not None else ""
+        step = self.step_count if step is None else step
         return EnvContractError(
-            f"env '{self.spec.env_id}' (copy {self.copy_index}, episode step {self.step_count}){who}: {problem}"
+            f"env '{self.spec.env_id}' (copy {self.copy_index}, episode step {step}){who}: {problem}"
         )
 
     def _call(self, name: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -76,14 +88,14 @@ class ContractChecks:
                 f"{name} raised {type(err).__name__}: {one_line(err)} (--debug shows the env's traceback)",
             ) from err
 
-    def _check_finite(self, arrays: list[np.ndarray], what: str) -> None:
-        bad = first_nonfinite(arrays)
-        if bad is not None:
-            g, i = bad
-            value = describe(arrays[g][i].tolist())
-            raise self._error(
-                self.spec.groups[g].agents[i], f"{what} {value} holds NaN or inf; expected finite values"
-            )
+    def raise_nonfinite(self, field: str, g: int, i: int | None, value: np.ndarray, ended: bool) -> None:
+        """Raise the error for a NaN or inf in `field` (agent `i` of group `g`, or the state)."""
+        # a final value of an episode that ended (and was reset) came from that episode's last step
+        step = self.ended_at if ended and field.startswith("final_") else self.step_count
+        what = "state()" if i is None else "observation"
+        agent = None if i is None else self.spec.groups[g].agents[i]
+        problem = f"{what} {describe(value.tolist())} holds NaN or inf; expected finite values"
+        raise self._error(agent, problem, step=step)
 
     def _check_no_rejoin(self, live: set[str]) -> None:
         for agent, step in self._done_at.items():

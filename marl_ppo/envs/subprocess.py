@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from marl_ppo.envs.contract import check_finite
 from marl_ppo.envs.pettingzoo import EnvContractError, ParallelEnvAdapter, TeamArrays
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.faults import WorkerError, one_line
@@ -86,6 +87,7 @@ def _worker(
     arrays, actions, episode_over, _ = _shared_views(spec, num_envs, buffer)
     adapters: list[ParallelEnvAdapter] = []
     rows = [arrays.row(i) for i in envs]
+    block, ended = arrays.row(slice(envs.start, envs.stop)), episode_over[envs.start : envs.stop]
     command, seed = "start", None
     while True:
         reply: tuple[str, str | None, str | None] = ("ok", None, None)
@@ -98,12 +100,14 @@ def _worker(
                 for i, adapter, row in zip(envs, adapters, rows, strict=True):
                     adapter.reset(seed + i, row)
                     episode_over[i] = False
+                check_finite(block, adapters, ended, state=spec.state_from_env)
             elif command == "step":
                 for i, adapter, row in zip(envs, adapters, rows, strict=True):
                     over = adapter.step([a[i] for a in actions], row)
                     episode_over[i] = over
                     if over:
                         adapter.reset(None, row)
+                check_finite(block, adapters, ended, state=spec.state_from_env)
             elif command == "close":
                 for adapter in adapters:
                     adapter.close()

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from marl_ppo.envs.contract import check_finite
 from marl_ppo.envs.pettingzoo import ParallelEnvAdapter, TeamArrays
 from marl_ppo.envs.spec import TeamSpec
 
@@ -33,6 +34,7 @@ class SyncVectorEnv:
         for i, (adapter, row) in enumerate(zip(self.adapters, self._rows, strict=True)):
             adapter.reset(seed + i, row)
         self.episode_over[:] = False
+        check_finite(self.arrays, self.adapters, self.episode_over, state=self.spec.state_from_env)
         return self.arrays
 
     def step(self, actions: Sequence[np.ndarray]) -> TeamArrays:
@@ -42,6 +44,7 @@ class SyncVectorEnv:
             self.episode_over[i] = over
             if over:
                 adapter.reset(None, row)
+        check_finite(self.arrays, self.adapters, self.episode_over, state=self.spec.state_from_env)
         return self.arrays
 
     def close(self) -> None:
