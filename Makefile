@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 EXPERIMENT ?= experiments/mpe/simple_spread.yaml
 ARGS ?=
 
-.PHONY: install run test test-slow bench lint clean
+.PHONY: install run test test-slow bench bench-memory lint clean
 
 install: $(STAMP)
 
@@ -30,6 +30,9 @@ test-slow: install
 
 bench: install
 	$(BIN)/python -m marl_ppo.bench $(ARGS)
+
+bench-memory: install
+	$(BIN)/python -m marl_ppo.bench_memory $(ARGS)
 
 lint: install
 	$(BIN)/ruff check marl_ppo envs tests

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from marl_ppo.faults import CheckpointWriteError, NonFiniteError
+
 FORMAT = "marl_ppo.checkpoint.v1"
 _PERIODIC = re.compile(r"update_(\d+)\.pt")
 
@@ -26,7 +28,17 @@ class CheckpointError(ValueError):
 
 
 def save_checkpoint(path: Path, payload: dict[str, Any], copies: Sequence[Path] = ()) -> None:
-    """Write `payload` to `path` (and to each of `copies`) via a temporary file and rename: never half-written."""
+    """Write `payload` to `path` (and to each of `copies`) via a temporary file and rename: never half-written.
+
+    Refuses (NonFiniteError) a payload holding NaN or inf, and turns a failed write (a full disk)
+    into a one-line CheckpointWriteError; either way the previous files are kept.
+    """
+    bad = _first_nonfinite(payload)
+    if bad is not None:
+        raise NonFiniteError(
+            f"refusing to write checkpoint '{path}': '{bad}' holds NaN or inf values; "
+            "the previous checkpoint is kept"
+        )
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     for target in (path, *copies):
@@ -35,17 +47,25 @@ def save_checkpoint(path: Path, payload: dict[str, Any], copies: Sequence[Path] 
 
 def write_atomic(path: Path, data: bytes | memoryview) -> None:
     """Write `data` to a temporary file next to `path`, fsync it and rename it onto `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; checkpoints are ordinary shareable files
         os.replace(tmp, path)
+    except OSError as err:
+        _remove(tmp)
+        reason = err.strerror or str(err) or type(err).__name__
+        raise CheckpointWriteError(
+            f"could not write checkpoint '{path}' ({reason}); the previous checkpoint is kept, "
+            "free space or fix permissions and resume from it"
+        ) from err
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        _remove(tmp)
         raise
     if os.name == "posix":  # make the rename itself survive a power cut
         directory = os.open(path.parent, os.O_RDONLY)
@@ -53,6 +73,29 @@ def write_atomic(path: Path, data: bytes | memoryview) -> None:
             os.fsync(directory)
         finally:
             os.close(directory)
+
+
+def _remove(tmp: str | None) -> None:
+    if tmp is not None:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _first_nonfinite(value: Any, name: str = "") -> str | None:
+    """Dotted name of the first floating tensor in `value` with a NaN or inf entry, else None."""
+    if isinstance(value, torch.Tensor):
+        finite = not value.is_floating_point() or bool(torch.isfinite(value).all())
+        return None if finite else name or "<payload>"
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = _first_nonfinite(item, f"{name}.{key}" if name else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 def load_checkpoint(path: Path | str) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -17,12 +18,16 @@ from marl_ppo.checkpoint import CheckpointError
 from marl_ppo.config import ConfigError, ExperimentConfig, config_keys, load_config, parse_overrides
 from marl_ppo.envs.pettingzoo import EnvContractError
 from marl_ppo.evaluate import EvalError
+from marl_ppo.faults import RunFault
 from marl_ppo.registry import EnvError, registered_specs, resolve_factory
 from marl_ppo.runlogs import ReportError
 from marl_ppo.signals import Interrupted
 from marl_ppo.sweep import SweepError
 
 USER_ERRORS = (ConfigError, EnvError, CheckpointError, EnvContractError, EvalError, SweepError, ReportError)
+"""Bad input (config, arguments, files, an env that breaks its contract): one line, exit status 2."""
+RUN_FAULTS = (RunFault,)
+"""A run that stopped on a fault (numerical, worker, disk): one line, exit status 1."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -110,6 +115,15 @@ def _default_run_dir(experiment: str | None) -> Path:
 def _check_run_dir(run_dir: Path) -> None:
     if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
         raise ConfigError(f"run directory '{run_dir}' already exists and is not empty; pick a new --run-dir")
+    existing = next(p for p in (run_dir.absolute(), *run_dir.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(
+            f"run directory '{run_dir}' cannot be created: '{existing}' is a file; pick another --run-dir"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"run directory '{run_dir}' is not writable (no write permission on '{existing}'); pick another --run-dir"
+        )
 
 
 def _train(options: argparse.Namespace) -> int:
@@ -247,6 +261,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except RUN_FAULTS as err:
+        if options.debug:
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -90,6 +90,10 @@ class PPOConfig:
     """Huber loss delta for the value loss; null uses the squared error."""
     value_clip: PositiveFloat | None = 0.2
     """Clip the new value to old value +- this (in normalized units when value_norm); null disables."""
+    on_nonfinite: Literal["error", "skip"] = "error"
+    """A NaN or inf loss, gradient or return: `error` stops the run naming the group, term and update;
+    `skip` drops that minibatch step (or the update's value-norm statistics) and counts it in
+    `train/nonfinite_skips`."""
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -129,7 +133,11 @@ class ExperimentConfig:
     policy_lag: Literal[0, 1] = 0
     """With `vector: workers`, 1 collects the next rollout with the pre-update policy while the learner
     updates (collection overlaps learning; PPO's ratio is taken against the acting policy); 0 waits.
-    Ignored (0) when `vector: auto` picks `sync`."""
+    Other vector modes (and `auto` when it picks `sync`) run with 0, and record 0 in config.yaml."""
+    worker_timeout_s: PositiveFloat = 60.0
+    """Seconds a worker process (`vector: subprocess|workers`) may take to answer (build, reset or step
+    its envs; rollout workers get this per step of a rollout) before it is reported as hung and every
+    worker is stopped."""
     rollout_steps: PositiveInt = 100
     """Steps per env copy collected before each update (batch = rollout_steps * num_envs)."""
     gamma: Annotated[float, Field(gt=0, le=1)] = 0.99
@@ -160,11 +168,6 @@ class ExperimentConfig:
     """Logging and checkpointing."""
 
     def __post_init__(self) -> None:
-        if self.policy_lag and self.vector not in ("workers", "auto"):
-            raise ValueError(
-                f"policy_lag={self.policy_lag} needs vector=workers (vector is '{self.vector}'); "
-                "set vector=workers or policy_lag=0"
-            )
         if self.ppo.num_minibatches > self.batch_steps:
             raise ValueError(
                 f"ppo.num_minibatches={self.ppo.num_minibatches} exceeds the batch of "
@@ -230,6 +233,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"experiment file '{path}' does not exist; pass a path to a YAML file")
     try:
         data = yaml.safe_load(path.read_text()) or {}
+    except UnicodeDecodeError:
+        raise ConfigError(f"experiment file '{path}' is not UTF-8 text; pass a YAML file") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -286,5 +291,5 @@ def _describe(error: Mapping[str, Any]) -> str:
         return str(error["msg"]).removeprefix("Value error, ")
     got = error.get("input")
     docs = config_keys()
-    hint = f" ({docs[key]})" if key in docs and docs[key] else ""
+    hint = f" ({' '.join(docs[key].split())})" if key in docs and docs[key] else ""  # docs may span lines
     return f"config key '{key}': {error['msg'].lower()}, got {got!r}{hint}"

@@ -172,8 +172,17 @@ def make_env(env_id: str, **kwargs: Any) -> Any:
     except ModuleNotFoundError as err:
         extra = _REGISTRY[env_id].extra if env_id in _REGISTRY else None
         if extra is None:
-            raise
+            raise _factory_failed(env_id, err) from err
         raise EnvError(_missing_extra(env_id, str(err.name), extra)) from None
+    except Exception as err:
+        raise _factory_failed(env_id, err) from err
+
+
+def _factory_failed(env_id: str, err: Exception) -> EnvError:
+    text = " ".join(str(err).split())
+    return EnvError(
+        f"env '{env_id}': its factory raised {type(err).__name__}: {text}; --debug shows the traceback"
+    )
 
 
 def _missing_extra(env_id: str, package: str, extra: str) -> str:
@@ -190,6 +199,11 @@ def _import_attr(entry_point: str, *, extra: str | None, env_id: str) -> Factory
         raise EnvError(
             f"env '{env_id}': cannot import module '{module_name}' ({err}); check env.id"
         ) from None
+    except Exception as err:  # a syntax error or a failing import inside the module
+        raise EnvError(
+            f"env '{env_id}': importing module '{module_name}' raised {type(err).__name__}: "
+            f"{' '.join(str(err).split())}; --debug shows the traceback"
+        ) from err
     try:
         factory = getattr(module, attr)
     except AttributeError:
@@ -212,7 +226,14 @@ def _load_from_file(path: Path, attr: str, env_id: str) -> Factory:
             raise EnvError(f"env '{env_id}': cannot load '{path}' as a Python file")
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as err:  # a syntax error or a failing import inside the file
+            del sys.modules[module_name]
+            raise EnvError(
+                f"env '{env_id}': loading '{path}' raised {type(err).__name__}: "
+                f"{' '.join(str(err).split())}; --debug shows the traceback"
+            ) from err
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise EnvError(f"env '{env_id}': '{path}' defines no callable '{attr}'; check env.id")

@@ -8,6 +8,7 @@ import json
 import os
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,7 +100,9 @@ def build_vector_env(
     spec = team_spec(config)
     make_adapter = functools.partial(_make_adapter, config, spec)
     if config.vector == "subprocess":
-        return SubprocessVectorEnv(make_adapter, config.num_envs, config.num_workers)
+        return SubprocessVectorEnv(
+            make_adapter, config.num_envs, config.num_workers, timeout_s=config.worker_timeout_s
+        )
     return SyncVectorEnv(make_adapter, config.num_envs)
 
 
@@ -118,7 +121,8 @@ AUTO_WORKERS_MIN_STEP_S = 50e-6
 
 
 def resolve_vector(config: ExperimentConfig) -> ExperimentConfig:
-    """Replace `vector: auto` by `sync` or `workers`, from the cores available and the env's step cost.
+    """Replace `vector: auto` by `sync` or `workers`, from the cores available and the env's step cost
+    (and set policy_lag to 0 unless the envs run in rollout workers).
 
     Workers pay for themselves when there are at least two cores, enough env copies to split
     (two per worker) and an env step that costs more than the per-step bookkeeping (50 us);
@@ -126,7 +130,7 @@ def resolve_vector(config: ExperimentConfig) -> ExperimentConfig:
     config.yaml, so a rerun from that file takes the same path.
     """
     if config.vector != "auto":
-        return config
+        return config if config.vector == "workers" else dataclasses.replace(config, policy_lag=0)
     cores = usable_cores()
     batched = ":" not in config.env.id and env_spec(config.env.id).batched
     enough = cores >= 2 and config.num_envs >= 2 * min(config.num_workers, cores)
@@ -208,6 +212,7 @@ def build_collector(
             steps=config.rollout_steps,
             num_workers=min(config.num_workers, config.num_envs),
             policy_lag=config.policy_lag,
+            timeout_s=config.worker_timeout_s,
         )
         return workers, model
     venv = build_vector_env(config, device)
@@ -215,16 +220,23 @@ def build_collector(
     return Collector(venv, model, device), model
 
 
-def train(config: ExperimentConfig, run_dir: Path | str, *, resume: bool = False) -> TrainResult:
+def train(
+    config: ExperimentConfig,
+    run_dir: Path | str,
+    *,
+    resume: bool = False,
+    on_update: Callable[[int], None] | None = None,
+) -> TrainResult:
     """Train MAPPO/IPPO as configured, writing logs, checkpoints and summary.json into `run_dir`.
 
     `resume=True` continues the run checkpointed in `run_dir/checkpoints/latest.pt` where it stopped;
     `config` may differ from that run's only in `resume.RESUMABLE_KEYS`. Ctrl-C or SIGTERM lets the
-    current update finish, writes a checkpoint and raises `Interrupted`.
+    current update finish, writes a checkpoint and raises `Interrupted`. `on_update(updates)` is
+    called after each update (the memory benchmark samples RSS there).
     """
     run_dir = Path(run_dir)
-    saved = load_resumable(run_dir, config) if resume else None  # a bad checkpoint fails before any work
     config = resolve_vector(config)  # before seeding: the probe steps an env copy
+    saved = load_resumable(run_dir, config) if resume else None  # a bad checkpoint fails before any work
     torch.set_num_threads(learner_threads(config))
     generator = seed_everything(config.seed)
     device = resolve_device(config.device)
@@ -241,7 +253,7 @@ def train(config: ExperimentConfig, run_dir: Path | str, *, resume: bool = False
             evaluation = PeriodicEvaluation(config, eval_venv, model, device)
         logger = _make_logger(config, run_dir, spec, None if saved is None else saved["env_steps"])
         try:
-            run = _Run(config, run_dir, model, trainer, collector, logger, evaluation)
+            run = _Run(config, run_dir, model, trainer, collector, logger, evaluation, on_update)
             run.begin(saved)
             buffer = RolloutBuffer(spec, config.rollout_steps, config.num_envs, device)
             with StopSignals() as stop:  # also covers the last save: a first signal cannot cut it short
@@ -290,10 +302,11 @@ class _Run:
         collector: Collector | RolloutWorkers,
         logger: RunLogger,
         evaluation: PeriodicEvaluation | None = None,
+        on_update: Callable[[int], None] | None = None,
     ) -> None:
         self.config, self.run_dir = config, run_dir
         self.model, self.trainer, self.collector, self.logger = model, trainer, collector, logger
-        self.evaluation = evaluation
+        self.evaluation, self.on_update = evaluation, on_update
         self.updates = 0
         self.timing = {"env_s": 0.0, "act_s": 0.0, "learn_s": 0.0}
         self.start = time.perf_counter()
@@ -333,6 +346,8 @@ class _Run:
                 self.logger.scalars(steps, self.evaluation.after_update(steps, final=final))
             if self.updates % self.config.log.checkpoint_every == 0:
                 self.save()
+            if self.on_update is not None:
+                self.on_update(self.updates)
 
     def save(self, *, final: bool = False) -> Path:
         """Write `update_<N>.pt` and `latest.pt` (and `final.pt`), prune old ones; return the periodic file."""
@@ -400,10 +415,21 @@ def _one_update(
         "perf/collect_wait_s": t1 - t0,
         "perf/learn_s": t2 - t1,
         "perf/peak_rss_mb": peak_rss_mb(),
+        "perf/rss_mb": rss_mb(),
         "train/pi_lr": trainer.actor_optimizer.param_groups[0]["lr"],
     }
     logger.update_done(collector.env_steps, stats, extra)
     return {"env_s": extra["perf/env_s"], "act_s": extra["perf/act_s"], "learn_s": extra["perf/learn_s"]}
+
+
+def rss_mb(pid: int | str = "self") -> float:
+    """Current resident memory of a process (this one by default), in MiB; nan where /proc is missing."""
+    try:
+        with open(f"/proc/{pid}/statm") as handle:
+            resident_pages = int(handle.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+    return resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def peak_rss_mb() -> float:

@@ -12,6 +12,7 @@ from torch import nn
 
 from marl_ppo.batch import AgentBatch, minibatches
 from marl_ppo.config import PPOConfig
+from marl_ppo.faults import NonFiniteError
 from marl_ppo.losses import explained_variance, masked_mean, normalize_advantages, policy_loss, value_loss
 from marl_ppo.models.team import TeamModel
 
@@ -44,6 +45,8 @@ class TrainStats:
     """Mean critic value over the batch's live samples, in return units."""
     return_mean: float
     """Mean GAE return target over the batch's live samples."""
+    nonfinite_skips: int = 0
+    """Steps dropped this update for a NaN or inf loss, gradient or return (`ppo.on_nonfinite: skip`)."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,9 @@ class Trainer:
         # foreach: one multi-tensor kernel per Adam step instead of one per parameter (same numbers)
         self.actor_optimizer = torch.optim.Adam(self.actor_params, lr=ppo.pi_lr, eps=1e-5, foreach=True)
         self.critic_optimizer = torch.optim.Adam(self.critic_params, lr=ppo.vf_lr, eps=1e-5, foreach=True)
+        self.updates = 0
+        """Updates started by this trainer (named in non-finite errors)."""
+        self._skips = 0
 
     def set_progress(self, fraction: float) -> None:
         """Apply the learning-rate schedule for a run that is `fraction` (0..1) done."""
@@ -95,8 +101,12 @@ class Trainer:
     def prepare(self, batches: Sequence[AgentBatch]) -> list[AgentBatch]:
         """Update the value normalizers with the batch's returns and normalize advantages per group."""
         prepared = []
-        for norm, batch in zip(self.model.value_norms, batches, strict=True):
-            norm.update(batch.returns[batch.alive])
+        for g, (norm, batch) in enumerate(zip(self.model.value_norms, batches, strict=True)):
+            returns = batch.returns[batch.alive]
+            if bool(torch.isfinite(returns).all() & torch.isfinite(batch.advantages[batch.alive]).all()):
+                norm.update(returns)
+            else:  # raises, or skips this group's value-norm statistics
+                self._nonfinite(f"GAE return or advantage in group '{self._group(g)}'", "before any step")
             advantages = batch.advantages
             if self.ppo.normalize_advantages:
                 advantages = normalize_advantages(advantages, batch.alive)
@@ -105,6 +115,8 @@ class Trainer:
 
     def update(self, batches: Sequence[AgentBatch]) -> TrainStats:
         """One PPO update on the groups' batches (raw advantages, return-unit values)."""
+        self.updates += 1
+        self._skips = 0
         stats_in = _batch_statistics(batches)
         batches = self.prepare(batches)
         probe = _diagnostic_rows(batches)  # the same rows before and after, so the deltas compare
@@ -117,11 +129,13 @@ class Trainer:
             if not (train_pi or train_vf):
                 break
             kls = []
-            for minibatch in minibatches(batches, ppo.num_minibatches, self.generator):
-                kls.append(self._step(minibatch, train_pi=train_pi, train_vf=train_vf))
+            for k, minibatch in enumerate(minibatches(batches, ppo.num_minibatches, self.generator)):
+                kl = self._step(minibatch, train_pi=train_pi, train_vf=train_vf, where=(epoch, k))
+                if kl is not None:
+                    kls.append(kl)
             if train_pi:
                 pi_epochs += 1
-                if ppo.target_kl is not None and sum(kls) / len(kls) > 1.5 * ppo.target_kl:
+                if ppo.target_kl is not None and kls and sum(kls) / len(kls) > 1.5 * ppo.target_kl:
                     policy_active = False
         after = self._evaluate(probe)
         return TrainStats(
@@ -133,6 +147,7 @@ class Trainer:
             entropy=after.entropy,
             clipfrac=after.clipfrac,
             stop_iter=pi_epochs,
+            nonfinite_skips=self._skips,
             **stats_in,
         )
 
@@ -156,9 +171,10 @@ class Trainer:
                 clip_ratio=ppo.clip_ratio,
             )
             entropy = masked_mean(dist.entropy(), batch.alive)
-            loss_pi = loss_pi + terms.loss - ppo.entropy_coef * entropy
+            group_pi = terms.loss - ppo.entropy_coef * entropy
+            loss_pi = loss_pi + group_pi
             values = critic(batch.state, batch.obs)
-            loss_v = loss_v + value_loss(
+            group_v = value_loss(
                 values,
                 norm.normalize(batch.values_old),
                 norm.normalize(batch.returns),
@@ -166,28 +182,76 @@ class Trainer:
                 huber_delta=ppo.huber_delta,
                 clip=ppo.value_clip,
             )
+            loss_v = loss_v + group_v
             diagnostics.append(
-                {"kl": terms.approx_kl, "clipfrac": terms.clipfrac, "entropy": entropy.detach()}
+                {
+                    "kl": terms.approx_kl,
+                    "clipfrac": terms.clipfrac,
+                    "entropy": entropy.detach(),
+                    "loss_pi": group_pi.detach(),
+                    "loss_v": group_v.detach(),
+                }
             )
         return loss_pi, loss_v, diagnostics
 
-    def _step(self, minibatch: Sequence[AgentBatch], *, train_pi: bool, train_vf: bool) -> float:
+    def _step(
+        self, minibatch: Sequence[AgentBatch], *, train_pi: bool, train_vf: bool, where: tuple[int, int]
+    ) -> float | None:
+        """One optimizer step; None when it was skipped for a non-finite loss or gradient."""
         loss_pi, loss_v, diagnostics = self._losses(minibatch)
         self.actor_optimizer.zero_grad(set_to_none=True)
         self.critic_optimizer.zero_grad(set_to_none=True)
         total = (loss_pi if train_pi else 0.0) + (loss_v if train_vf else 0.0)
         total.backward()
+        checked = [total.detach()]
         if train_pi:
-            self._clip(self.actor_params)
+            checked.append(self._clip(self.actor_params))
+        if train_vf:
+            checked.append(self._clip(self.critic_params))
+        if not bool(torch.isfinite(torch.stack(checked)).all()):  # one check (one sync) per step
+            self._nonfinite(
+                self._culprit(diagnostics, train_pi, train_vf), f"epoch {where[0]}, minibatch {where[1]}"
+            )
+            return None
+        if train_pi:
             self.actor_optimizer.step()
         if train_vf:
-            self._clip(self.critic_params)
             self.critic_optimizer.step()
         return float(sum(d["kl"] for d in diagnostics) / len(diagnostics))
 
-    def _clip(self, params: list[nn.Parameter]) -> None:
+    def _clip(self, params: list[nn.Parameter]) -> torch.Tensor:
+        """Clip the gradients' global norm (when configured) and return the norm before clipping."""
         if self.ppo.max_grad_norm is not None:
-            nn.utils.clip_grad_norm_(params, self.ppo.max_grad_norm)
+            return nn.utils.clip_grad_norm_(params, self.ppo.max_grad_norm)
+        return nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+
+    def _group(self, g: int) -> str:
+        return self.model.spec.groups[g].name
+
+    def _culprit(self, diagnostics: list[dict[str, torch.Tensor]], train_pi: bool, train_vf: bool) -> str:
+        """Name the first non-finite term of a failed step: a group's loss, else its gradient."""
+        for g, terms in enumerate(diagnostics):
+            for term, active in (("loss_pi", train_pi), ("loss_v", train_vf)):
+                if active and not bool(torch.isfinite(terms[term])):
+                    return f"{term} ({float(terms[term])}) in group '{self._group(g)}'"
+        for g, (actor, critic) in enumerate(zip(self.model.actors, self.model.critics, strict=True)):
+            for name, module, active in (("actor", actor, train_pi), ("critic", critic, train_vf)):
+                grads = [p.grad for p in module.parameters() if p.grad is not None]
+                if active and grads and not bool(torch.isfinite(nn.utils.get_total_norm(grads))):
+                    return f"{name} gradient in group '{self._group(g)}'"
+        return "gradient norm"
+
+    def _nonfinite(self, what: str, where: str) -> None:
+        """Raise NonFiniteError (ppo.on_nonfinite=error) or count a skipped step (skip)."""
+        if self.ppo.on_nonfinite == "skip":
+            self._skips += 1
+            self.actor_optimizer.zero_grad(set_to_none=True)
+            self.critic_optimizer.zero_grad(set_to_none=True)
+            return
+        raise NonFiniteError(
+            f"non-finite {what} at update {self.updates} ({where}); no weights were changed by it. "
+            "Lower ppo.pi_lr / ppo.vf_lr or scale the rewards, or set ppo.on_nonfinite=skip to drop such steps"
+        )
 
     @torch.no_grad()
     def _evaluate(self, batches: Sequence[AgentBatch]) -> _Evaluation:

@@ -1,9 +1,13 @@
 """Checkpoint files: atomic replacement, weights_only loading, one-line errors for bad files."""
 
+import errno
+
 import pytest
 import torch
 
+import marl_ppo.checkpoint as checkpoint_module
 from marl_ppo.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_checkpoint
+from marl_ppo.faults import CheckpointWriteError, NonFiniteError
 
 
 def test_round_trip_with_weights_only(tmp_path):
@@ -17,17 +21,35 @@ def test_round_trip_with_weights_only(tmp_path):
 def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "latest.pt"
     save_checkpoint(path, {"format": FORMAT, "updates": 1})
+    before = path.read_bytes()
 
-    def broken_save(obj, handle):
-        handle.write(b"partial")
-        raise OSError("No space left on device")
+    def full_disk(fd):  # where a full disk shows itself: the data is written, fsync fails
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(torch, "save", broken_save)
-    with pytest.raises(OSError, match="No space"):
+    monkeypatch.setattr(checkpoint_module.os, "fsync", full_disk)
+    with pytest.raises(CheckpointWriteError) as info:
         save_checkpoint(path, {"format": FORMAT, "updates": 2})
     monkeypatch.undo()
-    assert load_checkpoint(path)["updates"] == 1
+    assert str(info.value) == (
+        f"could not write checkpoint '{path}' (No space left on device); the previous checkpoint is kept, "
+        "free space or fix permissions and resume from it"
+    )
+    assert path.read_bytes() == before and load_checkpoint(path)["updates"] == 1
     assert list(tmp_path.iterdir()) == [path]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_weights_are_never_written(tmp_path, bad):
+    path = tmp_path / "latest.pt"
+    save_checkpoint(path, {"format": FORMAT, "model": {"w": torch.ones(3)}})
+    before = path.read_bytes()
+    weights = torch.ones(3)
+    weights[1] = bad
+    with pytest.raises(
+        NonFiniteError, match=r"'model\.w' holds NaN or inf values; the previous checkpoint is kept"
+    ):
+        save_checkpoint(path, {"format": FORMAT, "model": {"w": weights}, "steps": torch.tensor([1, 2])})
+    assert path.read_bytes() == before and list(tmp_path.iterdir()) == [path]
 
 
 @pytest.mark.parametrize("damage", ["truncate", "foreign", "missing"])

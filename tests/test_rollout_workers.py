@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from marl_ppo.config import ConfigError, load_config
+from marl_ppo.config import load_config
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.collector import Collector
@@ -146,9 +146,14 @@ def test_training_with_workers_is_deterministic(tiny_overrides, tmp_path):
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
-def test_policy_lag_needs_rollout_workers(tiny_overrides):
-    with pytest.raises(ConfigError, match="policy_lag=1 needs vector=workers"):
-        load_config(SPREAD_YAML, [*tiny_overrides, "vector=subprocess", "policy_lag=1"])
+def test_policy_lag_is_zero_without_rollout_workers(tiny_overrides):
+    from marl_ppo.train import resolve_vector
+
+    for vector in ("sync", "subprocess"):
+        config = load_config(SPREAD_YAML, [*tiny_overrides, f"vector={vector}", "policy_lag=1"])
+        assert resolve_vector(config).policy_lag == 0
+    config = load_config(SPREAD_YAML, [*tiny_overrides, "vector=workers", "policy_lag=1"])
+    assert resolve_vector(config).policy_lag == 1
 
 
 def test_a_killed_worker_stops_the_run_with_a_clear_error(tiny_overrides):

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from marl_ppo.envs.pettingzoo import EnvContractError, ParallelEnvAdapter, TeamArrays
+from marl_ppo.envs.pettingzoo import ParallelEnvAdapter, TeamArrays
 
 
 def is_aec(env: Any) -> bool:
@@ -29,24 +29,22 @@ class TurnBasedAdapter(ParallelEnvAdapter):
 
     def reset(self, seed: int | None, out: TeamArrays) -> None:
         """Reset the env; every agent's observation is written, only the agent to move is alive."""
-        self.env.reset(seed=seed)
-        self.step_count = 0
+        self.ended_at, self.step_count = self.step_count, 0
+        self._call("reset", self.env.reset, seed=seed)
         if not self.env.agents:
-            raise EnvContractError(
-                f"env '{self.spec.env_id}': reset returned no agents; at least one must be live"
-            )
+            raise self._error(None, "reset returned no agents; at least one must be live")
         self._next_turn(out)
 
     def step(self, actions: Sequence[np.ndarray], out: TeamArrays) -> bool:
         """Play the move of the agent to move; True when the game is over."""
         mover = self.env.agent_selection
         g, i = self._slot(mover)
-        self.env.step(self._to_env_action(g, actions[g][i]))
         self.step_count += 1
+        self._call("step", self.env.step, self._to_env_action(g, actions[g][i]))
         self._clear_step(out)
-        for agent, reward in self.env.rewards.items():
+        for agent in self.env.rewards:
             g, i = self._slot(agent)
-            out.reward[g][i] = reward
+            self._write_reward(agent, self.env.rewards, out.reward[g], i)
         for agent in self.env.agents:
             g, i = self._slot(agent)
             out.terminated[g][i] = bool(self.env.terminations[agent])
@@ -54,7 +52,7 @@ class TurnBasedAdapter(ParallelEnvAdapter):
         self._observe_all(out.final_obs)
         self._write_state(out.final_state, out.final_obs)
         while self.env.agents and self._done(self.env.agent_selection):
-            self.env.step(None)  # finished agents leave through a None step
+            self._call("step", self.env.step, None)  # finished agents leave through a None step
         if self.env.agents:
             self._next_turn(out)
             return False

@@ -18,7 +18,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from marl_ppo.envs.contract import REJOIN_KEY, ContractChecks, EnvContractError, box_mismatch, describe
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
+from marl_ppo.faults import one_line
 
 
 def without_check_wrappers(env: Any) -> Any:
@@ -40,10 +42,6 @@ def without_check_wrappers(env: Any) -> Any:
         core = core.env
     env.aec_env = core  # in place: whatever else the factory set on the env object stays
     return env
-
-
-class EnvContractError(RuntimeError):
-    """The environment broke the PettingZoo parallel contract; the message names env, agent and step."""
 
 
 @dataclass
@@ -80,8 +78,8 @@ class TeamArrays:
             final_state=np.zeros(lead + (spec.state_dim,), np.float32),
         )
 
-    def row(self, index: int) -> TeamArrays:
-        """Views of env `index` (for arrays allocated with one leading env dim)."""
+    def row(self, index: int | slice) -> TeamArrays:
+        """Views of env `index`, or of a slice of envs (for arrays allocated with one leading env dim)."""
         views: dict[str, Any] = {}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
@@ -169,9 +167,14 @@ def group_members(
     return named
 
 
-def _info_mask_agents(env: Any) -> set[str]:
+def _info_mask_agents(env: Any, env_id: str) -> set[str]:
     """Agents whose reset infos carry an `action_mask` (the probe env is reset once to look)."""
-    result = env.reset(seed=0)
+    try:
+        result = env.reset(seed=0)
+    except Exception as err:
+        raise EnvContractError(
+            f"env '{env_id}': reset(seed=0) raised {type(err).__name__}: {one_line(err)} (--debug shows the env's traceback)"
+        ) from err
     infos = result[1] if isinstance(result, tuple) else getattr(env, "infos", {})  # AEC reset returns None
     return {
         agent for agent, info in (infos or {}).items() if isinstance(info, dict) and "action_mask" in info
@@ -190,7 +193,7 @@ def build_team_spec(
     agents = tuple(env.possible_agents)
     if not agents:
         raise EnvContractError(f"env '{env_id}': possible_agents is empty; the env must declare its agents")
-    info_masks = _info_mask_agents(env)
+    info_masks = _info_mask_agents(env, env_id)
     specs = []
     for name, members in group_members(env, agents, groups):
         obs_space, act_space = env.observation_space(members[0]), env.action_space(members[0])
@@ -224,7 +227,7 @@ def build_team_spec(
     return TeamSpec(env_id, agents, tuple(specs), state_dim, from_env, image_pool)
 
 
-class ParallelEnvAdapter:
+class ParallelEnvAdapter(ContractChecks):
     """Steps one PettingZoo ParallelEnv, reading actions from and writing results into group arrays."""
 
     def __init__(self, env: Any, spec: TeamSpec) -> None:
@@ -232,21 +235,31 @@ class ParallelEnvAdapter:
         self.spec = spec
         self._slots = {agent: spec.group_of(agent) for agent in spec.agents}
         self.step_count = 0
+        """Steps of the current episode (0 after reset); named in contract errors."""
+        self.ended_at = 0
+        self.copy_index = 0
+        """Which env copy this adapter steps (the vector env sets it); named in contract errors."""
+        self._rejoin = bool((getattr(env, "metadata", None) or {}).get(REJOIN_KEY, False))
+        self._done_at: dict[str, int] = {}
 
     def reset(self, seed: int | None, out: TeamArrays) -> None:
         """Reset the env and write the first observations, alive flags, masks and state into `out`."""
-        observations, infos = self.env.reset(seed=seed)
-        self.step_count = 0
+        self.ended_at, self.step_count = self.step_count, 0
+        self._done_at.clear()
+        result = self._call("reset", self.env.reset, seed=seed)
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise self._error(None, f"reset returned {describe(result)}; expected (observations, infos)")
+        observations, infos = result
         if not self.env.agents:
-            raise EnvContractError(
-                f"env '{self.spec.env_id}': reset returned no agents; at least one must be live"
-            )
+            raise self._error(None, "reset returned no agents; at least one must be live")
         for g in range(len(self.spec.groups)):
             out.obs[g].fill(0.0)
             out.alive[g].fill(False)
             out.action_mask[g].fill(True)
         for agent in self.env.agents:
             g, i = self._slot(agent)
+            if agent not in observations:
+                raise self._error(agent, "reset gave no observation for this live agent")
             out.obs[g][i] = self._flatten(agent, observations[agent])
             out.alive[g][i] = True
             self._write_mask(agent, observations[agent], infos, out.action_mask[g][i])
@@ -258,21 +271,34 @@ class ParallelEnvAdapter:
         for agent in self.env.agents:
             g, i = self._slot(agent)
             action_dict[agent] = self._to_env_action(g, actions[g][i])
-        observations, rewards, terminations, truncations, infos = self.env.step(action_dict)
         self.step_count += 1
+        result = self._call("step", self.env.step, action_dict)
+        if not (isinstance(result, tuple) and len(result) == 5):
+            raise self._error(
+                None,
+                f"step returned {describe(result)}; expected (observations, rewards, terminations, "
+                "truncations, infos)",
+            )
+        observations, rewards, terminations, truncations, infos = result
         self._clear_step(out)
         for agent in action_dict:
             g, i = self._slots[agent]
-            out.reward[g][i] = rewards.get(agent, 0.0)
+            self._write_reward(agent, rewards, out.reward[g], i)
             out.terminated[g][i] = bool(terminations.get(agent, False))
             out.truncated[g][i] = bool(truncations.get(agent, False)) and not out.terminated[g][i]
+            if not self._rejoin and (out.terminated[g][i] or out.truncated[g][i]):
+                self._done_at.setdefault(agent, self.step_count)
         for agent, observation in observations.items():  # includes agents that join this step
             g, i = self._slot(agent)
             out.final_obs[g][i] = self._flatten(agent, observation)
         live = set(self.env.agents)
+        if self._done_at:
+            self._check_no_rejoin(live)
         for g, group in enumerate(self.spec.groups):
             for i, agent in enumerate(group.agents):
                 still = agent in live and not (out.terminated[g][i] or out.truncated[g][i])
+                if still and agent not in observations:
+                    raise self._error(agent, "step gave no observation for this live agent")
                 out.alive[g][i] = still
                 out.obs[g][i] = out.final_obs[g][i] if still else 0.0
                 if still and group.mask_source is not None:
@@ -300,22 +326,28 @@ class ParallelEnvAdapter:
     def _slot(self, agent: str) -> tuple[int, int]:
         try:
             return self._slots[agent]
-        except KeyError:
-            raise EnvContractError(
-                f"env '{self.spec.env_id}': agent '{agent}' at step {self.step_count} is not in possible_agents "
-                f"{list(self.spec.agents)}"
-            ) from None
+        except (KeyError, TypeError):
+            raise self._error(agent, f"agent is not in possible_agents {list(self.spec.agents)}") from None
 
     def _flatten(self, agent: str, observation: Any) -> np.ndarray:
         g, _ = self._slots[agent]
         space = self.spec.groups[g].observation_space
-        if has_mask_in_obs(space):
-            space, observation = space["observation"], observation["observation"]
-        if is_image(space) and self.spec.image_pool > 1:
-            return pool_image(np.asarray(observation), self.spec.image_pool).reshape(-1)
-        if isinstance(space, gym.spaces.Box):
-            return np.asarray(observation, dtype=np.float32).reshape(-1)
-        return np.asarray(gym.spaces.flatten(space, observation), dtype=np.float32)
+        try:
+            if has_mask_in_obs(space):
+                space, observation = space["observation"], observation["observation"]
+            if isinstance(space, gym.spaces.Box):
+                array = np.asarray(observation)
+                problem = box_mismatch(array, space)
+                if problem is not None:
+                    raise self._error(agent, problem)
+                if is_image(space) and self.spec.image_pool > 1:
+                    return pool_image(array, self.spec.image_pool).reshape(-1)
+                return array.astype(np.float32, copy=False).reshape(-1)
+            return np.asarray(gym.spaces.flatten(space, observation), dtype=np.float32)
+        except EnvContractError:
+            raise
+        except Exception:
+            raise self._error(agent, f"observation {describe(observation)} does not fit {space}") from None
 
     def _write_mask(
         self, agent: str, observation: Any, infos: Mapping[str, Any] | None, target: np.ndarray
@@ -328,9 +360,9 @@ class ParallelEnvAdapter:
             observation["action_mask"] if source == "obs" else (infos or {}).get(agent, {}).get("action_mask")
         )
         if raw is None:
-            raise EnvContractError(
-                f"env '{self.spec.env_id}': agent '{agent}' at step {self.step_count} gave no action_mask "
-                f"in its {'observation' if source == 'obs' else 'infos'}, though it did at reset"
+            raise self._error(
+                agent,
+                f"no action_mask in its {'observation' if source == 'obs' else 'infos'}, though it had one at reset",
             )
         parts = raw if isinstance(raw, tuple | list) and len(raw) and np.ndim(raw[0]) == 1 else [raw]
         target[...] = np.concatenate([np.asarray(p).reshape(-1) for p in parts]).astype(bool)
@@ -345,9 +377,11 @@ class ParallelEnvAdapter:
 
     def _write_state(self, target: np.ndarray, obs: list[np.ndarray]) -> None:
         if self.spec.state_from_env:
-            state = np.asarray(self.env.state())
+            state = np.asarray(self._call("state", self.env.state))
             if state.ndim == 3 and self.spec.image_pool > 1:
                 state = pool_image(state, self.spec.image_pool)
+            if state.size != target.size:
+                raise self._error(None, f"state() returned {state.size} values; expected {target.size}")
             target[...] = state.reshape(-1)
             return
         position = 0

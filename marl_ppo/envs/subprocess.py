@@ -23,12 +23,18 @@ from typing import Any
 
 import numpy as np
 
-from marl_ppo.envs.pettingzoo import ParallelEnvAdapter, TeamArrays
+from marl_ppo.envs.contract import check_finite
+from marl_ppo.envs.pettingzoo import EnvContractError, ParallelEnvAdapter, TeamArrays
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.envs.state import EnvStateError, dump_env_state, load_env_state
+from marl_ppo.faults import WorkerError, one_line
 
 _ALIGN = 64
 _CLOSE_TIMEOUT_S = 5.0
+
+
+class RemoteTraceback(Exception):
+    """A worker's traceback, chained under the error raised in the parent (shown with --debug)."""
 
 
 class _Carver:
@@ -83,38 +89,47 @@ def _worker(
     arrays, actions, episode_over, _ = _shared_views(spec, num_envs, buffer)
     adapters: list[ParallelEnvAdapter] = []
     rows = [arrays.row(i) for i in envs]
+    block, ended = arrays.row(slice(envs.start, envs.stop)), episode_over[envs.start : envs.stop]
     command, argument = "start", None
     while True:
-        reply: tuple[str, Any] = ("ok", None)
+        reply: tuple[str, Any, str | None] = ("ok", None, None)
         try:
             if command == "start":
                 adapters = [make_adapter() for _ in envs]
+                for i, adapter in zip(envs, adapters, strict=True):
+                    adapter.copy_index = i
             elif command == "reset":
                 for i, adapter, row in zip(envs, adapters, rows, strict=True):
                     adapter.reset(argument + i, row)
                     episode_over[i] = False
+                check_finite(block, adapters, ended, state=spec.state_from_env)
             elif command == "step":
                 for i, adapter, row in zip(envs, adapters, rows, strict=True):
                     over = adapter.step([a[i] for a in actions], row)
                     episode_over[i] = over
                     if over:
                         adapter.reset(None, row)
+                check_finite(block, adapters, ended, state=spec.state_from_env)
             elif command == "get_state":
                 try:
-                    reply = ("ok", [dump_env_state(adapter) for adapter in adapters])
+                    reply = ("ok", [dump_env_state(adapter) for adapter in adapters], None)
                 except EnvStateError as err:  # not a failure of the worker: the parent falls back
-                    reply = ("ok", str(err))
+                    reply = ("ok", str(err), None)
             elif command == "set_state":
                 for adapter in adapters:
                     adapter.close()
                 adapters = [load_env_state(blob) for blob in argument]
+                for i, adapter in zip(envs, adapters, strict=True):
+                    adapter.copy_index = i
             elif command == "close":
                 for adapter in adapters:
                     adapter.close()
             else:
                 raise ValueError(f"unknown command {command!r}")
+        except EnvContractError as err:  # the parent raises it again, as the sync env would
+            reply = ("contract", str(err), traceback.format_exc())
         except Exception as err:  # reported to the parent, which raises it there
-            reply = ("error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
+            reply = ("error", f"{type(err).__name__}: {one_line(err)}", traceback.format_exc())
         try:
             conn.send(reply)
             if command == "close":
@@ -152,6 +167,7 @@ class SubprocessVectorEnv:
         num_envs: int,
         num_workers: int,
         start_method: str | None = None,
+        timeout_s: float | None = None,
     ) -> None:
         if num_envs < 1 or num_workers < 1:
             raise ValueError(f"num_envs ({num_envs}) and num_workers ({num_workers}) must be at least 1")
@@ -159,6 +175,8 @@ class SubprocessVectorEnv:
         self.spec: TeamSpec = probe.spec
         probe.close()
         self.num_envs = num_envs
+        self.timeout_s = timeout_s
+        """Seconds a worker may take to answer a command before it counts as hung; None waits forever."""
         if start_method is None:
             start_method = "fork" if "fork" in mp.get_all_start_methods() else None
         ctx = mp.get_context(start_method)
@@ -198,6 +216,10 @@ class SubprocessVectorEnv:
         self._command("step", None)
         return self.arrays
 
+    def close(self) -> None:
+        """Close every env and stop the workers (also done on garbage collection and at exit)."""
+        self._closer()
+
     def env_states(self) -> list[bytes]:
         """Each env copy's complete state, pickled; raises EnvStateError when the env cannot be pickled."""
         replies = self._ask("get_state", [None] * len(self._conns))
@@ -211,10 +233,6 @@ class SubprocessVectorEnv:
         if len(states) != self.num_envs:
             raise ValueError(f"got {len(states)} env states for {self.num_envs} env copies")
         self._ask("set_state", [list(states[envs]) for envs in self._slices])
-
-    def close(self) -> None:
-        """Close every env and stop the workers (also done on garbage collection and at exit)."""
-        self._closer()
 
     def _command(self, command: str, seed: int | None) -> None:
         self._ask(command, [seed] * len(self._conns))
@@ -231,27 +249,46 @@ class SubprocessVectorEnv:
         return self._gather(command)
 
     def _gather(self, command: str) -> list[Any]:
-        """Wait for every worker's reply; raise (after stopping all workers) on error or death."""
-        pending = set(range(len(self._conns)))
+        """Wait for every worker's reply; raise (after stopping all workers) on error, death or a hang."""
         replies: list[Any] = [None] * len(self._conns)
-        errors = []
+        pending = set(range(len(self._conns)))
+        failures: list[tuple[str, int, str | None, str | None]] = []
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         while pending:
             waiting = [self._conns[k] for k in pending] + [self._processes[k].sentinel for k in pending]
-            ready = wait(waiting)
+            ready = wait(waiting, None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if not ready:
+                self._hung(sorted(pending), command)
             for k in sorted(pending):
                 conn, process = self._conns[k], self._processes[k]
                 if conn not in ready and process.sentinel not in ready:
                     continue
-                status, message = self._receive(conn)
+                status, message, trace = self._receive(conn)
                 if status == "dead":
                     self._fail(self._died(k, command))
-                if status == "error":
-                    errors.append(f"worker {k} failed during '{command}': {message}")
+                if status != "ok":
+                    failures.append((status, k, message, trace))
                 replies[k] = message
                 pending.discard(k)
-        if errors:
-            self._fail("\n".join(errors))
+        if failures:
+            status, k, message, trace = min(failures, key=lambda f: f[1])  # lowest worker; all are stopped
+            self._closer()
+            if status == "contract":
+                raise EnvContractError(message) from RemoteTraceback(trace)
+            raise WorkerError(
+                f"SubprocessVectorEnv: worker {k} failed during '{command}': {message}"
+            ) from RemoteTraceback(trace)
         return replies
+
+    def _hung(self, pending: list[int], command: str) -> None:
+        """Stop every worker after `pending` did not answer within the timeout, and raise."""
+        names = ", ".join(f"worker {k} (pid {self._processes[k].pid})" for k in pending)
+        for k in pending:
+            self._processes[k].kill()  # a hung worker would not answer 'close'
+        self._fail(
+            f"{names} did not answer '{command}' within {self.timeout_s:g} s (worker_timeout_s); "
+            "an env hung, every worker was stopped"
+        )
 
     def _died(self, k: int, command: str) -> str:
         """Describe worker `k`'s death (waiting briefly so that its exit code is known)."""
@@ -263,13 +300,13 @@ class SubprocessVectorEnv:
         )
 
     @staticmethod
-    def _receive(conn: Connection) -> tuple[str, Any]:
-        """The worker's reply, or ('dead', None) when its end of the pipe is closed without one."""
+    def _receive(conn: Connection) -> tuple[str, Any, str | None]:
+        """The worker's reply, or ('dead', None, None) when its end of the pipe is closed without one."""
         try:
-            return conn.recv() if conn.poll() else ("dead", None)
+            return conn.recv() if conn.poll() else ("dead", None, None)
         except (EOFError, OSError):
-            return "dead", None
+            return "dead", None, None
 
     def _fail(self, message: str) -> None:
         self._closer()
-        raise RuntimeError(f"SubprocessVectorEnv: {message}")
+        raise WorkerError(f"SubprocessVectorEnv: {message}")

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from marl_ppo.envs.contract import check_finite
 from marl_ppo.envs.pettingzoo import ParallelEnvAdapter, TeamArrays
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.envs.state import dump_env_state, load_env_state
@@ -21,6 +22,8 @@ class SyncVectorEnv:
 
     def __init__(self, make_adapter: Callable[[], ParallelEnvAdapter], num_envs: int) -> None:
         self.adapters = [make_adapter() for _ in range(num_envs)]
+        for i, adapter in enumerate(self.adapters):
+            adapter.copy_index = i
         self.spec: TeamSpec = self.adapters[0].spec
         self.num_envs = num_envs
         self.arrays = TeamArrays.allocate(self.spec, (num_envs,))
@@ -32,6 +35,7 @@ class SyncVectorEnv:
         for i, (adapter, row) in enumerate(zip(self.adapters, self._rows, strict=True)):
             adapter.reset(seed + i, row)
         self.episode_over[:] = False
+        check_finite(self.arrays, self.adapters, self.episode_over, state=self.spec.state_from_env)
         return self.arrays
 
     def step(self, actions: Sequence[np.ndarray]) -> TeamArrays:
@@ -41,6 +45,7 @@ class SyncVectorEnv:
             self.episode_over[i] = over
             if over:
                 adapter.reset(None, row)
+        check_finite(self.arrays, self.adapters, self.episode_over, state=self.spec.state_from_env)
         return self.arrays
 
     def env_states(self) -> list[bytes]:

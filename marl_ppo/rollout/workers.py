@@ -28,10 +28,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from marl_ppo.envs.pettingzoo import ParallelEnvAdapter
+from marl_ppo.envs.pettingzoo import EnvContractError, ParallelEnvAdapter
 from marl_ppo.envs.spec import TeamSpec
-from marl_ppo.envs.subprocess import _shutdown
+from marl_ppo.envs.subprocess import RemoteTraceback, _shutdown
 from marl_ppo.envs.vector import SyncVectorEnv
+from marl_ppo.faults import WorkerError, one_line
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.collector import Collector, EpisodeRecord, RolloutResult
 
@@ -73,6 +74,8 @@ def _worker(
             if command == "start":
                 model = make_model()
                 venv = SyncVectorEnv(make_adapter, len(envs))
+                for i, adapter in zip(envs, venv.adapters, strict=True):
+                    adapter.copy_index = i  # the run's copy index, named in contract errors
                 buffer = RolloutBuffer(venv.spec, shared_buffer.steps, len(envs))
                 collector = Collector(venv, model, torch.device("cpu"))
                 targets = [t[:, envs.start : envs.stop] for t in _buffer_tensors(shared_buffer)]
@@ -98,8 +101,10 @@ def _worker(
                     collector.close()
             else:
                 raise ValueError(f"unknown command {command!r}")
+        except EnvContractError as err:  # the parent raises it again, as one process would
+            reply = ("contract", (str(err), traceback.format_exc()))
         except Exception as err:  # reported to the parent, which raises it there
-            reply = ("error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
+            reply = ("error", (f"{type(err).__name__}: {one_line(err)}", traceback.format_exc()))
         try:
             conn.send(reply)
             if command == "close":
@@ -166,6 +171,7 @@ class RolloutWorkers:
         num_workers: int,
         policy_lag: int,
         start_method: str | None = None,
+        timeout_s: float | None = None,
     ) -> None:
         if not 1 <= num_workers <= num_envs:
             raise ValueError(f"num_workers ({num_workers}) must be between 1 and num_envs ({num_envs})")
@@ -175,6 +181,8 @@ class RolloutWorkers:
         self.num_envs = num_envs
         self.model = model
         self.policy_lag = policy_lag
+        self.timeout_s = timeout_s
+        """Seconds a worker may take to answer a command (a whole rollout for 'collect'); None waits forever."""
         self.env_steps = 0
         """Env steps of the rollouts handed to the learner so far (one per copy per step)."""
         self._weights = {k: v.detach().cpu().clone().share_memory_() for k, v in model.state_dict().items()}
@@ -299,7 +307,7 @@ class RolloutWorkers:
 
     def _receive(self) -> None:
         """Wait for the rollout in flight and keep a copy of it for the next `collect`."""
-        replies = self._gather("collect")
+        replies = self._gather("collect", self._shared.steps)
         self._in_flight = False
         self._pending = {
             "replies": replies,
@@ -335,7 +343,7 @@ class RolloutWorkers:
     def _ask(self, command: str, arguments: list[Any]) -> list[Any]:
         """Send worker k `(command, arguments[k])`; their replies in worker order."""
         if self._in_flight:
-            self._gather("collect")  # drain a rollout started with policy lag
+            self._gather("collect", self._shared.steps)  # drain a rollout started with policy lag
             self._in_flight = False
         for k, (conn, argument) in enumerate(zip(self._conns, arguments, strict=True)):
             self._send(k, conn, (command, argument))
@@ -349,13 +357,18 @@ class RolloutWorkers:
         except OSError:
             self._fail(self._died(k, message[0]))
 
-    def _gather(self, command: str) -> list[Any]:
+    def _gather(self, command: str, steps: int = 1) -> list[Any]:
         """Every worker's reply payload, in worker order; raise (after stopping all) on error or death."""
         replies: dict[int, Any] = {}
         errors = []
+        # a rollout may take `timeout_s` per env step; every other command `timeout_s`
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s * steps
         while len(replies) < len(self._conns):
             pending = [k for k in range(len(self._conns)) if k not in replies]
-            ready = wait([self._conns[k] for k in pending] + [self._processes[k].sentinel for k in pending])
+            waiting = [self._conns[k] for k in pending] + [self._processes[k].sentinel for k in pending]
+            ready = wait(waiting, None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if not ready:
+                self._hung(pending, command, self.timeout_s * steps)
             for k in pending:
                 conn, process = self._conns[k], self._processes[k]
                 if conn not in ready and process.sentinel not in ready:
@@ -366,12 +379,28 @@ class RolloutWorkers:
                     status, payload = "dead", None
                 if status == "dead":
                     self._fail(self._died(k, command))
-                if status == "error":
-                    errors.append(f"worker {k} failed during '{command}': {payload}")
+                if status != "ok":
+                    errors.append((k, status, *payload))
                 replies[k] = payload
         if errors:
-            self._fail("\n".join(errors))
+            k, status, message, trace = min(errors)  # the lowest worker's error; every worker is stopped
+            self._closer()
+            if status == "contract":
+                raise EnvContractError(message) from RemoteTraceback(trace)
+            raise WorkerError(f"RolloutWorkers: worker {k} failed during '{command}': {message}") from (
+                RemoteTraceback(trace)
+            )
         return [replies[k] for k in range(len(self._conns))]
+
+    def _hung(self, pending: list[int], command: str, seconds: float) -> None:
+        """Stop every worker after `pending` did not answer within the timeout, and raise."""
+        names = ", ".join(f"worker {k} (pid {self._processes[k].pid})" for k in pending)
+        for k in pending:
+            self._processes[k].kill()  # a hung worker would not answer 'close'
+        self._fail(
+            f"{names} did not answer '{command}' within {seconds:g} s (worker_timeout_s per env step); "
+            "an env hung, every worker was stopped"
+        )
 
     def _died(self, k: int, command: str) -> str:
         process = self._processes[k]
@@ -383,4 +412,4 @@ class RolloutWorkers:
 
     def _fail(self, message: str) -> None:
         self._closer()
-        raise RuntimeError(f"RolloutWorkers: {message}")
+        raise WorkerError(f"RolloutWorkers: {message}")
