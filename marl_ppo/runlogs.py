@@ -72,7 +72,7 @@ def read_run(run_dir: Path) -> RunLog:
     """Read a run's config.yaml and every point of its return tags from its TensorBoard event files."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    config = _with_defaults(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
     events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})  # 0 keeps all
     events.Reload()
     tags = set(events.Tags()["scalars"])
@@ -85,6 +85,16 @@ def read_run(run_dir: Path) -> RunLog:
                 np.array([p.value for p in points], dtype=np.float64),
             )
     return RunLog(run_dir, config, series)
+
+
+def _with_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """The config with today's defaults for keys an older marl_ppo did not write (as is when invalid)."""
+    from marl_ppo.config import ConfigError, build_config, config_to_dict
+
+    try:
+        return config_to_dict(build_config(config))
+    except ConfigError:
+        return config
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
