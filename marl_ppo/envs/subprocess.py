@@ -158,6 +158,38 @@ def _shutdown(processes: list[BaseProcess], conns: list[Connection]) -> None:
         conn.close()
 
 
+def start_worker(
+    ctx: Any, target: Callable[..., None], args: tuple, name: str
+) -> tuple[BaseProcess, Connection]:
+    """Start `target(child_conn, parent_conn, *args)` as a daemon process; return it and the parent's end."""
+    parent_end, child_end = ctx.Pipe()
+    process = ctx.Process(target=target, args=(child_end, parent_end, *args), name=name, daemon=True)
+    process.start()
+    child_end.close()
+    return process, parent_end
+
+
+def death_message(process: BaseProcess, k: int, command: str) -> str:
+    """Describe worker `k`'s death (waiting briefly so that its exit code is known)."""
+    process.join(1.0)
+    return f"worker {k} ({process.name}, pid {process.pid}) died during '{command}' (exit code {process.exitcode})"
+
+
+def hang_message(processes: Sequence[BaseProcess], pending: Sequence[int], command: str, limit: str) -> str:
+    """Kill the workers `pending` that did not answer (a hung one would not obey 'close'); say so."""
+    names = ", ".join(f"worker {k} (pid {processes[k].pid})" for k in pending)
+    for k in pending:
+        processes[k].kill()
+    return f"{names} did not answer '{command}' within {limit}; an env hung, every worker was stopped"
+
+
+def raise_failure(owner: str, k: int, status: str, message: str, trace: str | None, command: str) -> None:
+    """Raise worker `k`'s reported failure: the env's contract error as is, anything else as WorkerError."""
+    if status == "contract":
+        raise EnvContractError(message) from RemoteTraceback(trace)
+    raise WorkerError(f"{owner}: worker {k} failed during '{command}': {message}") from RemoteTraceback(trace)
+
+
 class SubprocessVectorEnv:
     """Steps `num_envs` copies in `num_workers` processes; same interface and results as `SyncVectorEnv`."""
 
@@ -190,18 +222,11 @@ class SubprocessVectorEnv:
         self._conns: list[Connection] = []
         self._closer = weakref.finalize(self, _shutdown, self._processes, self._conns)
         for k in range(num_workers):
-            parent_end, child_end = ctx.Pipe()
             envs = range(bounds[k], bounds[k + 1])
-            process = ctx.Process(
-                target=_worker,
-                args=(child_end, parent_end, make_adapter, self.spec, num_envs, envs, self._buffer),
-                name=f"marl_ppo-env-worker-{k}",
-                daemon=True,
-            )
-            process.start()
-            child_end.close()
+            args = (make_adapter, self.spec, num_envs, envs, self._buffer)
+            process, conn = start_worker(ctx, _worker, args, f"marl_ppo-env-worker-{k}")
             self._processes.append(process)
-            self._conns.append(parent_end)
+            self._conns.append(conn)
         self._gather("start")
 
     def reset(self, seed: int) -> TeamArrays:
@@ -273,31 +298,16 @@ class SubprocessVectorEnv:
         if failures:
             status, k, message, trace = min(failures, key=lambda f: f[1])  # lowest worker; all are stopped
             self._closer()
-            if status == "contract":
-                raise EnvContractError(message) from RemoteTraceback(trace)
-            raise WorkerError(
-                f"SubprocessVectorEnv: worker {k} failed during '{command}': {message}"
-            ) from RemoteTraceback(trace)
+            raise_failure("SubprocessVectorEnv", k, status, message, trace, command)
         return replies
 
     def _hung(self, pending: list[int], command: str) -> None:
         """Stop every worker after `pending` did not answer within the timeout, and raise."""
-        names = ", ".join(f"worker {k} (pid {self._processes[k].pid})" for k in pending)
-        for k in pending:
-            self._processes[k].kill()  # a hung worker would not answer 'close'
-        self._fail(
-            f"{names} did not answer '{command}' within {self.timeout_s:g} s (worker_timeout_s); "
-            "an env hung, every worker was stopped"
-        )
+        limit = f"{self.timeout_s:g} s (worker_timeout_s)"
+        self._fail(hang_message(self._processes, pending, command, limit))
 
     def _died(self, k: int, command: str) -> str:
-        """Describe worker `k`'s death (waiting briefly so that its exit code is known)."""
-        process = self._processes[k]
-        process.join(1.0)
-        return (
-            f"worker {k} ({process.name}, pid {process.pid}) died during '{command}' "
-            f"(exit code {process.exitcode})"
-        )
+        return death_message(self._processes[k], k, command)
 
     @staticmethod
     def _receive(conn: Connection) -> tuple[str, Any, str | None]:

@@ -30,7 +30,7 @@ from torch import nn
 
 from marl_ppo.envs.pettingzoo import EnvContractError, ParallelEnvAdapter
 from marl_ppo.envs.spec import TeamSpec
-from marl_ppo.envs.subprocess import RemoteTraceback, _shutdown
+from marl_ppo.envs.subprocess import _shutdown, death_message, hang_message, raise_failure, start_worker
 from marl_ppo.envs.vector import SyncVectorEnv
 from marl_ppo.faults import WorkerError, one_line
 from marl_ppo.rollout.buffer import RolloutBuffer
@@ -202,27 +202,10 @@ class RolloutWorkers:
         self._conns: list[Connection] = []
         self._closer = weakref.finalize(self, _shutdown, self._processes, self._conns)
         for k, envs in enumerate(self._slices):
-            parent_end, child_end = ctx.Pipe()
-            process = ctx.Process(
-                target=_worker,
-                args=(
-                    child_end,
-                    parent_end,
-                    make_adapter,
-                    make_model,
-                    envs,
-                    k,
-                    self._weights,
-                    self._shared,
-                    self._last_values,
-                ),
-                name=f"marl_ppo-rollout-worker-{k}",
-                daemon=True,
-            )
-            process.start()
-            child_end.close()
+            args = (make_adapter, make_model, envs, k, self._weights, self._shared, self._last_values)
+            process, conn = start_worker(ctx, _worker, args, f"marl_ppo-rollout-worker-{k}")
             self._processes.append(process)
-            self._conns.append(parent_end)
+            self._conns.append(conn)
         self._gather("start")
 
     def start(self, seed: int) -> None:
@@ -385,30 +368,16 @@ class RolloutWorkers:
         if errors:
             k, status, message, trace = min(errors)  # the lowest worker's error; every worker is stopped
             self._closer()
-            if status == "contract":
-                raise EnvContractError(message) from RemoteTraceback(trace)
-            raise WorkerError(f"RolloutWorkers: worker {k} failed during '{command}': {message}") from (
-                RemoteTraceback(trace)
-            )
+            raise_failure("RolloutWorkers", k, status, message, trace, command)
         return [replies[k] for k in range(len(self._conns))]
 
     def _hung(self, pending: list[int], command: str, seconds: float) -> None:
         """Stop every worker after `pending` did not answer within the timeout, and raise."""
-        names = ", ".join(f"worker {k} (pid {self._processes[k].pid})" for k in pending)
-        for k in pending:
-            self._processes[k].kill()  # a hung worker would not answer 'close'
-        self._fail(
-            f"{names} did not answer '{command}' within {seconds:g} s (worker_timeout_s per env step); "
-            "an env hung, every worker was stopped"
-        )
+        limit = f"{seconds:g} s (worker_timeout_s per env step)"
+        self._fail(hang_message(self._processes, pending, command, limit))
 
     def _died(self, k: int, command: str) -> str:
-        process = self._processes[k]
-        process.join(1.0)
-        return (
-            f"worker {k} ({process.name}, pid {process.pid}) died during '{command}' "
-            f"(exit code {process.exitcode})"
-        )
+        return death_message(self._processes[k], k, command)
 
     def _fail(self, message: str) -> None:
         self._closer()
