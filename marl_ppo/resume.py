@@ -96,6 +96,12 @@ def load_resumable(run_dir: Path, config: ExperimentConfig | None = None) -> dic
             f"checkpoint '{path}' holds no run state (an older marl_ppo wrote it); it cannot resume"
         )
     if config is not None:
+        used = payload["config"].get("vector")
+        if (used == "workers") != (config.vector == "workers"):  # the collectors' states differ in kind
+            raise ConfigError(
+                f"--resume: the run in '{run_dir}' used vector={used} and cannot continue with "
+                f"vector={config.vector}; resume it with vector={used}"
+            )
         saved, wanted = _flat(payload["config"]), _flat(config_to_dict(config))
         for key in sorted(saved.keys() | wanted.keys()):
             if key not in RESUMABLE_KEYS and saved.get(key) != wanted.get(key):

@@ -221,3 +221,15 @@ def test_unpicklable_env_resumes_with_fresh_episodes_and_a_warning(tiny_override
     assert lengths == [(50, 25.0), (50, 25.0), (110, 25.0), (110, 25.0)]
     steps = [step for step, _ in scalars(tmp_path)["train/loss_pi"]]
     assert steps == [20, 40, 60, 80, 100, 120]
+
+
+@pytest.mark.parametrize(("vector", "resumed_vector"), [("workers", "sync"), ("sync", "workers")])
+def test_resuming_across_rollout_workers_is_refused_with_one_line(
+    tiny_overrides, tmp_path, vector, resumed_vector
+):
+    train(_config(tiny_overrides, f"vector={vector}", "total_steps=40"), tmp_path)
+    extended = _config(tiny_overrides, f"vector={resumed_vector}", "total_steps=80")
+    with pytest.raises(
+        ConfigError, match=f"used vector={vector} and cannot continue with vector={resumed_vector}"
+    ):
+        train(extended, tmp_path, resume=True)
