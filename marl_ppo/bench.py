@@ -27,6 +27,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SPREAD_YAML = ROOT / "experiments" / "mpe" / "simple_spread.yaml"
+SPREAD_KWARGS = {"N": 3, "max_cycles": 25, "continuous_actions": False}
+"""The default experiment's env.kwargs, for the raw-env baseline."""
 
 
 def raw_pettingzoo_sps(
@@ -116,8 +118,7 @@ def cases(steps: int, device: str = "cpu") -> list[Case]:
     The MAgent2 battles (4, 24 and 288 agents) show how the cost per agent-step scales with the team.
     `device` is where the VMAS simulator and the learner run (`cuda` on a machine with a GPU).
     """
-    spread = {"N": 3, "max_cycles": 25, "continuous_actions": False}
-    raw_spread = functools.partial(raw_pettingzoo_sps, "mpe2/simple_spread_v3", spread)
+    raw_spread = functools.partial(raw_pettingzoo_sps, "mpe2/simple_spread_v3", SPREAD_KWARGS)
     spread_runs = {  # name: how the 32 env copies are stepped and who acts
         "spread sync": ["vector=sync"],
         "spread 2 env procs": ["vector=subprocess", "num_workers=2"],
@@ -130,48 +131,32 @@ def cases(steps: int, device: str = "cpu") -> list[Case]:
             Case(name, raw_spread, SPREAD_YAML, [*overrides, f"total_steps={steps}"], 3)
             for name, overrides in spread_runs.items()
         ),
-        Case(
-            "vmas nav 64",
-            lambda: raw_vmas_sps("navigation", 64, {"max_steps": 100}),
-            None,
-            [
-                "env.id=vmas/navigation",
-                "num_envs=64",
-                "rollout_steps=100",
-                f"total_steps={64 * 100 * 8}",
-                "share_actor=true",
-            ],
-            4,
-        ),
-        Case(
-            "vmas nav 1024",
-            lambda: raw_vmas_sps("navigation", 1024, {"max_steps": 100}),
-            None,
-            [
-                "env.id=vmas/navigation",
-                "num_envs=1024",
-                "rollout_steps=100",
-                f"total_steps={1024 * 100 * 3}",
-                "share_actor=true",
-                "ppo.num_minibatches=16",
-            ],
-            4,
-        ),
-        Case(  # the same with 2 epochs of 4 minibatches: the learner's share is what sets the ratio
-            "vmas nav 1024 2 ep",
-            lambda: raw_vmas_sps("navigation", 1024, {"max_steps": 100}),
-            None,
-            [
-                "env.id=vmas/navigation",
-                "num_envs=1024",
-                "rollout_steps=100",
-                f"total_steps={1024 * 100 * 3}",
-                "share_actor=true",
-                "ppo.num_minibatches=4",
-                "ppo.train_pi_iters=2",
-                "ppo.train_vf_iters=2",
-            ],
-            4,
+        *(
+            Case(
+                name,
+                functools.partial(raw_vmas_sps, "navigation", num_envs, {"max_steps": 100}),
+                None,
+                [
+                    "env.id=vmas/navigation",
+                    f"num_envs={num_envs}",
+                    "rollout_steps=100",
+                    f"total_steps={num_envs * 100 * updates}",
+                    "share_actor=true",
+                    *ppo,
+                ],
+                4,
+            )
+            for name, num_envs, updates, ppo in (
+                ("vmas nav 64", 64, 8, []),
+                ("vmas nav 1024", 1024, 3, ["ppo.num_minibatches=16"]),
+                # the same with 2 epochs of 4 minibatches: the learner's share is what sets the ratio
+                (
+                    "vmas nav 1024 2 ep",
+                    1024,
+                    3,
+                    ["ppo.num_minibatches=4", "ppo.train_pi_iters=2", "ppo.train_vf_iters=2"],
+                ),
+            )
         ),
         *(
             Case(
@@ -249,9 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(report(selected))
     if any(case.name.startswith("spread") for case in selected):
-        spread = {"N": 3, "max_cycles": 25, "continuous_actions": False}
         bare = [
-            raw_pettingzoo_sps("mpe2/simple_spread_v3", spread, bare=True) for _ in range(options.repeats)
+            raw_pettingzoo_sps("mpe2/simple_spread_v3", SPREAD_KWARGS, bare=True)
+            for _ in range(options.repeats)
         ]
         print(
             f"simple_spread raw without its assertion-only wrappers (how the adapter steps it): "

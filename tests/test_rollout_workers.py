@@ -2,7 +2,6 @@
 
 import copy
 import dataclasses
-import functools
 import os
 import signal
 import time
@@ -11,11 +10,9 @@ import pytest
 import torch
 
 from marl_ppo.config import load_config
-from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import RolloutBuffer
-from marl_ppo.rollout.collector import Collector
-from marl_ppo.rollout.workers import RolloutWorkers, _buffer_tensors, worker_seed
-from marl_ppo.train import _make_adapter, build_collector, team_spec, train
+from marl_ppo.rollout.workers import _buffer_tensors, worker_seed
+from marl_ppo.train import build_collector, train
 from tests.conftest import ROOT
 
 SPREAD_YAML = ROOT / "experiments/mpe/simple_spread.yaml"
@@ -38,18 +35,11 @@ def _config(tiny_overrides, *extra, env=None):
     return load_config(None, [*overrides, f"env.id={env}", "env.kwargs={leave_at: 2, max_steps: 5}"])
 
 
-def _workers(config, model, num_workers, policy_lag=0):
-    spec = model.spec
-    return RolloutWorkers(
-        functools.partial(_make_adapter, config, spec),
-        functools.partial(TeamModel, spec, config),
-        model,
-        spec=spec,
-        num_envs=config.num_envs,
-        steps=config.rollout_steps,
-        num_workers=num_workers,
-        policy_lag=policy_lag,
-    )
+def _workers(config, num_workers, policy_lag=0):
+    """Rollout workers and the team model, built the way train() builds them."""
+    torch.manual_seed(0)
+    config = dataclasses.replace(config, vector="workers", num_workers=num_workers, policy_lag=policy_lag)
+    return build_collector(config, torch.device("cpu"))
 
 
 def _sync_slice(config, model, envs, seed, worker, rollouts):
@@ -73,9 +63,7 @@ def _sync_slice(config, model, envs, seed, worker, rollouts):
 def test_each_worker_slice_equals_a_sync_collector(tiny_overrides, env, num_workers):
     """Every tensor of two consecutive rollouts, the bootstrap values and the episode log match."""
     config = _config(tiny_overrides, env=env)
-    torch.manual_seed(0)
-    model = TeamModel(team_spec(config), config)
-    workers = _workers(config, model, num_workers)
+    workers, model = _workers(config, num_workers)
     try:
         workers.start(seed=3)
         got = []
@@ -115,10 +103,8 @@ def _logp(model, buffer):
 def test_policy_lag_decides_which_weights_act(tiny_overrides, policy_lag):
     """With lag 1 the rollout after an update was collected by the pre-update weights; lag 0 by the new ones."""
     config = _config(tiny_overrides, "vector=workers", f"policy_lag={policy_lag}")
-    torch.manual_seed(0)
-    model = TeamModel(team_spec(config), config)
+    workers, model = _workers(config, 2, policy_lag)
     before = copy.deepcopy(model)
-    workers = _workers(config, model, 2, policy_lag)
     try:
         workers.start(seed=0)
         buffer = RolloutBuffer(model.spec, config.rollout_steps, config.num_envs)
@@ -158,9 +144,7 @@ def test_policy_lag_is_zero_without_rollout_workers(tiny_overrides):
 
 def test_a_killed_worker_stops_the_run_with_a_clear_error(tiny_overrides):
     config = _config(tiny_overrides, "rollout_steps=2000")
-    torch.manual_seed(0)
-    model = TeamModel(team_spec(config), config)
-    workers = _workers(config, model, 2)
+    workers, model = _workers(config, 2)
     workers.start(seed=0)
     victim = workers._processes[1]
     buffer = RolloutBuffer(model.spec, config.rollout_steps, config.num_envs)
@@ -171,13 +155,6 @@ def test_a_killed_worker_stops_the_run_with_a_clear_error(tiny_overrides):
         workers.collect(buffer)
     assert time.monotonic() - started < 10
     assert not any(p.is_alive() for p in workers._processes)
-
-
-def test_collector_interface_matches(tiny_overrides):
-    """train() drives both collectors through the same four members."""
-    for cls in (Collector, RolloutWorkers):
-        for member in ("start", "collect", "close"):
-            assert callable(getattr(cls, member))
 
 
 @pytest.mark.parametrize(
@@ -229,3 +206,23 @@ def test_learner_threads_are_one_except_for_batched_simulators(
     monkeypatch.setattr(train_module, "usable_cores", lambda: 2)
     config = load_config(SPREAD_YAML, [*tiny_overrides, *overrides])
     assert train_module.learner_threads(config) == expected
+
+
+def test_a_command_between_rollouts_keeps_the_rollout_in_flight(tiny_overrides):
+    """With policy lag, asking the workers anything (here their env states) must not drop the next rollout."""
+    config = _config(tiny_overrides)
+    rollouts = []
+    for ask_between in (False, True):
+        workers, model = _workers(config, 2, policy_lag=1)
+        try:
+            workers.start(seed=0)
+            buffer = RolloutBuffer(model.spec, config.rollout_steps, config.num_envs)
+            workers.collect(buffer)  # launches the next rollout
+            if ask_between:
+                assert len(workers.env_states()) == config.num_envs
+            workers.collect(buffer)
+            rollouts.append([t.clone() for t in _buffer_tensors(buffer)])
+        finally:
+            workers.close()
+    assert workers.env_steps == 2 * config.rollout_steps * config.num_envs
+    assert all(torch.equal(a, b) for a, b in zip(*rollouts, strict=True))

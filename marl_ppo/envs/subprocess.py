@@ -158,6 +158,12 @@ def _shutdown(processes: list[BaseProcess], conns: list[Connection]) -> None:
         conn.close()
 
 
+def split_envs(num_envs: int, num_workers: int) -> list[range]:
+    """Contiguous, near-equal slices of the env copies, one per worker."""
+    bounds = [round(k * num_envs / num_workers) for k in range(num_workers + 1)]
+    return [range(bounds[k], bounds[k + 1]) for k in range(num_workers)]
+
+
 def start_worker(
     ctx: Any, target: Callable[..., None], args: tuple, name: str
 ) -> tuple[BaseProcess, Connection]:
@@ -216,13 +222,11 @@ class SubprocessVectorEnv:
         self._buffer = ctx.RawArray("b", max(nbytes, 1))
         self.arrays, self._actions, self.episode_over, _ = _shared_views(self.spec, num_envs, self._buffer)
         num_workers = min(num_workers, num_envs)
-        bounds = [round(k * num_envs / num_workers) for k in range(num_workers + 1)]
-        self._slices = [slice(bounds[k], bounds[k + 1]) for k in range(num_workers)]
+        self._slices = split_envs(num_envs, num_workers)
         self._processes: list[BaseProcess] = []
         self._conns: list[Connection] = []
         self._closer = weakref.finalize(self, _shutdown, self._processes, self._conns)
-        for k in range(num_workers):
-            envs = range(bounds[k], bounds[k + 1])
+        for k, envs in enumerate(self._slices):
             args = (make_adapter, self.spec, num_envs, envs, self._buffer)
             process, conn = start_worker(ctx, _worker, args, f"marl_ppo-env-worker-{k}")
             self._processes.append(process)
@@ -257,7 +261,7 @@ class SubprocessVectorEnv:
         """Replace the env copies by the ones `env_states` saved (trusted bytes only: unpickling runs code)."""
         if len(states) != self.num_envs:
             raise ValueError(f"got {len(states)} env states for {self.num_envs} env copies")
-        self._ask("set_state", [list(states[envs]) for envs in self._slices])
+        self._ask("set_state", [list(states[envs.start : envs.stop]) for envs in self._slices])
 
     def _command(self, command: str, seed: int | None) -> None:
         self._ask(command, [seed] * len(self._conns))

@@ -30,7 +30,14 @@ from torch import nn
 
 from marl_ppo.envs.pettingzoo import EnvContractError, ParallelEnvAdapter
 from marl_ppo.envs.spec import TeamSpec
-from marl_ppo.envs.subprocess import _shutdown, death_message, hang_message, raise_failure, start_worker
+from marl_ppo.envs.subprocess import (
+    _shutdown,
+    death_message,
+    hang_message,
+    raise_failure,
+    split_envs,
+    start_worker,
+)
 from marl_ppo.envs.vector import SyncVectorEnv
 from marl_ppo.faults import WorkerError, one_line
 from marl_ppo.rollout.buffer import RolloutBuffer
@@ -196,8 +203,7 @@ class RolloutWorkers:
         if start_method is None:
             start_method = "fork" if "fork" in mp.get_all_start_methods() else None
         ctx = mp.get_context(start_method)
-        bounds = [round(k * num_envs / num_workers) for k in range(num_workers + 1)]
-        self._slices = [range(bounds[k], bounds[k + 1]) for k in range(num_workers)]
+        self._slices = split_envs(num_envs, num_workers)
         self._processes: list[BaseProcess] = []
         self._conns: list[Connection] = []
         self._closer = weakref.finalize(self, _shutdown, self._processes, self._conns)
@@ -244,8 +250,7 @@ class RolloutWorkers:
         With policy lag a rollout is in flight between updates; it is received here (as the next
         `collect` would) and saved, so a resumed run hands the learner the same data.
         """
-        if self._in_flight:
-            self._receive()
+        workers = self._command("get_state", None)  # receives a rollout in flight first
         pending = None
         if self._pending is not None:
             pending = {
@@ -255,7 +260,7 @@ class RolloutWorkers:
                     [_episode_state(t, e) for t, e in r["episodes"]] for r in self._pending["replies"]
                 ],
             }
-        return {"env_steps": self.env_steps, "workers": self._command("get_state", None), "pending": pending}
+        return {"env_steps": self.env_steps, "workers": workers, "pending": pending}
 
     def load_state_dict(self, state: dict[str, Any], *, episodes: bool = True) -> None:
         """Restore `state_dict()`; `episodes=False` keeps only the step counter (the envs are reset instead)."""
@@ -278,8 +283,6 @@ class RolloutWorkers:
 
     def env_states(self) -> list[bytes]:
         """Every env copy's pickled state, in env order (see `marl_ppo.envs.state`)."""
-        if self._in_flight:
-            self._receive()
         return [blob for states in self._command("env_states", None) for blob in states]
 
     def load_env_states(self, states: list[bytes]) -> None:
@@ -289,13 +292,17 @@ class RolloutWorkers:
         self._ask("load_env_states", [list(states[envs.start : envs.stop]) for envs in self._slices])
 
     def _receive(self) -> None:
-        """Wait for the rollout in flight and keep a copy of it for the next `collect`."""
+        """Wait for the rollout in flight and keep it for the next `collect`.
+
+        The pending rollout refers to the shared tensors without copying them: nothing writes them
+        again before the next launch, and `collect` copies them out before it launches.
+        """
         replies = self._gather("collect", self._shared.steps)
         self._in_flight = False
         self._pending = {
             "replies": replies,
-            "buffer": [t.clone() for t in _buffer_tensors(self._shared)],
-            "last_values": [v.clone() for v in self._last_values],
+            "buffer": _buffer_tensors(self._shared),
+            "last_values": self._last_values,
         }
 
     def _episodes(self, replies: list[dict[str, Any]]) -> list[EpisodeRecord]:
@@ -326,8 +333,7 @@ class RolloutWorkers:
     def _ask(self, command: str, arguments: list[Any]) -> list[Any]:
         """Send worker k `(command, arguments[k])`; their replies in worker order."""
         if self._in_flight:
-            self._gather("collect", self._shared.steps)  # drain a rollout started with policy lag
-            self._in_flight = False
+            self._receive()  # a rollout started with policy lag stays pending, never lost
         for k, (conn, argument) in enumerate(zip(self._conns, arguments, strict=True)):
             self._send(k, conn, (command, argument))
         return self._gather(command)
