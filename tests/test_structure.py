@@ -4,6 +4,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import collect_rollout
 
 from marl_ppo.batch import rollout_batches
@@ -73,12 +74,11 @@ def test_per_agent_actors_have_independent_weights_and_shared_actor_one_set():
     assert not torch.allclose(logits[0, 0], logits[0, 1])
 
 
-@pytest.mark.parametrize("shared", [False, True])
-def test_stacked_mlp_equals_a_loop_over_agents(shared):
+def _perturbed_mlp(shared: bool, agents: int = 4, in_dim: int = 6) -> AgentMLP:
     torch.manual_seed(1)
     net = AgentMLP(
-        num_agents=4,
-        in_dim=6,
+        num_agents=agents,
+        in_dim=in_dim,
         out_dim=3,
         hidden_sizes=(8, 8),
         activation="tanh",
@@ -90,18 +90,58 @@ def test_stacked_mlp_equals_a_loop_over_agents(shared):
     with torch.no_grad():
         for p in net.parameters():
             p.add_(torch.randn_like(p) * 0.1)  # break the init symmetry of LayerNorm affine and biases
-    x = torch.randn(7, 4, 6)
-    batched = net(x)
-    for agent in range(4):
+    return net
+
+
+def _loop_over_agents(net: AgentMLP, x: torch.Tensor, shared: bool) -> torch.Tensor:
+    """The textbook per-agent computation: LayerNorm with affine, one-hot id appended, then the MLP."""
+    rows, agents, in_dim = x.shape
+    outputs = []
+    for agent in range(agents):
         copy_ = 0 if shared else agent
-        h = torch.nn.functional.layer_norm(x[:, agent], (6,)) * net.norm_weight[copy_] + net.norm_bias[copy_]
+        h = F.layer_norm(x[:, agent], (in_dim,)) * net.norm_weight[copy_] + net.norm_bias[copy_]
         if shared:
-            h = torch.cat([h, torch.eye(4)[agent].expand(7, 4)], dim=-1)
+            h = torch.cat([h, torch.eye(agents)[agent].expand(rows, agents)], dim=-1)
         for k, layer in enumerate(net.layers):
             h = h @ layer.weight[copy_].T + layer.bias[copy_]
             if k < len(net.layers) - 1:
                 h = torch.tanh(h)
-        torch.testing.assert_close(batched[:, agent], h, rtol=1e-5, atol=1e-6)
+        outputs.append(h)
+    return torch.stack(outputs, dim=1)
+
+
+def _gradients(net: AgentMLP, output: torch.Tensor, weights: torch.Tensor) -> list[torch.Tensor]:
+    return list(torch.autograd.grad((output * weights).sum(), list(net.parameters())))
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_stacked_mlp_equals_a_loop_over_agents(shared):
+    """Outputs and every parameter's gradient match the per-agent loop (the folded LayerNorm affine
+    and the additive agent id are exact rewrites)."""
+    net = _perturbed_mlp(shared)
+    x = torch.randn(7, 4, 6)
+    weights = torch.randn(7, 4, 3)
+    batched, looped = net(x), _loop_over_agents(net, x, shared)
+    torch.testing.assert_close(batched, looped, rtol=1e-5, atol=1e-6)
+    for got, want in zip(_gradients(net, batched, weights), _gradients(net, looped, weights), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_common_input_equals_the_input_repeated_per_agent(shared):
+    """forward_common (a critic's global state, first layer once per row) equals forward on the
+    state copied to every agent, in outputs and gradients."""
+    net = _perturbed_mlp(shared, in_dim=10)
+    state = torch.randn(5, 2, 10)  # leading dims (time, env)
+    weights = torch.randn(5, 2, 4, 3)
+    common = net.forward_common(state)
+    repeated = net(state.unsqueeze(-2).expand(5, 2, 4, 10))
+    assert common.shape == (5, 2, 4, 3)
+    torch.testing.assert_close(common, repeated, rtol=1e-5, atol=1e-6)
+    for got, want in zip(
+        _gradients(net, common, weights), _gradients(net, repeated, weights), strict=True
+    ):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
 
 
 def test_one_update_moves_every_actor_and_the_critic():

@@ -3,6 +3,14 @@
 Inputs are `(..., A, in)`. With `shared=False` each of the A agents has its own weights
 (`(A, out, in)` tensors, one `baddbmm` per layer, no Python loop over agents). With `shared=True`
 one weight set serves all A agents and a one-hot agent id is appended to the input.
+
+The first layer is computed in a cheaper, mathematically identical form:
+- the input LayerNorm's affine is folded into the first layer's weights,
+  `W (n * g + beta) + b = (W * g) n + (W beta + b)`, so the normalized input `n` needs no gradient
+  (no input-gradient matmul, no LayerNorm backward);
+- the one-hot agent id is never concatenated: its columns of `W` are added as a per-agent bias;
+- `forward_common` takes one input shared by all agents (a critic's global state) and computes the
+  first layer once per row instead of once per agent.
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ class AgentMLP(nn.Module):
     ) -> None:
         super().__init__()
         self.num_agents = num_agents
+        self.in_dim = in_dim
         self.add_agent_id = shared and num_agents > 1
         copies = 1 if shared else num_agents
         width = in_dim + (num_agents if self.add_agent_id else 0)
@@ -80,15 +89,57 @@ class AgentMLP(nn.Module):
             for layer in self.layers[:-1]:
                 layer.reset_orthogonal(math.sqrt(2.0))
             self.layers[-1].reset_orthogonal(head_gain)
-        if self.add_agent_id:
-            self.register_buffer("agent_ids", torch.eye(num_agents), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`(..., A, in) -> (..., A, out)`."""
+        weight, bias, agent_bias = self._first_layer()
+        x = self._normalize(x)
+        if self.layers[0].copies == 1:
+            h = F.linear(x, weight[0], bias[0])
+            if agent_bias is not None:
+                h = h + agent_bias
+        else:
+            lead, (agents, in_dim) = x.shape[:-2], x.shape[-2:]
+            flat = x.reshape(-1, agents, in_dim).transpose(0, 1)  # (A, B, in)
+            h = torch.baddbmm(bias.unsqueeze(1), flat, weight.transpose(1, 2))  # (A, B, out)
+            h = h.transpose(0, 1).reshape(*lead, agents, -1)
+        return self._rest(h)
+
+    def forward_common(self, x: torch.Tensor) -> torch.Tensor:
+        """`(..., in) -> (..., A, out)`: every agent's output for one input they all see.
+
+        Equal to `forward(x.unsqueeze(-2).expand(..., A, in))`, with the normalization and the
+        first layer computed once per row rather than once per agent.
+        """
+        weight, bias, agent_bias = self._first_layer()
+        x = self._normalize(x)
+        agents = self.num_agents
+        if self.layers[0].copies == 1:
+            h = F.linear(x, weight[0], bias[0]).unsqueeze(-2)
+            h = h + agent_bias if agent_bias is not None else h.expand(*h.shape[:-2], agents, h.shape[-1])
+        else:
+            out_dim = weight.shape[1]
+            h = F.linear(x, weight.reshape(agents * out_dim, -1), bias.reshape(-1))
+            h = h.unflatten(-1, (agents, out_dim))
+        return self._rest(h)
+
+    def _normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """LayerNorm without its affine (that lives in the first layer's weights), or `x` unchanged."""
+        return F.layer_norm(x, x.shape[-1:]) if self.norm_weight is not None else x
+
+    def _first_layer(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The first layer's effective `(copies, out, in)` weights and `(copies, out)` biases, and the
+        `(A, out)` per-agent bias standing in for the one-hot agent id (None without ids)."""
+        first, in_dim = self.layers[0], self.in_dim
+        weight, bias = first.weight[..., :in_dim], first.bias
         if self.norm_weight is not None:
-            x = F.layer_norm(x, x.shape[-1:]) * self.norm_weight + self.norm_bias
-        if self.add_agent_id:
-            x = torch.cat([x, self.agent_ids.expand(*x.shape[:-1], self.num_agents)], dim=-1)
-        for layer in self.layers[:-1]:
-            x = self.activation(layer(x))
-        return self.layers[-1](x)
+            bias = bias + (weight @ self.norm_bias.unsqueeze(-1)).squeeze(-1)
+            weight = weight * self.norm_weight.unsqueeze(1)
+        agent_bias = first.weight[0, :, in_dim:].T if self.add_agent_id else None
+        return weight, bias, agent_bias
+
+    def _rest(self, h: torch.Tensor) -> torch.Tensor:
+        """The layers after the first, on the first layer's pre-activation `(..., A, hidden)`."""
+        for layer in self.layers[1:]:
+            h = layer(self.activation(h))
+        return h

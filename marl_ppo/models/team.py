@@ -100,6 +100,8 @@ class GroupCritic(nn.Module):
 
     def forward(self, state: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
         """Values in the critic's (possibly normalized) units, `(..., A_g)`."""
+        if self.build_input is _state_input:  # one input for all agents: its first layer once per row
+            return self.net.forward_common(state).squeeze(-1)
         return self.net(self.build_input(state, obs)).squeeze(-1)
 
 
