@@ -32,14 +32,12 @@ class RunLogger:
         resume_step: int | None = None,
     ) -> None:
         """`resume_step`: continue a run checkpointed at this env step, dropping what it logged after."""
-        from torch.utils.tensorboard import SummaryWriter
-
         log_dir = run_dir / "tensorboard"
         if resume_step is not None:
             _wait_for_a_later_event_file_name(log_dir)
         # purge_step: TensorBoard's reader drops the killed run's events from this step on
         purge_step = None if resume_step is None else resume_step + 1
-        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
+        self.writer = EventWriter(log_dir, purge_step=purge_step)
         self.agents = tuple(agents)
         # per-group returns matter for competitive teams (red vs blue); one group needs no breakdown
         self.group_columns = (
@@ -77,27 +75,29 @@ class RunLogger:
     def episodes_done(self, episodes: Sequence[EpisodeRecord]) -> None:
         """Log each finished episode at the env step it ended and add it to the return window."""
         for episode in episodes:
-            step = episode.end_step
             self.episodes += 1
             self.team_returns.append(episode.team_return)
             self.agent_returns.append(episode.agent_returns)
-            self.writer.add_scalar("rollout/team_return", episode.team_return, step)
-            self.writer.add_scalar("rollout/agent_return", float(episode.agent_returns.mean()), step)
-            self.writer.add_scalar("rollout/episode_length", episode.length, step)
+            values = {
+                "rollout/team_return": episode.team_return,
+                "rollout/agent_return": float(episode.agent_returns.mean()),
+                "rollout/episode_length": episode.length,
+            }
             for name, columns in self.group_columns.items():
-                self.writer.add_scalar(
-                    f"groups/{name}/return", float(episode.agent_returns[columns].sum()), step
-                )
+                values[f"groups/{name}/return"] = float(episode.agent_returns[columns].sum())
             if self.per_agent:
-                for agent, value in zip(self.agents, episode.agent_returns, strict=True):
-                    self.writer.add_scalar(f"agents/{agent}/return", float(value), step)
+                values.update(
+                    (f"agents/{agent}/return", float(value))
+                    for agent, value in zip(self.agents, episode.agent_returns, strict=True)
+                )
+            self.writer.scalars(episode.end_step, values)
 
     def update_done(self, step: int, stats: TrainStats, extra: dict[str, float]) -> None:
         """Log one update's training statistics and `extra` scalars (full tags), advance the progress bar."""
-        for field in dataclasses.fields(stats):
-            self.writer.add_scalar(f"train/{field.name}", float(getattr(stats, field.name)), step)
-        for tag, value in extra.items():
-            self.writer.add_scalar(tag, value, step)
+        values = {
+            f"train/{field.name}": float(getattr(stats, field.name)) for field in dataclasses.fields(stats)
+        }
+        self.writer.scalars(step, {**values, **extra})
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
             self.bar.set_postfix(
@@ -127,14 +127,50 @@ class RunLogger:
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         """Log scalars given by full tag (e.g. an evaluation's `eval/` tags) at `step`."""
-        for tag, value in values.items():
-            self.writer.add_scalar(tag, value, step)
+        self.writer.scalars(step, values)
 
     def close(self) -> None:
         """Flush and close the event file and the progress bar."""
         self.writer.close()
         if self.bar is not None:
             self.bar.close()
+
+
+class EventWriter:
+    """A TensorBoard event file of scalars: one event per call, holding all of that step's values.
+
+    One event with many values costs a fraction of one event per value (a 1,024-copy VMAS rollout
+    ends 1,024 episodes of 7 scalars each per update); the reader sees the same scalars.
+    """
+
+    QUEUE = 8192
+    """Events buffered for the writing thread; a burst of episodes should not wait on the disk."""
+
+    def __init__(self, log_dir: Path, *, purge_step: int | None = None, flush_secs: float = 120) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._event, self._summary = Event, Summary
+        self._file = EventFileWriter(str(log_dir), max_queue_size=self.QUEUE, flush_secs=flush_secs)
+        if purge_step is not None:  # the reader discards events at and after this step read before it
+            start = SessionLog(status=SessionLog.START)
+            self._file.add_event(Event(wall_time=time.time(), step=purge_step, session_log=start))
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        """Write `values` (tag: number) at `step`."""
+        summary = self._summary(
+            value=[self._summary.Value(tag=tag, simple_value=float(v)) for tag, v in values.items()]
+        )
+        self._file.add_event(self._event(wall_time=time.time(), step=int(step), summary=summary))
+
+    def flush(self) -> None:
+        """Write every queued event to disk."""
+        self._file.flush()
+
+    def close(self) -> None:
+        """Flush and close the file."""
+        self._file.close()
 
 
 def _wait_for_a_later_event_file_name(log_dir: Path) -> None:
