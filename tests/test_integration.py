@@ -10,6 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.cli import main
 from marl_ppo.config import build_config, load_config
+from marl_ppo.logging import EventWriter
 from marl_ppo.models.team import TeamModel
 from marl_ppo.train import build_vector_env, train
 
@@ -130,3 +131,16 @@ def test_mpe_state_and_concatenated_observations_train_identically(tiny_override
     for state in ("env", "concat"):
         train(load_config(path, [*tiny_overrides, "vector=sync", f"env.state={state}"]), tmp_path / state)
     assert_same_final_weights(tmp_path / "env", tmp_path / "concat")
+
+
+def test_event_writer_keeps_every_value_of_a_step_and_repeated_steps(tmp_path):
+    """One event holds all of a step's scalars; episodes ending at the same step all stay."""
+    writer = EventWriter(tmp_path)
+    writer.scalars(10, {"a": 1.5, "b": -2.0})
+    writer.scalars(10, {"a": 2.5})
+    writer.scalars(20, {"b": 3.0})
+    writer.close()
+    events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("a")] == [(10, 1.5), (10, 2.5)]
+    assert [(e.step, e.value) for e in events.Scalars("b")] == [(10, -2.0), (20, 3.0)]
