@@ -138,9 +138,7 @@ def test_common_input_equals_the_input_repeated_per_agent(shared):
     repeated = net(state.unsqueeze(-2).expand(5, 2, 4, 10))
     assert common.shape == (5, 2, 4, 3)
     torch.testing.assert_close(common, repeated, rtol=1e-5, atol=1e-6)
-    for got, want in zip(
-        _gradients(net, common, weights), _gradients(net, repeated, weights), strict=True
-    ):
+    for got, want in zip(_gradients(net, common, weights), _gradients(net, repeated, weights), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
 
 
