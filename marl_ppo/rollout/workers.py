@@ -5,7 +5,8 @@ the E env copies, a CPU copy of the team's networks and its own sampling RNG; pe
 the learner's weights from shared memory, collects its slice with the ordinary `Collector` (same
 auto-reset, truncation bootstrap and episode accounting as in one process) and writes the slice
 into a shared rollout buffer. Per rollout the pipes carry one command and one small reply per
-worker (finished episodes and timings); no array data is pickled.
+worker (finished episodes and timings); no array data is pickled. The processes are started,
+commanded and stopped by `marl_ppo.envs.pool`, as `SubprocessVectorEnv`'s are.
 
 `policy_lag = 1` overlaps collection with learning: as soon as rollout k is copied out, the workers
 start rollout k + 1 with the weights the learner had *before* update k. PPO then uses that behaviour
@@ -15,31 +16,17 @@ acted. With `policy_lag = 0` the workers wait for the update: exactly on-policy.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import signal
 import time
-import traceback
-import weakref
 from collections.abc import Callable
-from multiprocessing.connection import Connection, wait
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 import torch
 from torch import nn
 
-from marl_ppo.envs.pettingzoo import EnvContractError, ParallelEnvAdapter
+from marl_ppo.envs.pettingzoo import ParallelEnvAdapter
+from marl_ppo.envs.pool import WorkerPool, context, split_envs
 from marl_ppo.envs.spec import TeamSpec
-from marl_ppo.envs.subprocess import (
-    _shutdown,
-    death_message,
-    hang_message,
-    raise_failure,
-    split_envs,
-    start_worker,
-)
 from marl_ppo.envs.vector import SyncVectorEnv
-from marl_ppo.faults import WorkerError, one_line
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.collector import Collector, EpisodeRecord, RolloutResult
 
@@ -57,92 +44,80 @@ def _buffer_tensors(buffer: RolloutBuffer) -> list[torch.Tensor]:
     return tensors
 
 
-def _worker(
-    conn: Connection,
-    parent_end: Connection,
-    make_adapter: Callable[[], ParallelEnvAdapter],
-    make_model: Callable[[], nn.Module],
-    envs: range,
-    worker: int,
-    shared_weights: dict[str, torch.Tensor],
-    shared_buffer: RolloutBuffer,
-    shared_last_values: list[torch.Tensor],
-) -> None:
-    """Collect this worker's env slice on command; acknowledge every command on the pipe."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # so is SIGTERM sent to the whole process group
-    parent_end.close()
-    torch.set_num_threads(1)
-    command, argument = "start", None
-    collector: Collector | None = None
-    while True:
-        reply: tuple[str, Any] = ("ok", None)
-        try:
-            if command == "start":
-                model = make_model()
-                venv = SyncVectorEnv(make_adapter, len(envs))
-                for i, adapter in zip(envs, venv.adapters, strict=True):
-                    adapter.copy_index = i  # the run's copy index, named in contract errors
-                buffer = RolloutBuffer(venv.spec, shared_buffer.steps, len(envs))
-                collector = Collector(venv, model, torch.device("cpu"))
-                targets = [t[:, envs.start : envs.stop] for t in _buffer_tensors(shared_buffer)]
-            elif command == "reset":
-                collector.start(argument + envs.start)
-                torch.manual_seed(worker_seed(argument, worker))
-            elif command == "collect":
-                reply = (
-                    "ok",
-                    _collect(collector, model, buffer, targets, envs, shared_weights, shared_last_values),
-                )
-            elif command == "get_state":
-                reply = ("ok", {"collector": collector.state_dict(), "torch_rng": torch.get_rng_state()})
-            elif command == "set_state":
-                collector.load_state_dict(argument["collector"])
-                torch.set_rng_state(argument["torch_rng"])
-            elif command == "env_states":
-                reply = ("ok", collector.env_states())
-            elif command == "load_env_states":
-                collector.load_env_states(argument)
-            elif command == "close":
-                if collector is not None:
-                    collector.close()
-            else:
-                raise ValueError(f"unknown command {command!r}")
-        except EnvContractError as err:  # the parent raises it again, as one process would
-            reply = ("contract", (str(err), traceback.format_exc()))
-        except Exception as err:  # reported to the parent, which raises it there
-            reply = ("error", (f"{type(err).__name__}: {one_line(err)}", traceback.format_exc()))
-        try:
-            conn.send(reply)
-            if command == "close":
-                return
-            command, argument = conn.recv()
-        except (EOFError, OSError):  # the parent is gone
-            return
+class _RolloutSlice:
+    """A worker's env copies `envs`, its copy of the policy and its sampling RNG (built in the worker).
 
+    'start' makes the envs, the model and a local rollout buffer; each 'collect' then writes one
+    rollout of the slice into the shared buffer.
+    """
 
-def _collect(
-    collector: Collector,
-    model: nn.Module,
-    buffer: RolloutBuffer,
-    targets: list[torch.Tensor],
-    envs: range,
-    shared_weights: dict[str, torch.Tensor],
-    shared_last_values: list[torch.Tensor],
-) -> dict[str, Any]:
-    """One rollout of this worker's slice with the shared weights; returns episodes and timings."""
-    started = time.perf_counter()
-    model.load_state_dict(shared_weights)
-    steps_before = collector.env_steps
-    buffer.reset()
-    result = collector.collect(buffer)
-    for target, local in zip(targets, _buffer_tensors(buffer), strict=True):
-        target.copy_(local)
-    for target, local in zip(shared_last_values, result.last_values, strict=True):
-        target[envs.start : envs.stop] = local
-    # rollout step (0-based) at which each episode ended, for the learner's global step count
-    episodes = [((e.end_step - steps_before) // len(envs) - 1, e) for e in result.episodes]
-    return {"episodes": episodes, "env_s": result.env_seconds, "total_s": time.perf_counter() - started}
+    def __init__(
+        self,
+        make_adapter: Callable[[], ParallelEnvAdapter],
+        make_model: Callable[[], nn.Module],
+        envs: range,
+        worker: int,
+        shared_weights: dict[str, torch.Tensor],
+        shared_buffer: RolloutBuffer,
+        shared_last_values: list[torch.Tensor],
+    ) -> None:
+        torch.set_num_threads(1)
+        self.make_adapter = make_adapter
+        self.make_model = make_model
+        self.envs = envs
+        self.worker = worker
+        self.shared_weights = shared_weights
+        self.shared_buffer = shared_buffer
+        self.shared_last_values = shared_last_values
+        self.collector: Collector | None = None
+
+    def __call__(self, command: str, argument: Any) -> Any:
+        """Run `command`; the reply payload is what it reports ('collect': episodes and timings), or None."""
+        envs, collector = self.envs, self.collector
+        if command == "start":
+            self.model = self.make_model()
+            venv = SyncVectorEnv(self.make_adapter, len(envs))
+            for i, adapter in zip(envs, venv.adapters, strict=True):
+                adapter.copy_index = i  # the run's copy index, named in contract errors
+            self.buffer = RolloutBuffer(venv.spec, self.shared_buffer.steps, len(envs))
+            self.collector = Collector(venv, self.model, torch.device("cpu"))
+            self.targets = [t[:, envs.start : envs.stop] for t in _buffer_tensors(self.shared_buffer)]
+        elif command == "reset":
+            collector.start(argument + envs.start)
+            torch.manual_seed(worker_seed(argument, self.worker))
+        elif command == "collect":
+            return self._collect()
+        elif command == "get_state":
+            return {"collector": collector.state_dict(), "torch_rng": torch.get_rng_state()}
+        elif command == "set_state":
+            collector.load_state_dict(argument["collector"])
+            torch.set_rng_state(argument["torch_rng"])
+        elif command == "env_states":
+            return collector.env_states()
+        elif command == "load_env_states":
+            collector.load_env_states(argument)
+        elif command == "close":
+            if collector is not None:
+                collector.close()
+        else:
+            raise ValueError(f"unknown command {command!r}")
+        return None
+
+    def _collect(self) -> dict[str, Any]:
+        """One rollout of this worker's slice with the shared weights; returns episodes and timings."""
+        started = time.perf_counter()
+        collector, envs = self.collector, self.envs
+        self.model.load_state_dict(self.shared_weights)
+        steps_before = collector.env_steps
+        self.buffer.reset()
+        result = collector.collect(self.buffer)
+        for target, local in zip(self.targets, _buffer_tensors(self.buffer), strict=True):
+            target.copy_(local)
+        for target, local in zip(self.shared_last_values, result.last_values, strict=True):
+            target[envs.start : envs.stop] = local
+        # rollout step (0-based) at which each episode ended, for the learner's global step count
+        episodes = [((e.end_step - steps_before) // len(envs) - 1, e) for e in result.episodes]
+        return {"episodes": episodes, "env_s": result.env_seconds, "total_s": time.perf_counter() - started}
 
 
 def _episode_state(step: int, episode: EpisodeRecord) -> dict[str, Any]:
@@ -189,7 +164,7 @@ class RolloutWorkers:
         self.model = model
         self.policy_lag = policy_lag
         self.timeout_s = timeout_s
-        """Seconds a worker may take to answer a command (a whole rollout for 'collect'); None waits forever."""
+        """Seconds a worker may take to answer a command ('collect': per env step); None waits forever."""
         self.env_steps = 0
         """Env steps of the rollouts handed to the learner so far (one per copy per step)."""
         self._weights = {k: v.detach().cpu().clone().share_memory_() for k, v in model.state_dict().items()}
@@ -200,19 +175,21 @@ class RolloutWorkers:
         self._in_flight = False
         self._pending: dict[str, Any] | None = None
         """A received rollout not yet handed to the learner (buffer tensors, last values, replies)."""
-        if start_method is None:
-            start_method = "fork" if "fork" in mp.get_all_start_methods() else None
-        ctx = mp.get_context(start_method)
         self._slices = split_envs(num_envs, num_workers)
-        self._processes: list[BaseProcess] = []
-        self._conns: list[Connection] = []
-        self._closer = weakref.finalize(self, _shutdown, self._processes, self._conns)
-        for k, envs in enumerate(self._slices):
-            args = (make_adapter, make_model, envs, k, self._weights, self._shared, self._last_values)
-            process, conn = start_worker(ctx, _worker, args, f"marl_ppo-rollout-worker-{k}")
-            self._processes.append(process)
-            self._conns.append(conn)
-        self._gather("start")
+        args = [
+            (make_adapter, make_model, envs, k, self._weights, self._shared, self._last_values)
+            for k, envs in enumerate(self._slices)
+        ]
+        self._pool = WorkerPool(
+            "RolloutWorkers",
+            context(start_method),
+            _RolloutSlice,
+            args,
+            "marl_ppo-rollout-worker",
+            timeout_s,
+            timeout_name="worker_timeout_s per env step",
+        )
+        self._processes = self._pool.processes  # in worker order (tests watch and kill them)
 
     def start(self, seed: int) -> None:
         """Reset every env copy (env i gets `seed + i`); worker k samples with `worker_seed(seed, k)`."""
@@ -242,7 +219,7 @@ class RolloutWorkers:
 
     def close(self) -> None:
         """Stop the workers and close their envs (also done on garbage collection and at exit)."""
-        self._closer()
+        self._pool.close()
 
     def state_dict(self) -> dict[str, Any]:
         """Step counter, each worker's collector state and sampling RNG, and a rollout already collected.
@@ -297,7 +274,7 @@ class RolloutWorkers:
         The pending rollout refers to the shared tensors without copying them: nothing writes them
         again before the next launch, and `collect` copies them out before it launches.
         """
-        replies = self._gather("collect", self._shared.steps)
+        replies = self._pool.gather("collect", self._shared.steps)  # a rollout takes that many env steps
         self._in_flight = False
         self._pending = {
             "replies": replies,
@@ -322,69 +299,15 @@ class RolloutWorkers:
         with torch.no_grad():
             for name, tensor in self.model.state_dict().items():
                 self._weights[name].copy_(tensor)
-        for k, conn in enumerate(self._conns):
-            self._send(k, conn, ("collect", None))
+        self._pool.send("collect", [None] * len(self._slices))
         self._in_flight = True
 
     def _command(self, command: str, argument: Any) -> list[Any]:
         """Send every worker the same command; their replies in worker order."""
-        return self._ask(command, [argument] * len(self._conns))
+        return self._ask(command, [argument] * len(self._slices))
 
     def _ask(self, command: str, arguments: list[Any]) -> list[Any]:
         """Send worker k `(command, arguments[k])`; their replies in worker order."""
         if self._in_flight:
             self._receive()  # a rollout started with policy lag stays pending, never lost
-        for k, (conn, argument) in enumerate(zip(self._conns, arguments, strict=True)):
-            self._send(k, conn, (command, argument))
-        return self._gather(command)
-
-    def _send(self, k: int, conn: Connection, message: tuple[str, Any]) -> None:
-        if not self._closer.alive:
-            raise RuntimeError("RolloutWorkers is closed")
-        try:
-            conn.send(message)
-        except OSError:
-            self._fail(self._died(k, message[0]))
-
-    def _gather(self, command: str, steps: int = 1) -> list[Any]:
-        """Every worker's reply payload, in worker order; raise (after stopping all) on error or death."""
-        replies: dict[int, Any] = {}
-        errors = []
-        # a rollout may take `timeout_s` per env step; every other command `timeout_s`
-        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s * steps
-        while len(replies) < len(self._conns):
-            pending = [k for k in range(len(self._conns)) if k not in replies]
-            waiting = [self._conns[k] for k in pending] + [self._processes[k].sentinel for k in pending]
-            ready = wait(waiting, None if deadline is None else max(0.0, deadline - time.monotonic()))
-            if not ready:
-                self._hung(pending, command, self.timeout_s * steps)
-            for k in pending:
-                conn, process = self._conns[k], self._processes[k]
-                if conn not in ready and process.sentinel not in ready:
-                    continue
-                try:
-                    status, payload = conn.recv() if conn.poll() else ("dead", None)
-                except (EOFError, OSError):
-                    status, payload = "dead", None
-                if status == "dead":
-                    self._fail(self._died(k, command))
-                if status != "ok":
-                    errors.append((k, status, *payload))
-                replies[k] = payload
-        if errors:
-            k, status, message, trace = min(errors)  # the lowest worker's error; every worker is stopped
-            self._closer()
-            raise_failure("RolloutWorkers", k, status, message, trace, command)
-        return [replies[k] for k in range(len(self._conns))]
-
-    def _hung(self, pending: list[int], command: str, seconds: float) -> None:
-        """Stop every worker after `pending` did not answer within the timeout, and raise."""
-        limit = f"{seconds:g} s (worker_timeout_s per env step)"
-        self._fail(hang_message(self._processes, pending, command, limit))
-
-    def _died(self, k: int, command: str) -> str:
-        return death_message(self._processes[k], k, command)
-
-    def _fail(self, message: str) -> None:
-        self._closer()
-        raise WorkerError(f"RolloutWorkers: {message}")
+        return self._pool.ask(command, arguments)
