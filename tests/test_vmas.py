@@ -61,3 +61,22 @@ def test_a_vmas_rollout_never_leaves_torch(monkeypatch):
     monkeypatch.undo()
     assert result.env_steps == 80 and buffer.full
     assert buffer.groups[0].rewards.abs().sum() > 0 and buffer.state.abs().sum() > 0
+
+
+def test_resetting_some_copies_gives_the_observations_of_one_reset_at_a_time():
+    """Copies that end at different steps are reset with one observation pass for all of them;
+    the observations equal VMAS's one-copy-at-a-time `reset_at`."""
+    batched, reference = build_vector_env(_config(100)), build_vector_env(_config(100))
+    for venv in (batched, reference):
+        venv.reset(0)
+        venv.step([torch.ones(8, 4, 2)])  # move away from the spawn points
+    finished = [1, 4, 6]
+    before = batched.arrays.obs[0][finished, 0].clone()
+    batched.env.seed(7)
+    observations = batched._reset_at(finished)
+    reference.env.seed(7)
+    for index in finished:
+        expected = reference.env.reset_at(index)
+    for agent in expected:
+        torch.testing.assert_close(observations[agent], expected[agent], rtol=0, atol=0)
+    assert not torch.equal(observations["agent_0"][finished], before)  # those copies were reset
