@@ -1,8 +1,9 @@
 """`make bench`: env steps per second of full training against the raw env, measured in one run.
 
-For each case the raw env is stepped alone (random actions drawn beforehand, one process), then
-training runs as a separate process, several times. The script prints medians and their ratio,
-the training's timing split (env stepping, acting, learning) and its peak RSS.
+For each case the raw env is stepped alone (random actions drawn beforehand, one process) just
+before and just after a training run, which runs as a separate process; this repeats several times.
+The script prints medians, the ratio of each training run to the raw rate around it (median and
+range), the training's timing split (env stepping, acting, learning) and its peak RSS.
 
     python -m marl_ppo.bench [--repeats N] [--steps N] [--only NAME ...] [--device cpu|cuda]
 
@@ -112,7 +113,15 @@ class Case:
     overrides: list[str]
     agents: int
     results: list[dict[str, Any]] = field(default_factory=list)
-    raw_sps: list[float] = field(default_factory=list)
+    raw_sps: list[tuple[float, float]] = field(default_factory=list)
+    """The raw rate measured just before and just after each training run."""
+
+    def ratios(self) -> list[float]:
+        """Each training run's rate over the mean of the raw rates measured around it."""
+        return [
+            r["sps"] / ((before + after) / 2)
+            for r, (before, after) in zip(self.results, self.raw_sps, strict=True)
+        ]
 
 
 def cases(steps: int, device: str = "cpu") -> list[Case]:
@@ -184,12 +193,15 @@ def _median(values: list[float]) -> float:
 def report(done: list[Case]) -> str:
     """The table of medians."""
     header = (
-        f"{'case':20s} {'raw sps':>9s} {'train sps':>9s} {'ratio':>6s} {'us/agent-step':>13s} "
+        f"{'case':20s} {'raw sps':>9s} {'train sps':>9s} {'ratio':>6s} {'(range)':>11s} {'us/agent-step':>13s} "
         f"{'env %':>6s} {'act %':>6s} {'learn %':>7s} {'peak MiB':>8s}"
     )
     lines = [header]
     for case in done:
-        raw, sps = _median(case.raw_sps), _median([r["sps"] for r in case.results])
+        raw = _median([value for pair in case.raw_sps for value in pair])
+        sps = _median([r["sps"] for r in case.results])
+        ratios = case.ratios()
+        spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else ""
         shares = {}
         for key in ("env_s", "act_s", "learn_s"):
             shares[key] = _median(
@@ -197,7 +209,7 @@ def report(done: list[Case]) -> str:
             )
         per_agent_step = 1e6 / (sps * case.agents) if sps else float("nan")
         lines.append(
-            f"{case.name:20s} {raw:9.0f} {sps:9.0f} {sps / raw:6.2f} {per_agent_step:13.1f} "
+            f"{case.name:20s} {raw:9.0f} {sps:9.0f} {_median(ratios):6.2f} {spread:>11s} {per_agent_step:13.1f} "
             f"{100 * shares['env_s']:6.1f} {100 * shares['act_s']:6.1f} {100 * shares['learn_s']:7.1f} "
             f"{_median([r['peak_rss_mb'] for r in case.results]):8.0f}"
         )
@@ -205,7 +217,8 @@ def report(done: list[Case]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run every case `--repeats` times, alternating raw and training runs, and print the medians."""
+    """Run every case `--repeats` times, the raw env before and after each training run, and print
+    the medians; a case's ratio is the median over its runs of training over the raw rate around it."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
@@ -222,11 +235,13 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()  # the raw envs run under the allocator setting that training uses
     for repeat in range(options.repeats):
         for case in selected:
-            case.raw_sps.append(case.raw())
+            before = case.raw()
             case.results.append(training_run(case.experiment, case.overrides))
+            case.raw_sps.append((before, case.raw()))  # raw on both sides: the machine's speed drifts
             print(
-                f"[{repeat + 1}/{options.repeats}] {case.name}: raw {case.raw_sps[-1]:.0f} steps/s, "
-                f"training {case.results[-1]['sps']:.0f} steps/s",
+                f"[{repeat + 1}/{options.repeats}] {case.name}: raw {before:.0f} / {case.raw_sps[-1][1]:.0f} "
+                f"steps/s (before / after), training {case.results[-1]['sps']:.0f} steps/s, "
+                f"ratio {case.ratios()[-1]:.2f}",
                 flush=True,
             )
     print()

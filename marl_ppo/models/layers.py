@@ -47,7 +47,7 @@ class StackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`(..., A, in) -> (..., A, out)`."""
         if self.copies == 1:
-            return F.linear(x, self.weight[0], self.bias[0])
+            return F.linear(x, self.weight.squeeze(0), self.bias.squeeze(0))  # a view: cheap backward
         lead = x.shape[:-2]
         agents, in_dim = x.shape[-2:]
         flat = x.reshape(-1, agents, in_dim).transpose(0, 1)  # (A, B, in)
@@ -95,7 +95,7 @@ class AgentMLP(nn.Module):
         weight, bias, agent_bias = self._first_layer()
         x = self._normalize(x)
         if self.layers[0].copies == 1:
-            h = F.linear(x, weight[0], bias[0])
+            h = F.linear(x, weight.squeeze(0), bias.squeeze(0))
             if agent_bias is not None:
                 h = h + agent_bias
         else:
@@ -115,7 +115,7 @@ class AgentMLP(nn.Module):
         x = self._normalize(x)
         agents = self.num_agents
         if self.layers[0].copies == 1:
-            h = F.linear(x, weight[0], bias[0]).unsqueeze(-2)
+            h = F.linear(x, weight.squeeze(0), bias.squeeze(0)).unsqueeze(-2)
             h = h + agent_bias if agent_bias is not None else h.expand(*h.shape[:-2], agents, h.shape[-1])
         else:
             out_dim = weight.shape[1]
