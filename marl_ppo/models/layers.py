@@ -25,6 +25,17 @@ from torch import nn
 _ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu}
 
 
+def stacked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """`(..., A, in) -> (..., A, out)` with `(copies, out, in)` weights and `(copies, out)` biases:
+    one map broadcast over the agents (`copies == 1`) or one per agent (`copies == A`)."""
+    if weight.shape[0] == 1:
+        return F.linear(x, weight.squeeze(0), bias.squeeze(0))  # a view of the weights: cheap backward
+    lead, (agents, in_dim) = x.shape[:-2], x.shape[-2:]
+    flat = x.reshape(-1, agents, in_dim).transpose(0, 1)  # (A, B, in)
+    out = torch.baddbmm(bias.unsqueeze(1), flat, weight.transpose(1, 2))  # (A, B, out)
+    return out.transpose(0, 1).reshape(*lead, agents, -1)
+
+
 class StackedLinear(nn.Module):
     """`copies` independent linear maps; `copies == 1` is one map broadcast over the agent axis."""
 
@@ -46,13 +57,7 @@ class StackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`(..., A, in) -> (..., A, out)`."""
-        if self.copies == 1:
-            return F.linear(x, self.weight.squeeze(0), self.bias.squeeze(0))  # a view: cheap backward
-        lead = x.shape[:-2]
-        agents, in_dim = x.shape[-2:]
-        flat = x.reshape(-1, agents, in_dim).transpose(0, 1)  # (A, B, in)
-        out = torch.baddbmm(self.bias.unsqueeze(1), flat, self.weight.transpose(1, 2))  # (A, B, out)
-        return out.transpose(0, 1).reshape(*lead, agents, -1)
+        return stacked_linear(x, self.weight, self.bias)
 
 
 class AgentMLP(nn.Module):
@@ -93,17 +98,8 @@ class AgentMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`(..., A, in) -> (..., A, out)`."""
         weight, bias, agent_bias = self._first_layer()
-        x = self._normalize(x)
-        if self.layers[0].copies == 1:
-            h = F.linear(x, weight.squeeze(0), bias.squeeze(0))
-            if agent_bias is not None:
-                h = h + agent_bias
-        else:
-            lead, (agents, in_dim) = x.shape[:-2], x.shape[-2:]
-            flat = x.reshape(-1, agents, in_dim).transpose(0, 1)  # (A, B, in)
-            h = torch.baddbmm(bias.unsqueeze(1), flat, weight.transpose(1, 2))  # (A, B, out)
-            h = h.transpose(0, 1).reshape(*lead, agents, -1)
-        return self._rest(h)
+        h = stacked_linear(self._normalize(x), weight, bias)
+        return self._rest(h if agent_bias is None else h + agent_bias)
 
     def forward_common(self, x: torch.Tensor) -> torch.Tensor:
         """`(..., in) -> (..., A, out)`: every agent's output for one input they all see.

@@ -89,6 +89,8 @@ class GroupCritic(nn.Module):
     ) -> None:
         super().__init__()
         self.build_input, width = CRITIC_INPUTS[kind]
+        self.common_input = kind == "state"
+        """Every agent's critic sees the same input: its first layer runs once per row (`forward_common`)."""
         self.net = _mlp(
             model,
             agents=group.num_agents,
@@ -100,7 +102,7 @@ class GroupCritic(nn.Module):
 
     def forward(self, state: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
         """Values in the critic's (possibly normalized) units, `(..., A_g)`."""
-        if self.build_input is _state_input:  # one input for all agents: its first layer once per row
+        if self.common_input:
             return self.net.forward_common(state).squeeze(-1)
         return self.net(self.build_input(state, obs)).squeeze(-1)
 
