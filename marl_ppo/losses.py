@@ -8,10 +8,18 @@ import torch
 import torch.nn.functional as F
 
 
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of `values` where `mask` is set (0 when nothing is); masked-out entries may hold anything."""
-    total = torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device)).sum()
-    return total / mask.sum().clamp_min(1).to(values.dtype)
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, count: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean of `values` where `mask` is set (0 when nothing is); masked-out entries may hold anything.
+
+    `count` is `mask_count(mask)`, for callers that take several means under one mask.
+    """
+    total = torch.where(mask, values, 0.0).sum()
+    return total / (mask_count(mask) if count is None else count)
+
+
+def mask_count(mask: torch.Tensor) -> torch.Tensor:
+    """The number of set entries as a float tensor, at least 1 (the divisor of `masked_mean`)."""
+    return mask.sum().clamp_min(1).to(torch.get_default_dtype())
 
 
 @dataclass(frozen=True)
@@ -32,15 +40,17 @@ def policy_loss(
     alive: torch.Tensor,
     *,
     clip_ratio: float,
+    count: torch.Tensor | None = None,
 ) -> PolicyTerms:
-    """PPO's clipped surrogate objective, negated, over live samples."""
+    """PPO's clipped surrogate objective, negated, over live samples (`count`: see masked_mean)."""
+    count = mask_count(alive) if count is None else count
     log_ratio = logp - logp_old
     ratio = log_ratio.exp()
     surrogate = torch.min(ratio * advantages, ratio.clamp(1.0 - clip_ratio, 1.0 + clip_ratio) * advantages)
     with torch.no_grad():
-        approx_kl = masked_mean((ratio - 1.0) - log_ratio, alive)
-        clipfrac = masked_mean(((ratio - 1.0).abs() > clip_ratio).float(), alive)
-    return PolicyTerms(-masked_mean(surrogate, alive), approx_kl, clipfrac)
+        approx_kl = masked_mean((ratio - 1.0) - log_ratio, alive, count)
+        clipfrac = masked_mean(((ratio - 1.0).abs() > clip_ratio).float(), alive, count)
+    return PolicyTerms(-masked_mean(surrogate, alive, count), approx_kl, clipfrac)
 
 
 def value_loss(
@@ -51,8 +61,10 @@ def value_loss(
     *,
     huber_delta: float | None,
     clip: float | None,
+    count: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Squared or Huber error to `targets`, pessimistic over the clipped value when `clip` is set."""
+    """Squared or Huber error to `targets`, pessimistic over the clipped value when `clip` is set
+    (`count`: see masked_mean)."""
 
     def error(prediction: torch.Tensor) -> torch.Tensor:
         if huber_delta is None:
@@ -63,7 +75,7 @@ def value_loss(
     if clip is not None:
         clipped = values_old + (values - values_old).clamp(-clip, clip)
         loss = torch.max(loss, error(clipped))
-    return masked_mean(loss, alive)
+    return masked_mean(loss, alive, count)
 
 
 def normalize_advantages(advantages: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:

@@ -13,8 +13,16 @@ from torch import nn
 from marl_ppo.batch import AgentBatch, minibatches
 from marl_ppo.config import PPOConfig
 from marl_ppo.faults import NonFiniteError
-from marl_ppo.losses import explained_variance, masked_mean, normalize_advantages, policy_loss, value_loss
+from marl_ppo.losses import (
+    explained_variance,
+    mask_count,
+    masked_mean,
+    normalize_advantages,
+    policy_loss,
+    value_loss,
+)
 from marl_ppo.models.team import TeamModel
+from marl_ppo.optim import FlatAdam
 
 
 @dataclass(frozen=True)
@@ -65,11 +73,9 @@ class Trainer:
         self.model = model
         self.ppo = ppo
         self.generator = generator
-        self.actor_params = [p for p in model.actors.parameters()]
-        self.critic_params = [p for p in model.critics.parameters()]
-        # foreach: one multi-tensor kernel per Adam step instead of one per parameter (same numbers)
-        self.actor_optimizer = torch.optim.Adam(self.actor_params, lr=ppo.pi_lr, eps=1e-5, foreach=True)
-        self.critic_optimizer = torch.optim.Adam(self.critic_params, lr=ppo.vf_lr, eps=1e-5, foreach=True)
+        # each network's parameters in one buffer: clipping and Adam are a few ops, not a few per tensor
+        self.actor_optimizer = FlatAdam(model.actors.parameters(), lr=ppo.pi_lr, eps=1e-5)
+        self.critic_optimizer = FlatAdam(model.critics.parameters(), lr=ppo.vf_lr, eps=1e-5)
         self.updates = 0
         """Updates started by this trainer (named in non-finite errors)."""
         self._skips = 0
@@ -117,6 +123,8 @@ class Trainer:
         """One PPO update on the groups' batches (raw advantages, return-unit values)."""
         self.updates += 1
         self._skips = 0
+        self.actor_optimizer.bind()
+        self.critic_optimizer.bind()
         stats_in = _batch_statistics(batches)
         batches = self.prepare(batches)
         probe = _diagnostic_rows(batches)  # the same rows before and after, so the deltas compare
@@ -163,14 +171,16 @@ class Trainer:
             self.model.actors, self.model.critics, self.model.value_norms, batches, strict=True
         ):
             dist = actor(batch.obs, batch.action_mask)
+            count = mask_count(batch.alive)  # one divisor for the group's five means
             terms = policy_loss(
                 dist.log_prob(batch.actions),
                 batch.logp_old,
                 batch.advantages,
                 batch.alive,
                 clip_ratio=ppo.clip_ratio,
+                count=count,
             )
-            entropy = masked_mean(dist.entropy(), batch.alive)
+            entropy = masked_mean(dist.entropy(), batch.alive, count)
             group_pi = terms.loss - ppo.entropy_coef * entropy
             loss_pi = loss_pi + group_pi
             values = critic(batch.state, batch.obs)
@@ -181,6 +191,7 @@ class Trainer:
                 batch.alive,
                 huber_delta=ppo.huber_delta,
                 clip=ppo.value_clip,
+                count=count,
             )
             loss_v = loss_v + group_v
             diagnostics.append(
@@ -199,15 +210,15 @@ class Trainer:
     ) -> float | None:
         """One optimizer step; None when it was skipped for a non-finite loss or gradient."""
         loss_pi, loss_v, diagnostics = self._losses(minibatch)
-        self.actor_optimizer.zero_grad(set_to_none=True)
-        self.critic_optimizer.zero_grad(set_to_none=True)
+        self.actor_optimizer.zero_grad()
+        self.critic_optimizer.zero_grad()
         total = (loss_pi if train_pi else 0.0) + (loss_v if train_vf else 0.0)
         total.backward()
         checked = [total.detach()]
         if train_pi:
-            checked.append(self._clip(self.actor_params))
+            checked.append(self.actor_optimizer.clip_grad_norm(self.ppo.max_grad_norm))
         if train_vf:
-            checked.append(self._clip(self.critic_params))
+            checked.append(self.critic_optimizer.clip_grad_norm(self.ppo.max_grad_norm))
         if not bool(torch.isfinite(torch.stack(checked)).all()):  # one check (one sync) per step
             self._nonfinite(
                 self._culprit(diagnostics, train_pi, train_vf), f"epoch {where[0]}, minibatch {where[1]}"
@@ -218,12 +229,6 @@ class Trainer:
         if train_vf:
             self.critic_optimizer.step()
         return float(sum(d["kl"] for d in diagnostics) / len(diagnostics))
-
-    def _clip(self, params: list[nn.Parameter]) -> torch.Tensor:
-        """Clip the gradients' global norm (when configured) and return the norm before clipping."""
-        if self.ppo.max_grad_norm is not None:
-            return nn.utils.clip_grad_norm_(params, self.ppo.max_grad_norm)
-        return nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
 
     def _group(self, g: int) -> str:
         return self.model.spec.groups[g].name
@@ -245,8 +250,8 @@ class Trainer:
         """Raise NonFiniteError (ppo.on_nonfinite=error) or count a skipped step (skip)."""
         if self.ppo.on_nonfinite == "skip":
             self._skips += 1
-            self.actor_optimizer.zero_grad(set_to_none=True)
-            self.critic_optimizer.zero_grad(set_to_none=True)
+            self.actor_optimizer.zero_grad()
+            self.critic_optimizer.zero_grad()
             return
         raise NonFiniteError(
             f"non-finite {what} at update {self.updates} ({where}); no weights were changed by it. "
