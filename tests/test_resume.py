@@ -203,9 +203,12 @@ def _unpicklable_spread(**kwargs):
     return env
 
 
-def test_unpicklable_env_resumes_with_fresh_episodes_and_a_warning(tiny_overrides, tmp_path, monkeypatch):
+@pytest.mark.parametrize("vector", ["sync", "workers"])
+def test_unpicklable_env_resumes_with_fresh_episodes_and_a_warning(
+    tiny_overrides, tmp_path, monkeypatch, vector
+):
     marl_ppo.register_env("tests/unpicklable_spread_v0", _unpicklable_spread)
-    config = _config(tiny_overrides, "vector=sync", "env.id=tests/unpicklable_spread_v0")
+    config = _config(tiny_overrides, f"vector={vector}", "env.id=tests/unpicklable_spread_v0")
     _crash_at_update(monkeypatch, K + 2)
     with pytest.raises(_Killed):
         train(config, tmp_path)
