@@ -105,7 +105,11 @@ class Trainer:
         self.generator.set_state(state["generator"])
 
     def prepare(self, batches: Sequence[AgentBatch]) -> list[AgentBatch]:
-        """Update the value normalizers with the batch's returns and normalize advantages per group."""
+        """Update the value normalizers with the batch's returns and normalize advantages per group.
+
+        The prepared batches carry normalized advantages, and `values_old` and `returns` in the
+        critic's units (computed once here rather than at every minibatch step).
+        """
         prepared = []
         for g, (norm, batch) in enumerate(zip(self.model.value_norms, batches, strict=True)):
             returns = batch.returns[batch.alive]
@@ -116,7 +120,14 @@ class Trainer:
             advantages = batch.advantages
             if self.ppo.normalize_advantages:
                 advantages = normalize_advantages(advantages, batch.alive)
-            prepared.append(dataclasses.replace(batch, advantages=advantages))
+            prepared.append(
+                dataclasses.replace(
+                    batch,
+                    advantages=advantages,
+                    values_old=norm.normalize(batch.values_old),
+                    returns=norm.normalize(batch.returns),
+                )
+            )
         return prepared
 
     def update(self, batches: Sequence[AgentBatch]) -> TrainStats:
@@ -167,9 +178,7 @@ class Trainer:
         loss_pi = torch.zeros(())
         loss_v = torch.zeros(())
         diagnostics = []
-        for actor, critic, norm, batch in zip(
-            self.model.actors, self.model.critics, self.model.value_norms, batches, strict=True
-        ):
+        for actor, critic, batch in zip(self.model.actors, self.model.critics, batches, strict=True):
             dist = actor(batch.obs, batch.action_mask)
             count = mask_count(batch.alive)  # one divisor for the group's five means
             terms = policy_loss(
@@ -184,10 +193,10 @@ class Trainer:
             group_pi = terms.loss - ppo.entropy_coef * entropy
             loss_pi = loss_pi + group_pi
             values = critic(batch.state, batch.obs)
-            group_v = value_loss(
+            group_v = value_loss(  # prepared batches hold values_old and returns in the critic's units
                 values,
-                norm.normalize(batch.values_old),
-                norm.normalize(batch.returns),
+                batch.values_old,
+                batch.returns,
                 batch.alive,
                 huber_delta=ppo.huber_delta,
                 clip=ppo.value_clip,
