@@ -60,8 +60,13 @@ class FlatAdam:
         """
         with torch.no_grad():
             for p, (start, stop) in zip(self.params, self._slices, strict=True):
+                if p.device != self.data.device or p.dtype != self.data.dtype:
+                    raise RuntimeError(
+                        f"a parameter moved to {p.device}/{p.dtype} after its optimizer was built on "
+                        f"{self.data.device}/{self.data.dtype}; move the model before building the Trainer"
+                    )
                 data = self.data[start:stop].view_as(p)
-                if p.data_ptr() != data.data_ptr() or p.device != data.device:
+                if p.data_ptr() != data.data_ptr():
                     data.copy_(p.detach())
                     p.data = data
                 grad = self.grad[start:stop].view_as(p)

@@ -120,3 +120,11 @@ def test_a_state_dict_for_another_model_is_refused_with_the_reason():
     adam = torch.optim.Adam(other.parameters())
     with pytest.raises(ValueError, match="holds 2 parameters but the model has 6"):
         FlatAdam(net.parameters(), lr=1e-3, eps=1e-5).load_state_dict(adam.state_dict())
+
+
+def test_a_model_converted_after_the_optimizer_was_built_is_named():
+    net = _net()
+    optimizer = FlatAdam(net.parameters(), lr=1e-3, eps=1e-5)
+    net.double()
+    with pytest.raises(RuntimeError, match="move the model before building the Trainer"):
+        optimizer.bind()
