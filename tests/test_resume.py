@@ -203,7 +203,7 @@ def _unpicklable_spread(**kwargs):
     return env
 
 
-@pytest.mark.parametrize("vector", ["sync", "workers"])
+@pytest.mark.parametrize("vector", ["sync", "subprocess", "workers"])
 def test_unpicklable_env_resumes_with_fresh_episodes_and_a_warning(
     tiny_overrides, tmp_path, monkeypatch, vector
 ):

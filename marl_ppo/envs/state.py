@@ -20,6 +20,7 @@ import io
 import pickle
 import sys
 import zlib
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gymnasium.utils import EzPickle
@@ -27,6 +28,24 @@ from gymnasium.utils import EzPickle
 
 class EnvStateError(RuntimeError):
     """An env copy's state cannot be pickled; the message says which object stopped it."""
+
+
+def states_or_reason(dump: Callable[[], list[bytes]]) -> list[bytes] | str:
+    """In a worker process: `dump()`'s states, or the reason they cannot be pickled. That is not a
+    failure of the worker (the parent falls back), so it travels as a reply, not as an error."""
+    try:
+        return dump()
+    except EnvStateError as err:
+        return str(err)
+
+
+def gathered_states(replies: Sequence[list[bytes] | str]) -> list[bytes]:
+    """In the parent: the workers' `states_or_reason` replies flattened in worker order; raises
+    EnvStateError with the first worker's reason when any could not pickle its envs."""
+    reasons = [reply for reply in replies if isinstance(reply, str)]
+    if reasons:
+        raise EnvStateError(reasons[0])
+    return [blob for reply in replies for blob in reply]
 
 
 def _restore_dict(obj: Any, state: dict[str, Any]) -> None:

@@ -20,7 +20,7 @@ from marl_ppo.envs.contract import check_finite
 from marl_ppo.envs.pettingzoo import ParallelEnvAdapter, TeamArrays
 from marl_ppo.envs.pool import WorkerPool, context, split_envs
 from marl_ppo.envs.spec import TeamSpec
-from marl_ppo.envs.state import EnvStateError, dump_env_state, load_env_state
+from marl_ppo.envs.state import dump_env_state, gathered_states, load_env_state, states_or_reason
 
 _ALIGN = 64
 
@@ -99,10 +99,7 @@ class _EnvSlice:
                     adapter.reset(None, row)
             check_finite(self.block, adapters, self.ended, state=self.spec.state_from_env)
         elif command == "get_state":
-            try:
-                return [dump_env_state(adapter) for adapter in adapters]
-            except EnvStateError as err:  # not a failure of the worker: the parent falls back
-                return str(err)
+            return states_or_reason(lambda: [dump_env_state(adapter) for adapter in adapters])
         elif command == "set_state":
             for adapter in adapters:
                 adapter.close()
@@ -167,11 +164,7 @@ class SubprocessVectorEnv:
 
     def env_states(self) -> list[bytes]:
         """Each env copy's complete state, pickled; raises EnvStateError when the env cannot be pickled."""
-        replies = self._command("get_state", None)
-        reasons = [reply for reply in replies if isinstance(reply, str)]
-        if reasons:
-            raise EnvStateError(reasons[0])
-        return [blob for reply in replies for blob in reply]
+        return gathered_states(self._command("get_state", None))
 
     def load_env_states(self, states: Sequence[bytes]) -> None:
         """Replace the env copies by the ones `env_states` saved (trusted bytes only: unpickling runs code)."""

@@ -26,7 +26,7 @@ from torch import nn
 from marl_ppo.envs.pettingzoo import ParallelEnvAdapter
 from marl_ppo.envs.pool import WorkerPool, context, split_envs
 from marl_ppo.envs.spec import TeamSpec
-from marl_ppo.envs.state import EnvStateError
+from marl_ppo.envs.state import gathered_states, states_or_reason
 from marl_ppo.envs.vector import SyncVectorEnv
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.collector import Collector, EpisodeRecord, RolloutResult
@@ -94,10 +94,7 @@ class _RolloutSlice:
             collector.load_state_dict(argument["collector"])
             torch.set_rng_state(argument["torch_rng"])
         elif command == "env_states":
-            try:
-                return collector.env_states()
-            except EnvStateError as err:  # not a failure of the worker: the parent falls back
-                return str(err)
+            return states_or_reason(collector.env_states)
         elif command == "load_env_states":
             collector.load_env_states(argument)
         elif command == "close":
@@ -265,11 +262,7 @@ class RolloutWorkers:
     def env_states(self) -> list[bytes]:
         """Every env copy's pickled state, in env order (see `marl_ppo.envs.state`); raises
         EnvStateError when an env cannot be pickled."""
-        replies = self._command("env_states", None)
-        reasons = [reply for reply in replies if isinstance(reply, str)]
-        if reasons:
-            raise EnvStateError(reasons[0])
-        return [blob for states in replies for blob in states]
+        return gathered_states(self._command("env_states", None))
 
     def load_env_states(self, states: list[bytes]) -> None:
         """Replace the env copies by saved ones (trusted bytes only: unpickling runs code)."""
