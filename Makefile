@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 EXPERIMENT ?= experiments/mpe/simple_spread.yaml
 ARGS ?=
 
-.PHONY: install run test test-slow bench bench-memory lint clean
+.PHONY: install run test test-slow bench bench-memory gpu-check lint clean
 
 install: $(STAMP)
 
@@ -33,6 +33,13 @@ bench: install
 
 bench-memory: install
 	$(BIN)/python -m marl_ppo.bench_memory $(ARGS)
+
+# On a machine with an NVIDIA GPU, with torch's CUDA build: `make clean && make gpu-check TORCH=torch`.
+# The device tests run on the CPU and on the GPU; the benchmark's VMAS cases run on the GPU.
+gpu-check: install
+	$(BIN)/python -c "import sys, torch; torch.cuda.is_available() or sys.exit('gpu-check: torch sees no CUDA device; on a GPU machine run: make clean && make gpu-check TORCH=torch')"
+	$(BIN)/python -m pytest -q -rs tests/test_devices.py tests/test_vmas.py tests/test_optim.py
+	$(BIN)/python -m marl_ppo.bench --only vmas --device cuda $(ARGS)
 
 lint: install
 	$(BIN)/ruff check marl_ppo envs tests

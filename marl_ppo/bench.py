@@ -99,7 +99,12 @@ def training_run(experiment: Path | None, overrides: list[str]) -> dict[str, Any
         command = [sys.executable, "-m", "marl_ppo", "train"]
         command += [str(experiment)] if experiment else []
         command += [*overrides, "log.progress=false", "--run-dir", str(run_dir)]
-        subprocess.run(command, check=True, capture_output=True, text=True)
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise RuntimeError(
+                f"training run {' '.join(command[3:])} failed (exit {done.returncode}): {last}"
+            )
         return json.loads((run_dir / "summary.json").read_text())
 
 
