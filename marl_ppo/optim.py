@@ -85,7 +85,28 @@ class FlatAdam:
         return norm
 
     def step(self) -> None:
-        self.optimizer.step()
+        """One Adam step on the flat buffer.
+
+        `torch.optim.Adam`'s single-tensor arithmetic, operation for operation (the same numbers), but
+        without `Optimizer.step`'s per-call bookkeeping, which costs about 150 us on CPU: more than the
+        arithmetic for the small networks of a PPO minibatch step. The state lives in the wrapped
+        optimizer, so its state dict and learning rate work as before.
+        """
+        group = self.optimizer.param_groups[0]
+        state = self.optimizer.state[self._flat]
+        if not state:  # as torch initializes it: the step count on the CPU, zero moments
+            state["step"] = torch.tensor(0.0)
+            state["exp_avg"] = torch.zeros_like(self.data)
+            state["exp_avg_sq"] = torch.zeros_like(self.data)
+        beta1, beta2 = group["betas"]
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        state["step"] += 1
+        step = state["step"].item()
+        exp_avg.lerp_(self.grad, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(self.grad, self.grad, value=1 - beta2)
+        step_size = group["lr"] / (1 - beta1**step)
+        denom = (exp_avg_sq.sqrt() / (1 - beta2**step) ** 0.5).add_(group["eps"])
+        self.data.addcdiv_(exp_avg, denom, value=-step_size)
 
     def state_dict(self) -> dict[str, Any]:
         """torch.optim.Adam's state dict for the original parameter list (one entry per parameter)."""

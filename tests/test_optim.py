@@ -128,3 +128,20 @@ def test_a_model_converted_after_the_optimizer_was_built_is_named():
     net.double()
     with pytest.raises(RuntimeError, match="move the model before building the Trainer"):
         optimizer.bind()
+
+
+def test_flat_adam_step_is_torch_adams_step_bit_for_bit():
+    """The hand-written step does torch.optim.Adam's arithmetic in the same order: identical weights and state."""
+    net = _net()
+    ours = FlatAdam(net.parameters(), lr=1e-2, eps=1e-5)
+    reference = copy.deepcopy(net)
+    theirs = FlatAdam(reference.parameters(), lr=1e-2, eps=1e-5)
+    for step in range(6):
+        for model, optimizer, run in ((net, ours, ours.step), (reference, theirs, theirs.optimizer.step)):
+            optimizer.zero_grad()
+            _loss(model, step).backward()
+            optimizer.clip_grad_norm(0.5)
+            run()
+    assert torch.equal(ours.data, theirs.data)
+    for key in ("step", "exp_avg", "exp_avg_sq"):
+        assert torch.equal(ours.optimizer.state[ours._flat][key], theirs.optimizer.state[theirs._flat][key])
