@@ -142,6 +142,22 @@ def test_common_input_equals_the_input_repeated_per_agent(shared):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("common", [False, True])
+def test_hidden_activations_keep_their_features_innermost(shared, common):
+    """Every hidden layer receives `(rows, A, hidden)` with the features adjacent in memory (row-major
+    for a shared network, agent-major for stacked ones). A transposed agent-id bias once gave the first
+    layer's output an agent-innermost layout: the next layer copied it back, and the broadcast add and
+    the tanh passes ran about 10% slower on a large VMAS batch."""
+    net = _perturbed_mlp(shared, in_dim=10)
+    seen = []
+    for layer in net.layers[1:]:
+        layer.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    x = torch.randn(64, 10) if common else torch.randn(64, 4, 10)
+    net.forward_common(x) if common else net(x)
+    assert len(seen) == 2 and all(h.shape == (64, 4, 8) and h.stride(-1) == 1 for h in seen)
+
+
 def test_one_update_moves_every_actor_and_the_critic():
     config = load_config(
         None,

@@ -131,7 +131,9 @@ class AgentMLP(nn.Module):
         if self.norm_weight is not None:
             bias = bias + (weight @ self.norm_bias.unsqueeze(-1)).squeeze(-1)
             weight = weight * self.norm_weight.unsqueeze(1)
-        agent_bias = first.weight[0, :, in_dim:].T if self.add_agent_id else None
+        # contiguous: a transposed (A, out) bias made each broadcast add slow and gave its output an
+        # agent-innermost layout, which the next layer then copied back and the tanh passes crossed
+        agent_bias = first.weight[0, :, in_dim:].T.contiguous() if self.add_agent_id else None
         return weight, bias, agent_bias
 
     def _rest(self, h: torch.Tensor) -> torch.Tensor:
