@@ -34,13 +34,18 @@ class AgentBatch:
     """(N, state_dim) global state, shared by all groups' batches"""
     action_mask: torch.Tensor
     """(N, A, mask_dim) allowed actions when acting (mask_dim 0 when the group has no masks)"""
+    actor_input: torch.Tensor | None = None
+    """The actor's encoded input (`GroupActor.encode(obs)`), set by `Trainer.prepare`"""
+    critic_input: torch.Tensor | None = None
+    """The critic's encoded input (`GroupCritic.encode(state, obs)`), set by `Trainer.prepare`"""
 
     def __len__(self) -> int:
         return self.obs.shape[0]
 
     def select(self, index: torch.Tensor) -> AgentBatch:
         """The rows `index` of every field."""
-        return AgentBatch(**{f.name: getattr(self, f.name)[index] for f in dataclasses.fields(self)})
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return AgentBatch(**{name: None if v is None else v[index] for name, v in fields.items()})
 
 
 def build_batches(

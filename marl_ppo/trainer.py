@@ -107,11 +107,14 @@ class Trainer:
     def prepare(self, batches: Sequence[AgentBatch]) -> list[AgentBatch]:
         """Update the value normalizers with the batch's returns and normalize advantages per group.
 
-        The prepared batches carry normalized advantages, and `values_old` and `returns` in the
-        critic's units (computed once here rather than at every minibatch step).
+        The prepared batches carry normalized advantages, `values_old` and `returns` in the critic's
+        units, and the networks' encoded inputs (each computed once here rather than at every
+        minibatch step).
         """
         prepared = []
-        for g, (norm, batch) in enumerate(zip(self.model.value_norms, batches, strict=True)):
+        model = self.model
+        groups = zip(model.value_norms, model.actors, model.critics, batches, strict=True)
+        for g, (norm, actor, critic, batch) in enumerate(groups):
             returns = batch.returns[batch.alive]
             if bool(torch.isfinite(returns).all() & torch.isfinite(batch.advantages[batch.alive]).all()):
                 norm.update(returns)
@@ -126,6 +129,9 @@ class Trainer:
                     advantages=advantages,
                     values_old=norm.normalize(batch.values_old),
                     returns=norm.normalize(batch.returns),
+                    # the networks' inputs, normalized once here rather than at every minibatch step
+                    actor_input=actor.encode(batch.obs),
+                    critic_input=critic.encode(batch.state, batch.obs),
                 )
             )
         return prepared
@@ -179,7 +185,7 @@ class Trainer:
         loss_v = torch.zeros(())
         diagnostics = []
         for actor, critic, batch in zip(self.model.actors, self.model.critics, batches, strict=True):
-            dist = actor(batch.obs, batch.action_mask)
+            dist = actor.forward_encoded(batch.actor_input, batch.action_mask)
             count = mask_count(batch.alive)  # one divisor for the group's five means
             terms = policy_loss(
                 dist.log_prob(batch.actions),
@@ -192,7 +198,7 @@ class Trainer:
             entropy = masked_mean(dist.entropy(), batch.alive, count)
             group_pi = terms.loss - ppo.entropy_coef * entropy
             loss_pi = loss_pi + group_pi
-            values = critic(batch.state, batch.obs)
+            values = critic.forward_encoded(batch.critic_input)
             group_v = value_loss(  # prepared batches hold values_old and returns in the critic's units
                 values,
                 batch.values_old,

@@ -27,9 +27,10 @@ DEVICES = [
 
 
 def _batches_on(batches, device):
-    return [
-        type(b)(**{name: getattr(b, name).to(device) for name in b.__dataclass_fields__}) for b in batches
-    ]
+    def to(value):
+        return None if value is None else value.to(device)
+
+    return [type(b)(**{name: to(getattr(b, name)) for name in b.__dataclass_fields__}) for b in batches]
 
 
 @pytest.mark.parametrize("device", DEVICES)

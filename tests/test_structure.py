@@ -142,6 +142,22 @@ def test_common_input_equals_the_input_repeated_per_agent(shared):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("critic", ["state", "state+obs", "obs"])
+def test_inputs_encoded_once_per_batch_give_each_minibatch_the_same_numbers(critic, shared):
+    """The trainer normalizes a batch's network inputs once per update; any minibatch of them gives
+    bit for bit the actions' log-probabilities and the values of the networks' own forward pass."""
+    model, _ = _model(critic, share_critic=shared, share_actor=shared)
+    state, obs = _inputs(batch=64)
+    (actor,), (network,) = model.actors, model.critics
+    actor_input, critic_input = actor.encode(obs), network.encode(state, obs)
+    rows = torch.randperm(64, generator=torch.Generator().manual_seed(0))[:16]
+    actions = torch.randint(0, 5, (16, 3))
+    direct = actor(obs[rows]).log_prob(actions)
+    assert torch.equal(actor.forward_encoded(actor_input[rows]).log_prob(actions), direct)
+    assert torch.equal(network.forward_encoded(critic_input[rows]), network(state[rows], obs[rows]))
+
+
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("common", [False, True])
 def test_hidden_activations_keep_their_features_innermost(shared, common):

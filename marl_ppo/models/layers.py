@@ -95,20 +95,20 @@ class AgentMLP(nn.Module):
                 layer.reset_orthogonal(math.sqrt(2.0))
             self.layers[-1].reset_orthogonal(head_gain)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """`(..., A, in) -> (..., A, out)`."""
+    def forward(self, x: torch.Tensor, *, encoded: bool = False) -> torch.Tensor:
+        """`(..., A, in) -> (..., A, out)`; `encoded`: `x` is already `encode(x)`."""
         weight, bias, agent_bias = self._first_layer()
-        h = stacked_linear(self._normalize(x), weight, bias)
+        h = stacked_linear(x if encoded else self.encode(x), weight, bias)
         return self._rest(h if agent_bias is None else h + agent_bias)
 
-    def forward_common(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_common(self, x: torch.Tensor, *, encoded: bool = False) -> torch.Tensor:
         """`(..., in) -> (..., A, out)`: every agent's output for one input they all see.
 
         Equal to `forward(x.unsqueeze(-2).expand(..., A, in))`, with the normalization and the
         first layer computed once per row rather than once per agent.
         """
         weight, bias, agent_bias = self._first_layer()
-        x = self._normalize(x)
+        x = x if encoded else self.encode(x)
         agents = self.num_agents
         if self.layers[0].copies == 1:
             h = F.linear(x, weight.squeeze(0), bias.squeeze(0)).unsqueeze(-2)
@@ -119,8 +119,10 @@ class AgentMLP(nn.Module):
             h = h.unflatten(-1, (agents, out_dim))
         return self._rest(h)
 
-    def _normalize(self, x: torch.Tensor) -> torch.Tensor:
-        """LayerNorm without its affine (that lives in the first layer's weights), or `x` unchanged."""
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """The input as the first layer reads it: LayerNorm without its affine (which lives in the first
+        layer's weights), or `x` unchanged. It has no parameters, so the trainer encodes a whole batch
+        once per update and passes its minibatches with `encoded=True`, row for row the same numbers."""
         return F.layer_norm(x, x.shape[-1:]) if self.norm_weight is not None else x
 
     def _first_layer(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

@@ -76,9 +76,21 @@ class GroupActor(nn.Module):
 
     def forward(self, obs: torch.Tensor, action_mask: torch.Tensor | None = None) -> ActionDistribution:
         """The action distribution of every agent in the group; masked actions get probability 0."""
+        return self.forward_encoded(self.encode(obs), action_mask)
+
+    def encode(self, obs: torch.Tensor) -> torch.Tensor:
+        """The network's input for `obs` (parameter-free: see `AgentMLP.encode`)."""
+        return self.net.encode(obs)
+
+    def forward_encoded(
+        self, encoded: torch.Tensor, action_mask: torch.Tensor | None = None
+    ) -> ActionDistribution:
+        """`forward` on `encode(obs)`."""
         if action_mask is not None and action_mask.shape[-1] == 0:
             action_mask = None
-        return make_distribution(self.action_space, self.net(obs), self.log_std, action_mask)
+        return make_distribution(
+            self.action_space, self.net(encoded, encoded=True), self.log_std, action_mask
+        )
 
 
 class GroupCritic(nn.Module):
@@ -102,9 +114,18 @@ class GroupCritic(nn.Module):
 
     def forward(self, state: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
         """Values in the critic's (possibly normalized) units, `(..., A_g)`."""
+        return self.forward_encoded(self.encode(state, obs))
+
+    def encode(self, state: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        """The network's input (parameter-free: see `AgentMLP.encode`): `(..., state_dim)` for a
+        `state` critic, whose first layer runs once per row, else `(..., A_g, in)`."""
+        return self.net.encode(state if self.common_input else self.build_input(state, obs))
+
+    def forward_encoded(self, encoded: torch.Tensor) -> torch.Tensor:
+        """`forward` on `encode(state, obs)`."""
         if self.common_input:
-            return self.net.forward_common(state).squeeze(-1)
-        return self.net(self.build_input(state, obs)).squeeze(-1)
+            return self.net.forward_common(encoded, encoded=True).squeeze(-1)
+        return self.net(encoded, encoded=True).squeeze(-1)
 
 
 class TeamModel(nn.Module):
