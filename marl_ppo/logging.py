@@ -157,9 +157,7 @@ class EventWriter:
 
     def __init__(self, log_dir: Path, *, purge_step: int | None = None, flush_secs: float = 30) -> None:
         from tensorboard.compat.proto.event_pb2 import Event, SessionLog
-        from tensorboard.compat.proto.summary_pb2 import Summary
 
-        self._event, self._summary = Event, Summary
         log_dir.mkdir(parents=True, exist_ok=True)
         # creation second first (the reader's order), then what tells writers of that second apart
         name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_WRITERS)}"
