@@ -425,7 +425,9 @@ def _one_update(
 ) -> dict[str, float]:
     t0 = time.perf_counter()
     buffer.reset()
-    rollout = collector.collect(buffer)
+    # rollout workers with policy lag start the next rollout now, unless this is the run's last
+    ahead = collector.env_steps + buffer.steps * buffer.num_envs < config.total_steps
+    rollout = collector.collect(buffer, ahead=ahead)
     t1 = time.perf_counter()
     batches = rollout_batches(buffer, rollout.last_values, gamma=config.gamma, lam=config.gae_lambda)
     trainer.set_progress((collector.env_steps - rollout.env_steps) / config.total_steps)

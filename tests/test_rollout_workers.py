@@ -132,6 +132,15 @@ def test_training_with_workers_is_deterministic(tiny_overrides, tmp_path):
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
+def test_lagged_workers_collect_no_rollout_past_the_last_update(tiny_overrides, tmp_path):
+    """The last update's rollout launches none after it: a finished run stepped exactly total_steps."""
+    config = _config(tiny_overrides, "vector=workers", "num_workers=2", "policy_lag=1", "total_steps=140")
+    train(config, tmp_path)
+    state = torch.load(tmp_path / "checkpoints/final.pt", weights_only=True)["collector"]
+    assert state["pending"] is None
+    assert state["env_steps"] == sum(w["collector"]["env_steps"] for w in state["workers"]) == 140
+
+
 def test_policy_lag_is_zero_without_rollout_workers(tiny_overrides):
     from marl_ppo.train import resolve_vector
 

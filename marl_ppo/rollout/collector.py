@@ -119,8 +119,9 @@ class Collector:
         return torch.from_numpy(array.copy()).to(self.device)
 
     @torch.no_grad()
-    def collect(self, buffer: RolloutBuffer) -> RolloutResult:
-        """Fill `buffer` (which must be empty) with `buffer.steps` steps of every env."""
+    def collect(self, buffer: RolloutBuffer, *, ahead: bool = True) -> RolloutResult:
+        """Fill `buffer` (which must be empty) with `buffer.steps` steps of every env. `ahead` (whether
+        the run needs another rollout) matters only to collectors that run ahead of the learner."""
         arrays = self.venv.arrays
         result = RolloutResult()
         while not buffer.full:

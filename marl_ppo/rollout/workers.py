@@ -197,8 +197,12 @@ class RolloutWorkers:
         self._command("reset", seed)
         self._pending = None
 
-    def collect(self, buffer: RolloutBuffer) -> RolloutResult:
-        """Fill `buffer` with the next rollout of every env copy (launched now, or earlier with policy lag)."""
+    def collect(self, buffer: RolloutBuffer, *, ahead: bool = True) -> RolloutResult:
+        """Fill `buffer` with the next rollout of every env copy (launched now, or earlier with policy lag).
+
+        With policy lag and `ahead` the next rollout is launched before returning; the run passes
+        `ahead=False` for its last one, so the workers do not step a rollout that nobody will learn from.
+        """
         if self._pending is None:
             if not self._in_flight:
                 self._launch()
@@ -209,7 +213,7 @@ class RolloutWorkers:
         buffer.pos = buffer.steps
         last_values = [v.to(buffer.device, copy=True) for v in self._pending["last_values"]]
         self._pending = None
-        if self.policy_lag:
+        if self.policy_lag and ahead:
             self._launch()  # the next rollout runs with these weights while the learner updates
         result = RolloutResult(last_values=last_values, env_steps=buffer.steps * self.num_envs)
         result.episodes = self._episodes(replies)
