@@ -163,7 +163,7 @@ def keep_freed_memory() -> bool:
     above which it does past 32 MiB), and up to ALLOCATOR_KEEP_BYTES of freed heap stays mapped.
     A 8,192-copy VMAS update, whose 64-wide activations are 52 MB each, faulted in 3.3M pages
     (13 GB) per update when blocks over 32 MiB were still mapped on their own; it now runs 1.8x
-    faster, for 22% more peak memory from a more fragmented heap. Forked workers inherit the
+    faster, for 22-37% more peak memory from a more fragmented heap. Forked workers inherit the
     setting. Returns False where it could not be applied.
     """
     try:
