@@ -2,8 +2,10 @@
 
 import json
 import math
+import resource
 
 import numpy as np
+import pytest
 import torch
 import yaml
 from conftest import ROOT
@@ -14,7 +16,7 @@ from marl_ppo.cli import main
 from marl_ppo.config import build_config, load_config
 from marl_ppo.logging import EventWriter
 from marl_ppo.models.team import TeamModel
-from marl_ppo.train import build_vector_env, train
+from marl_ppo.train import build_vector_env, keep_freed_memory, train
 
 TRAIN_TAGS = [
     "loss_pi",
@@ -188,12 +190,6 @@ def test_event_writer_round_trips_zeros_and_non_finite_values(tmp_path):
 
 def test_freed_tensor_memory_is_reused_rather_than_faulted_in_again():
     """Blocks larger than glibc's largest mmap threshold (32 MiB) come from the heap too, and stay."""
-    import resource
-
-    import pytest
-
-    from marl_ppo.train import keep_freed_memory
-
     if not keep_freed_memory():
         pytest.skip("glibc's mallopt is not available here")
 
