@@ -17,7 +17,7 @@ class AgentBatch:
     """One agent group's samples; the leading dim N = T*E (env steps), the agent axis is kept intact."""
 
     obs: torch.Tensor
-    """(N, A, obs_dim)"""
+    """(N, A, obs_dim); zero-width in `Trainer.prepare`'s batches, which carry `actor_input` instead"""
     actions: torch.Tensor
     """(N, A, ...)"""
     logp_old: torch.Tensor
@@ -31,7 +31,8 @@ class AgentBatch:
     alive: torch.Tensor
     """(N, A) bool: the agent acted at this step; only these samples enter losses and statistics"""
     state: torch.Tensor
-    """(N, state_dim) global state, shared by all groups' batches"""
+    """(N, state_dim) global state, shared by all groups' batches; zero-width in `Trainer.prepare`'s
+    batches, which carry `critic_input` instead"""
     action_mask: torch.Tensor
     """(N, A, mask_dim) allowed actions when acting (mask_dim 0 when the group has no masks)"""
     actor_input: torch.Tensor | None = None

@@ -109,7 +109,9 @@ class Trainer:
 
         The prepared batches carry normalized advantages, `values_old` and `returns` in the critic's
         units, and the networks' encoded inputs (each computed once here rather than at every
-        minibatch step).
+        minibatch step). The losses read only those inputs, so `obs` and `state` are cut to zero
+        width: minibatch gathers then skip them (at 1,024 VMAS copies they were 45% of the bytes
+        gathered).
         """
         prepared = []
         model = self.model
@@ -132,6 +134,8 @@ class Trainer:
                     # the networks' inputs, normalized once here rather than at every minibatch step
                     actor_input=actor.encode(batch.obs),
                     critic_input=critic.encode(batch.state, batch.obs),
+                    obs=batch.obs[..., :0],
+                    state=batch.state[..., :0],
                 )
             )
         return prepared
