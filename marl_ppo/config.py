@@ -144,8 +144,11 @@ class ExperimentConfig:
     """Discount factor."""
     gae_lambda: Annotated[float, Field(ge=0, le=1)] = 0.95
     """GAE lambda."""
-    critic: Literal["state", "state+obs", "obs"] = "state"
-    """Critic input: `state` (MAPPO), `state+obs` (agent-specific global state) or `obs` (IPPO)."""
+    critic: Literal["state", "state+obs", "obs", "team"] = "state"
+    """Critic input: `state` (MAPPO), `state+obs` (agent-specific global state), `obs` (IPPO), or `team`:
+    V(state), one value per env step shared by the group's agents (one network per group, no agent id;
+    its first layer and the rest run once per env step, not once per agent). `team` suits a reward the
+    agents share; with per-agent rewards it fits the mean of the agents' returns."""
     share_actor: bool = False
     """One actor per agent group with an agent-id input, instead of one actor per agent."""
     share_critic: bool = True
@@ -168,6 +171,11 @@ class ExperimentConfig:
     """Logging and checkpointing."""
 
     def __post_init__(self) -> None:
+        if self.critic == "team" and not self.share_critic:
+            raise ValueError(
+                "critic: team is one network per group (one value per env step, for every agent), so "
+                "share_critic=false (one critic per agent) cannot apply; drop it, or use critic: state"
+            )
         if self.ppo.num_minibatches > self.batch_steps:
             raise ValueError(
                 f"ppo.num_minibatches={self.ppo.num_minibatches} exceeds the batch of "

@@ -55,7 +55,8 @@ def test_parse_overrides_nests_dotted_keys():
         (["ppo.pi_lr=-1"], "config key 'ppo.pi_lr': input should be greater than 0, got -1"),
         (["gamma=1.5"], "config key 'gamma': input should be less than or equal to 1"),
         (["gae_lambda=-0.1"], "config key 'gae_lambda': input should be greater than or equal to 0"),
-        (["critic=central"], "config key 'critic': input should be 'state', 'state+obs' or 'obs'"),
+        (["critic=central"], "config key 'critic': input should be 'state', 'state+obs', 'obs' or 'team'"),
+        (["critic=team", "share_critic=false"], "critic: team is one network per group"),
         (["share_actor=maybe"], "config key 'share_actor': input should be a valid boolean"),
         (["total_steps=0"], "config key 'total_steps': input should be greater than 0"),
         (

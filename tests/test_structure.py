@@ -38,8 +38,10 @@ def _inputs(batch=5):
     return obs.reshape(batch, -1).clone(), obs  # state = concatenated observations (as in mpe2)
 
 
-@pytest.mark.parametrize("share_critic", [True, False])
-@pytest.mark.parametrize("critic", ["state", "state+obs"])
+@pytest.mark.parametrize(
+    ("critic", "share_critic"),
+    [("state", True), ("state", False), ("state+obs", True), ("state+obs", False), ("team", True)],
+)
 def test_central_critic_reacts_to_another_agents_observation(critic, share_critic):
     model, _ = _model(critic, share_critic)
     state, obs = _inputs()
@@ -143,11 +145,11 @@ def test_common_input_equals_the_input_repeated_per_agent(shared):
 
 
 @pytest.mark.parametrize("shared", [True, False])
-@pytest.mark.parametrize("critic", ["state", "state+obs", "obs"])
+@pytest.mark.parametrize("critic", ["state", "state+obs", "obs", "team"])
 def test_inputs_encoded_once_per_batch_give_each_minibatch_the_same_numbers(critic, shared):
     """The trainer normalizes a batch's network inputs once per update; any minibatch of them gives
     bit for bit the actions' log-probabilities and the values of the networks' own forward pass."""
-    model, _ = _model(critic, share_critic=shared, share_actor=shared)
+    model, _ = _model(critic, share_critic=shared or critic == "team", share_actor=shared)
     state, obs = _inputs(batch=64)
     (actor,), (network,) = model.actors, model.critics
     actor_input, critic_input = actor.encode(obs), network.encode(state, obs)
@@ -156,6 +158,54 @@ def test_inputs_encoded_once_per_batch_give_each_minibatch_the_same_numbers(crit
     direct = actor(obs[rows]).log_prob(actions)
     assert torch.equal(actor.forward_encoded(actor_input[rows]).log_prob(actions), direct)
     assert torch.equal(network.forward_encoded(critic_input[rows]), network(state[rows], obs[rows]))
+
+
+def test_team_critic_is_one_mlp_of_the_state_broadcast_to_the_agents():
+    """`critic: team` is V(state): one network without an agent id, run once per env step, its value given
+    to every agent. Outputs and gradients equal the textbook MLP on the state, whose one value receives
+    the sum of the agents' gradients."""
+    model, _ = _model("team")
+    (critic,) = model.critics
+    net = critic.net
+    assert net.layers[0].weight.shape == (1, 64, 54)  # the state alone: no agent-id columns
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn_like(p) * 0.1)  # break the init symmetry of LayerNorm affine and biases
+    state, obs = _inputs(batch=6)
+    weights = torch.randn(6, 3)
+    values = critic(state, obs)
+    assert values.shape == (6, 3)
+
+    h = F.layer_norm(state, (54,)) * net.norm_weight[0] + net.norm_bias[0]
+    for k, layer in enumerate(net.layers):
+        h = h @ layer.weight[0].T + layer.bias[0]
+        if k < len(net.layers) - 1:
+            h = torch.tanh(h)
+    textbook = h.squeeze(-1)
+    torch.testing.assert_close(values, textbook.unsqueeze(-1).expand(6, 3), rtol=1e-5, atol=1e-6)
+    params = list(net.parameters())
+    got = torch.autograd.grad((values * weights).sum(), params)
+    want = torch.autograd.grad((textbook * weights.sum(-1)).sum(), params)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+
+
+def test_team_critic_trains_and_values_stay_equal_across_agents():
+    """One update with `critic: team`: the critic moves, and the acting-time values of the next rollout
+    are the same for every agent of the group."""
+    config = load_config(
+        None,
+        [f"env.id={SPREAD}", "num_envs=2", "rollout_steps=25", "critic=team", "ppo.num_minibatches=1"],
+    )
+    model, buffer, rollout = collect_rollout(config)
+    values = buffer.groups[0].values
+    assert torch.equal(values, values[..., :1].expand_as(values))
+    trainer = Trainer(model, config.ppo, generator=torch.Generator().manual_seed(0))
+    before = copy.deepcopy(model.critics.state_dict())
+    stats = trainer.update(rollout_batches(buffer, rollout.last_values, gamma=config.gamma, lam=config.gae_lambda))
+    assert torch.isfinite(torch.tensor(stats.loss_v))
+    for name, param in model.critics.named_parameters():
+        assert not torch.equal(before[name], param.detach()), f"critic {name} did not change"
 
 
 @pytest.mark.parametrize("shared", [False, True])

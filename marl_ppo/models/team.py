@@ -33,6 +33,7 @@ CRITIC_INPUTS: dict[str, tuple[CriticInput, Callable[[GroupSpec, int], int]]] = 
     "state": (_state_input, lambda group, state_dim: state_dim),
     "state+obs": (_state_obs_input, lambda group, state_dim: state_dim + group.obs_dim),
     "obs": (_obs_input, lambda group, state_dim: group.obs_dim),
+    "team": (_state_input, lambda group, state_dim: state_dim),
 }
 
 
@@ -94,21 +95,25 @@ class GroupActor(nn.Module):
 
 
 class GroupCritic(nn.Module):
-    """Per-agent values of one group from the configured input (`state`, `state+obs` or `obs`)."""
+    """Per-agent values of one group from the configured input (`state`, `state+obs`, `obs` or `team`)."""
 
     def __init__(
         self, group: GroupSpec, state_dim: int, kind: str, model: ModelConfig, *, shared: bool
     ) -> None:
         super().__init__()
         self.build_input, width = CRITIC_INPUTS[kind]
-        self.common_input = kind == "state"
+        self.num_agents = group.num_agents
+        self.team = kind == "team"
+        """One value per env step, V(state), given to every agent of the group: one network without an
+        agent id, run once per row."""
+        self.common_input = kind in ("state", "team")
         """Every agent's critic sees the same input: its first layer runs once per row (`forward_common`)."""
         self.net = _mlp(
             model,
-            agents=group.num_agents,
+            agents=1 if self.team else group.num_agents,
             in_dim=width(group, state_dim),
             out_dim=1,
-            shared=shared,
+            shared=shared or self.team,
             head_gain=1.0,
         )
 
@@ -118,11 +123,14 @@ class GroupCritic(nn.Module):
 
     def encode(self, state: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
         """The network's input (parameter-free: see `AgentMLP.encode`): `(..., state_dim)` for a
-        `state` critic, whose first layer runs once per row, else `(..., A_g, in)`."""
+        `state` or `team` critic, whose first layer runs once per row, else `(..., A_g, in)`."""
         return self.net.encode(state if self.common_input else self.build_input(state, obs))
 
     def forward_encoded(self, encoded: torch.Tensor) -> torch.Tensor:
         """`forward` on `encode(state, obs)`."""
+        if self.team:  # (..., 1) broadcast to the agents: their gradients sum into the one value
+            values = self.net.forward_common(encoded, encoded=True).squeeze(-1)
+            return values.expand(*values.shape[:-1], self.num_agents)
         if self.common_input:
             return self.net.forward_common(encoded, encoded=True).squeeze(-1)
         return self.net(encoded, encoded=True).squeeze(-1)
