@@ -202,7 +202,9 @@ def test_team_critic_trains_and_values_stay_equal_across_agents():
     assert torch.equal(values, values[..., :1].expand_as(values))
     trainer = Trainer(model, config.ppo, generator=torch.Generator().manual_seed(0))
     before = copy.deepcopy(model.critics.state_dict())
-    stats = trainer.update(rollout_batches(buffer, rollout.last_values, gamma=config.gamma, lam=config.gae_lambda))
+    stats = trainer.update(
+        rollout_batches(buffer, rollout.last_values, gamma=config.gamma, lam=config.gae_lambda)
+    )
     assert torch.isfinite(torch.tensor(stats.loss_v))
     for name, param in model.critics.named_parameters():
         assert not torch.equal(before[name], param.detach()), f"critic {name} did not change"
