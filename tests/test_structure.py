@@ -191,8 +191,8 @@ def test_team_critic_is_one_mlp_of_the_state_broadcast_to_the_agents():
 
 
 def test_team_critic_trains_and_values_stay_equal_across_agents():
-    """One update with `critic: team`: the critic moves, and the acting-time values of the next rollout
-    are the same for every agent of the group."""
+    """With `critic: team` a rollout's acting-time values are the same for every agent of the group,
+    and one update moves every critic parameter."""
     config = load_config(
         None,
         [f"env.id={SPREAD}", "num_envs=2", "rollout_steps=25", "critic=team", "ppo.num_minibatches=1"],
