@@ -113,7 +113,7 @@ class GroupCritic(nn.Module):
             agents=1 if self.team else group.num_agents,
             in_dim=width(group, state_dim),
             out_dim=1,
-            shared=shared or self.team,
+            shared=shared,
             head_gain=1.0,
         )
 
@@ -128,12 +128,11 @@ class GroupCritic(nn.Module):
 
     def forward_encoded(self, encoded: torch.Tensor) -> torch.Tensor:
         """`forward` on `encode(state, obs)`."""
-        if self.team:  # (..., 1) broadcast to the agents: their gradients sum into the one value
-            values = self.net.forward_common(encoded, encoded=True).squeeze(-1)
-            return values.expand(*values.shape[:-1], self.num_agents)
-        if self.common_input:
-            return self.net.forward_common(encoded, encoded=True).squeeze(-1)
-        return self.net(encoded, encoded=True).squeeze(-1)
+        if not self.common_input:
+            return self.net(encoded, encoded=True).squeeze(-1)
+        values = self.net.forward_common(encoded, encoded=True).squeeze(-1)
+        # a team value, (..., 1), is broadcast to the agents: their gradients sum into it
+        return values.expand(*values.shape[:-1], self.num_agents) if self.team else values
 
 
 class TeamModel(nn.Module):
