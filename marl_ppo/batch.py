@@ -90,7 +90,8 @@ def minibatches(
     size = len(batches[0])
     if not 1 <= num_minibatches <= size:
         raise ValueError(f"num_minibatches={num_minibatches} must be between 1 and the batch size {size}")
-    order = torch.randperm(size, generator=generator)
+    # drawn on the generator's device (the CPU), so the order is the same on every device
+    order = torch.randperm(size, generator=generator).to(batches[0].advantages.device)
     for chunk in torch.tensor_split(order, num_minibatches):
         yield [batch.select(chunk) for batch in batches]
 

@@ -83,3 +83,25 @@ def test_minibatches_cover_every_row_once_and_stay_aligned_across_groups():
         seen.append(pair[0].returns[:, 0])
     rows = torch.sort(torch.cat(seen)).values
     torch.testing.assert_close(rows, torch.sort(batches[0].returns[:, 0]).values)
+
+
+def test_minibatches_gather_with_an_index_on_the_batches_device(monkeypatch):
+    """The shuffle is drawn on the CPU generator, and the index moves to the batch's device: CUDA's
+    `index_select` refuses a CPU index. The meta device stands in for a GPU here."""
+    buffer = RolloutBuffer(_spec(), steps=2, num_envs=3)
+    for t in range(2):
+        _add(buffer, t)
+    storage = buffer.groups[0]
+    (batch,) = build_batches(buffer, [storage.values], [storage.rewards])
+    on_meta = type(batch)(**{n: None if v is None else v.to("meta") for n, v in vars(batch).items()})
+    gather = torch.index_select
+    seen = []
+
+    def recording(tensor, dim, index):
+        seen.append((tensor.device, index.device))
+        return gather(tensor, dim, index)
+
+    monkeypatch.setattr(torch, "index_select", recording)
+    pairs = list(minibatches([on_meta], 2, torch.Generator().manual_seed(0)))
+    assert len(pairs) == 2 and seen
+    assert all(index == tensor == torch.device("meta") for tensor, index in seen)
