@@ -93,10 +93,10 @@ def build_vector_env(
     """E copies of the configured env: one batched simulator, or copies in this process or in workers."""
     if ":" not in config.env.id and env_spec(config.env.id).batched:
         device = device or torch.device("cpu")
-        env = make_env(
-            config.env.id, num_envs=config.num_envs, device=str(device), seed=config.seed, **config.env.kwargs
+        make = functools.partial(
+            make_env, config.env.id, num_envs=config.num_envs, device=str(device), **config.env.kwargs
         )
-        return VmasVectorEnv(env, config.env.id)
+        return VmasVectorEnv(make(seed=config.seed), config.env.id, make_spare=make)
     config = resolve_vector(config)
     spec = team_spec(config)
     make_adapter = functools.partial(_make_adapter, config, spec)

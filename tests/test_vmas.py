@@ -6,6 +6,7 @@ import torch
 pytest.importorskip("vmas")
 
 from marl_ppo.config import load_config  # noqa: E402
+from marl_ppo.envs.vmas import SlowResetWarning  # noqa: E402
 from marl_ppo.models.team import TeamModel  # noqa: E402
 from marl_ppo.rollout.buffer import RolloutBuffer  # noqa: E402
 from marl_ppo.rollout.collector import Collector  # noqa: E402
@@ -80,3 +81,126 @@ def test_resetting_some_copies_gives_the_observations_of_one_reset_at_a_time():
     for agent in expected:
         torch.testing.assert_close(observations[agent], expected[agent], rtol=0, atol=0)
     assert not torch.equal(observations["agent_0"][finished], before)  # those copies were reset
+
+
+SCENARIOS = ["navigation", "balance", "transport", "wheel", "sampling"]
+
+
+def _venv(scenario, max_steps, num_envs=8, spare=True):
+    config = load_config(
+        None, [f"env.id=vmas/{scenario}", f"env.kwargs={{max_steps: {max_steps}}}", f"num_envs={num_envs}"]
+    )
+    venv = build_vector_env(config)
+    if not spare:
+        venv._fresh_off = True
+    return venv
+
+
+def _random_actions(venv, generator):
+    (group,) = venv.spec.groups
+    return [torch.rand((venv.num_envs, len(group.agents), *group.action_shape), generator=generator) * 2 - 1]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_copies_given_fresh_states_follow_the_spares_episodes(scenario):
+    """Finished copies get the initial states of the spare's copies; stepped with the same actions,
+    they reproduce the spare's observations and rewards, and the other copies are untouched."""
+    venv, reference = _venv(scenario, 100), _venv(scenario, 100, spare=False)
+    generator = torch.Generator().manual_seed(0)
+    for v in (venv, reference):
+        v.reset(0)
+    for _ in range(3):
+        actions = _random_actions(venv, generator)
+        venv.step(actions)
+        reference.step(actions)
+    finished, others = [1, 4, 6], [0, 2, 3, 5, 7]
+    before = venv.arrays.obs[0].clone()
+    venv._reset_some(finished)
+    spare = venv._fresh.spare
+    assert venv._fresh.next == 3  # the spare was reset in one batch and its copies 0-2 were used
+    (spare_obs,) = spare.get_from_scenario(
+        get_observations=True, get_rewards=False, get_infos=False, get_dones=False
+    )
+    for i, agent in enumerate(venv.spec.groups[0].agents):  # first observations: the spare's, recomputed
+        torch.testing.assert_close(venv.arrays.obs[0][finished, i], spare_obs[agent][:3].reshape(3, -1))
+    torch.testing.assert_close(venv.arrays.obs[0][others], before[others], rtol=0, atol=0)
+    for _ in range(4):
+        actions = _random_actions(venv, generator)
+        arrays = venv.step(actions)
+        spare_actions = {a: actions[0][finished, i] for i, a in enumerate(venv.spec.groups[0].agents)}
+        spare_actions = {
+            a: torch.cat([x, torch.zeros(spare.num_envs - 3, x.shape[1])]) for a, x in spare_actions.items()
+        }
+        spare_obs, spare_rewards, *_ = spare.step(spare_actions)
+        expected = reference.step(actions)
+        for i, agent in enumerate(venv.spec.groups[0].agents):
+            torch.testing.assert_close(arrays.obs[0][finished, i], spare_obs[agent][:3].reshape(3, -1))
+            torch.testing.assert_close(arrays.reward[0][finished, i], spare_rewards[agent][:3].reshape(3))
+        torch.testing.assert_close(arrays.obs[0][others], expected.obs[0][others], rtol=0, atol=0)
+        torch.testing.assert_close(arrays.reward[0][others], expected.reward[0][others], rtol=0, atol=0)
+
+
+def test_a_copy_given_a_fresh_state_ends_exactly_max_steps_later():
+    venv = _venv("navigation", 5)
+    venv.reset(0)
+    actions = [torch.zeros(8, 4, 2)]
+    for _ in range(2):
+        venv.step(actions)
+    venv._reset_some([3])  # copy 3 starts over at step 2
+    for step in range(3, 9):
+        venv.step(actions)
+        expected = {5: [i for i in range(8) if i != 3], 7: [3]}.get(step, [])
+        assert torch.nonzero(venv.episode_over).flatten().tolist() == expected, step
+        assert venv.arrays.truncated[0][expected].all() and not venv.arrays.terminated[0].any()
+
+
+def _hidden_state_venv(num_envs=8):
+    """Navigation whose observations carry a per-copy phase kept as a `(1, copies)` tensor, a layout
+    the fresh-copy walk cannot recognise as per-copy state."""
+    import vmas
+    from vmas.scenarios.navigation import Scenario
+
+    from marl_ppo.envs.vmas import VmasVectorEnv
+
+    class HiddenPhase(Scenario):
+        def make_world(self, batch_dim, device, **kwargs):
+            world = super().make_world(batch_dim, device, **kwargs)
+            self.phase = torch.zeros(1, batch_dim, device=device)
+            return world
+
+        def reset_world_at(self, env_index=None):
+            super().reset_world_at(env_index)
+            if env_index is None:
+                self.phase.uniform_()
+            else:
+                self.phase[:, env_index] = torch.rand(())
+
+        def observation(self, agent):
+            return torch.cat([super().observation(agent), self.phase.T], dim=-1)
+
+    def make(seed=None):
+        return vmas.make_env(
+            HiddenPhase(),
+            num_envs=num_envs,
+            max_steps=100,
+            seed=seed,
+            dict_spaces=True,
+            terminated_truncated=True,
+        )
+
+    return VmasVectorEnv(make(0), "hidden_phase", make_spare=make), make
+
+
+def test_a_scenario_with_state_the_copy_misses_fails_the_check_and_resets_one_at_a_time():
+    venv, make = _hidden_state_venv()
+    reference = type(venv)(make(0), "hidden_phase")  # no spare: always reset_at
+    for v in (venv, reference):
+        v.reset(0)
+        v.step([torch.ones(8, 4, 2)])
+    venv.env.seed(7)  # VMAS simulators share one random stream: each reset starts it from the same seed
+    with pytest.warns(SlowResetWarning, match=r"hidden_phase: .* observations differed right after the copy"):
+        venv._reset_some([2, 5])
+    reference.env.seed(7)
+    reference._reset_some([2, 5])
+    torch.testing.assert_close(venv.arrays.obs[0], reference.arrays.obs[0], rtol=0, atol=0)
+    assert venv._fresh is None and venv._fresh_off  # checked once, then off for good

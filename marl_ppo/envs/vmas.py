@@ -4,11 +4,18 @@
 with `arrays` holding tensors on the simulator's device, so observations, actions and rewards never
 pass through NumPy. VMAS does not reset finished copies itself; this class resets them after
 keeping their final observations for the truncation bootstrap.
+
+VMAS resets one copy per `reset_at` call: about 1 ms of Python on a CPU (dozens of small kernels on
+a GPU) for each finished episode. Once a policy reaches its goals, copies end at different steps
+and those calls cost more than stepping the simulator. `FreshCopies` instead copies initial states
+that a second simulator of the same scenario made for all its copies in one batched reset.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -70,13 +77,198 @@ def allocate_tensors(spec: TeamSpec, num_envs: int, device: torch.device) -> Tea
     return TeamArrays(**{name: convert(value) for name, value in vars(numpy_arrays).items()})
 
 
+Path = tuple[tuple[str, Any], ...]
+"""Steps from a simulator to one of its tensors: `("attr", name)`, `("item", i)` of a list or tuple,
+`("value", i)`, the i-th value of a dict (dicts keyed by entity objects differ between simulators)."""
+
+
+def _is_simulator_object(obj: Any) -> bool:
+    """VMAS's own objects and users' subclasses of them (scenarios, entities, sensors)."""
+    return hasattr(obj, "__dict__") and any(
+        (cls.__module__ or "").startswith("vmas.") for cls in type(obj).__mro__
+    )
+
+
+def per_copy_tensor_paths(env: Any, num_envs: int) -> list[Path]:
+    """Where `env` keeps a tensor whose first dim is its copies: positions, velocities, goals, the
+    scenario's per-copy fields, the step counter. Each tensor is listed once, at its first path."""
+    paths: list[Path] = []
+    seen: set[int] = set()
+
+    def walk(obj: Any, path: Path) -> None:
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            if obj.ndim and obj.shape[0] == num_envs and obj.stride(0) != 0:  # stride 0: one value, expanded
+                paths.append(path)
+        elif isinstance(obj, (list, tuple)):
+            for i, item in enumerate(obj):
+                walk(item, (*path, ("item", i)))
+        elif isinstance(obj, dict):
+            for i, item in enumerate(obj.values()):
+                walk(item, (*path, ("value", i)))
+        elif _is_simulator_object(obj):
+            for name, item in vars(obj).items():
+                walk(item, (*path, ("attr", name)))
+
+    walk(env, ())
+    return paths
+
+
+def _resolve(obj: Any, path: Path) -> Any:
+    for kind, key in path:
+        if kind == "attr":
+            obj = getattr(obj, key)
+        elif kind == "item":
+            obj = obj[key]
+        else:
+            obj = list(obj.values())[key]
+    return obj
+
+
+def copy_copies(
+    source: Any, source_index: torch.Tensor, target: Any, target_index: torch.Tensor, paths: Sequence[Path]
+) -> None:
+    """Give the copies `target_index` of simulator `target` the state of the copies `source_index` of
+    `source` (the same scenario; they may be the same simulator). Raises LookupError, before writing
+    anything, where a path is missing or its tensors differ in shape."""
+    pairs = []
+    for path in paths:
+        try:
+            to, frm = _resolve(target, path), _resolve(source, path)
+        except (AttributeError, LookupError) as err:
+            raise LookupError(f"the simulator has no {_describe(path)} ({err!r})") from err
+        if (
+            not (isinstance(to, torch.Tensor) and isinstance(frm, torch.Tensor))
+            or to.shape[1:] != frm.shape[1:]
+        ):
+            raise LookupError(f"the simulators' {_describe(path)} differ in kind or shape")
+        pairs.append((to, frm))
+    for to, frm in pairs:
+        to.index_copy_(0, target_index, frm.index_select(0, source_index))
+
+
+def _describe(path: Path) -> str:
+    return "".join(f".{key}" if kind == "attr" else f"[{key}]" for kind, key in path).lstrip(".")
+
+
+@contextlib.contextmanager
+def random_streams_kept(env: Any) -> Iterator[None]:
+    """Leave torch's global streams and VMAS's own (one set shared by all its simulators) as they were."""
+    vmas_streams = getattr(env, "vmas_random_state", None)
+    saved = list(vmas_streams) if isinstance(vmas_streams, list) else None
+    devices = [env.device] if torch.device(env.device).type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        if saved is not None:
+            vmas_streams[:] = saved
+
+
+class FreshCopies:
+    """Initial states for copies whose episode ended, taken from a spare simulator of the same
+    scenario that resets all its copies at once: one batched reset, and one observation pass, per
+    `num_envs` episodes.
+
+    A copy's state is taken to be every tensor of the simulator whose first dim is its copies
+    (`per_copy_tensor_paths`), and its observations to depend on that state alone, so a copied
+    copy's first observations are the spare's. `check` tests both for the scenario: copies given
+    other copies' state must then observe what those observe, and under the same actions produce
+    their observations, rewards and ends. A scenario that keeps per-copy state elsewhere (a Python
+    list, a tensor laid out another way) fails it.
+    """
+
+    def __init__(self, spare: Any) -> None:
+        self.spare = spare
+        self.num_envs = int(spare.num_envs)
+        self.paths = per_copy_tensor_paths(spare, self.num_envs)
+        self.next = self.num_envs
+        """The spare's next unused copy; `num_envs` when none is left (the next `copy_into` resets it)."""
+        self.observations: dict[str, torch.Tensor] = {}
+        """Every agent's observations of the spare's copies right after its last reset."""
+
+    def copy_into(self, env: Any, index: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Start new episodes in the copies `index` of `env` (fewer than `num_envs`); return their
+        first observations, `(len(index), ...)` per agent."""
+        count = len(index)
+        if self.next + count > self.num_envs:
+            self.observations = self.spare.reset()
+            self.next = 0
+        fresh = torch.arange(self.next, self.next + count, device=index.device)
+        copy_copies(self.spare, fresh, env, index, self.paths)
+        self.next += count
+        return {agent: obs[self.next - count : self.next] for agent, obs in self.observations.items()}
+
+    def check(self, steps: int = 4) -> str | None:
+        """None when copying reproduces the scenario's dynamics, else what differed.
+
+        After 3 random steps (the copies' states part ways, and tensors that only stepping creates
+        exist), the first half of the spare's copies is copied onto the second half. The halves must
+        then observe the same, and under the same random actions for `steps` steps give the same
+        observations, rewards and ends. Every random stream is left as it was."""
+        half = self.num_envs // 2
+        if half == 0:
+            return "it needs 2 copies or more"
+        source = torch.arange(half, device=self.spare.device)
+        with random_streams_kept(self.spare):
+            torch.manual_seed(0)
+            return self._check(source, source + half, steps)
+
+    def _check(self, source: torch.Tensor, target: torch.Tensor, steps: int) -> str | None:
+        for _ in range(3):
+            self.spare.step(self.spare.get_random_actions())
+        self.paths = per_copy_tensor_paths(self.spare, self.num_envs)  # with what stepping creates
+        try:
+            copy_copies(self.spare, source, self.spare, target, self.paths)
+        except (LookupError, RuntimeError) as err:
+            return str(err)
+        (observations,) = self.spare.get_from_scenario(
+            get_observations=True, get_rewards=False, get_infos=False, get_dones=False
+        )
+        if not all(_halves_agree(t, source, target) for t in _tensors(observations)):
+            return "the copied copies' observations differed right after the copy"
+        for step in range(1, steps + 1):
+            actions = [a.index_copy(0, target, a[source]) for a in self.spare.get_random_actions()]
+            observations, rewards, terminated, truncated, _ = self.spare.step(actions)
+            results = {"observations": observations, "rewards": rewards, "ends": (terminated, truncated)}
+            for what, result in results.items():
+                if not all(_halves_agree(t, source, target) for t in _tensors(result)):
+                    return f"the copied copies' {what} differed {step} step(s) later"
+        return None
+
+
+def _tensors(result: Any) -> Iterator[torch.Tensor]:
+    values = result.values() if isinstance(result, dict) else result
+    for value in values:
+        if isinstance(value, (dict, list, tuple)):
+            yield from _tensors(value)
+        else:
+            yield value
+
+
+def _halves_agree(tensor: torch.Tensor, source: torch.Tensor, target: torch.Tensor) -> bool:
+    a, b = tensor[source], tensor[target]
+    if a.is_floating_point():
+        return torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    return torch.equal(a, b)
+
+
+class SlowResetWarning(UserWarning):
+    """A VMAS scenario's finished copies are reset one at a time (VMAS's `reset_at`)."""
+
+
 class VmasVectorEnv:
     """All E copies of a VMAS scenario in one simulator; `arrays` are tensors on its device."""
 
     tensor_io = True
     """Actions go in and results come out as torch tensors on `device`."""
 
-    def __init__(self, env: Any, env_id: str) -> None:
+    def __init__(self, env: Any, env_id: str, make_spare: Callable[[], Any] | None = None) -> None:
+        """`make_spare` builds a second simulator like `env` (any seed) whose batched resets supply
+        the initial states of finished copies (`FreshCopies`); without it, or where the scenario
+        fails `FreshCopies.check`, finished copies are reset one at a time."""
         self.env = env
         self.spec = vmas_team_spec(env, env_id)
         self.num_envs = int(env.num_envs)
@@ -85,6 +277,10 @@ class VmasVectorEnv:
         self.episode_over = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
         for alive in self.arrays.alive:
             alive.fill_(True)  # VMAS agents never leave
+        self._make_spare = make_spare
+        self._fresh: FreshCopies | None = None
+        """Built at the first partial reset; None until then and where copying is off."""
+        self._fresh_off = make_spare is None
 
     def reset(self, seed: int) -> TeamArrays:
         """Seed the simulator and reset every copy."""
@@ -92,6 +288,10 @@ class VmasVectorEnv:
         self._write_obs(self.arrays.obs, self.env.reset())
         self._write_state(self.arrays.state, self.arrays.obs)
         self.episode_over.zero_()
+        if self._fresh is not None:
+            self._fresh.next = (
+                self._fresh.num_envs
+            )  # new episodes come from the seeded stream, not from before
         return self.arrays
 
     def step(self, actions: Sequence[torch.Tensor]) -> TeamArrays:
@@ -117,20 +317,58 @@ class VmasVectorEnv:
         self._write_obs(arrays.final_obs, observations)
         self._write_state(arrays.final_state, arrays.final_obs)
         torch.logical_or(terminated, truncated, out=self.episode_over)
-        finished = torch.nonzero(self.episode_over).flatten().tolist()  # indices for reset_at (a few ints)
-        if len(finished) == self.num_envs:
-            observations = self.env.reset()  # copies with a common time limit end together: one batched reset
-        elif finished:
-            observations = self._reset_at(finished)
-        for obs, final in zip(arrays.obs, arrays.final_obs, strict=True):
-            obs.copy_(final)
-        if finished:
-            self._write_obs(arrays.obs, observations)
+        finished = torch.nonzero(self.episode_over).flatten().tolist()  # a few ints
+        if len(finished) == self.num_envs:  # copies with a common time limit end together: one batched reset
+            self._write_obs(arrays.obs, self.env.reset())
+        else:
+            for obs, final in zip(arrays.obs, arrays.final_obs, strict=True):
+                obs.copy_(final)
+            if finished:
+                self._reset_some(finished)
         self._write_state(arrays.state, arrays.obs)
         return arrays
 
+    def _reset_some(self, indices: list[int]) -> None:
+        """Start new episodes in the copies `indices` and write their first observations to `arrays.obs`."""
+        fresh = self._fresh_copies()
+        if fresh is not None:
+            index = torch.tensor(indices, device=self.device)
+            try:
+                observations = fresh.copy_into(self.env, index)
+            except LookupError as err:  # the scenario grew or dropped a tensor since the check
+                self._turn_off_fresh_copies(str(err))
+            else:
+                for g, group in enumerate(self.spec.groups):
+                    for i, agent in enumerate(group.agents):
+                        self.arrays.obs[g][index, i] = observations[agent].reshape(len(indices), -1)
+                return
+        self._write_obs(self.arrays.obs, self._reset_at(indices))
+
+    def _fresh_copies(self) -> FreshCopies | None:
+        if self._fresh is None and not self._fresh_off:
+            assert self._make_spare is not None
+            # building and checking the spare draws nothing from the run's random streams
+            with random_streams_kept(self.env):
+                fresh = FreshCopies(self._make_spare())
+                reason = fresh.check()
+            if reason is None:
+                self._fresh = fresh
+            else:
+                self._turn_off_fresh_copies(reason)
+        return self._fresh
+
+    def _turn_off_fresh_copies(self, reason: str) -> None:
+        self._fresh, self._fresh_off = None, True
+        warnings.warn(
+            f"{self.spec.env_id}: finished copies are reset one at a time (slow with many copies) because"
+            f" copying fresh states failed: {reason}; keep per-copy state in tensors whose first dim is"
+            " the copies to make it fast",
+            SlowResetWarning,
+            stacklevel=3,
+        )
+
     def _reset_at(self, indices: list[int]) -> dict[str, torch.Tensor]:
-        """Reset the copies `indices`; return every copy's observations, computed once.
+        """Reset the copies `indices` with VMAS's own `reset_at`; return every copy's observations.
 
         VMAS's `reset_at` computes the observations of all copies on each call, so resetting k
         copies one by one cost k full observation passes: with 1,024 copies and a policy that
@@ -139,20 +377,27 @@ class VmasVectorEnv:
         """
         for index in indices:
             self.env.reset_at(index, return_observations=False)
+        return self._observe()
+
+    def _observe(self) -> dict[str, torch.Tensor]:
         (observations,) = self.env.get_from_scenario(
             get_observations=True, get_rewards=False, get_infos=False, get_dones=False
         )
         return observations
 
     def env_states(self) -> list[bytes]:
-        """The simulator's complete state as one blob; raises EnvStateError when it cannot be pickled."""
+        """The simulator's complete state as one blob; raises EnvStateError when it cannot be pickled
+        (VMAS's own scenarios cannot: their classes and entities' lambdas have no importable name)."""
         return [dump_env_state(self.env)]
 
     def load_env_states(self, states: Sequence[bytes]) -> None:
-        """Replace the simulator by the one `env_states` saved (trusted bytes only: unpickling runs code)."""
+        """Replace the simulator by the one `env_states` saved (trusted bytes only: unpickling runs
+        code); new episodes then come from a freshly reset spare."""
         if len(states) != 1:
             raise ValueError(f"got {len(states)} env states for one batched simulator")
         self.env = load_env_state(states[0])
+        if self._fresh is not None:
+            self._fresh.next = self._fresh.num_envs
 
     def close(self) -> None:
         """Nothing to release (the simulator lives in this process)."""
