@@ -58,6 +58,12 @@ class ModelConfig:
     """Orthogonal weight init (gain sqrt(2) hidden, 0.01 policy head, 1 value head); else PyTorch's default."""
     log_std_init: float = -0.5
     """Initial log standard deviation of diagonal-Gaussian (Box) action heads."""
+    precision: Literal["fp32", "bf16", "auto"] = "fp32"
+    """Arithmetic of the networks' layers, when acting and when learning alike: `bf16` runs their
+    matrix products and activations in bfloat16 (torch autocast). Weights, gradients, optimizer
+    state, action distributions and losses stay float32. Pays off with large batches on CPUs with
+    AVX512-BF16 or AMX and on GPUs with bfloat16 tensor cores; elsewhere it is slower. `auto` picks
+    `bf16` on such hardware, else `fp32` (the choice is written to the run's config.yaml)."""
 
 
 @dataclass(frozen=True, config=_STRICT)

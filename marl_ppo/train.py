@@ -31,6 +31,7 @@ from marl_ppo.envs.vector import SyncVectorEnv
 from marl_ppo.envs.vmas import VmasVectorEnv
 from marl_ppo.evaluate import PeriodicEvaluation, eval_config
 from marl_ppo.logging import RunLogger
+from marl_ppo.models.layers import resolve_precision
 from marl_ppo.models.team import TeamModel
 from marl_ppo.registry import EnvError, env_spec, make_env
 from marl_ppo.resume import load_resumable, restore_run_state, run_state
@@ -264,11 +265,13 @@ def train(
     """
     run_dir = Path(run_dir)
     config = resolve_vector(config)  # before seeding: the probe steps an env copy
+    device = resolve_device(config.device)
+    precision = resolve_precision(config.model.precision, device)  # recorded in config.yaml as chosen
+    config = dataclasses.replace(config, model=dataclasses.replace(config.model, precision=precision))
     saved = load_resumable(run_dir, config) if resume else None  # a bad checkpoint fails before any work
     torch.set_num_threads(learner_threads(config))
     keep_freed_memory()
     generator = seed_everything(config.seed)
-    device = resolve_device(config.device)
     # before touching run_dir: a bad env leaves nothing behind
     collector, model = build_collector(config, device)
     spec = model.spec

@@ -15,8 +15,11 @@ The first layer is computed in a cheaper, mathematically identical form:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -75,8 +78,12 @@ class AgentMLP(nn.Module):
         shared: bool,
         orthogonal_init: bool,
         head_gain: float,
+        precision: str = "fp32",
     ) -> None:
         super().__init__()
+        self.precision = precision
+        """`fp32`, `bf16` (the layers' products and activations in bfloat16, see `_arithmetic`) or
+        `auto` (`bf16` where the input's device computes it natively, see `resolve_precision`)."""
         self.num_agents = num_agents
         self.in_dim = in_dim
         self.add_agent_id = shared and num_agents > 1
@@ -98,8 +105,10 @@ class AgentMLP(nn.Module):
     def forward(self, x: torch.Tensor, *, encoded: bool = False) -> torch.Tensor:
         """`(..., A, in) -> (..., A, out)`; `encoded`: `x` is already `encode(x)`."""
         weight, bias, agent_bias = self._first_layer()
-        h = stacked_linear(x if encoded else self.encode(x), weight, bias)
-        return self._rest(h if agent_bias is None else h + agent_bias)
+        x = x if encoded else self.encode(x)
+        with self._arithmetic(x):
+            h = stacked_linear(x, weight, bias)
+            return self._rest(h if agent_bias is None else h + agent_bias.to(h.dtype)).float()
 
     def forward_common(self, x: torch.Tensor, *, encoded: bool = False) -> torch.Tensor:
         """`(..., in) -> (..., A, out)`: every agent's output for one input they all see.
@@ -110,14 +119,27 @@ class AgentMLP(nn.Module):
         weight, bias, agent_bias = self._first_layer()
         x = x if encoded else self.encode(x)
         agents = self.num_agents
-        if self.layers[0].copies == 1:
-            h = F.linear(x, weight.squeeze(0), bias.squeeze(0)).unsqueeze(-2)
-            h = h + agent_bias if agent_bias is not None else h.expand(*h.shape[:-2], agents, h.shape[-1])
-        else:
-            out_dim = weight.shape[1]
-            h = F.linear(x, weight.reshape(agents * out_dim, -1), bias.reshape(-1))
-            h = h.unflatten(-1, (agents, out_dim))
-        return self._rest(h)
+        with self._arithmetic(x):
+            if self.layers[0].copies == 1:
+                h = F.linear(x, weight.squeeze(0), bias.squeeze(0)).unsqueeze(-2)
+                if agent_bias is not None:
+                    h = h + agent_bias.to(h.dtype)
+                else:
+                    h = h.expand(*h.shape[:-2], agents, h.shape[-1])
+            else:
+                out_dim = weight.shape[1]
+                h = F.linear(x, weight.reshape(agents * out_dim, -1), bias.reshape(-1))
+                h = h.unflatten(-1, (agents, out_dim))
+            return self._rest(h).float()
+
+    def _arithmetic(self, x: torch.Tensor) -> contextlib.AbstractContextManager[Any]:
+        """With `bf16`, torch's autocast: the layers' matrix products take bfloat16 copies of their
+        float32 weights and return bfloat16, so the activations between them are bfloat16 too.
+        Weights, gradients (autocast casts them back) and optimizer state stay float32, and the
+        output is float32 (`forward` casts it), so distributions and losses compute as before."""
+        if resolve_precision(self.precision, x.device) == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(x.device.type, dtype=torch.bfloat16)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """The input as the first layer reads it: LayerNorm without its affine (which lives in the first
@@ -143,3 +165,22 @@ class AgentMLP(nn.Module):
         for layer in self.layers[1:]:
             h = layer(self.activation(h))
         return h
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """`auto` is `bf16` where `device` computes bfloat16 products natively (a GPU with bfloat16
+    tensor cores, a CPU with AVX512-BF16 or AMX), else `fp32`; `fp32` and `bf16` stay as they are."""
+    if precision != "auto":
+        return precision
+    return "bf16" if native_bf16(device) else "fp32"
+
+
+@functools.cache
+def native_bf16(device: torch.device) -> bool:
+    """Whether `device` has bfloat16 matrix instructions (emulated bfloat16 is slower than float32)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    if device.type == "cpu":
+        checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch's own CPU probes
+        return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+    return False

@@ -50,6 +50,7 @@ def _mlp(
         shared=shared,
         orthogonal_init=model.orthogonal_init,
         head_gain=head_gain,
+        precision=model.precision,
     )
 
 

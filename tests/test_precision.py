@@ -1,0 +1,118 @@
+"""`model.precision: bf16`: the layers compute in bfloat16, everything PPO reads stays float32."""
+
+import copy
+
+import pytest
+import torch
+import yaml
+from conftest import ROOT
+
+from marl_ppo.batch import rollout_batches
+from marl_ppo.config import load_config
+from marl_ppo.models import layers
+from marl_ppo.models.layers import AgentMLP
+from marl_ppo.train import train
+from marl_ppo.trainer import Trainer
+
+
+def _pair(shared: bool, in_dim: int = 10) -> tuple[AgentMLP, AgentMLP]:
+    """The same perturbed weights as an fp32 and a bf16 network."""
+    torch.manual_seed(1)
+    kwargs = dict(num_agents=4, in_dim=in_dim, out_dim=3, hidden_sizes=(64, 64), activation="tanh")
+    net = AgentMLP(**kwargs, input_layer_norm=True, shared=shared, orthogonal_init=True, head_gain=1.0)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    half = copy.deepcopy(net)
+    half.precision = "bf16"
+    return net, half
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("common", [False, True])
+def test_bf16_layers_return_float32_close_to_fp32_with_float32_gradients(shared, common):
+    net, half = _pair(shared)
+    x = torch.randn(256, 10) if common else torch.randn(256, 4, 10)
+    weights = torch.randn(256, 4, 3)
+    outputs = {}
+    for name, model in (("fp32", net), ("bf16", half)):
+        seen = []
+        hook = model.layers[1].register_forward_pre_hook(lambda module, args, seen=seen: seen.append(args[0]))
+        out = model.forward_common(x) if common else model(x)
+        hook.remove()
+        (out * weights).sum().backward()
+        assert out.dtype == torch.float32
+        assert seen[0].dtype == (torch.bfloat16 if name == "bf16" else torch.float32)  # activations
+        assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters())
+        outputs[name] = out.detach()
+    # bfloat16 keeps 8 significant bits: outputs of order 1 agree to about 1%
+    torch.testing.assert_close(outputs["bf16"], outputs["fp32"], rtol=0.05, atol=0.05)
+    for p, q in zip(net.parameters(), half.parameters(), strict=True):
+        cosine = torch.nn.functional.cosine_similarity(p.grad.flatten(), q.grad.flatten(), dim=0)
+        assert cosine > 0.99
+
+
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("critic", ["state", "team"])
+def test_bf16_acting_and_learning_agree_so_every_first_ratio_is_one(critic, device):
+    """Acting and the update's losses run the same bfloat16 layers on the same rows: before the first
+    step every log-probability equals the one recorded while acting, and every value its `values_old`,
+    so PPO's ratio starts at exactly 1 and nothing is clipped for rounding."""
+    pytest.importorskip("vmas")
+    from marl_ppo.models.team import TeamModel
+    from marl_ppo.rollout.buffer import RolloutBuffer
+    from marl_ppo.rollout.collector import Collector
+    from marl_ppo.train import build_vector_env
+
+    overrides = ["env.id=vmas/navigation", "num_envs=64", "rollout_steps=20", f"critic={critic}"]
+    config = load_config(None, [*overrides, "model.precision=bf16"])
+    where = torch.device(device)
+    torch.manual_seed(0)
+    venv = build_vector_env(config, where)
+    model = TeamModel(venv.spec, config).to(where)
+    buffer = RolloutBuffer(venv.spec, config.rollout_steps, config.num_envs, where)
+    collector = Collector(venv, model, where)
+    collector.start(0)
+    rollout = collector.collect(buffer)
+    batches = rollout_batches(buffer, rollout.last_values, gamma=0.99, lam=0.95)
+    (values,) = model.values(batches[0].state, [batches[0].obs])  # before an update moves the value norm
+    assert torch.equal(values, batches[0].values_old)
+    probe = Trainer(copy.deepcopy(model), config.ppo, generator=torch.Generator().manual_seed(0))
+    (batch,) = probe.prepare(batches)
+    log_ratio = model.actors[0].forward_encoded(batch.actor_input).log_prob(batch.actions) - batch.logp_old
+    assert torch.equal(log_ratio, torch.zeros_like(log_ratio))
+    _, _, diagnostics = probe._losses([batch])
+    assert diagnostics[0]["clipfrac"] == 0 and diagnostics[0]["kl"] == 0
+    stats = Trainer(model, config.ppo, generator=torch.Generator().manual_seed(0)).update(batches)
+    assert stats.nonfinite_skips == 0 and 0 < stats.kl < 0.05
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_auto_precision_is_bf16_only_where_the_hardware_has_it_and_the_run_records_the_choice(
+    native, monkeypatch, tmp_path, tiny_overrides
+):
+    monkeypatch.setattr(layers, "native_bf16", lambda device: native)
+    chosen = "bf16" if native else "fp32"
+    assert layers.resolve_precision("auto", torch.device("cpu")) == chosen
+    assert layers.resolve_precision("fp32", torch.device("cpu")) == "fp32"  # explicit choices stand
+    assert layers.resolve_precision("bf16", torch.device("cpu")) == "bf16"
+    config = load_config(
+        ROOT / "experiments/mpe/simple_spread.yaml", [*tiny_overrides, "model.precision=auto"]
+    )
+    train(config, tmp_path)
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["model"]["precision"] == chosen
+    model = torch.load(tmp_path / "checkpoints" / "final.pt", weights_only=False)
+    assert model["config"]["model"]["precision"] == chosen
+
+
+def test_native_bf16_answers_for_this_machine():
+    """torch's probes exist in this torch, so `auto` is not silently fp32 on every CPU."""
+    assert hasattr(torch.cpu, "_is_avx512_bf16_supported") and hasattr(torch.cpu, "_is_amx_tile_supported")
+    assert isinstance(layers.native_bf16(torch.device("cpu")), bool)
+    assert layers.native_bf16(torch.device("meta")) is False
