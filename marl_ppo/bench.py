@@ -167,6 +167,8 @@ def cases(steps: int, device: str = "cpu") -> list[Case]:
                 # the learner's share sets the ratio: the same with 2 epochs, and with PPO's usual 10
                 ("vmas nav 1024 2 ep", 1024, 8, ["ppo.train_pi_iters=2", "ppo.train_vf_iters=2"]),
                 ("vmas nav 1024 10 ep", 1024, 4, ["ppo.train_pi_iters=10", "ppo.train_vf_iters=10"]),
+                # the experiment's layers are bfloat16 where the hardware has it (model.precision: auto)
+                ("vmas nav 1024 fp32", 1024, 8, ["model.precision=fp32"]),
                 # on a GPU the simulator pays off with many more copies (3 updates: minutes of a lent machine)
                 *(
                     (f"vmas nav {num_envs}", num_envs, 3, [])
