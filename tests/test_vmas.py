@@ -86,11 +86,11 @@ def test_resetting_some_copies_gives_the_observations_of_one_reset_at_a_time():
 SCENARIOS = ["navigation", "balance", "transport", "wheel", "sampling"]
 
 
-def _venv(scenario, max_steps, num_envs=8, spare=True):
+def _venv(scenario, max_steps, num_envs=8, spare=True, device="cpu"):
     config = load_config(
         None, [f"env.id=vmas/{scenario}", f"env.kwargs={{max_steps: {max_steps}}}", f"num_envs={num_envs}"]
     )
-    venv = build_vector_env(config)
+    venv = build_vector_env(config, torch.device(device))
     if not spare:
         venv._fresh_off = True
     return venv
@@ -98,14 +98,21 @@ def _venv(scenario, max_steps, num_envs=8, spare=True):
 
 def _random_actions(venv, generator):
     (group,) = venv.spec.groups
-    return [torch.rand((venv.num_envs, len(group.agents), *group.action_shape), generator=generator) * 2 - 1]
+    shape = (venv.num_envs, len(group.agents), *group.action_shape)
+    return [(torch.rand(shape, generator=generator) * 2 - 1).to(venv.device)]
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS)
-def test_copies_given_fresh_states_follow_the_spares_episodes(scenario):
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+@pytest.mark.parametrize(
+    ("scenario", "device"),
+    [*((scenario, "cpu") for scenario in SCENARIOS), pytest.param("navigation", "cuda", marks=CUDA)],
+)
+def test_copies_given_fresh_states_follow_the_spares_episodes(scenario, device):
     """Finished copies get the initial states of the spare's copies; stepped with the same actions,
     they reproduce the spare's observations and rewards, and the other copies are untouched."""
-    venv, reference = _venv(scenario, 100), _venv(scenario, 100, spare=False)
+    venv, reference = _venv(scenario, 100, device=device), _venv(scenario, 100, spare=False, device=device)
     generator = torch.Generator().manual_seed(0)
     for v in (venv, reference):
         v.reset(0)
@@ -129,7 +136,7 @@ def test_copies_given_fresh_states_follow_the_spares_episodes(scenario):
         arrays = venv.step(actions)
         spare_actions = {a: actions[0][finished, i] for i, a in enumerate(venv.spec.groups[0].agents)}
         spare_actions = {
-            a: torch.cat([x, torch.zeros(spare.num_envs - 3, x.shape[1])]) for a, x in spare_actions.items()
+            a: torch.cat([x, x.new_zeros(spare.num_envs - 3, x.shape[1])]) for a, x in spare_actions.items()
         }
         spare_obs, spare_rewards, *_ = spare.step(spare_actions)
         expected = reference.step(actions)
