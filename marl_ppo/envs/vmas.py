@@ -201,6 +201,10 @@ class FreshCopies:
         self.next += count
         return {agent: obs[self.next - count : self.next] for agent, obs in self.observations.items()}
 
+    def discard(self) -> None:
+        """Drop the unused fresh copies: the next `copy_into` resets the spare first."""
+        self.next = self.num_envs
+
     def check(self, steps: int = 4) -> str | None:
         """None when copying reproduces the scenario's dynamics, else what differed.
 
@@ -289,9 +293,7 @@ class VmasVectorEnv:
         self._write_state(self.arrays.state, self.arrays.obs)
         self.episode_over.zero_()
         if self._fresh is not None:
-            self._fresh.next = (
-                self._fresh.num_envs
-            )  # new episodes come from the seeded stream, not from before
+            self._fresh.discard()  # new episodes come from the seeded stream, not from before
         return self.arrays
 
     def step(self, actions: Sequence[torch.Tensor]) -> TeamArrays:
@@ -317,30 +319,28 @@ class VmasVectorEnv:
         self._write_obs(arrays.final_obs, observations)
         self._write_state(arrays.final_state, arrays.final_obs)
         torch.logical_or(terminated, truncated, out=self.episode_over)
-        finished = torch.nonzero(self.episode_over).flatten().tolist()  # a few ints
+        finished = torch.nonzero(self.episode_over).flatten()
         if len(finished) == self.num_envs:  # copies with a common time limit end together: one batched reset
             self._write_obs(arrays.obs, self.env.reset())
         else:
             for obs, final in zip(arrays.obs, arrays.final_obs, strict=True):
                 obs.copy_(final)
-            if finished:
+            if len(finished):
                 self._reset_some(finished)
         self._write_state(arrays.state, arrays.obs)
         return arrays
 
-    def _reset_some(self, indices: list[int]) -> None:
+    def _reset_some(self, indices: torch.Tensor | Sequence[int]) -> None:
         """Start new episodes in the copies `indices` and write their first observations to `arrays.obs`."""
         fresh = self._fresh_copies()
         if fresh is not None:
-            index = torch.tensor(indices, device=self.device)
+            index = torch.as_tensor(indices, device=self.device)
             try:
                 observations = fresh.copy_into(self.env, index)
             except LookupError as err:  # the scenario grew or dropped a tensor since the check
                 self._turn_off_fresh_copies(str(err))
             else:
-                for g, group in enumerate(self.spec.groups):
-                    for i, agent in enumerate(group.agents):
-                        self.arrays.obs[g][index, i] = observations[agent].reshape(len(indices), -1)
+                self._write_obs(self.arrays.obs, observations, index)
                 return
         self._write_obs(self.arrays.obs, self._reset_at(indices))
 
@@ -367,7 +367,7 @@ class VmasVectorEnv:
             stacklevel=3,
         )
 
-    def _reset_at(self, indices: list[int]) -> dict[str, torch.Tensor]:
+    def _reset_at(self, indices: torch.Tensor | Sequence[int]) -> dict[str, torch.Tensor]:
         """Reset the copies `indices` with VMAS's own `reset_at`; return every copy's observations.
 
         VMAS's `reset_at` computes the observations of all copies on each call, so resetting k
@@ -375,7 +375,7 @@ class VmasVectorEnv:
         ends episodes at different steps, rollouts became 7x slower. Observations depend only on
         each copy's own state, so computing them once after all resets gives the same arrays.
         """
-        for index in indices:
+        for index in torch.as_tensor(indices).tolist():
             self.env.reset_at(index, return_observations=False)
         return self._observe()
 
@@ -397,15 +397,18 @@ class VmasVectorEnv:
             raise ValueError(f"got {len(states)} env states for one batched simulator")
         self.env = load_env_state(states[0])
         if self._fresh is not None:
-            self._fresh.next = self._fresh.num_envs
+            self._fresh.discard()
 
     def close(self) -> None:
         """Nothing to release (the simulator lives in this process)."""
 
-    def _write_obs(self, target: list[torch.Tensor], observations: dict[str, torch.Tensor]) -> None:
+    def _write_obs(
+        self, target: list[torch.Tensor], observations: dict[str, torch.Tensor], rows: Any = slice(None)
+    ) -> None:
+        """Write every agent's observations into the copies `rows` of the per-group `target`."""
         for g, group in enumerate(self.spec.groups):
             for i, agent in enumerate(group.agents):
-                target[g][:, i] = observations[agent].reshape(self.num_envs, -1)
+                target[g][rows, i] = observations[agent].reshape(-1, target[g].shape[-1])
 
     def _write_state(self, target: torch.Tensor, obs: list[torch.Tensor]) -> None:
         torch.cat([o.reshape(self.num_envs, -1) for o in obs], dim=1, out=target)
