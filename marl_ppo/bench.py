@@ -40,8 +40,9 @@ def raw_pettingzoo_sps(
 ) -> float:
     """Env steps/s of one env copy in this process, with random actions drawn beforehand.
 
-    The env is stepped as its factory ships it; `bare` strips the assertion-only wrappers first, as
-    the adapter does (`env.skip_check_wrappers`), to show how much of the step they cost.
+    The env is stepped as its factory ships it; `bare` first strips the assertion-only wrappers and
+    the discarded `last()` observations, as the adapter does (`env.skip_check_wrappers`), to show
+    how much of the step they cost.
     """
     from marl_ppo.envs.pettingzoo import without_check_wrappers
     from marl_ppo.registry import make_env
@@ -264,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(options.repeats)
         ]
         print(
-            f"simple_spread raw without its assertion-only wrappers (how the adapter steps it): "
+            f"simple_spread raw without its assertion-only wrappers and discarded observations "
+            f"(how the adapter steps it): "
             f"{_median(bare):.0f} steps/s"
         )
     return 0

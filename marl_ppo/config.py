@@ -43,7 +43,9 @@ class EnvConfig:
     """Average-pool (H, W, C) image observations and states over k x k pixel blocks (uint8 scaled to [0, 1])."""
     skip_check_wrappers: bool = True
     """Step an AEC-converted env without PettingZoo's OrderEnforcing/AssertOutOfBounds wrappers, which
-    only assert what the adapter already guarantees (same trajectories, faster steps)."""
+    only assert what the adapter already guarantees, and without the observations the parallel
+    wrapper computes before each agent's move and discards (same trajectories while the env's
+    `observe()` only reads it; faster steps). false steps the env exactly as its factory built it."""
 
 
 @dataclass(frozen=True, config=_STRICT)
