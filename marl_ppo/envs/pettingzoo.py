@@ -50,7 +50,8 @@ def without_check_wrappers(env: Any) -> Any:
     while isinstance(core, (OrderEnforcingWrapper, AssertOutOfBoundsWrapper)):
         core = core.env
     env.aec_env = core  # in place: whatever else the factory set on the env object stays
-    if getattr(type(core), "last", None) is AECEnv.last:  # a core with its own last() keeps the wrapper's step
+    # a core with its own last() keeps the wrapper's step
+    if getattr(type(core), "last", None) is AECEnv.last:
         env.__class__ = LeanCycleParallel
     return env
 
@@ -79,9 +80,7 @@ class LeanCycleParallel(aec_to_parallel_wrapper):
         truncations = dict(aec.truncations)
         infos = dict(aec.infos)
         observations = {agent: aec.observe(agent) for agent in aec.agents}
-        while aec.agents and (
-            aec.terminations[aec.agent_selection] or aec.truncations[aec.agent_selection]
-        ):
+        while aec.agents and (aec.terminations[aec.agent_selection] or aec.truncations[aec.agent_selection]):
             aec.step(None)
         self.agents = aec.agents
         return observations, rewards, terminations, truncations, infos
