@@ -152,6 +152,9 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(
 def test_stop_signal_mid_update_finishes_it_and_checkpoints(tiny_overrides, tmp_path, monkeypatch, signum):
     config = _config(tiny_overrides, "vector=sync", "log.checkpoint_every=100")
     real, calls = Trainer.update, []
+    # what the run must restore: SIG_DFL and Python's default_int_handler, or SIG_IGN for SIGINT
+    # where the tests were started in the background
+    handlers_before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
 
     def update(self, batches):
         calls.append(1)
@@ -164,8 +167,8 @@ def test_stop_signal_mid_update_finishes_it_and_checkpoints(tiny_overrides, tmp_
         train(config, tmp_path / "run")
     assert stopped.value.exit_status == 128 + signum  # 143 for SIGTERM, 130 for Ctrl-C
     assert "--resume" in str(stopped.value)
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handlers are gone after the run
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    handlers_after = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    assert handlers_after == handlers_before  # the run's handlers are gone after it
     saved = load_checkpoint(tmp_path / "run/checkpoints/latest.pt")
     assert (saved["updates"], saved["env_steps"]) == (2, 40)  # the interrupted update was completed
     assert not (tmp_path / "run/summary.json").exists()
