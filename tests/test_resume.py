@@ -2,6 +2,7 @@
 
 import signal
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -239,3 +240,37 @@ def test_resuming_across_rollout_workers_is_refused_with_one_line(
         ConfigError, match=f"used vector={vector} and cannot continue with vector={resumed_vector}"
     ):
         train(extended, tmp_path, resume=True)
+
+
+def test_killed_and_resumed_vmas_run_equals_the_uninterrupted_one(tiny_overrides, tmp_path, monkeypatch):
+    """A VMAS scenario does not pickle; its per-copy tensors are saved instead and the resume is
+    exact (balance: the package falls at different steps, so finished copies come from the spare)."""
+    pytest.importorskip("vmas")
+    config = load_config(
+        None,
+        [
+            *tiny_overrides,
+            "env.id=vmas/balance",
+            "env.kwargs={max_steps: 30}",
+            "num_envs=8",
+            "rollout_steps=10",
+            f"total_steps={2 * K * 80}",
+            f"log.checkpoint_every={K}",
+        ],
+    )
+    straight = train(config, tmp_path / "straight")
+    assert straight.episodes > 8  # copies ended at different steps
+
+    _crash_at_update(monkeypatch, K + 2)
+    with pytest.raises(_Killed):
+        train(config, tmp_path / "resumed")
+    monkeypatch.undo()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NotExactResumeWarning)
+        resumed = train(config, tmp_path / "resumed", resume=True)
+
+    assert (resumed.updates, resumed.env_steps, resumed.episodes) == (2 * K, 2 * K * 80, straight.episodes)
+    a = load_checkpoint(tmp_path / "straight/checkpoints/final.pt")
+    b = load_checkpoint(tmp_path / "resumed/checkpoints/final.pt")
+    assert_identical(_run_state_only(a), _run_state_only(b))
+    assert scalars(tmp_path / "resumed") == scalars(tmp_path / "straight")

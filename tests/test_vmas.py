@@ -211,3 +211,41 @@ def test_a_scenario_with_state_the_copy_misses_fails_the_check_and_resets_one_at
     reference._reset_some([2, 5])
     torch.testing.assert_close(venv.arrays.obs[0], reference.arrays.obs[0], rtol=0, atol=0)
     assert venv._fresh is None and venv._fresh_off  # checked once, then off for good
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_a_saved_simulator_continues_exactly_in_a_new_one(scenario):
+    """VMAS's scenarios do not pickle; their per-copy tensors, VMAS's random streams and the spare's
+    unused fresh copies are saved instead. A new simulator that loads them continues the episodes
+    exactly: the same observations, rewards and ends, through partial resets and full ones."""
+    from marl_ppo.envs.state import load_env_state
+
+    generator = torch.Generator().manual_seed(0)
+    actions = [_random_actions(_venv(scenario, 6), generator) for _ in range(14)]
+
+    def run(venv, steps):
+        trace = []
+        for k in steps:
+            arrays = venv.step(actions[k])
+            if k in (2, 9):
+                venv._reset_some([1, 4, 6])  # partial resets from the spare
+            trace.append([t.clone() for t in (*arrays.obs, *arrays.reward, *arrays.truncated, arrays.state)])
+        return trace
+
+    straight = _venv(scenario, 6)
+    straight.reset(3)
+    run(straight, range(5))
+    (blob,) = straight.env_states()
+    assert load_env_state(blob)["kind"] == "vmas per-copy tensors"
+    rng = torch.get_rng_state()
+    expected = run(straight, range(5, 14))
+
+    resumed = _venv(scenario, 6)
+    resumed.reset(99)  # another seed: everything that matters must come from the saved state
+    resumed.load_env_states([blob])
+    resumed.arrays.obs[0].copy_(straight.arrays.obs[0])  # the collector restores its arrays itself
+    torch.set_rng_state(rng)
+    got = run(resumed, range(5, 14))
+    for step, (a, b) in enumerate(zip(got, expected, strict=True)):
+        for x, y in zip(a, b, strict=True):
+            torch.testing.assert_close(x, y, rtol=0, atol=0, msg=f"step {step + 5}")

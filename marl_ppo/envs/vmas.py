@@ -9,6 +9,9 @@ VMAS resets one copy per `reset_at` call: about 1 ms of Python on a CPU (dozens 
 a GPU) for each finished episode. Once a policy reaches its goals, copies end at different steps
 and those calls cost more than stepping the simulator. `FreshCopies` instead copies initial states
 that a second simulator of the same scenario made for all its copies in one batched reset.
+
+The same view of a copy's state (every tensor whose first dim is the copies) saves a simulator for
+an exact resume where VMAS's scenarios cannot be pickled (`VmasVectorEnv.env_states`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import torch
 
 from marl_ppo.envs.pettingzoo import TeamArrays, group_members
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
-from marl_ppo.envs.state import dump_env_state, load_env_state
+from marl_ppo.envs.state import EnvStateError, dump_env_state, load_env_state
 
 
 def _to_gymnasium(space: Any) -> gym.Space:
@@ -259,6 +262,44 @@ def _halves_agree(tensor: torch.Tensor, source: torch.Tensor, target: torch.Tens
     return torch.equal(a, b)
 
 
+COPY_STATE = "vmas per-copy tensors"
+"""`kind` of a VMAS state saved as tensors (`VmasVectorEnv.env_states`)."""
+
+
+def _tensor_state(env: Any, paths: Sequence[Path]) -> dict[str, Any]:
+    return {"paths": list(paths), "tensors": [_resolve(env, path).detach().cpu().clone() for path in paths]}
+
+
+def _load_tensor_state(env: Any, state: dict[str, Any], device: torch.device) -> None:
+    """Write saved per-copy tensors into `env`; EnvStateError, before writing anything, where its
+    tensors are not the saved ones' paths and shapes (another scenario, or other settings)."""
+    pairs = []
+    for path, tensor in zip(state["paths"], state["tensors"], strict=True):
+        try:
+            target = _resolve(env, path)
+        except (AttributeError, LookupError):
+            target = None
+        if (
+            not isinstance(target, torch.Tensor)
+            or target.shape != tensor.shape
+            or target.dtype != tensor.dtype
+        ):
+            raise EnvStateError(
+                f"the saved simulator's {_describe(path)} does not fit this one's; resume with the run's "
+                "own env settings"
+            )
+        pairs.append((target, tensor))
+    with torch.no_grad():
+        for target, tensor in pairs:
+            target.copy_(tensor.to(device))
+
+
+def _vmas_streams(env: Any) -> list[Any] | None:
+    """A copy of VMAS's own random streams (torch, NumPy, Python; shared by all its simulators)."""
+    streams = getattr(env, "vmas_random_state", None)
+    return list(streams) if isinstance(streams, list) else None
+
+
 class SlowResetWarning(UserWarning):
     """A VMAS scenario's finished copies are reset one at a time (VMAS's `reset_at`)."""
 
@@ -386,18 +427,57 @@ class VmasVectorEnv:
         return observations
 
     def env_states(self) -> list[bytes]:
-        """The simulator's complete state as one blob; raises EnvStateError when it cannot be pickled
-        (VMAS's own scenarios cannot: their classes and entities' lambdas have no importable name)."""
-        return [dump_env_state(self.env)]
+        """The simulator's complete state as one blob; raises EnvStateError when it can be saved
+        neither whole nor copy by copy.
+
+        A simulator that pickles is saved whole. VMAS's own scenarios do not (their classes and
+        entities' lambdas have no importable name); where the scenario passes `FreshCopies.check`,
+        its state is every tensor whose first dim is the copies, so those tensors are saved instead,
+        with VMAS's random streams and the spare simulator's unused fresh copies."""
+        try:
+            return [dump_env_state(self.env)]
+        except EnvStateError as err:
+            fresh = self._fresh_copies()
+            if fresh is None:
+                raise EnvStateError(
+                    f"{err}; nor could its copies be saved as tensors (the scenario keeps state elsewhere)"
+                ) from None
+            saved = {
+                "kind": COPY_STATE,
+                "env": _tensor_state(self.env, per_copy_tensor_paths(self.env, self.num_envs)),
+                "spare": _tensor_state(fresh.spare, fresh.paths),
+                "spare_next": fresh.next,
+                "spare_observations": {k: v.cpu().clone() for k, v in fresh.observations.items()},
+                "vmas_random_state": _vmas_streams(self.env),
+            }
+            return [dump_env_state(saved)]
 
     def load_env_states(self, states: Sequence[bytes]) -> None:
-        """Replace the simulator by the one `env_states` saved (trusted bytes only: unpickling runs
-        code); new episodes then come from a freshly reset spare."""
+        """Restore what `env_states` saved (trusted bytes only: unpickling runs code). A whole
+        simulator replaces this one, whose new episodes then come from a freshly reset spare; saved
+        tensors are written into this simulator and its spare."""
         if len(states) != 1:
             raise ValueError(f"got {len(states)} env states for one batched simulator")
-        self.env = load_env_state(states[0])
-        if self._fresh is not None:
-            self._fresh.discard()
+        saved = load_env_state(states[0])
+        if not (isinstance(saved, dict) and saved.get("kind") == COPY_STATE):
+            self.env = saved
+            if self._fresh is not None:
+                self._fresh.discard()
+            return
+        fresh = self._fresh_copies()
+        if fresh is None:
+            raise EnvStateError(
+                "the saved copies need a spare simulator, and this scenario's failed its check"
+            )
+        with random_streams_kept(self.env):  # tensors that only stepping creates, drawing from no stream
+            torch.manual_seed(0)
+            self.env.step(self.env.get_random_actions())
+        _load_tensor_state(self.env, saved["env"], self.device)
+        _load_tensor_state(fresh.spare, saved["spare"], self.device)
+        fresh.next = int(saved["spare_next"])
+        fresh.observations = {k: v.to(self.device) for k, v in saved["spare_observations"].items()}
+        if saved["vmas_random_state"] is not None:  # VMAS's streams, as the saved run had them
+            self.env.vmas_random_state[:] = saved["vmas_random_state"]
 
     def close(self) -> None:
         """Nothing to release (the simulator lives in this process)."""
