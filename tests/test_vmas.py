@@ -213,15 +213,19 @@ def test_a_scenario_with_state_the_copy_misses_fails_the_check_and_resets_one_at
     assert venv._fresh is None and venv._fresh_off  # checked once, then off for good
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS)
-def test_a_saved_simulator_continues_exactly_in_a_new_one(scenario):
+@pytest.mark.parametrize(
+    ("scenario", "device"),
+    [*((scenario, "cpu") for scenario in SCENARIOS), pytest.param("navigation", "cuda", marks=CUDA)],
+)
+def test_a_saved_simulator_continues_exactly_in_a_new_one(scenario, device):
     """VMAS's scenarios do not pickle; their per-copy tensors, VMAS's random streams and the spare's
     unused fresh copies are saved instead. A new simulator that loads them continues the episodes
     exactly: the same observations, rewards and ends, through partial resets and full ones."""
     from marl_ppo.envs.state import load_env_state
+    from marl_ppo.seeding import restore_rng_state, rng_state
 
     generator = torch.Generator().manual_seed(0)
-    actions = [_random_actions(_venv(scenario, 6), generator) for _ in range(14)]
+    actions = [_random_actions(_venv(scenario, 6, device=device), generator) for _ in range(14)]
 
     def run(venv, steps):
         trace = []
@@ -232,19 +236,18 @@ def test_a_saved_simulator_continues_exactly_in_a_new_one(scenario):
             trace.append([t.clone() for t in (*arrays.obs, *arrays.reward, *arrays.truncated, arrays.state)])
         return trace
 
-    straight = _venv(scenario, 6)
+    straight = _venv(scenario, 6, device=device)
     straight.reset(3)
     run(straight, range(5))
     (blob,) = straight.env_states()
     assert load_env_state(blob)["kind"] == "vmas per-copy tensors"
-    rng = torch.get_rng_state()
+    rng = rng_state()  # the run restores every global stream after the envs (CUDA's too)
     expected = run(straight, range(5, 14))
 
-    resumed = _venv(scenario, 6)
+    resumed = _venv(scenario, 6, device=device)
     resumed.reset(99)  # another seed: everything that matters must come from the saved state
     resumed.load_env_states([blob])
-    resumed.arrays.obs[0].copy_(straight.arrays.obs[0])  # the collector restores its arrays itself
-    torch.set_rng_state(rng)
+    restore_rng_state(rng)
     got = run(resumed, range(5, 14))
     for step, (a, b) in enumerate(zip(got, expected, strict=True)):
         for x, y in zip(a, b, strict=True):
