@@ -179,7 +179,8 @@ def test_lean_cycle_step_keeps_every_catalog_trajectory(env_id):
     from marl_ppo.catalog import PETTINGZOO_PARALLEL
     from marl_ppo.envs.pettingzoo import without_check_wrappers
 
-    for module in PETTINGZOO_PARALLEL.get(env_id, ("", "", ("mpe2",)))[2]:
+    needs = PETTINGZOO_PARALLEL[env_id][2] if env_id in PETTINGZOO_PARALLEL else ("mpe2",)
+    for module in needs:
         pytest.importorskip(module)
     stock, lean = make_env(env_id), without_check_wrappers(make_env(env_id))
     assert type(lean).__name__ == "LeanCycleParallel"

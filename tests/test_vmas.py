@@ -222,6 +222,7 @@ def test_a_saved_simulator_continues_exactly_in_a_new_one(scenario, device):
     unused fresh copies are saved instead. A new simulator that loads them continues the episodes
     exactly: the same observations, rewards and ends, through partial resets and full ones."""
     from marl_ppo.envs.state import load_env_state
+    from marl_ppo.envs.vmas import COPY_STATE
     from marl_ppo.seeding import restore_rng_state, rng_state
 
     generator = torch.Generator().manual_seed(0)
@@ -240,7 +241,7 @@ def test_a_saved_simulator_continues_exactly_in_a_new_one(scenario, device):
     straight.reset(3)
     run(straight, range(5))
     (blob,) = straight.env_states()
-    assert load_env_state(blob)["kind"] == "vmas per-copy tensors"
+    assert load_env_state(blob)["kind"] == COPY_STATE  # saved as tensors, not pickled whole
     rng = rng_state()  # the run restores every global stream after the envs (CUDA's too)
     expected = run(straight, range(5, 14))
 

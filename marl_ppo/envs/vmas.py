@@ -130,26 +130,49 @@ def _resolve(obj: Any, path: Path) -> Any:
     return obj
 
 
+def _tensor_at(obj: Any, path: Path) -> torch.Tensor:
+    """The tensor at `path` in a simulator; LookupError naming the path where there is none."""
+    try:
+        value = _resolve(obj, path)
+    except (AttributeError, LookupError) as err:
+        raise LookupError(f"the simulator has no {_describe(path)} ({err!r})") from err
+    if not isinstance(value, torch.Tensor):
+        raise LookupError(f"the simulator's {_describe(path)} is a {type(value).__name__}, not a tensor")
+    return value
+
+
 def copy_copies(
     source: Any, source_index: torch.Tensor, target: Any, target_index: torch.Tensor, paths: Sequence[Path]
 ) -> None:
     """Give the copies `target_index` of simulator `target` the state of the copies `source_index` of
     `source` (the same scenario; they may be the same simulator). Raises LookupError, before writing
     anything, where a path is missing or its tensors differ in shape."""
-    pairs = []
-    for path in paths:
-        try:
-            to, frm = _resolve(target, path), _resolve(source, path)
-        except (AttributeError, LookupError) as err:
-            raise LookupError(f"the simulator has no {_describe(path)} ({err!r})") from err
-        if (
-            not (isinstance(to, torch.Tensor) and isinstance(frm, torch.Tensor))
-            or to.shape[1:] != frm.shape[1:]
-        ):
-            raise LookupError(f"the simulators' {_describe(path)} differ in kind or shape")
-        pairs.append((to, frm))
+    pairs = [(_tensor_at(target, path), _tensor_at(source, path)) for path in paths]
+    for path, (to, frm) in zip(paths, pairs, strict=True):
+        if to.shape[1:] != frm.shape[1:]:
+            raise LookupError(f"the simulators' {_describe(path)} differ in shape")
     for to, frm in pairs:
         to.index_copy_(0, target_index, frm.index_select(0, source_index))
+
+
+def save_copies(env: Any, paths: Sequence[Path]) -> dict[str, Any]:
+    """Every copy's state in `env` (the tensors at `paths`), on the CPU, for `load_copies`."""
+    return {"paths": list(paths), "tensors": [_tensor_at(env, path).detach().cpu().clone() for path in paths]}
+
+
+def load_copies(env: Any, saved: dict[str, Any]) -> None:
+    """Write `save_copies`' tensors back into `env`, a simulator of the same scenario and settings.
+    Raises LookupError, before writing anything, where a path is missing or its tensor differs."""
+    targets = [_tensor_at(env, path) for path in saved["paths"]]
+    for path, to, tensor in zip(saved["paths"], targets, saved["tensors"], strict=True):
+        if to.shape != tensor.shape or to.dtype != tensor.dtype:
+            raise LookupError(
+                f"the saved {_describe(path)} is {tuple(tensor.shape)} {tensor.dtype}, "
+                f"this simulator's {tuple(to.shape)} {to.dtype}"
+            )
+    with torch.no_grad():
+        for to, tensor in zip(targets, saved["tensors"], strict=True):
+            to.copy_(tensor.to(to.device))
 
 
 def _describe(path: Path) -> str:
@@ -208,6 +231,21 @@ class FreshCopies:
         """Drop the unused fresh copies: the next `copy_into` resets the spare first."""
         self.next = self.num_envs
 
+    def state_dict(self) -> dict[str, Any]:
+        """The spare's copies, which of them are still unused, and their first observations (CPU)."""
+        return {
+            "spare": save_copies(self.spare, self.paths),
+            "next": self.next,
+            "observations": {agent: obs.cpu().clone() for agent, obs in self.observations.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()` into this spare (the same scenario and settings)."""
+        load_copies(self.spare, state["spare"])
+        self.next = int(state["next"])
+        device = self.spare.device
+        self.observations = {agent: obs.to(device) for agent, obs in state["observations"].items()}
+
     def check(self, steps: int = 4) -> str | None:
         """None when copying reproduces the scenario's dynamics, else what differed.
 
@@ -264,34 +302,6 @@ def _halves_agree(tensor: torch.Tensor, source: torch.Tensor, target: torch.Tens
 
 COPY_STATE = "vmas per-copy tensors"
 """`kind` of a VMAS state saved as tensors (`VmasVectorEnv.env_states`)."""
-
-
-def _tensor_state(env: Any, paths: Sequence[Path]) -> dict[str, Any]:
-    return {"paths": list(paths), "tensors": [_resolve(env, path).detach().cpu().clone() for path in paths]}
-
-
-def _load_tensor_state(env: Any, state: dict[str, Any], device: torch.device) -> None:
-    """Write saved per-copy tensors into `env`; EnvStateError, before writing anything, where its
-    tensors are not the saved ones' paths and shapes (another scenario, or other settings)."""
-    pairs = []
-    for path, tensor in zip(state["paths"], state["tensors"], strict=True):
-        try:
-            target = _resolve(env, path)
-        except (AttributeError, LookupError):
-            target = None
-        if (
-            not isinstance(target, torch.Tensor)
-            or target.shape != tensor.shape
-            or target.dtype != tensor.dtype
-        ):
-            raise EnvStateError(
-                f"the saved simulator's {_describe(path)} does not fit this one's; resume with the run's "
-                "own env settings"
-            )
-        pairs.append((target, tensor))
-    with torch.no_grad():
-        for target, tensor in pairs:
-            target.copy_(tensor.to(device))
 
 
 def _vmas_streams(env: Any) -> list[Any] | None:
@@ -444,10 +454,8 @@ class VmasVectorEnv:
                 ) from None
             saved = {
                 "kind": COPY_STATE,
-                "env": _tensor_state(self.env, per_copy_tensor_paths(self.env, self.num_envs)),
-                "spare": _tensor_state(fresh.spare, fresh.paths),
-                "spare_next": fresh.next,
-                "spare_observations": {k: v.cpu().clone() for k, v in fresh.observations.items()},
+                "env": save_copies(self.env, per_copy_tensor_paths(self.env, self.num_envs)),
+                "fresh": fresh.state_dict(),
                 "vmas_random_state": _vmas_streams(self.env),
             }
             return [dump_env_state(saved)]
@@ -472,10 +480,11 @@ class VmasVectorEnv:
         with random_streams_kept(self.env):  # tensors that only stepping creates, drawing from no stream
             torch.manual_seed(0)
             self.env.step(self.env.get_random_actions())
-        _load_tensor_state(self.env, saved["env"], self.device)
-        _load_tensor_state(fresh.spare, saved["spare"], self.device)
-        fresh.next = int(saved["spare_next"])
-        fresh.observations = {k: v.to(self.device) for k, v in saved["spare_observations"].items()}
+        try:
+            load_copies(self.env, saved["env"])
+            fresh.load_state_dict(saved["fresh"])
+        except LookupError as err:
+            raise EnvStateError(f"{err}; resume with the run's own env settings") from None
         if saved["vmas_random_state"] is not None:  # VMAS's streams, as the saved run had them
             self.env.vmas_random_state[:] = saved["vmas_random_state"]
 
