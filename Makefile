@@ -32,7 +32,7 @@ bench: install
 	$(BIN)/python -m marl_ppo.bench $(ARGS)
 
 bench-memory: install
-	$(BIN)/python -m marl_ppo.bench_memory $(ARGS)
+	$(BIN)/python -m marl_ppo.bench.memory $(ARGS)
 
 # On a machine with an NVIDIA GPU, with torch's CUDA build: `make clean && make gpu-check TORCH=torch`.
 # The device tests run on the CPU and on the GPU; the benchmark's VMAS cases run on the GPU.

@@ -8,8 +8,8 @@ from marl_ppo import register_env
 
 def register() -> None:
     """Register every env in this package (called through the `marl_ppo.envs` entry point)."""
-    register_env("envs/never_ending_v0", "envs.never_ending:parallel_env")
-    register_env("envs/early_leaver_v0", "envs.early_leaver:parallel_env")
-    register_env("envs/mixed_actions_v0", "envs.mixed_actions:parallel_env")
-    register_env("envs/masked_guess_v0", "envs.masked_guess:parallel_env")
-    register_env("envs/matrix_game_v0", "envs.matrix_game:parallel_env")
+    register_env("envs/never_ending_v0", "marl_ppo_examples.never_ending:parallel_env")
+    register_env("envs/early_leaver_v0", "marl_ppo_examples.early_leaver:parallel_env")
+    register_env("envs/mixed_actions_v0", "marl_ppo_examples.mixed_actions:parallel_env")
+    register_env("envs/masked_guess_v0", "marl_ppo_examples.masked_guess:parallel_env")
+    register_env("envs/matrix_game_v0", "marl_ppo_examples.matrix_game:parallel_env")

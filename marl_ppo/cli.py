@@ -14,15 +14,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from marl_ppo.checkpoint import CheckpointError
+from marl_ppo.analysis.runlogs import ReportError
+from marl_ppo.analysis.sweep import SweepError
 from marl_ppo.config import ConfigError, ExperimentConfig, config_keys, load_config, parse_overrides
-from marl_ppo.envs.pettingzoo import EnvContractError
-from marl_ppo.evaluate import EvalError
+from marl_ppo.envs.adapters.contract import EnvContractError
+from marl_ppo.envs.registry import EnvError, registered_specs, resolve_factory
+from marl_ppo.eval.evaluate import EvalError
 from marl_ppo.faults import RunFault
-from marl_ppo.registry import EnvError, registered_specs, resolve_factory
-from marl_ppo.runlogs import ReportError
-from marl_ppo.signals import Interrupted
-from marl_ppo.sweep import SweepError
+from marl_ppo.run.checkpoint import CheckpointError
+from marl_ppo.run.signals import Interrupted
 
 USER_ERRORS = (ConfigError, EnvError, CheckpointError, EnvContractError, EvalError, SweepError, ReportError)
 """Bad input (config, arguments, files, an env that breaks its contract): one line, exit status 2."""
@@ -141,7 +141,7 @@ def _train(options: argparse.Namespace) -> int:
     resolve_factory(
         config.env.id
     )  # unknown ids and missing extras fail here, before the run directory exists
-    from marl_ppo.train import train  # heavy imports (torch, tensorboard) only when training
+    from marl_ppo.run.loop import train  # heavy imports (torch, tensorboard) only when training
 
     try:
         result = train(config, run_dir, resume=options.resume is not None)
@@ -165,14 +165,14 @@ def _resumed(options: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
         raise ConfigError(
             f"--resume takes the config from the run's checkpoint; drop the experiment file '{experiment}'"
         )
-    from marl_ppo.resume import resume_config  # imports torch
+    from marl_ppo.run.resume import resume_config  # imports torch
 
     return resume_config(options.resume, overrides), options.resume
 
 
 def _envs(options: argparse.Namespace) -> int:
     if options.env_command == "check":
-        from marl_ppo.conformance import check_env
+        from marl_ppo.run.conformance import check_env
 
         resolve_factory(options.env_id)
         report = check_env(options.env_id, **parse_overrides(options.kwargs))
@@ -192,7 +192,7 @@ def _envs(options: argparse.Namespace) -> int:
 
 
 def _eval(options: argparse.Namespace) -> int:
-    from marl_ppo.eval_checkpoint import evaluate_checkpoint  # heavy imports (torch, envs)
+    from marl_ppo.eval.from_checkpoint import evaluate_checkpoint  # heavy imports (torch, envs)
 
     output = evaluate_checkpoint(
         options.target,
@@ -214,7 +214,7 @@ def _eval(options: argparse.Namespace) -> int:
 
 
 def _sweep(options: argparse.Namespace) -> int:
-    from marl_ppo.sweep import default_jobs, parse_grid, plan_sweep, run_sweep, summary_line
+    from marl_ppo.analysis.sweep import default_jobs, parse_grid, plan_sweep, run_sweep, summary_line
 
     runs, config = plan_sweep(options.experiment, parse_grid(options.overrides), options.seeds, options.out)
     resolve_factory(config.env.id)  # unknown ids and missing extras fail here, before any process starts
@@ -227,7 +227,7 @@ def _sweep(options: argparse.Namespace) -> int:
 
 
 def _report(options: argparse.Namespace) -> int:
-    from marl_ppo.report import write_report  # heavy imports (tensorboard, rliable, matplotlib)
+    from marl_ppo.analysis.report import write_report  # heavy imports (tensorboard, rliable, matplotlib)
 
     files = write_report(options.paths, options.out, reps=options.reps)
     runs = sum(len(row.configuration.runs) for row in files.rows)

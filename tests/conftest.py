@@ -33,10 +33,10 @@ def collect_rollout(config, seed=0):
     """Build the config's vector env and a fresh model, and collect one full rollout."""
     import torch
 
+    from marl_ppo.envs.factory import build_vector_env
     from marl_ppo.models.team import TeamModel
     from marl_ppo.rollout.buffer import RolloutBuffer
     from marl_ppo.rollout.collector import Collector
-    from marl_ppo.train import build_vector_env
 
     torch.manual_seed(seed)
     venv = build_vector_env(config)

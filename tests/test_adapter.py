@@ -3,13 +3,16 @@
 import numpy as np
 import pytest
 from gymnasium import spaces
+from marl_ppo_examples.early_leaver import EarlyLeaverEnv
+from marl_ppo_examples.never_ending import NeverEndingEnv
 from pettingzoo.test import parallel_api_test
 
-from envs.early_leaver import EarlyLeaverEnv
-from envs.never_ending import NeverEndingEnv
-from marl_ppo.envs.pettingzoo import EnvContractError, ParallelEnvAdapter, TeamArrays, build_team_spec
-from marl_ppo.envs.vector import SyncVectorEnv
-from marl_ppo.registry import make_env
+from marl_ppo.envs.adapters.contract import EnvContractError
+from marl_ppo.envs.adapters.pettingzoo import ParallelEnvAdapter
+from marl_ppo.envs.grouping import build_team_spec
+from marl_ppo.envs.registry import make_env
+from marl_ppo.envs.spec import TeamArrays
+from marl_ppo.envs.vector.sync import SyncVectorEnv
 
 
 def _adapter(env):
@@ -109,7 +112,7 @@ def test_box_actions_are_clipped_to_bounds():
 
 
 def test_pool_image_averages_blocks_and_scales_uint8():
-    from marl_ppo.envs.pettingzoo import pool_image
+    from marl_ppo.envs.grouping import pool_image
 
     image = np.arange(5 * 4 * 2, dtype=np.uint8).reshape(5, 4, 2)  # 5 rows: the last is cropped
     pooled = pool_image(image, 2)
@@ -166,7 +169,7 @@ def test_an_agent_that_joins_later_becomes_alive_with_its_first_observation():
 
 
 def _cycle_env_ids():
-    from marl_ppo.catalog import MPE2_SCENARIOS, PETTINGZOO_PARALLEL
+    from marl_ppo.envs.catalog import MPE2_SCENARIOS, PETTINGZOO_PARALLEL
 
     return [f"mpe2/{name}" for name in MPE2_SCENARIOS] + list(PETTINGZOO_PARALLEL)
 
@@ -176,8 +179,8 @@ def test_lean_cycle_step_keeps_every_catalog_trajectory(env_id):
     """Every catalog env that steps through PettingZoo's AEC-to-parallel wrapper gives the same
     observations, rewards, flags and infos when the cycle skips the discarded `last()` observations
     (so their `observe()` only reads the env)."""
-    from marl_ppo.catalog import PETTINGZOO_PARALLEL
-    from marl_ppo.envs.pettingzoo import without_check_wrappers
+    from marl_ppo.envs.catalog import PETTINGZOO_PARALLEL
+    from marl_ppo.fast.lean_cycle import without_check_wrappers
 
     needs = PETTINGZOO_PARALLEL[env_id][2] if env_id in PETTINGZOO_PARALLEL else ("mpe2",)
     for module in needs:
@@ -204,7 +207,7 @@ def test_stepping_without_check_wrappers_keeps_every_trajectory(continuous):
     """The assertion-only wrappers go; behaviour-changing ones (action clipping) stay; data is identical."""
     from pettingzoo.utils.wrappers import ClipOutOfBoundsWrapper
 
-    from marl_ppo.envs.pettingzoo import without_check_wrappers
+    from marl_ppo.fast.lean_cycle import without_check_wrappers
 
     def build(strip):
         env = make_env("mpe2/simple_spread_v3", max_cycles=7, continuous_actions=continuous)

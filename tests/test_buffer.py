@@ -5,7 +5,7 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from marl_ppo.batch import build_batches, minibatches
+from marl_ppo.algo.batch import build_batches, minibatches
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
 from marl_ppo.rollout.buffer import BufferFull, RolloutBuffer
 

@@ -8,8 +8,8 @@ import yaml
 from conftest import ROOT
 
 from marl_ppo.config import load_config
-from marl_ppo.registry import registered_specs
-from marl_ppo.train import train
+from marl_ppo.envs.registry import registered_specs
+from marl_ppo.run.loop import train
 
 CATALOG = [spec for spec in registered_specs() if spec.family != "envs"]
 ONE_UPDATE = [

@@ -13,12 +13,12 @@ import pytest
 import torch
 from conftest import ROOT, collect_rollout
 
-from marl_ppo.batch import rollout_batches
+from marl_ppo.algo.batch import rollout_batches
+from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import load_config
-from marl_ppo.eval_checkpoint import evaluate_checkpoint
-from marl_ppo.optim import FlatAdam
-from marl_ppo.train import train
-from marl_ppo.trainer import Trainer
+from marl_ppo.eval.from_checkpoint import evaluate_checkpoint
+from marl_ppo.fast.adam import FlatAdam
+from marl_ppo.run.loop import train
 
 DEVICES = [
     "cpu",
@@ -78,10 +78,10 @@ def test_flat_adam_on_the_device_equals_torch_adam(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_vmas_rollout_and_its_batches_stay_on_the_device(device):
     pytest.importorskip("vmas")
+    from marl_ppo.envs.factory import build_vector_env
     from marl_ppo.models.team import TeamModel
     from marl_ppo.rollout.buffer import RolloutBuffer
     from marl_ppo.rollout.collector import Collector
-    from marl_ppo.train import build_vector_env
 
     config = load_config(None, ["env.id=vmas/navigation", "env.kwargs={max_steps: 4}", "num_envs=8"])
     where = torch.device(device)

@@ -7,15 +7,16 @@ import dataclasses
 import pytest
 import torch
 from conftest import collect_rollout
+from marl_ppo_examples.mixed_actions import MixedActionsEnv
 from pettingzoo.test import parallel_api_test
 
-from envs.mixed_actions import MixedActionsEnv
-from marl_ppo.batch import rollout_batches
-from marl_ppo.checkpoint import load_checkpoint
+from marl_ppo.algo.batch import rollout_batches
+from marl_ppo.algo.trainer import Trainer
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
-from marl_ppo.train import build_vector_env, train
-from marl_ppo.trainer import Trainer
+from marl_ppo.envs.factory import build_vector_env
+from marl_ppo.run.checkpoint import load_checkpoint
+from marl_ppo.run.loop import train
 
 TINY = [
     "num_envs=2",
@@ -59,7 +60,7 @@ def test_continuous_mpe_trains(tmp_path):
 def test_env_from_a_python_file(tmp_path, capsys):
     source = tmp_path / "my_env.py"
     source.write_text(
-        "from envs.early_leaver import EarlyLeaverEnv\n\n"
+        "from marl_ppo_examples.early_leaver import EarlyLeaverEnv\n\n"
         "def make(leave_at=2):\n    return EarlyLeaverEnv(leave_at=leave_at, max_steps=5)\n"
     )
     run_dir = tmp_path / "run"

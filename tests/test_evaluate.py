@@ -9,13 +9,13 @@ from conftest import ROOT
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_integration import assert_same_final_weights
 
-from marl_ppo import evaluate
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
-from marl_ppo.eval_checkpoint import evaluate_checkpoint
-from marl_ppo.evaluate import EVAL_SEED_OFFSET, EvalError, eval_config, mean_ci95, run_episodes
-from marl_ppo.registry import make_env
-from marl_ppo.train import train
+from marl_ppo.envs.registry import make_env
+from marl_ppo.eval import evaluate
+from marl_ppo.eval.evaluate import EVAL_SEED_OFFSET, EvalError, eval_config, mean_ci95, run_episodes
+from marl_ppo.eval.from_checkpoint import evaluate_checkpoint
+from marl_ppo.run.loop import train
 
 SPREAD = ROOT / "experiments/mpe/simple_spread.yaml"
 
@@ -144,8 +144,8 @@ def test_mean_ci95_is_the_student_t_interval():
 
 
 def _never_ending(max_steps):
+    from marl_ppo.envs.factory import build_vector_env
     from marl_ppo.models.team import TeamModel
-    from marl_ppo.train import build_vector_env
 
     config = load_config(
         None,

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from marl_ppo.rollout.gae import compute_gae, fold_turns
+from marl_ppo.algo.gae import compute_gae, fold_turns
 
 
 def _t(values, dtype=torch.float32):

@@ -10,7 +10,7 @@ from gymnasium import spaces
 from pettingzoo.test import parallel_api_test
 
 from marl_ppo.cli import main
-from marl_ppo.envs.gymnasium import GymnasiumTeamEnv, detect_time_limit, placeholder_action
+from marl_ppo.envs.adapters.gymnasium import GymnasiumTeamEnv, detect_time_limit, placeholder_action
 
 # lbforaging and rware return a list of rewards, which Gymnasium's env checker warns about once
 pytestmark = pytest.mark.filterwarnings("ignore:.*reward returned by `step\\(\\)` must be:UserWarning")

@@ -4,7 +4,7 @@ import pytest
 from conftest import ROOT
 
 from marl_ppo.config import load_config
-from marl_ppo.train import train
+from marl_ppo.run.loop import train
 
 
 @pytest.mark.slow

@@ -2,13 +2,13 @@
 
 import pytest
 import torch
+from marl_ppo_examples.masked_guess import MaskedGuessEnv
 from pettingzoo.test import parallel_api_test
 
-from envs.masked_guess import MaskedGuessEnv
 from marl_ppo.config import load_config
-from marl_ppo.envs.pettingzoo import build_team_spec
+from marl_ppo.envs.grouping import build_team_spec
 from marl_ppo.models.distributions import Categorical, MultiCategorical
-from marl_ppo.train import train
+from marl_ppo.run.loop import train
 
 VARIANTS = [
     {"mask_in": "obs"},

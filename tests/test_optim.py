@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from marl_ppo.optim import FlatAdam
+from marl_ppo.fast.adam import FlatAdam
 
 
 def _net() -> nn.Module:

@@ -7,12 +7,12 @@ import torch
 import yaml
 from conftest import ROOT
 
-from marl_ppo.batch import rollout_batches
+from marl_ppo.algo.batch import rollout_batches
+from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import load_config
 from marl_ppo.models import layers
 from marl_ppo.models.layers import AgentMLP
-from marl_ppo.train import train
-from marl_ppo.trainer import Trainer
+from marl_ppo.run.loop import train
 
 
 def _pair(shared: bool, in_dim: int = 10) -> tuple[AgentMLP, AgentMLP]:
@@ -65,10 +65,10 @@ def test_bf16_acting_and_learning_agree_so_every_first_ratio_is_one(critic, devi
     step every log-probability equals the one recorded while acting, and every value its `values_old`,
     so PPO's ratio starts at exactly 1 and nothing is clipped for rounding."""
     pytest.importorskip("vmas")
+    from marl_ppo.envs.factory import build_vector_env
     from marl_ppo.models.team import TeamModel
     from marl_ppo.rollout.buffer import RolloutBuffer
     from marl_ppo.rollout.collector import Collector
-    from marl_ppo.train import build_vector_env
 
     overrides = ["env.id=vmas/navigation", "num_envs=64", "rollout_steps=20", f"critic={critic}"]
     config = load_config(None, [*overrides, "model.precision=bf16"])

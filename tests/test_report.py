@@ -5,11 +5,11 @@ import pytest
 import yaml
 from torch.utils.tensorboard import SummaryWriter
 
+from marl_ppo.analysis.curves import binned_curve
+from marl_ppo.analysis.report import iqm_estimates, write_report
+from marl_ppo.analysis.runlogs import find_run_dirs, group_configurations, read_run
 from marl_ppo.cli import main
 from marl_ppo.config import config_to_dict, load_config
-from marl_ppo.curves import binned_curve
-from marl_ppo.report import iqm_estimates, write_report
-from marl_ppo.runlogs import find_run_dirs, group_configurations, read_run
 
 pytest.importorskip("rliable")
 pytest.importorskip("matplotlib")
@@ -139,7 +139,7 @@ def test_bad_report_input_is_one_line_and_exit_status_2(tmp_path, capsys, make, 
 
 def test_configs_written_by_an_older_version_get_todays_defaults():
     """A run whose config.yaml predates a key groups with runs that wrote the key's default."""
-    from marl_ppo.runlogs import _with_defaults
+    from marl_ppo.analysis.runlogs import _with_defaults
 
     filled = _with_defaults({"seed": 3, "env": {"id": "mpe2/simple_spread_v3"}})
     assert filled["seed"] == 3 and filled["eval_every"] is None and filled["eval_episodes"] == 10

@@ -11,16 +11,16 @@ from conftest import ROOT
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import marl_ppo
-import marl_ppo.train as train_module
-from marl_ppo.checkpoint import load_checkpoint
+import marl_ppo.run.loop as train_module
+from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import ConfigError, load_config
-from marl_ppo.envs.pettingzoo import TeamArrays
-from marl_ppo.envs.state import load_env_state
-from marl_ppo.registry import make_env
-from marl_ppo.resume import NotExactResumeWarning
-from marl_ppo.signals import Interrupted
-from marl_ppo.train import train
-from marl_ppo.trainer import Trainer
+from marl_ppo.envs.registry import make_env
+from marl_ppo.envs.spec import TeamArrays
+from marl_ppo.envs.vector.state import load_env_state
+from marl_ppo.run.checkpoint import load_checkpoint
+from marl_ppo.run.loop import train
+from marl_ppo.run.resume import NotExactResumeWarning
+from marl_ppo.run.signals import Interrupted
 
 K = 3
 STEPS_PER_UPDATE = 20  # 2 env copies x 10 steps: 25-step episodes end mid-rollout and span checkpoints

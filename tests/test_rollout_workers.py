@@ -12,7 +12,8 @@ import torch
 from marl_ppo.config import load_config
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.workers import _buffer_tensors, worker_seed
-from marl_ppo.train import build_collector, train
+from marl_ppo.run.build import build_collector
+from marl_ppo.run.loop import train
 from tests.conftest import ROOT
 
 SPREAD_YAML = ROOT / "experiments/mpe/simple_spread.yaml"
@@ -142,7 +143,7 @@ def test_lagged_workers_collect_no_rollout_past_the_last_update(tiny_overrides, 
 
 
 def test_policy_lag_is_zero_without_rollout_workers(tiny_overrides):
-    from marl_ppo.train import resolve_vector
+    from marl_ppo.envs.factory import resolve_vector
 
     for vector in ("sync", "subprocess"):
         config = load_config(SPREAD_YAML, [*tiny_overrides, f"vector={vector}", "policy_lag=1"])
@@ -178,20 +179,20 @@ def test_a_killed_worker_stops_the_run_with_a_clear_error(tiny_overrides):
 def test_auto_vector_picks_by_cores_copies_and_step_cost(
     tiny_overrides, monkeypatch, cores, num_envs, step_s, expected
 ):
-    import marl_ppo.train as train_module
+    import marl_ppo.envs.factory as factory
 
-    monkeypatch.setattr(train_module, "usable_cores", lambda: cores)
-    monkeypatch.setattr(train_module, "probe_step_seconds", lambda config: step_s)
+    monkeypatch.setattr(factory, "usable_cores", lambda: cores)
+    monkeypatch.setattr(factory, "probe_step_seconds", lambda config: step_s)
     config = load_config(
         SPREAD_YAML, [*tiny_overrides, "vector=auto", f"num_envs={num_envs}", "policy_lag=1"]
     )
-    resolved = train_module.resolve_vector(config)
+    resolved = factory.resolve_vector(config)
     assert resolved.vector == expected
     assert resolved.policy_lag == (1 if expected == "workers" else 0)
 
 
 def test_auto_vector_probe_tells_a_toy_env_from_simple_spread(tiny_overrides):
-    from marl_ppo.train import probe_step_seconds
+    from marl_ppo.envs.factory import probe_step_seconds
 
     spread = probe_step_seconds(load_config(SPREAD_YAML, tiny_overrides))
     toy = probe_step_seconds(load_config(None, [*tiny_overrides, "env.id=envs/matrix_game_v0"]))
@@ -210,11 +211,11 @@ def test_auto_vector_probe_tells_a_toy_env_from_simple_spread(tiny_overrides):
 def test_learner_threads_are_one_except_for_batched_simulators(
     tiny_overrides, monkeypatch, overrides, expected
 ):
-    import marl_ppo.train as train_module
+    import marl_ppo.run.host as host
 
-    monkeypatch.setattr(train_module, "usable_cores", lambda: 2)
+    monkeypatch.setattr(host, "usable_cores", lambda: 2)
     config = load_config(SPREAD_YAML, [*tiny_overrides, *overrides])
-    assert train_module.learner_threads(config) == expected
+    assert host.learner_threads(config) == expected
 
 
 def test_a_command_between_rollouts_keeps_the_rollout_in_flight(tiny_overrides):

@@ -10,12 +10,14 @@ from dataclasses import fields
 import numpy as np
 import pytest
 from gymnasium import spaces
+from marl_ppo_examples.early_leaver import EarlyLeaverEnv
 
-from envs.early_leaver import EarlyLeaverEnv
-from marl_ppo.envs.pettingzoo import ParallelEnvAdapter, TeamArrays, build_team_spec
-from marl_ppo.envs.subprocess import SubprocessVectorEnv
-from marl_ppo.envs.vector import SyncVectorEnv
-from marl_ppo.registry import make_env
+from marl_ppo.envs.adapters.pettingzoo import ParallelEnvAdapter
+from marl_ppo.envs.grouping import build_team_spec
+from marl_ppo.envs.registry import make_env
+from marl_ppo.envs.spec import TeamArrays
+from marl_ppo.envs.vector.subprocess import SubprocessVectorEnv
+from marl_ppo.envs.vector.sync import SyncVectorEnv
 
 SPREAD = "mpe2/simple_spread_v3"
 

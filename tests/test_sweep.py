@@ -6,9 +6,9 @@ import sys
 import pytest
 import yaml
 
-from marl_ppo import sweep as sweep_module
+from marl_ppo.analysis import sweep as sweep_module
+from marl_ppo.analysis.sweep import parse_grid, plan_sweep, split_values
 from marl_ppo.cli import main
-from marl_ppo.sweep import parse_grid, plan_sweep, split_values
 
 TINY_MATRIX = {
     "env": {"id": "envs/matrix_game_v0"},

@@ -2,14 +2,14 @@
 
 import torch
 
-import marl_ppo.trainer as trainer_module
-from marl_ppo.checkpoint import load_checkpoint
-from marl_ppo.train import train
+import marl_ppo.algo.trainer as trainer_module
+from marl_ppo.run.checkpoint import load_checkpoint
+from marl_ppo.run.loop import train
 from tests.conftest import collect_rollout
 
 
 def test_diagnostic_rows_are_an_even_stride_with_both_ends(spread_config):
-    from marl_ppo.batch import rollout_batches
+    from marl_ppo.algo.batch import rollout_batches
 
     _, buffer, result = collect_rollout(spread_config)
     batches = rollout_batches(buffer, result.last_values, gamma=0.95, lam=0.95)

@@ -3,12 +3,13 @@
 import numpy as np
 from conftest import collect_rollout
 
+from marl_ppo.algo.gae import fold_turns
 from marl_ppo.config import load_config
-from marl_ppo.envs.aec import TurnBasedAdapter, is_aec
-from marl_ppo.envs.pettingzoo import TeamArrays, build_team_spec
-from marl_ppo.registry import make_env
-from marl_ppo.rollout.gae import fold_turns
-from marl_ppo.train import train
+from marl_ppo.envs.adapters.aec import TurnBasedAdapter, is_aec
+from marl_ppo.envs.grouping import build_team_spec
+from marl_ppo.envs.registry import make_env
+from marl_ppo.envs.spec import TeamArrays
+from marl_ppo.run.loop import train
 
 TICTACTOE = "classic/tictactoe_v3"
 

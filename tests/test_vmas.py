@@ -6,11 +6,11 @@ import torch
 pytest.importorskip("vmas")
 
 from marl_ppo.config import load_config  # noqa: E402
-from marl_ppo.envs.vmas import SlowResetWarning  # noqa: E402
+from marl_ppo.envs.factory import build_vector_env  # noqa: E402
+from marl_ppo.envs.vmas.adapter import SlowResetWarning  # noqa: E402
 from marl_ppo.models.team import TeamModel  # noqa: E402
 from marl_ppo.rollout.buffer import RolloutBuffer  # noqa: E402
 from marl_ppo.rollout.collector import Collector  # noqa: E402
-from marl_ppo.train import build_vector_env  # noqa: E402
 
 
 def _config(max_steps):
@@ -167,7 +167,7 @@ def _hidden_state_venv(num_envs=8):
     import vmas
     from vmas.scenarios.navigation import Scenario
 
-    from marl_ppo.envs.vmas import VmasVectorEnv
+    from marl_ppo.envs.vmas.adapter import VmasVectorEnv
 
     class HiddenPhase(Scenario):
         def make_world(self, batch_dim, device, **kwargs):
@@ -221,9 +221,9 @@ def test_a_saved_simulator_continues_exactly_in_a_new_one(scenario, device):
     """VMAS's scenarios do not pickle; their per-copy tensors, VMAS's random streams and the spare's
     unused fresh copies are saved instead. A new simulator that loads them continues the episodes
     exactly: the same observations, rewards and ends, through partial resets and full ones."""
-    from marl_ppo.envs.state import load_env_state
-    from marl_ppo.envs.vmas import COPY_STATE
-    from marl_ppo.seeding import restore_rng_state, rng_state
+    from marl_ppo.envs.vector.state import load_env_state
+    from marl_ppo.envs.vmas.adapter import COPY_STATE
+    from marl_ppo.run.seeding import restore_rng_state, rng_state
 
     generator = torch.Generator().manual_seed(0)
     actions = [_random_actions(_venv(scenario, 6, device=device), generator) for _ in range(14)]

@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from marl_ppo.envs.pettingzoo import EnvContractError
-from marl_ppo.envs.pool import RemoteTraceback, WorkerPool, context
+from marl_ppo.envs.adapters.contract import EnvContractError
+from marl_ppo.envs.vector.pool import RemoteTraceback, WorkerPool, context
 from marl_ppo.faults import WorkerError
 
 

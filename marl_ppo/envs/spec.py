@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -79,3 +82,46 @@ class TeamSpec:
             if agent in group.agents:
                 return g, group.agents.index(agent)
         raise KeyError(agent)
+
+
+@dataclass
+class TeamArrays:
+    """Per-group arrays for one env (shapes `(A_g, ...)`) or E envs (`(E, A_g, ...)`), plus the state."""
+
+    obs: list[np.ndarray]
+    alive: list[np.ndarray]
+    action_mask: list[np.ndarray]
+    """Allowed actions for the next step, `(..., A_g, mask_dim)`; all True where the env gives no mask."""
+    reward: list[np.ndarray]
+    terminated: list[np.ndarray]
+    truncated: list[np.ndarray]
+    final_obs: list[np.ndarray]
+    state: np.ndarray
+    final_state: np.ndarray
+
+    @classmethod
+    def allocate(cls, spec: TeamSpec, lead: tuple[int, ...] = ()) -> TeamArrays:
+        """Zero arrays (masks all True) for `spec` with leading dims `lead`."""
+
+        def per_group(tail: Callable[[GroupSpec], tuple[int, ...]], dtype: Any) -> list[np.ndarray]:
+            return [np.zeros(lead + (g.num_agents,) + tail(g), dtype=dtype) for g in spec.groups]
+
+        return cls(
+            obs=per_group(lambda g: (g.obs_dim,), np.float32),
+            alive=per_group(lambda g: (), bool),
+            action_mask=[np.ones(lead + (g.num_agents, g.mask_dim), bool) for g in spec.groups],
+            reward=per_group(lambda g: (), np.float32),
+            terminated=per_group(lambda g: (), bool),
+            truncated=per_group(lambda g: (), bool),
+            final_obs=per_group(lambda g: (g.obs_dim,), np.float32),
+            state=np.zeros(lead + (spec.state_dim,), np.float32),
+            final_state=np.zeros(lead + (spec.state_dim,), np.float32),
+        )
+
+    def row(self, index: int | slice) -> TeamArrays:
+        """Views of env `index`, or of a slice of envs (for arrays allocated with one leading env dim)."""
+        views: dict[str, Any] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            views[field.name] = [a[index] for a in value] if isinstance(value, list) else value[index]
+        return TeamArrays(**views)

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from marl_ppo.config import ConfigError
+
 _ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu}
 
 
@@ -184,3 +186,12 @@ def native_bf16(device: torch.device) -> bool:
         checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch's own CPU probes
         return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
     return False
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` picks CUDA when available; `cuda` without a GPU is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda but no CUDA device is available; use device=cpu or device=auto")
+    return torch.device(name)

@@ -8,11 +8,11 @@ import gymnasium as gym
 import torch
 from torch import nn
 
+from marl_ppo.algo.value_norm import ValueNorm
 from marl_ppo.config import ExperimentConfig, ModelConfig
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
 from marl_ppo.models.distributions import ActionDistribution, head_size, make_distribution
 from marl_ppo.models.layers import AgentMLP
-from marl_ppo.normalization import ValueNorm
 
 CriticInput = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -4,52 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 
-from marl_ppo.envs.pettingzoo import TeamArrays
-from marl_ppo.envs.subprocess import SubprocessVectorEnv
-from marl_ppo.envs.vector import SyncVectorEnv
-from marl_ppo.envs.vmas import VmasVectorEnv
+from marl_ppo.envs.spec import TeamArrays
+from marl_ppo.envs.vector.base import VectorEnv
 from marl_ppo.rollout.buffer import RolloutBuffer
-
-
-class Policy(Protocol):
-    """What the collector needs from the team's networks (TeamModel provides it)."""
-
-    def distributions(self, obs: Sequence[torch.Tensor], masks: Sequence[torch.Tensor | None]) -> list: ...
-
-    def values(self, state: torch.Tensor, obs: Sequence[torch.Tensor]) -> list[torch.Tensor]: ...
-
-
-@dataclass
-class EpisodeRecord:
-    """One finished episode. `team_return` is the sum over agents of the episode's rewards."""
-
-    team_return: float
-    agent_returns: np.ndarray
-    """Per-agent returns in the team's fixed agent order."""
-    length: int
-    end_step: int
-    """Total env steps of the run when the episode ended."""
-
-
-@dataclass
-class RolloutResult:
-    """What a rollout produced besides the buffer contents."""
-
-    episodes: list[EpisodeRecord] = field(default_factory=list)
-    last_values: list[torch.Tensor] = field(default_factory=list)
-    """Per group `(E, A_g)`: values of the observations after the last step (return units)."""
-    env_steps: int = 0
-    env_seconds: float = 0.0
-    """Wall time spent inside the vector env's step (waiting on workers, for the subprocess env)."""
-    act_seconds: float | None = None
-    """Acting time where it is measured apart (rollout workers); None: the rest of the collect time."""
+from marl_ppo.rollout.source import EpisodeRecord, Policy, RolloutResult
 
 
 class Collector:
@@ -57,7 +20,7 @@ class Collector:
 
     def __init__(
         self,
-        venv: SyncVectorEnv | SubprocessVectorEnv | VmasVectorEnv,
+        venv: VectorEnv,
         model: Policy,
         device: torch.device,
     ) -> None:
@@ -66,7 +29,7 @@ class Collector:
         self.device = device
         spec = venv.spec
         # column of each group's agents in the team's agent order, for per-agent returns
-        self._tensor_io = getattr(venv, "tensor_io", False)
+        self._tensor_io = venv.tensor_io
         where = venv.arrays.state.device if self._tensor_io else torch.device("cpu")
         self._columns = [
             torch.tensor([spec.agents.index(a) for a in g.agents], device=where) for g in spec.groups
@@ -87,7 +50,7 @@ class Collector:
         self.venv.close()
 
     def env_states(self) -> list[bytes]:
-        """Every env copy's pickled state (see `marl_ppo.envs.state`)."""
+        """Every env copy's pickled state (see `marl_ppo.envs.vector.state`)."""
         return self.venv.env_states()
 
     def load_env_states(self, states: list[bytes]) -> None:

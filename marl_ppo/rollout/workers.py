@@ -6,7 +6,7 @@ the learner's weights from shared memory, collects its slice with the ordinary `
 auto-reset, truncation bootstrap and episode accounting as in one process) and writes the slice
 into a shared rollout buffer. Per rollout the pipes carry one command and one small reply per
 worker (finished episodes and timings); no array data is pickled. The processes are started,
-commanded and stopped by `marl_ppo.envs.pool`, as `SubprocessVectorEnv`'s are.
+commanded and stopped by `marl_ppo.envs.vector.pool`, as `SubprocessVectorEnv`'s are.
 
 `policy_lag = 1` overlaps collection with learning: as soon as rollout k is copied out, the workers
 start rollout k + 1 with the weights the learner had *before* update k. PPO then uses that behaviour
@@ -23,13 +23,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from marl_ppo.envs.pettingzoo import ParallelEnvAdapter
-from marl_ppo.envs.pool import WorkerPool, context, split_envs
+from marl_ppo.envs.adapters.pettingzoo import ParallelEnvAdapter
 from marl_ppo.envs.spec import TeamSpec
-from marl_ppo.envs.state import gathered_states, states_or_reason
-from marl_ppo.envs.vector import SyncVectorEnv
+from marl_ppo.envs.vector.pool import WorkerPool, context, split_envs
+from marl_ppo.envs.vector.state import gathered_states, states_or_reason
+from marl_ppo.envs.vector.sync import SyncVectorEnv
 from marl_ppo.rollout.buffer import RolloutBuffer
-from marl_ppo.rollout.collector import Collector, EpisodeRecord, RolloutResult
+from marl_ppo.rollout.collector import Collector
+from marl_ppo.rollout.source import EpisodeRecord, RolloutResult
 
 
 def worker_seed(seed: int, worker: int) -> int:
@@ -264,7 +265,7 @@ class RolloutWorkers:
             }
 
     def env_states(self) -> list[bytes]:
-        """Every env copy's pickled state, in env order (see `marl_ppo.envs.state`); raises
+        """Every env copy's pickled state, in env order (see `marl_ppo.envs.vector.state`); raises
         EnvStateError when an env cannot be pickled."""
         return gathered_states(self._command("env_states", None))
 

@@ -1,0 +1,132 @@
+"""AgentBatch: one group's rollout flattened over (time, env), with its advantages; and minibatching."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from marl_ppo.algo.gae import compute_gae, fold_turns
+from marl_ppo.rollout.buffer import GroupStorage, RolloutBuffer
+
+
+@dataclass(frozen=True)
+class AgentBatch:
+    """One agent group's samples; the leading dim N = T*E (env steps), the agent axis is kept intact."""
+
+    obs: torch.Tensor
+    """(N, A, obs_dim); zero-width in `Trainer.prepare`'s batches, which carry `actor_input` instead"""
+    actions: torch.Tensor
+    """(N, A, ...)"""
+    logp_old: torch.Tensor
+    """(N, A) log-probability of the action under the acting policy"""
+    values_old: torch.Tensor
+    """(N, A) critic values at acting time, in return units"""
+    advantages: torch.Tensor
+    """(N, A) GAE advantages (not normalized)"""
+    returns: torch.Tensor
+    """(N, A) value targets: advantages + values_old"""
+    alive: torch.Tensor
+    """(N, A) bool: the agent acted at this step; only these samples enter losses and statistics"""
+    state: torch.Tensor
+    """(N, state_dim) global state, shared by all groups' batches; zero-width in `Trainer.prepare`'s
+    batches, which carry `critic_input` instead"""
+    action_mask: torch.Tensor
+    """(N, A, mask_dim) allowed actions when acting (mask_dim 0 when the group has no masks)"""
+    actor_input: torch.Tensor | None = None
+    """The actor's encoded input (`GroupActor.encode(obs)`), set by `Trainer.prepare`"""
+    critic_input: torch.Tensor | None = None
+    """The critic's encoded input (`GroupCritic.encode(state, obs)`), set by `Trainer.prepare`"""
+
+    def __len__(self) -> int:
+        return self.obs.shape[0]
+
+    def select(self, index: torch.Tensor) -> AgentBatch:
+        """The rows `index` (a 1-D integer tensor) of every field.
+
+        `index_select` copies whole rows; on CPU it gathers a minibatch 3-5x faster than `tensor[index]`,
+        whose element-wise indexing kernel was a sixth of a large update's time.
+        """
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return AgentBatch(
+            **{name: None if v is None else torch.index_select(v, 0, index) for name, v in fields.items()}
+        )
+
+
+def build_batches(
+    buffer: RolloutBuffer, advantages: Sequence[torch.Tensor], returns: Sequence[torch.Tensor]
+) -> list[AgentBatch]:
+    """Flatten each group's `(T, E, A, ...)` storage to `(T*E, A, ...)`, preserving time-major order."""
+    state = buffer.state.reshape(-1, buffer.state.shape[-1])
+
+    def flat(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.flatten(0, 1)
+
+    batches = []
+    for storage, adv, ret in zip(buffer.groups, advantages, returns, strict=True):
+        storage: GroupStorage
+        batches.append(
+            AgentBatch(
+                obs=flat(storage.obs),
+                actions=flat(storage.actions),
+                logp_old=flat(storage.logp),
+                values_old=flat(storage.values),
+                advantages=flat(adv),
+                returns=flat(ret),
+                alive=flat(storage.alive),
+                state=state,
+                action_mask=flat(storage.action_mask),
+            )
+        )
+    return batches
+
+
+def minibatches(
+    batches: Sequence[AgentBatch], num_minibatches: int, generator: torch.Generator
+) -> Iterator[list[AgentBatch]]:
+    """Shuffle env steps once and yield `num_minibatches` aligned slices of every group's batch."""
+    size = len(batches[0])
+    if not 1 <= num_minibatches <= size:
+        raise ValueError(f"num_minibatches={num_minibatches} must be between 1 and the batch size {size}")
+    # drawn on the generator's device (the CPU), so the order is the same on every device
+    order = torch.randperm(size, generator=generator).to(batches[0].advantages.device)
+    for chunk in torch.tensor_split(order, num_minibatches):
+        yield [batch.select(chunk) for batch in batches]
+
+
+def rollout_batches(
+    buffer: RolloutBuffer, last_values: Sequence[torch.Tensor], *, gamma: float, lam: float
+) -> list[AgentBatch]:
+    """GAE per group over a full buffer, then flatten.
+
+    Each acting step's transition runs to the agent's next acting step (`fold_turns`), truncations
+    bootstrap from V(final obs) and terminations from nothing.
+    """
+    if not buffer.full:
+        raise ValueError(f"rollout_batches: buffer holds {buffer.pos} of {buffer.steps} steps; fill it first")
+    advantages, returns = [], []
+    for storage, last in zip(buffer.groups, last_values, strict=True):
+        steps = fold_turns(
+            storage.rewards,
+            storage.values,
+            last,
+            storage.final_values,
+            storage.terminated,
+            storage.truncated,
+            storage.alive,
+        )
+        adv, ret = compute_gae(
+            steps.rewards,
+            storage.values,
+            steps.next_values,
+            steps.terminated,
+            steps.done,
+            gamma=gamma,
+            lam=lam,
+            alive=storage.alive,
+        )
+        advantages.append(adv)
+        returns.append(ret)
+    return build_batches(buffer, advantages, returns)

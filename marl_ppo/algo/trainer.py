@@ -1,0 +1,311 @@
+"""The shared trainer: clipped PPO for every group's actors plus the critic, separate optimizers and rates."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from marl_ppo.algo.batch import AgentBatch, minibatches
+from marl_ppo.algo.losses import (
+    explained_variance,
+    mask_count,
+    masked_mean,
+    normalize_advantages,
+    policy_loss,
+    value_loss,
+)
+from marl_ppo.config import PPOConfig
+from marl_ppo.fast.adam import FlatAdam
+from marl_ppo.faults import NonFiniteError
+from marl_ppo.models.team import TeamModel
+
+
+@dataclass(frozen=True)
+class TrainStats:
+    """Per-update metrics (logged under `train/`). Losses are summed over groups, diagnostics averaged."""
+
+    loss_pi: float
+    """Actor loss over the batch after the update (clipped surrogate minus entropy bonus). This and the
+    other after-update diagnostics use the whole batch up to DIAGNOSTIC_ROWS env steps, else an even
+    stride of that many rows."""
+    delta_loss_pi: float
+    """loss_pi after minus before the update."""
+    loss_v: float
+    """Value loss over the batch after the update (critic units)."""
+    delta_loss_v: float
+    """loss_v after minus before the update."""
+    kl: float
+    """Approximate KL(old || new) over the batch after the update."""
+    entropy: float
+    """Exact entropy of the updated policies, mean over live agent-steps."""
+    clipfrac: float
+    """Fraction of live samples whose ratio is outside the clip range after the update."""
+    stop_iter: int
+    """Actor epochs run (fewer than train_pi_iters when the KL early stop fired)."""
+    explained_variance: float
+    """1 - Var(return - value) / Var(return), with the acting-time values."""
+    value_mean: float
+    """Mean critic value over the batch's live samples, in return units."""
+    return_mean: float
+    """Mean GAE return target over the batch's live samples."""
+    nonfinite_skips: int = 0
+    """Steps dropped this update for a NaN or inf loss, gradient or return (`ppo.on_nonfinite: skip`)."""
+
+
+@dataclass(frozen=True)
+class _Evaluation:
+    loss_pi: float
+    loss_v: float
+    kl: float
+    entropy: float
+    clipfrac: float
+
+
+class Trainer:
+    """Runs `train_pi_iters` / `train_vf_iters` epochs of minibatch PPO over one batch per group."""
+
+    def __init__(self, model: TeamModel, ppo: PPOConfig, *, generator: torch.Generator) -> None:
+        self.model = model
+        self.ppo = ppo
+        self.generator = generator
+        # each network's parameters in one buffer: clipping and Adam are a few ops, not a few per tensor
+        self.actor_optimizer = FlatAdam(model.actors.parameters(), lr=ppo.pi_lr, eps=1e-5)
+        self.critic_optimizer = FlatAdam(model.critics.parameters(), lr=ppo.vf_lr, eps=1e-5)
+        self.updates = 0
+        """Updates started by this trainer (named in non-finite errors)."""
+        self._skips = 0
+
+    def set_progress(self, fraction: float) -> None:
+        """Apply the learning-rate schedule for a run that is `fraction` (0..1) done."""
+        scale = 1.0 if self.ppo.lr_schedule == "constant" else max(0.0, 1.0 - fraction)
+        for optimizer, base in (
+            (self.actor_optimizer, self.ppo.pi_lr),
+            (self.critic_optimizer, self.ppo.vf_lr),
+        ):
+            for group in optimizer.param_groups:
+                group["lr"] = base * scale
+
+    def state_dict(self) -> dict[str, Any]:
+        """Both optimizers' states and the minibatch-shuffling generator's state."""
+        return {
+            "actor_optimizer": self.actor_optimizer.state_dict(),
+            "critic_optimizer": self.critic_optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()` (the model's weights are restored separately)."""
+        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        self.generator.set_state(state["generator"])
+
+    def prepare(self, batches: Sequence[AgentBatch]) -> list[AgentBatch]:
+        """Update the value normalizers with the batch's returns and normalize advantages per group.
+
+        The prepared batches carry normalized advantages, `values_old` and `returns` in the critic's
+        units, and the networks' encoded inputs (each computed once here rather than at every
+        minibatch step). The losses read only those inputs, so `obs` and `state` are cut to zero
+        width: minibatch gathers then skip them (at 1,024 VMAS copies they were 45% of the bytes
+        gathered).
+        """
+        prepared = []
+        model = self.model
+        groups = zip(model.value_norms, model.actors, model.critics, batches, strict=True)
+        for g, (norm, actor, critic, batch) in enumerate(groups):
+            returns = batch.returns[batch.alive]
+            if bool(torch.isfinite(returns).all() & torch.isfinite(batch.advantages[batch.alive]).all()):
+                norm.update(returns)
+            else:  # raises, or skips this group's value-norm statistics
+                self._nonfinite(f"GAE return or advantage in group '{self._group(g)}'", "before any step")
+            advantages = batch.advantages
+            if self.ppo.normalize_advantages:
+                advantages = normalize_advantages(advantages, batch.alive)
+            prepared.append(
+                dataclasses.replace(
+                    batch,
+                    advantages=advantages,
+                    values_old=norm.normalize(batch.values_old),
+                    returns=norm.normalize(batch.returns),
+                    # the networks' inputs, normalized once here rather than at every minibatch step
+                    actor_input=actor.encode(batch.obs),
+                    critic_input=critic.encode(batch.state, batch.obs),
+                    obs=batch.obs[..., :0],
+                    state=batch.state[..., :0],
+                )
+            )
+        return prepared
+
+    def update(self, batches: Sequence[AgentBatch]) -> TrainStats:
+        """One PPO update on the groups' batches (raw advantages, return-unit values)."""
+        self.updates += 1
+        self._skips = 0
+        self.actor_optimizer.bind()
+        self.critic_optimizer.bind()
+        stats_in = _batch_statistics(batches)
+        batches = self.prepare(batches)
+        probe = _diagnostic_rows(batches)  # the same rows before and after, so the deltas compare
+        before = self._evaluate(probe)
+        ppo = self.ppo
+        policy_active, pi_epochs = True, 0
+        for epoch in range(max(ppo.train_pi_iters, ppo.train_vf_iters)):
+            train_pi = policy_active and epoch < ppo.train_pi_iters
+            train_vf = epoch < ppo.train_vf_iters
+            if not (train_pi or train_vf):
+                break
+            kls = []
+            for k, minibatch in enumerate(minibatches(batches, ppo.num_minibatches, self.generator)):
+                kl = self._step(minibatch, train_pi=train_pi, train_vf=train_vf, where=(epoch, k))
+                if kl is not None:
+                    kls.append(kl)
+            if train_pi:
+                pi_epochs += 1
+                if ppo.target_kl is not None and kls and sum(kls) / len(kls) > 1.5 * ppo.target_kl:
+                    policy_active = False
+        after = self._evaluate(probe)
+        return TrainStats(
+            loss_pi=after.loss_pi,
+            delta_loss_pi=after.loss_pi - before.loss_pi,
+            loss_v=after.loss_v,
+            delta_loss_v=after.loss_v - before.loss_v,
+            kl=after.kl,
+            entropy=after.entropy,
+            clipfrac=after.clipfrac,
+            stop_iter=pi_epochs,
+            nonfinite_skips=self._skips,
+            **stats_in,
+        )
+
+    def _losses(
+        self, batches: Sequence[AgentBatch]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[dict[str, torch.Tensor]]]:
+        """Summed actor and critic losses over groups, plus per-group diagnostics."""
+        ppo = self.ppo
+        loss_pi = torch.zeros(())
+        loss_v = torch.zeros(())
+        diagnostics = []
+        for actor, critic, batch in zip(self.model.actors, self.model.critics, batches, strict=True):
+            dist = actor.forward_encoded(batch.actor_input, batch.action_mask)
+            count = mask_count(batch.alive)  # one divisor for the group's five means
+            terms = policy_loss(
+                dist.log_prob(batch.actions),
+                batch.logp_old,
+                batch.advantages,
+                batch.alive,
+                clip_ratio=ppo.clip_ratio,
+                count=count,
+            )
+            entropy = masked_mean(dist.entropy(), batch.alive, count)
+            group_pi = terms.loss - ppo.entropy_coef * entropy
+            loss_pi = loss_pi + group_pi
+            values = critic.forward_encoded(batch.critic_input)
+            group_v = value_loss(  # prepared batches hold values_old and returns in the critic's units
+                values,
+                batch.values_old,
+                batch.returns,
+                batch.alive,
+                huber_delta=ppo.huber_delta,
+                clip=ppo.value_clip,
+                count=count,
+            )
+            loss_v = loss_v + group_v
+            diagnostics.append(
+                {
+                    "kl": terms.approx_kl,
+                    "clipfrac": terms.clipfrac,
+                    "entropy": entropy.detach(),
+                    "loss_pi": group_pi.detach(),
+                    "loss_v": group_v.detach(),
+                }
+            )
+        return loss_pi, loss_v, diagnostics
+
+    def _step(
+        self, minibatch: Sequence[AgentBatch], *, train_pi: bool, train_vf: bool, where: tuple[int, int]
+    ) -> float | None:
+        """One optimizer step; None when it was skipped for a non-finite loss or gradient."""
+        loss_pi, loss_v, diagnostics = self._losses(minibatch)
+        self.actor_optimizer.zero_grad()
+        self.critic_optimizer.zero_grad()
+        total = (loss_pi if train_pi else 0.0) + (loss_v if train_vf else 0.0)
+        total.backward()
+        checked = [total.detach()]
+        if train_pi:
+            checked.append(self.actor_optimizer.clip_grad_norm(self.ppo.max_grad_norm))
+        if train_vf:
+            checked.append(self.critic_optimizer.clip_grad_norm(self.ppo.max_grad_norm))
+        if not bool(torch.isfinite(torch.stack(checked)).all()):  # one check (one sync) per step
+            self._nonfinite(
+                self._culprit(diagnostics, train_pi, train_vf), f"epoch {where[0]}, minibatch {where[1]}"
+            )
+            return None
+        if train_pi:
+            self.actor_optimizer.step()
+        if train_vf:
+            self.critic_optimizer.step()
+        return float(sum(d["kl"] for d in diagnostics) / len(diagnostics))
+
+    def _group(self, g: int) -> str:
+        return self.model.spec.groups[g].name
+
+    def _culprit(self, diagnostics: list[dict[str, torch.Tensor]], train_pi: bool, train_vf: bool) -> str:
+        """Name the first non-finite term of a failed step: a group's loss, else its gradient."""
+        for g, terms in enumerate(diagnostics):
+            for term, active in (("loss_pi", train_pi), ("loss_v", train_vf)):
+                if active and not bool(torch.isfinite(terms[term])):
+                    return f"{term} ({float(terms[term])}) in group '{self._group(g)}'"
+        for g, (actor, critic) in enumerate(zip(self.model.actors, self.model.critics, strict=True)):
+            for name, module, active in (("actor", actor, train_pi), ("critic", critic, train_vf)):
+                grads = [p.grad for p in module.parameters() if p.grad is not None]
+                if active and grads and not bool(torch.isfinite(nn.utils.get_total_norm(grads))):
+                    return f"{name} gradient in group '{self._group(g)}'"
+        return "gradient norm"
+
+    def _nonfinite(self, what: str, where: str) -> None:
+        """Raise NonFiniteError (ppo.on_nonfinite=error) or count a skipped step (skip)."""
+        if self.ppo.on_nonfinite == "skip":
+            self._skips += 1
+            self.actor_optimizer.zero_grad()
+            self.critic_optimizer.zero_grad()
+            return
+        raise NonFiniteError(
+            f"non-finite {what} at update {self.updates} ({where}); no weights were changed by it. "
+            "Lower ppo.pi_lr / ppo.vf_lr or scale the rewards, or set ppo.on_nonfinite=skip to drop such steps"
+        )
+
+    @torch.no_grad()
+    def _evaluate(self, batches: Sequence[AgentBatch]) -> _Evaluation:
+        loss_pi, loss_v, diagnostics = self._losses(batches)
+
+        def mean(key: str) -> float:
+            return float(sum(d[key] for d in diagnostics) / len(diagnostics))
+
+        return _Evaluation(float(loss_pi), float(loss_v), mean("kl"), mean("entropy"), mean("clipfrac"))
+
+
+DIAGNOSTIC_ROWS = 8192
+"""Env steps the before/after-update diagnostics are computed on; more would only cost learner time."""
+
+
+def _diagnostic_rows(batches: Sequence[AgentBatch]) -> Sequence[AgentBatch]:
+    """The batches, or an even stride of DIAGNOSTIC_ROWS of their rows when they are larger."""
+    size = len(batches[0])
+    if size <= DIAGNOSTIC_ROWS:
+        return batches
+    rows = torch.linspace(0, size - 1, DIAGNOSTIC_ROWS, device=batches[0].obs.device).long()
+    return [batch.select(rows) for batch in batches]
+
+
+def _batch_statistics(batches: Sequence[AgentBatch]) -> dict[str, float]:
+    values = torch.cat([b.values_old[b.alive] for b in batches])
+    returns = torch.cat([b.returns[b.alive] for b in batches])
+    mask = torch.ones_like(values, dtype=torch.bool)
+    return {
+        "explained_variance": explained_variance(values, returns, mask),
+        "value_mean": float(values.mean()) if values.numel() else 0.0,
+        "return_mean": float(returns.mean()) if returns.numel() else 0.0,
+    }

@@ -1,0 +1,1 @@
+"""From run directories to results: sweeps, reading logged scalars, statistics, reports and curves."""

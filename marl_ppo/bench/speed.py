@@ -1,0 +1,276 @@
+"""`make bench`: env steps per second of full training against the raw env, measured in one run.
+
+For each case the raw env is stepped alone (random actions drawn beforehand, one process) just
+before and just after a training run, which runs as a separate process; this repeats several times.
+The script prints medians, the ratio of each training run to the raw rate around it (median and
+range), the training's timing split (env stepping, acting, learning) and its peak RSS.
+
+    python -m marl_ppo.bench.speed [--repeats N] [--steps N] [--only NAME ...] [--device cpu|cuda]
+
+On a machine with a GPU, `python -m marl_ppo.bench.speed --only vmas --device cuda` is the GPU check: the
+VMAS simulator, the rollout buffer and the learner all on the GPU, with 8,192 and 32,768 copies too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from marl_ppo.run.host import keep_freed_memory
+
+ROOT = Path(__file__).resolve().parents[2]
+SPREAD_YAML = ROOT / "experiments" / "mpe" / "simple_spread.yaml"
+NAVIGATION_YAML = ROOT / "experiments" / "vmas" / "navigation.yaml"
+SPREAD_KWARGS = {"N": 3, "max_cycles": 25, "continuous_actions": False}
+"""The default experiment's env.kwargs, for the raw-env baseline."""
+
+
+def raw_pettingzoo_sps(
+    env_id: str, kwargs: dict[str, Any], seconds: float = 4.0, seed: int = 0, *, bare: bool = False
+) -> float:
+    """Env steps/s of one env copy in this process, with random actions drawn beforehand.
+
+    The env is stepped as its factory ships it; `bare` first strips the assertion-only wrappers and
+    the discarded `last()` observations, as the adapter does (`env.skip_check_wrappers`), to show
+    how much of the step they cost.
+    """
+    from marl_ppo.envs.registry import make_env
+    from marl_ppo.fast.lean_cycle import without_check_wrappers
+
+    env = make_env(env_id, **kwargs)
+    if bare:
+        env = without_check_wrappers(env)
+    env.reset(seed=seed)
+    agents = list(env.possible_agents)
+    for agent in agents:
+        env.action_space(agent).seed(seed)
+    pool = [{a: env.action_space(a).sample() for a in agents} for _ in range(1000)]
+    steps, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        for actions in pool:
+            env.step({a: actions[a] for a in env.agents})
+            steps += 1
+            if not env.agents:
+                env.reset()
+    return steps / (time.perf_counter() - started)
+
+
+def raw_vmas_sps(
+    scenario: str, num_envs: int, kwargs: dict[str, Any], seconds: float = 4.0, device: str = "cpu"
+) -> float:
+    """Env steps/s (vector steps x copies) of a batched VMAS simulator with pre-drawn random actions."""
+    import torch
+
+    from marl_ppo.envs.catalog import make_vmas
+    from marl_ppo.envs.factory import usable_cores
+
+    torch.set_num_threads(usable_cores())  # as training does with a batched simulator (torch_threads: auto)
+    env = make_vmas(scenario, num_envs=num_envs, device=device, seed=0, **kwargs)
+    env.reset()
+    names = [agent.name for agent in env.agents]
+    pool = [{n: torch.rand(num_envs, 2, device=device) * 2 - 1 for n in names} for _ in range(50)]
+    steps, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        for actions in pool:
+            _, _, terminated, truncated, _ = env.step(actions)
+            finished = torch.nonzero(terminated | truncated).flatten().tolist()
+            if len(finished) == num_envs:
+                env.reset()
+            else:
+                for index in finished:
+                    env.reset_at(index)
+            steps += num_envs
+    return steps / (time.perf_counter() - started)
+
+
+def training_run(experiment: Path | None, overrides: list[str]) -> dict[str, Any]:
+    """One training run in its own process; returns its summary.json."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        command = [sys.executable, "-m", "marl_ppo", "train"]
+        command += [str(experiment)] if experiment else []
+        command += [*overrides, "log.progress=false", "--run-dir", str(run_dir)]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise RuntimeError(
+                f"training run {' '.join(command[3:])} failed (exit {done.returncode}): {last}"
+            )
+        return json.loads((run_dir / "summary.json").read_text())
+
+
+@dataclass
+class Case:
+    """One line of the benchmark: a raw-env baseline and the training run measured against it."""
+
+    name: str
+    raw: Callable[[], float]
+    experiment: Path | None
+    overrides: list[str]
+    agents: int
+    results: list[dict[str, Any]] = field(default_factory=list)
+    raw_sps: list[tuple[float, float]] = field(default_factory=list)
+    """The raw rate measured just before and just after each training run."""
+
+    def ratios(self) -> list[float]:
+        """Each training run's rate over the mean of the raw rates measured around it."""
+        return [
+            r["sps"] / ((before + after) / 2)
+            for r, (before, after) in zip(self.results, self.raw_sps, strict=True)
+        ]
+
+
+def cases(steps: int, device: str = "cpu") -> list[Case]:
+    """The benchmark's cases; `steps` sizes the simple_spread training runs.
+
+    The MAgent2 battles (4, 28 and 288 agents) show how the cost per agent-step scales with the team.
+    `device` is where the VMAS simulator and the learner run (`cuda` on a machine with a GPU).
+    """
+    raw_spread = functools.partial(raw_pettingzoo_sps, "mpe2/simple_spread_v3", SPREAD_KWARGS)
+    spread_runs = {  # name: how the 32 env copies are stepped and who acts
+        "spread sync": ["vector=sync"],
+        "spread 2 env procs": ["vector=subprocess", "num_workers=2"],
+        "spread 1 worker": ["vector=workers", "num_workers=1", "policy_lag=0"],
+        "spread 2 workers": ["vector=workers", "num_workers=2", "policy_lag=0"],
+        "spread 2 workers lag": ["vector=workers", "num_workers=2", "policy_lag=1"],
+    }
+    return [
+        *(
+            Case(name, raw_spread, SPREAD_YAML, [*overrides, f"total_steps={steps}"], 3)
+            for name, overrides in spread_runs.items()
+        ),
+        *(
+            Case(
+                name,
+                functools.partial(raw_vmas_sps, "navigation", num_envs, {"max_steps": 100}, device=device),
+                NAVIGATION_YAML,
+                [
+                    f"num_envs={num_envs}",
+                    f"total_steps={num_envs * 100 * updates}",
+                    f"device={device}",
+                    *ppo,
+                ],
+                4,
+            )
+            for name, num_envs, updates, ppo in (
+                ("vmas nav 64", 64, 30, []),
+                ("vmas nav 1024", 1024, 8, []),  # the experiment: 4 epochs of 4 minibatches
+                # the learner's share sets the ratio: the same with 2 epochs, and with PPO's usual 10
+                ("vmas nav 1024 2 ep", 1024, 8, ["ppo.train_pi_iters=2", "ppo.train_vf_iters=2"]),
+                ("vmas nav 1024 10 ep", 1024, 4, ["ppo.train_pi_iters=10", "ppo.train_vf_iters=10"]),
+                # the experiment's layers are bfloat16 where the hardware has it (model.precision: auto)
+                ("vmas nav 1024 fp32", 1024, 8, ["model.precision=fp32"]),
+                # on a GPU the simulator pays off with many more copies (3 updates: minutes of a lent machine)
+                *(
+                    (f"vmas nav {num_envs}", num_envs, 3, [])
+                    for num_envs in ((8192, 32768) if device != "cpu" else ())
+                ),
+            )
+        ),
+        *(
+            Case(
+                f"battle {agents} agents",
+                functools.partial(raw_pettingzoo_sps, "magent2/battle_v4", {"map_size": size}),
+                None,
+                [
+                    "env.id=magent2/battle_v4",
+                    f"env.kwargs={{map_size: {size}}}",
+                    "vector=sync",
+                    "num_envs=2",
+                    "rollout_steps=50",
+                    f"total_steps={total}",
+                    "share_actor=true",
+                    "critic=obs",
+                ],
+                agents,
+            )
+            for size, agents, total in ((12, 4, 4000), (23, 28, 800), (62, 288, 400))
+        ),
+    ]
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def report(done: list[Case]) -> str:
+    """The table of medians."""
+    header = (
+        f"{'case':20s} {'raw sps':>9s} {'train sps':>9s} {'ratio':>6s} {'(range)':>11s} {'us/agent-step':>13s} "
+        f"{'env %':>6s} {'act %':>6s} {'learn %':>7s} {'peak MiB':>8s}"
+    )
+    lines = [header]
+    for case in done:
+        raw = _median([value for pair in case.raw_sps for value in pair])
+        sps = _median([r["sps"] for r in case.results])
+        ratios = case.ratios()
+        spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else ""
+        shares = {}
+        for key in ("env_s", "act_s", "learn_s"):
+            shares[key] = _median(
+                [r[key] / max(r["env_s"] + r["act_s"] + r["learn_s"], 1e-9) for r in case.results]
+            )
+        per_agent_step = 1e6 / (sps * case.agents) if sps else float("nan")
+        lines.append(
+            f"{case.name:20s} {raw:9.0f} {sps:9.0f} {_median(ratios):6.2f} {spread:>11s} {per_agent_step:13.1f} "
+            f"{100 * shares['env_s']:6.1f} {100 * shares['act_s']:6.1f} {100 * shares['learn_s']:7.1f} "
+            f"{_median([r['peak_rss_mb'] for r in case.results]):8.0f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every case `--repeats` times, the raw env before and after each training run, and print
+    the medians; a case's ratio is the median over its runs of training over the raw rate around it."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--steps", type=int, default=48_000, help="env steps of each simple_spread training run"
+    )
+    parser.add_argument("--only", nargs="*", help="run only cases whose name contains one of these words")
+    parser.add_argument("--device", default="cpu", help="device of the VMAS cases: cpu or cuda (GPU check)")
+    options = parser.parse_args(argv)
+    selected = [
+        c
+        for c in cases(options.steps, options.device)
+        if not options.only or any(w in c.name for w in options.only)
+    ]
+    keep_freed_memory()  # the raw envs run under the allocator setting that training uses
+    for repeat in range(options.repeats):
+        for case in selected:
+            before = case.raw()
+            case.results.append(training_run(case.experiment, case.overrides))
+            case.raw_sps.append((before, case.raw()))  # raw on both sides: the machine's speed drifts
+            print(
+                f"[{repeat + 1}/{options.repeats}] {case.name}: raw {before:.0f} / {case.raw_sps[-1][1]:.0f} "
+                f"steps/s (before / after), training {case.results[-1]['sps']:.0f} steps/s, "
+                f"ratio {case.ratios()[-1]:.2f}",
+                flush=True,
+            )
+    print()
+    print(report(selected))
+    if any(case.name.startswith("spread") for case in selected):
+        bare = [
+            raw_pettingzoo_sps("mpe2/simple_spread_v3", SPREAD_KWARGS, bare=True)
+            for _ in range(options.repeats)
+        ]
+        print(
+            f"simple_spread raw without its assertion-only wrappers and discarded observations "
+            f"(how the adapter steps it): "
+            f"{_median(bare):.0f} steps/s"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""PettingZoo AEC (turn-based) envs: one move per step, only the agent to move is alive.
+
+Each step sends the action of `env.agent_selection` and writes every agent's reward of that move
+(in a two-player game the loser is paid on the winner's move). `fold_turns` then joins each
+agent's moves into transitions from one of its turns to the next, so a reward that arrives
+while an agent waits is credited to its last move. Agents that are done are stepped with `None`
+until the env removes them, as the AEC API requires.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from marl_ppo.envs.adapters.pettingzoo import ParallelEnvAdapter
+from marl_ppo.envs.spec import TeamArrays
+
+
+def is_aec(env: Any) -> bool:
+    """True for PettingZoo AEC envs (and their wrappers)."""
+    from pettingzoo import AECEnv
+
+    return isinstance(env, AECEnv)
+
+
+class TurnBasedAdapter(ParallelEnvAdapter):
+    """Steps one AEC env a move at a time, with the ParallelEnvAdapter interface."""
+
+    def reset(self, seed: int | None, out: TeamArrays) -> None:
+        """Reset the env; every agent's observation is written, only the agent to move is alive."""
+        self.ended_at, self.step_count = self.step_count, 0
+        self._call("reset", self.env.reset, seed=seed)
+        if not self.env.agents:
+            raise self._error(None, "reset returned no agents; at least one must be live")
+        self._next_turn(out)
+
+    def step(self, actions: Sequence[np.ndarray], out: TeamArrays) -> bool:
+        """Play the move of the agent to move; True when the game is over."""
+        mover = self.env.agent_selection
+        g, i = self._slot(mover)
+        self.step_count += 1
+        self._call("step", self.env.step, self._to_env_action(g, actions[g][i]))
+        self._clear_step(out)
+        for agent in self.env.rewards:
+            g, i = self._slot(agent)
+            self._write_reward(agent, self.env.rewards, out.reward[g], i)
+        for agent in self.env.agents:
+            g, i = self._slot(agent)
+            out.terminated[g][i] = bool(self.env.terminations[agent])
+            out.truncated[g][i] = bool(self.env.truncations[agent]) and not out.terminated[g][i]
+        self._observe_all(out.final_obs)
+        self._write_state(out.final_state, out.final_obs)
+        while self.env.agents and self._done(self.env.agent_selection):
+            self._call("step", self.env.step, None)  # finished agents leave through a None step
+        if self.env.agents:
+            self._next_turn(out)
+            return False
+        for g in range(len(self.spec.groups)):
+            out.alive[g].fill(False)
+            out.obs[g].fill(0.0)
+        out.state[...] = out.final_state
+        return True
+
+    def _done(self, agent: str) -> bool:
+        return bool(self.env.terminations[agent] or self.env.truncations[agent])
+
+    def _observe_all(self, target: list[np.ndarray]) -> None:
+        for agent in self.env.agents:
+            g, i = self._slot(agent)
+            target[g][i] = self._flatten(agent, self.env.observe(agent))
+
+    def _next_turn(self, out: TeamArrays) -> None:
+        """Observations for the next move: every present agent's view; alive and mask for the mover only."""
+        mover = self.env.agent_selection
+        for g in range(len(self.spec.groups)):
+            out.obs[g].fill(0.0)
+            out.alive[g].fill(False)
+            out.action_mask[g].fill(True)
+        self._observe_all(out.obs)
+        g, i = self._slot(mover)
+        out.alive[g][i] = True
+        self._write_mask(mover, self.env.observe(mover), self.env.infos, out.action_mask[g][i])
+        self._write_state(out.state, out.obs)

@@ -1,0 +1,190 @@
+"""PettingZoo ParallelEnv adapter: per-agent dicts in, per-group arrays out.
+
+The adapter writes into arrays it is handed (rows of the vector env's preallocated storage),
+so no per-step dict-of-dicts is rebuilt beyond what the PettingZoo API itself forces.
+Conventions (docs/design.md): agent order is `possible_agents`; absent agents keep their slot with
+`alive = False` and zero observations; terminated and truncated stay separate; `final_obs` and
+`final_state` hold what the step returned, before any reset, for the truncation bootstrap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from marl_ppo.envs.adapters.contract import (
+    REJOIN_KEY,
+    ContractChecks,
+    EnvContractError,
+    box_mismatch,
+    describe,
+)
+from marl_ppo.envs.grouping import has_mask_in_obs, is_image, pool_image
+from marl_ppo.envs.spec import TeamArrays, TeamSpec
+
+
+class ParallelEnvAdapter(ContractChecks):
+    """Steps one PettingZoo ParallelEnv, reading actions from and writing results into group arrays."""
+
+    def __init__(self, env: Any, spec: TeamSpec) -> None:
+        self.env = env
+        self.spec = spec
+        self._slots = {agent: spec.group_of(agent) for agent in spec.agents}
+        self.step_count = 0
+        """Steps of the current episode (0 after reset); named in contract errors."""
+        self.ended_at = 0
+        self.copy_index = 0
+        """Which env copy this adapter steps (the vector env sets it); named in contract errors."""
+        self._rejoin = bool((getattr(env, "metadata", None) or {}).get(REJOIN_KEY, False))
+        self._done_at: dict[str, int] = {}
+
+    def reset(self, seed: int | None, out: TeamArrays) -> None:
+        """Reset the env and write the first observations, alive flags, masks and state into `out`."""
+        self.ended_at, self.step_count = self.step_count, 0
+        self._done_at.clear()
+        result = self._call("reset", self.env.reset, seed=seed)
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise self._error(None, f"reset returned {describe(result)}; expected (observations, infos)")
+        observations, infos = result
+        if not self.env.agents:
+            raise self._error(None, "reset returned no agents; at least one must be live")
+        for g in range(len(self.spec.groups)):
+            out.obs[g].fill(0.0)
+            out.alive[g].fill(False)
+            out.action_mask[g].fill(True)
+        for agent in self.env.agents:
+            g, i = self._slot(agent)
+            if agent not in observations:
+                raise self._error(agent, "reset gave no observation for this live agent")
+            out.obs[g][i] = self._flatten(agent, observations[agent])
+            out.alive[g][i] = True
+            self._write_mask(agent, observations[agent], infos, out.action_mask[g][i])
+        self._write_state(out.state, out.obs)
+
+    def step(self, actions: Sequence[np.ndarray], out: TeamArrays) -> bool:
+        """Send the live agents' actions; write rewards, flags, next obs and masks. True when the episode is over."""
+        action_dict = {}
+        for agent in self.env.agents:
+            g, i = self._slot(agent)
+            action_dict[agent] = self._to_env_action(g, actions[g][i])
+        self.step_count += 1
+        result = self._call("step", self.env.step, action_dict)
+        if not (isinstance(result, tuple) and len(result) == 5):
+            raise self._error(
+                None,
+                f"step returned {describe(result)}; expected (observations, rewards, terminations, "
+                "truncations, infos)",
+            )
+        observations, rewards, terminations, truncations, infos = result
+        self._clear_step(out)
+        for agent in action_dict:
+            g, i = self._slots[agent]
+            self._write_reward(agent, rewards, out.reward[g], i)
+            out.terminated[g][i] = bool(terminations.get(agent, False))
+            out.truncated[g][i] = bool(truncations.get(agent, False)) and not out.terminated[g][i]
+            if not self._rejoin and (out.terminated[g][i] or out.truncated[g][i]):
+                self._done_at.setdefault(agent, self.step_count)
+        for agent, observation in observations.items():  # includes agents that join this step
+            g, i = self._slot(agent)
+            out.final_obs[g][i] = self._flatten(agent, observation)
+        live = set(self.env.agents)
+        if self._done_at:
+            self._check_no_rejoin(live)
+        for g, group in enumerate(self.spec.groups):
+            for i, agent in enumerate(group.agents):
+                still = agent in live and not (out.terminated[g][i] or out.truncated[g][i])
+                if still and agent not in observations:
+                    raise self._error(agent, "step gave no observation for this live agent")
+                out.alive[g][i] = still
+                out.obs[g][i] = out.final_obs[g][i] if still else 0.0
+                if still and group.mask_source is not None:
+                    self._write_mask(agent, observations.get(agent), infos, out.action_mask[g][i])
+        self._write_state(out.final_state, out.final_obs)
+        if self.spec.state_from_env:
+            out.state[...] = out.final_state
+        else:
+            self._write_state(out.state, out.obs)
+        return not any(out.alive[g].any() for g in range(len(self.spec.groups)))
+
+    def _clear_step(self, out: TeamArrays) -> None:
+        """Reset what a step reports (rewards, flags, final obs, masks) before the step writes it."""
+        for g in range(len(self.spec.groups)):
+            out.reward[g].fill(0.0)
+            out.terminated[g].fill(False)
+            out.truncated[g].fill(False)
+            out.final_obs[g].fill(0.0)
+            out.action_mask[g].fill(True)
+
+    def close(self) -> None:
+        """Close the underlying env."""
+        self.env.close()
+
+    def _slot(self, agent: str) -> tuple[int, int]:
+        try:
+            return self._slots[agent]
+        except (KeyError, TypeError):
+            raise self._error(agent, f"agent is not in possible_agents {list(self.spec.agents)}") from None
+
+    def _flatten(self, agent: str, observation: Any) -> np.ndarray:
+        g, _ = self._slots[agent]
+        space = self.spec.groups[g].observation_space
+        try:
+            if has_mask_in_obs(space):
+                space, observation = space["observation"], observation["observation"]
+            if isinstance(space, gym.spaces.Box):
+                array = np.asarray(observation)
+                problem = box_mismatch(array, space)
+                if problem is not None:
+                    raise self._error(agent, problem)
+                if is_image(space) and self.spec.image_pool > 1:
+                    return pool_image(array, self.spec.image_pool).reshape(-1)
+                return array.astype(np.float32, copy=False).reshape(-1)
+            return np.asarray(gym.spaces.flatten(space, observation), dtype=np.float32)
+        except EnvContractError:
+            raise
+        except Exception:
+            raise self._error(agent, f"observation {describe(observation)} does not fit {space}") from None
+
+    def _write_mask(
+        self, agent: str, observation: Any, infos: Mapping[str, Any] | None, target: np.ndarray
+    ) -> None:
+        g, _ = self._slots[agent]
+        source = self.spec.groups[g].mask_source
+        if source is None:
+            return
+        raw = (
+            observation["action_mask"] if source == "obs" else (infos or {}).get(agent, {}).get("action_mask")
+        )
+        if raw is None:
+            raise self._error(
+                agent,
+                f"no action_mask in its {'observation' if source == 'obs' else 'infos'}, though it had one at reset",
+            )
+        parts = raw if isinstance(raw, tuple | list) and len(raw) and np.ndim(raw[0]) == 1 else [raw]
+        target[...] = np.concatenate([np.asarray(p).reshape(-1) for p in parts]).astype(bool)
+
+    def _to_env_action(self, g: int, action: np.ndarray) -> Any:
+        space = self.spec.groups[g].action_space
+        if isinstance(space, gym.spaces.Discrete):
+            return int(action) + int(space.start)
+        if isinstance(space, gym.spaces.MultiDiscrete):
+            return np.asarray(action, dtype=space.dtype).reshape(space.shape) + space.start
+        return np.clip(action.reshape(space.shape), space.low, space.high).astype(space.dtype, copy=False)
+
+    def _write_state(self, target: np.ndarray, obs: list[np.ndarray]) -> None:
+        if self.spec.state_from_env:
+            state = np.asarray(self._call("state", self.env.state))
+            if state.ndim == 3 and self.spec.image_pool > 1:
+                state = pool_image(state, self.spec.image_pool)
+            if state.size != target.size:
+                raise self._error(None, f"state() returned {state.size} values; expected {target.size}")
+            target[...] = state.reshape(-1)
+            return
+        position = 0
+        for g, group in enumerate(self.spec.groups):
+            size = group.num_agents * group.obs_dim
+            target[position : position + size] = obs[g].reshape(-1)
+            position += size

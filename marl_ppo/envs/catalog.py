@@ -1,0 +1,150 @@
+"""The standard benchmark catalog: ids, factories and the optional extra that provides each family.
+
+Registering imports nothing: every factory imports its package when an env is built. Families and
+their extras (`pip install 'marl-ppo[EXTRA]'`):
+- `mpe2/*` (mpe): every mpe2 scenario;
+- `sisl/*` (sisl): multiwalker, pursuit (PettingZoo 1.27 no longer ships waterworld);
+- `butterfly/*` (butterfly): pistonball, cooperative_pong, knights_archers_zombies;
+- `classic/*` (classic): rock-paper-scissors (parallel), connect four and tic-tac-toe (turn-based);
+  both seats share one policy (self-play);
+- `lbf/*` (lbf) and `rware/*` (rware): Gymnasium multi-agent envs, time limits reported as truncation;
+- `magent2/battle_v4` (magent2): two armies of many agents;
+- `vmas/*` (vmas): VMAS scenarios as one batched simulator whose tensors stay on the training device.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Any
+
+from marl_ppo.envs.registry import EnvError, register_env, register_prefix
+
+MPE2_SCENARIOS = (
+    "simple_v3",
+    "simple_adversary_v3",
+    "simple_crypto_v3",
+    "simple_push_v3",
+    "simple_reference_v3",
+    "simple_speaker_listener_v4",
+    "simple_spread_v3",
+    "simple_tag_v3",
+    "simple_world_comm_v3",
+)
+
+PETTINGZOO_PARALLEL = {
+    # our id: (PettingZoo registry id, extra, modules it needs)
+    "sisl/multiwalker_v9": ("sisl/multiwalker-v9", "sisl", ("pettingzoo", "Box2D", "pygame")),
+    "sisl/pursuit_v5": ("sisl/pursuit-v5", "sisl", ("pettingzoo", "pygame")),
+    "butterfly/pistonball_v6": ("butterfly/pistonball-v6", "butterfly", ("pettingzoo", "pymunk", "pygame")),
+    "butterfly/cooperative_pong_v6": ("butterfly/cooperative_pong-v6", "butterfly", ("pettingzoo", "pygame")),
+    "butterfly/knights_archers_zombies_v11": (
+        "butterfly/knights_archers_zombies-v11",
+        "butterfly",
+        ("pettingzoo", "pygame"),
+    ),
+    "classic/rps_v2": ("classic/rps-v2", "classic", ("pettingzoo", "pygame")),
+}
+
+PETTINGZOO_AEC = {  # turn-based games, played move by move (marl_ppo.envs.adapters.aec)
+    "classic/connect_four_v3": "classic/connect_four-v3",
+    "classic/tictactoe_v3": "classic/tictactoe-v3",
+}
+
+LBF_TASKS = {
+    # EPyMARL's task list; lbforaging registers at most 4 food, so the 5-food tasks set max_num_food
+    "Foraging-8x8-2p-2f-coop-v3": ("Foraging-8x8-2p-2f-coop-v3", {}),
+    "Foraging-2s-8x8-2p-2f-coop-v3": ("Foraging-2s-8x8-2p-2f-coop-v3", {}),
+    "Foraging-10x10-3p-3f-v3": ("Foraging-10x10-3p-3f-v3", {}),
+    "Foraging-2s-10x10-3p-3f-v3": ("Foraging-2s-10x10-3p-3f-v3", {}),
+    "Foraging-15x15-3p-5f-v3": ("Foraging-15x15-3p-4f-v3", {"max_num_food": 5}),
+    "Foraging-15x15-4p-3f-v3": ("Foraging-15x15-4p-3f-v3", {}),
+    "Foraging-15x15-4p-5f-v3": ("Foraging-15x15-4p-4f-v3", {"max_num_food": 5}),
+}
+VMAS_SCENARIOS = ("navigation", "balance", "sampling", "transport", "wheel", "dispersion", "give_way")
+
+RWARE_TASKS = ("rware-tiny-2ag-v2", "rware-tiny-4ag-v2", "rware-small-4ag-v2")
+
+
+def pettingzoo_parallel(name: str, **kwargs: Any) -> Any:
+    """A PettingZoo ParallelEnv from PettingZoo's own registry."""
+    import pettingzoo
+
+    return pettingzoo.make("parallel", name, **kwargs)
+
+
+def pettingzoo_aec(name: str, **kwargs: Any) -> Any:
+    """A PettingZoo AEC (turn-based) env from PettingZoo's own registry."""
+    import pettingzoo
+
+    return pettingzoo.make("aec", name, **kwargs)
+
+
+def gymnasium_team(gym_id: str, package: str, **kwargs: Any) -> Any:
+    """An env of a package that registers its ids with Gymnasium (LBF, RWARE), as a team."""
+    importlib.import_module(package)  # registers its ids with gymnasium
+    return gymnasium_id(gym_id, **kwargs)
+
+
+def gymnasium_id(gym_id: str, **kwargs: Any) -> Any:
+    """Any id of Gymnasium's registry as a team (one agent, or one per element of Tuple spaces)."""
+    import gymnasium
+
+    from marl_ppo.envs.adapters.gymnasium import GymnasiumTeamEnv
+
+    try:
+        env = gymnasium.make(gym_id, **kwargs)
+    except gymnasium.error.Error as err:
+        raise EnvError(f"Gymnasium env '{gym_id}': {err}") from None
+    return GymnasiumTeamEnv(env)
+
+
+def make_vmas(scenario: str, *, num_envs: int = 32, device: str = "cpu", **kwargs: Any) -> Any:
+    """The raw batched VMAS environment (terminated and truncated kept apart, dict spaces)."""
+    import vmas
+
+    kwargs.setdefault("continuous_actions", True)
+    kwargs.setdefault("max_steps", 100)
+    return vmas.make_env(
+        scenario=scenario,
+        num_envs=num_envs,
+        device=device,
+        dict_spaces=True,
+        terminated_truncated=True,
+        **kwargs,
+    )
+
+
+def _slug(gym_id: str) -> str:
+    return gym_id.lower().replace("-", "_")
+
+
+def register_catalog() -> None:
+    """Register every catalog id and the `gymnasium/` prefix (cheap: nothing is imported).
+
+    Called through the `marl_ppo.envs` entry point, as any other package's envs are.
+    """
+    register_prefix("gymnasium/", gymnasium_id)
+    for name in MPE2_SCENARIOS:
+        register_env(f"mpe2/{name}", f"mpe2.{name}:parallel_env", extra="mpe")
+    for env_id, (name, extra, modules) in PETTINGZOO_PARALLEL.items():
+        register_env(env_id, functools.partial(pettingzoo_parallel, name), extra=extra, requires=modules)
+    for env_id, name in PETTINGZOO_AEC.items():
+        factory = functools.partial(pettingzoo_aec, name)
+        register_env(env_id, factory, extra="classic", requires=("pettingzoo", "pygame"))
+    for task, (gym_id, kwargs) in LBF_TASKS.items():
+        factory = functools.partial(gymnasium_team, gym_id, "lbforaging")
+        register_env(f"lbf/{_slug(task)}", factory, extra="lbf", requires=("lbforaging",), **kwargs)
+    for task in RWARE_TASKS:
+        factory = functools.partial(gymnasium_team, task, "rware")
+        register_env(f"rware/{_slug(task)}", factory, extra="rware", requires=("rware",))
+    for scenario in VMAS_SCENARIOS:
+        factory = functools.partial(make_vmas, scenario)
+        register_env(f"vmas/{scenario}", factory, extra="vmas", requires=("vmas",), batched=True)
+    register_env(
+        "magent2/battle_v4",
+        "magent2.environments.battle_v4:parallel_env",
+        extra="magent2",
+        requires=("magent2",),
+        map_size=20,
+    )

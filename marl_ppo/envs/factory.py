@@ -1,0 +1,148 @@
+"""From a config to env copies: one adapted copy, its team layout, and the vector env of E copies.
+
+`resolve_vector` also settles `vector: auto` (in this process or in rollout workers) from the cores
+available and a short timing probe of one env step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from marl_ppo.config import ExperimentConfig
+from marl_ppo.envs.adapters.aec import TurnBasedAdapter, is_aec
+from marl_ppo.envs.adapters.gymnasium import GymnasiumTeamEnv
+from marl_ppo.envs.adapters.pettingzoo import ParallelEnvAdapter
+from marl_ppo.envs.grouping import build_team_spec
+from marl_ppo.envs.registry import EnvError, env_spec, make_env
+from marl_ppo.envs.spec import GroupSpec, TeamArrays, TeamSpec
+from marl_ppo.envs.vector.base import VectorEnv
+from marl_ppo.envs.vector.subprocess import SubprocessVectorEnv
+from marl_ppo.envs.vector.sync import SyncVectorEnv
+from marl_ppo.envs.vmas.adapter import VmasVectorEnv
+from marl_ppo.fast.lean_cycle import without_check_wrappers
+
+
+def is_batched(config: ExperimentConfig) -> bool:
+    """Whether the configured env id is a batched simulator (VMAS): one object holds every copy."""
+    return ":" not in config.env.id and env_spec(config.env.id).batched
+
+
+def make_team_env(config: ExperimentConfig) -> Any:
+    """Build one env copy and check it is a PettingZoo env (parallel or AEC)."""
+    env = make_env(config.env.id, **config.env.kwargs)
+    if isinstance(env, gym.Env):  # a Gymnasium env: single-agent, or a team with Tuple spaces
+        env = GymnasiumTeamEnv(env)
+    if not hasattr(env, "possible_agents"):
+        raise EnvError(
+            f"env '{config.env.id}' returned {type(env).__name__}, not a PettingZoo env; return a ParallelEnv "
+            "or AEC env (wrap a Gymnasium env in marl_ppo.envs.GymnasiumTeamEnv)"
+        )
+    return env
+
+
+def make_adapter(config: ExperimentConfig, spec: TeamSpec) -> ParallelEnvAdapter:
+    """One env copy behind the adapter its kind needs (turn by turn for AEC envs)."""
+    env = make_team_env(config)
+    if is_aec(env):
+        return TurnBasedAdapter(env, spec)
+    return ParallelEnvAdapter(without_check_wrappers(env) if config.env.skip_check_wrappers else env, spec)
+
+
+def build_vector_env(config: ExperimentConfig, device: torch.device | None = None) -> VectorEnv:
+    """E copies of the configured env: one batched simulator, or copies in this process or in workers."""
+    if is_batched(config):
+        device = device or torch.device("cpu")
+        make = functools.partial(
+            make_env, config.env.id, num_envs=config.num_envs, device=str(device), **config.env.kwargs
+        )
+        return VmasVectorEnv(make(seed=config.seed), config.env.id, make_spare=make)
+    config = resolve_vector(config)
+    spec = team_spec(config)
+    make_copy = functools.partial(make_adapter, config, spec)
+    if config.vector == "subprocess":
+        return SubprocessVectorEnv(
+            make_copy, config.num_envs, config.num_workers, timeout_s=config.worker_timeout_s
+        )
+    return SyncVectorEnv(make_copy, config.num_envs)
+
+
+def team_spec(config: ExperimentConfig) -> TeamSpec:
+    """The team layout (groups, spaces, state) of the configured env, from one probe copy."""
+    probe = make_team_env(config)
+    spec = build_team_spec(
+        probe, config.env.id, config.env.groups, image_pool=config.env.image_pool, state=config.env.state
+    )
+    probe.close()
+    return spec
+
+
+AUTO_WORKERS_MIN_STEP_S = 50e-6
+"""`vector: auto` runs env copies in rollout workers when one env step costs at least this long."""
+
+
+def resolve_vector(config: ExperimentConfig) -> ExperimentConfig:
+    """Replace `vector: auto` by `sync` or `workers`, from the cores available and the env's step cost
+    (and set policy_lag to 0 unless the envs run in rollout workers).
+
+    Workers pay for themselves when there are at least two cores, enough env copies to split
+    (two per worker) and an env step that costs more than the per-step bookkeeping (50 us);
+    toy envs and single-core machines run in this process. The choice is recorded in the run's
+    config.yaml, so a rerun from that file takes the same path.
+    """
+    if config.vector != "auto":
+        return config if config.vector == "workers" else dataclasses.replace(config, policy_lag=0)
+    cores = usable_cores()
+    batched = is_batched(config)
+    enough = cores >= 2 and config.num_envs >= 2 * min(config.num_workers, cores)
+    if batched or not enough:
+        return dataclasses.replace(config, vector="sync", policy_lag=0)
+    seconds = probe_step_seconds(config)
+    if seconds >= AUTO_WORKERS_MIN_STEP_S:
+        return dataclasses.replace(config, vector="workers")
+    return dataclasses.replace(config, vector="sync", policy_lag=0)
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def probe_step_seconds(config: ExperimentConfig, budget_s: float = 0.25) -> float:
+    """Typical seconds (25th percentile) of one adapter step of one env copy, with a fixed legal action."""
+    spec = team_spec(config)
+    adapter = make_adapter(config, spec)
+    arrays = TeamArrays.allocate(spec)
+    adapter.reset(config.seed, arrays)
+    times: list[float] = []
+    deadline = time.perf_counter() + budget_s
+    while time.perf_counter() < deadline and len(times) < 200:
+        actions = [_first_allowed(g, m) for g, m in zip(spec.groups, arrays.action_mask, strict=True)]
+        started = time.perf_counter()
+        over = adapter.step(actions, arrays)
+        times.append(time.perf_counter() - started)
+        if over:
+            adapter.reset(None, arrays)
+    adapter.close()
+    return float(np.percentile(times, 25))  # robust to a busy machine: preempted steps are outliers
+
+
+def _first_allowed(group: GroupSpec, mask: np.ndarray) -> np.ndarray:
+    """Per agent of the group, the first action its mask allows (the middle of a Box)."""
+    space = group.action_space
+    if isinstance(space, gym.spaces.Discrete):
+        return mask.argmax(-1) if mask.shape[-1] else np.zeros(group.num_agents, dtype=np.int64)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        if not mask.shape[-1]:
+            return np.zeros((group.num_agents, *group.action_shape), dtype=np.int64)
+        bounds = np.cumsum([0, *space.nvec.reshape(-1)])
+        return np.stack([mask[:, a:b].argmax(-1) for a, b in zip(bounds[:-1], bounds[1:], strict=True)], -1)
+    middle = (np.clip(space.low, -1e6, 1e6) + np.clip(space.high, -1e6, 1e6)) / 2
+    return np.broadcast_to(middle.reshape(-1), (group.num_agents, *group.action_shape)).astype(np.float32)

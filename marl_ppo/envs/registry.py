@@ -1,0 +1,243 @@
+"""Environment registry: ids to factories, resolved lazily so registering imports nothing heavy.
+
+`env.id` may be
+- a registered id such as `mpe2/simple_spread_v3` (family/name; the `marl_ppo.envs` entry points,
+  the project's own catalog among them, register them on first lookup),
+- a registered prefix and the rest of the id, such as `gymnasium/<id>` for any id of Gymnasium's
+  own registry,
+- `package.module:callable`, or
+- `path/to/file.py:callable`.
+The callable returns a PettingZoo env (parallel or AEC) or a Gymnasium env; `env.kwargs` are passed
+to it. Batched simulators (VMAS) register with `batched=True` and build all copies at once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+Factory = Callable[..., Any]
+
+
+class EnvError(ValueError):
+    """A user-facing environment problem (unknown id, missing extra, bad factory); one line."""
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """A registered environment: a factory or a lazy `module:attr` entry point, plus default kwargs."""
+
+    id: str
+    entry_point: Factory | str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    extra: str | None = None
+    """The optional dependency group that provides it (`pip install marl-ppo[extra]`)."""
+    requires: tuple[str, ...] = ()
+    """Top-level modules the env needs; default: the entry point's package."""
+    batched: bool = False
+    """The factory builds all copies at once: it takes `num_envs`, `device` and `seed` (VMAS)."""
+
+    @property
+    def family(self) -> str:
+        """The part of the id before the slash (`mpe2` for `mpe2/simple_spread_v3`)."""
+        return self.id.split("/", 1)[0] if "/" in self.id else ""
+
+    @property
+    def missing_modules(self) -> list[str]:
+        """The modules it needs that cannot be imported (checked without importing them)."""
+        modules = self.requires
+        if not modules and isinstance(self.entry_point, str):
+            modules = (self.entry_point.partition(":")[0].split(".")[0],)
+        return [module for module in modules if importlib.util.find_spec(module) is None]
+
+    @property
+    def installed(self) -> bool:
+        """Whether everything it needs is installed."""
+        return not self.missing_modules
+
+    def load(self) -> Factory:
+        """Import (if needed) and return the factory callable."""
+        if callable(self.entry_point):
+            return self.entry_point
+        return _import_attr(self.entry_point, extra=self.extra, env_id=self.id)
+
+
+_REGISTRY: dict[str, EnvSpec] = {}
+_PREFIXES: dict[str, Callable[..., Any]] = {}
+"""Id prefixes whose rest names the env: `factory(rest, **kwargs)` builds it (`gymnasium/CartPole-v1`)."""
+_ENTRY_POINTS_LOADED = False
+ENTRY_POINT_GROUP = "marl_ppo.envs"
+
+
+def _load_entry_points() -> None:
+    """Call every `marl_ppo.envs` entry point once (third-party packages register their envs there)."""
+    global _ENTRY_POINTS_LOADED
+    if _ENTRY_POINTS_LOADED:
+        return
+    _ENTRY_POINTS_LOADED = True
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            hook = entry.load()
+        except Exception as err:  # a broken plugin must not break every other env
+            print(f"warning: env plugin '{entry.value}' failed to load: {err}", file=sys.stderr)
+            continue
+        hook()
+
+
+def register_env(
+    env_id: str,
+    factory: Factory | str | None = None,
+    *,
+    extra: str | None = None,
+    requires: tuple[str, ...] = (),
+    batched: bool = False,
+    **default_kwargs: Any,
+) -> Any:
+    """Register `factory` under `env_id`; without a factory, returns a decorator that registers its target."""
+    if not env_id or env_id != env_id.strip() or " " in env_id:
+        raise EnvError(f"invalid env id {env_id!r}; use a name like 'myfamily/my_env_v0'")
+
+    def add(target: Factory | str) -> Factory | str:
+        _REGISTRY[env_id] = EnvSpec(env_id, target, dict(default_kwargs), extra, tuple(requires), batched)
+        return target
+
+    if factory is None:
+        return add
+    add(factory)
+    return factory
+
+
+def register_prefix(prefix: str, factory: Callable[..., Any]) -> None:
+    """Make every id `prefix + rest` an env built by `factory(rest, **kwargs)` (registered ids win)."""
+    if not prefix.endswith("/"):
+        raise EnvError(f"invalid id prefix {prefix!r}; a prefix ends with '/', like 'gymnasium/'")
+    _PREFIXES[prefix] = factory
+
+
+def registered_specs() -> list[EnvSpec]:
+    """All registered specs, sorted by id."""
+    _load_entry_points()
+    return [_REGISTRY[env_id] for env_id in sorted(_REGISTRY)]
+
+
+def registered_ids() -> list[str]:
+    """All registered ids, sorted."""
+    _load_entry_points()
+    return sorted(_REGISTRY)
+
+
+def env_spec(env_id: str) -> EnvSpec:
+    """The spec of a registered id, or an EnvError listing close matches."""
+    if env_id not in _REGISTRY:
+        _load_entry_points()
+    if env_id in _REGISTRY:
+        return _REGISTRY[env_id]
+    for prefix, factory in _PREFIXES.items():
+        if env_id.startswith(prefix) and len(env_id) > len(prefix):
+            return EnvSpec(env_id, functools.partial(factory, env_id[len(prefix) :]))
+    close = difflib.get_close_matches(env_id, list(_REGISTRY), n=3, cutoff=0.5)
+    hint = (
+        f"did you mean {', '.join(repr(c) for c in close)}?" if close else "run `marl-ppo envs` to list ids"
+    )
+    raise EnvError(f"unknown env id '{env_id}'; {hint}")
+
+
+def resolve_factory(env_id: str) -> tuple[Factory, dict[str, Any]]:
+    """The factory behind an env id and its registered default kwargs."""
+    if ":" not in env_id:
+        spec = env_spec(env_id)
+        missing = spec.missing_modules
+        if missing and spec.extra is not None:
+            raise EnvError(_missing_extra(env_id, ", ".join(missing), spec.extra))
+        return spec.load(), dict(spec.kwargs)
+    target, _, attr = env_id.rpartition(":")
+    if target.endswith(".py"):
+        return _load_from_file(Path(target), attr, env_id), {}
+    return _import_attr(env_id, extra=None, env_id=env_id), {}
+
+
+def make_env(env_id: str, **kwargs: Any) -> Any:
+    """Build the environment exactly as its factory returns it (registered defaults, then `kwargs`)."""
+    factory, defaults = resolve_factory(env_id)
+    try:
+        return factory(**{**defaults, **kwargs})
+    except TypeError as err:
+        raise EnvError(f"env '{env_id}' rejected its kwargs: {err}; check env.kwargs") from None
+    except ModuleNotFoundError as err:
+        extra = _REGISTRY[env_id].extra if env_id in _REGISTRY else None
+        if extra is None:
+            raise _factory_failed(env_id, err) from err
+        raise EnvError(_missing_extra(env_id, str(err.name), extra)) from None
+    except Exception as err:
+        raise _factory_failed(env_id, err) from err
+
+
+def _factory_failed(env_id: str, err: Exception) -> EnvError:
+    text = " ".join(str(err).split())
+    return EnvError(
+        f"env '{env_id}': its factory raised {type(err).__name__}: {text}; --debug shows the traceback"
+    )
+
+
+def _missing_extra(env_id: str, package: str, extra: str) -> str:
+    return f"env '{env_id}' needs the optional package '{package}'; install it with: pip install 'marl-ppo[{extra}]'"
+
+
+def _import_attr(entry_point: str, *, extra: str | None, env_id: str) -> Factory:
+    module_name, _, attr = entry_point.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if extra is not None:
+            raise EnvError(_missing_extra(env_id, str(err.name), extra)) from None
+        raise EnvError(
+            f"env '{env_id}': cannot import module '{module_name}' ({err}); check env.id"
+        ) from None
+    except Exception as err:  # a syntax error or a failing import inside the module
+        raise EnvError(
+            f"env '{env_id}': importing module '{module_name}' raised {type(err).__name__}: "
+            f"{' '.join(str(err).split())}; --debug shows the traceback"
+        ) from err
+    try:
+        factory = getattr(module, attr)
+    except AttributeError:
+        raise EnvError(
+            f"env '{env_id}': module '{module_name}' has no attribute '{attr}'; check env.id"
+        ) from None
+    if not callable(factory):
+        raise EnvError(f"env '{env_id}': '{entry_point}' is not callable; point env.id at a factory function")
+    return factory
+
+
+def _load_from_file(path: Path, attr: str, env_id: str) -> Factory:
+    if not path.is_file():
+        raise EnvError(f"env '{env_id}': file '{path}' does not exist; check env.id")
+    module_name = f"marl_ppo_user_env_{abs(hash(str(path.resolve())))}"
+    module = sys.modules.get(module_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise EnvError(f"env '{env_id}': cannot load '{path}' as a Python file")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as err:  # a syntax error or a failing import inside the file
+            del sys.modules[module_name]
+            raise EnvError(
+                f"env '{env_id}': loading '{path}' raised {type(err).__name__}: "
+                f"{' '.join(str(err).split())}; --debug shows the traceback"
+            ) from err
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise EnvError(f"env '{env_id}': '{path}' defines no callable '{attr}'; check env.id")
+    return factory

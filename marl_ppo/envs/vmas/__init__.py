@@ -1,0 +1,1 @@
+"""VMAS: every copy in one batched torch simulator, read and written as tensors on the training device."""

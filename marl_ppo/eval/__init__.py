@@ -1,0 +1,1 @@
+"""Evaluation: deterministic episodes of a policy, from a run in progress or from a checkpoint, and video."""

@@ -1,0 +1,213 @@
+"""Evaluation: whole episodes of a policy on env copies seeded apart from training, with 95% CIs.
+
+`run_episodes` plays any vector env with a policy; `PeriodicEvaluation` runs it during training
+(logged under `eval/`); `marl_ppo.eval.from_checkpoint` runs it on a saved run for `marl-ppo eval`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from marl_ppo.config import ExperimentConfig, build_config, config_to_dict
+from marl_ppo.envs.vector.base import VectorEnv
+from marl_ppo.models.team import TeamModel
+
+EVAL_SEED_OFFSET = 1_000_000
+"""Eval env copy i is reset with `seed + EVAL_SEED_OFFSET + i`: never a seed a training env copy gets."""
+
+MAX_EPISODE_STEPS = 100_000
+"""An evaluation stops with an error when an env copy runs this many steps without ending an episode."""
+
+
+class EvalError(ValueError):
+    """A user-facing evaluation problem; its message is one line naming the value and the fix."""
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Returns of the evaluated episodes, in a fixed order (env copy, then episode of that copy)."""
+
+    agents: tuple[str, ...]
+    team_returns: np.ndarray
+    """`(N,)`: the sum over agents of each episode's rewards."""
+    agent_returns: np.ndarray
+    """`(N, num_agents)`: each agent's return, in the team's agent order."""
+    lengths: np.ndarray
+    """`(N,)`: env steps of each episode."""
+    seed: int
+    deterministic: bool
+
+    def scalars(self, *, per_agent: bool) -> dict[str, float]:
+        """Mean returns as TensorBoard tags under `eval/` (per agent under `eval/agents/<id>/`)."""
+        scalars = {
+            "eval/team_return": float(self.team_returns.mean()),
+            "eval/agent_return": float(self.agent_returns.mean()),
+            "eval/episode_length": float(self.lengths.mean()),
+        }
+        if per_agent:
+            for agent, returns in zip(self.agents, self.agent_returns.T, strict=True):
+                scalars[f"eval/agents/{agent}/return"] = float(returns.mean())
+        return scalars
+
+    def to_dict(self) -> dict[str, Any]:
+        """Summary statistics with 95% confidence intervals plus every episode's values (for eval.json)."""
+        return {
+            "episodes": len(self.team_returns),
+            "deterministic": self.deterministic,
+            "seed": self.seed,
+            "team_return": mean_ci95(self.team_returns),
+            "agent_return": mean_ci95(self.agent_returns.mean(axis=1)),
+            "agents": {
+                agent: mean_ci95(returns)
+                for agent, returns in zip(self.agents, self.agent_returns.T, strict=True)
+            },
+            "episode_length": mean_ci95(self.lengths),
+            "per_episode": {
+                "team_return": self.team_returns.tolist(),
+                "agent_returns": self.agent_returns.tolist(),
+                "length": self.lengths.tolist(),
+            },
+        }
+
+
+def mean_ci95(values: Sequence[float] | np.ndarray) -> dict[str, Any]:
+    """Mean, sample std and Student-t 95% confidence interval of the mean (nan bounds for one value)."""
+    data = np.asarray(values, dtype=np.float64)
+    mean = float(data.mean())
+    if len(data) < 2:
+        return {"mean": mean, "std": float("nan"), "ci95": [float("nan"), float("nan")]}
+    from scipy import stats
+
+    std = float(data.std(ddof=1))
+    half = float(stats.t.ppf(0.975, len(data) - 1)) * std / math.sqrt(len(data))
+    return {"mean": mean, "std": std, "ci95": [mean - half, mean + half]}
+
+
+def eval_seed(config: ExperimentConfig) -> int:
+    """The first eval env seed of a run: apart from every seed its training env copies get."""
+    return config.seed + EVAL_SEED_OFFSET
+
+
+@contextlib.contextmanager
+def _global_rng_untouched(device: torch.device) -> Iterator[None]:
+    """Restore Python's, NumPy's and torch's global RNG afterwards: evaluation never perturbs training."""
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    devices = [device.index or 0] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
+
+
+def _tensor(value: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
+    return value.to(device) if isinstance(value, torch.Tensor) else torch.from_numpy(value).to(device)
+
+
+def _numpy(value: np.ndarray | torch.Tensor) -> np.ndarray:
+    return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+
+
+@torch.no_grad()
+def policy_actions(model: TeamModel, arrays: Any, device: torch.device, *, deterministic: bool) -> list:
+    """Per-group actions for `arrays.obs` (masks respected): the distribution's mode, or a sample."""
+    obs = [_tensor(o, device) for o in arrays.obs]
+    masks = [_tensor(m, device) for m in arrays.action_mask]
+    dists = model.distributions(obs, masks)
+    return [d.mode() if deterministic else d.sample() for d in dists]
+
+
+def run_episodes(
+    venv: VectorEnv,
+    model: TeamModel,
+    device: torch.device,
+    *,
+    episodes: int,
+    seed: int,
+    deterministic: bool,
+) -> EvalResult:
+    """Play `episodes` whole episodes, each env copy a fixed share of them (so short episodes are not favoured)."""
+    copies, spec = venv.num_envs, venv.spec
+    quota = np.array([episodes // copies + (i < episodes % copies) for i in range(copies)])
+    columns = [[spec.agents.index(a) for a in g.agents] for g in spec.groups]
+    returns = np.zeros((copies, spec.num_agents))
+    lengths = np.zeros(copies, dtype=np.int64)
+    finished: list[list[tuple[np.ndarray, int]]] = [[] for _ in range(copies)]
+    tensor_io = venv.tensor_io
+    with _global_rng_untouched(device):
+        torch.manual_seed(seed)  # stochastic evaluations are reproducible and independent of training
+        arrays = venv.reset(seed)
+        while any(len(done) < share for done, share in zip(finished, quota, strict=True)):
+            actions = policy_actions(model, arrays, device, deterministic=deterministic)
+            arrays = venv.step(actions if tensor_io else [a.cpu().numpy() for a in actions])
+            for group_columns, reward in zip(columns, arrays.reward, strict=True):
+                returns[:, group_columns] += _numpy(reward)
+            lengths += 1
+            for i in np.flatnonzero(_numpy(venv.episode_over)):
+                finished[i].append((returns[i].copy(), int(lengths[i])))
+                returns[i], lengths[i] = 0.0, 0
+            if lengths.max() >= MAX_EPISODE_STEPS:
+                raise EvalError(
+                    f"env '{spec.env_id}' ran {MAX_EPISODE_STEPS} steps without ending an episode; "
+                    "evaluation needs episodes that end (set a time limit in env.kwargs)"
+                )
+    kept = [record for done, share in zip(finished, quota, strict=True) for record in done[:share]]
+    agent_returns = np.stack([r for r, _ in kept])
+    return EvalResult(
+        agents=tuple(spec.agents),
+        team_returns=agent_returns.sum(axis=1),
+        agent_returns=agent_returns,
+        lengths=np.array([length for _, length in kept]),
+        seed=seed,
+        deterministic=deterministic,
+    )
+
+
+def eval_config(config: ExperimentConfig, episodes: int, **env_kwargs: Any) -> ExperimentConfig:
+    """The run's config for evaluation: in-process env copies (at most one per episode), extra env kwargs."""
+    data = config_to_dict(config)
+    data.update(vector="sync", policy_lag=0, num_envs=min(episodes, config.num_envs))
+    data["ppo"]["num_minibatches"] = 1  # unused here; keeps the batch-size check valid for few copies
+    data["env"]["kwargs"] = {**data["env"]["kwargs"], **env_kwargs}
+    return build_config(data)
+
+
+class PeriodicEvaluation:
+    """Deterministic evaluations during training every `eval_every` env steps, on env copies of their own."""
+
+    def __init__(
+        self, config: ExperimentConfig, venv: VectorEnv, model: TeamModel, device: torch.device
+    ) -> None:
+        if not config.eval_every:
+            raise ValueError(f"PeriodicEvaluation needs eval_every > 0, got {config.eval_every!r}")
+        self.every = config.eval_every
+        self.episodes = config.eval_episodes
+        self.per_agent = config.log.per_agent
+        self.seed = eval_seed(config)
+        self.venv, self.model, self.device = venv, model, device
+        self.next_step = self.every
+
+    def after_update(self, env_steps: int, *, final: bool) -> dict[str, float]:
+        """Evaluate when `env_steps` reached the next multiple of eval_every, or at the end; tags -> values."""
+        if env_steps < self.next_step and not final:
+            return {}
+        self.next_step = (env_steps // self.every + 1) * self.every
+        start = time.perf_counter()
+        result = run_episodes(
+            self.venv, self.model, self.device, episodes=self.episodes, seed=self.seed, deterministic=True
+        )
+        return {**result.scalars(per_agent=self.per_agent), "perf/eval_s": time.perf_counter() - start}
+
+    def close(self) -> None:
+        """Close the evaluation env copies."""
+        self.venv.close()

@@ -1,0 +1,123 @@
+"""`marl-ppo eval`: load a run's checkpoint, rebuild its env (with overrides) and model, evaluate, render.
+
+Writes `eval.json` (team, mean-agent and per-agent returns with 95% confidence intervals, and every
+episode's values) and, on request, one rendered episode as GIF or MP4.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from marl_ppo.config import ExperimentConfig, build_config, merge, parse_overrides
+from marl_ppo.envs.factory import build_vector_env, is_batched, make_team_env
+from marl_ppo.envs.spec import TeamSpec
+from marl_ppo.eval.evaluate import EvalError, EvalResult, eval_config, eval_seed, run_episodes
+from marl_ppo.eval.video import check_video_format, record_episode, write_video
+from marl_ppo.models.layers import resolve_device
+from marl_ppo.models.team import TeamModel
+from marl_ppo.run.checkpoint import CheckpointError, load_checkpoint
+
+
+def resolve_checkpoint(target: Path | str) -> tuple[Path, Path]:
+    """(checkpoint file, directory for the results) for a run directory or a checkpoint file."""
+    target = Path(target)
+    if target.is_dir():
+        for name in ("final.pt", "latest.pt"):
+            if (target / "checkpoints" / name).is_file():
+                return target / "checkpoints" / name, target
+        raise CheckpointError(
+            f"run directory '{target}' has no checkpoints/final.pt or checkpoints/latest.pt; "
+            "pass a run directory that has trained, or a checkpoint file"
+        )
+    if not target.is_file():
+        raise CheckpointError(f"'{target}' is neither a run directory nor a checkpoint file")
+    run_dir = target.parent.parent if target.parent.name == "checkpoints" else target.parent
+    return target, run_dir
+
+
+def load_policy(
+    payload: dict[str, Any], spec: TeamSpec, config: ExperimentConfig, device: torch.device
+) -> TeamModel:
+    """The checkpoint's TeamModel for `spec`; a clear error when the env or network no longer fits it."""
+    if list(spec.agents) != list(payload["agents"]):
+        raise EvalError(
+            f"the env now has agents {list(spec.agents)} but the checkpoint was trained with "
+            f"{list(payload['agents'])}; evaluate on an env with the same agents"
+        )
+    model = TeamModel(spec, config).to(device)
+    try:
+        model.load_state_dict(payload["model"])
+    except RuntimeError:
+        raise EvalError(
+            "the checkpoint's weights do not fit the networks for this env and config (an override changed "
+            "observation or action sizes, or the model); override only what keeps the spaces"
+        ) from None
+    model.eval()
+    return model
+
+
+@dataclass(frozen=True)
+class EvalOutput:
+    """What `evaluate_checkpoint` computed and where it wrote it."""
+
+    result: EvalResult
+    eval_json: Path
+    video: Path | None
+
+
+def evaluate_checkpoint(
+    target: Path | str,
+    *,
+    episodes: int = 10,
+    deterministic: bool = False,
+    overrides: Sequence[str] = (),
+    render: str | None = None,
+    out: Path | str | None = None,
+    seed: int | None = None,
+) -> EvalOutput:
+    """Evaluate a run's checkpoint (with key=value overrides, e.g. `env.kwargs.*`), write eval.json and a video."""
+    if episodes < 1:
+        raise EvalError(f"--episodes {episodes} must be at least 1")
+    if render is not None:
+        check_video_format(render)
+    checkpoint, run_dir = resolve_checkpoint(target)
+    payload = load_checkpoint(checkpoint)
+    config = build_config(merge(payload["config"], parse_overrides(overrides)))
+    device = resolve_device(config.device)
+    seed = eval_seed(config) if seed is None else seed
+    if render is not None and is_batched(config):
+        raise EvalError(
+            f"env '{config.env.id}' is a batched VMAS env, which cannot be rendered yet; drop --render"
+        )
+    venv = build_vector_env(eval_config(config, episodes), device)
+    try:
+        spec = venv.spec
+        model = load_policy(payload, spec, config, device)
+        result = run_episodes(venv, model, device, episodes=episodes, seed=seed, deterministic=deterministic)
+    finally:
+        venv.close()
+    out_dir = Path(out) if out is not None else run_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    video = None
+    if render is not None:
+        env = make_team_env(eval_config(config, 1, render_mode="rgb_array"))
+        frames, fps = record_episode(env, spec, model, device, seed=seed, deterministic=deterministic)
+        video = out_dir / f"episode.{render}"
+        write_video(frames, video, fps=fps)
+    summary = {
+        "checkpoint": str(checkpoint),
+        "trained_env_steps": payload.get("env_steps"),
+        "env": {"id": config.env.id, "kwargs": config.env.kwargs},
+        "overrides": list(overrides),
+        **result.to_dict(),
+        "video": video.name if video is not None else None,
+    }
+    eval_json = out_dir / "eval.json"
+    eval_json.write_text(json.dumps(summary, indent=2) + "\n")
+    return EvalOutput(result, eval_json, video)

@@ -1,0 +1,106 @@
+"""One episode rendered from the env's `rgb_array` frames, written as GIF (Pillow) or MP4 (imageio-ffmpeg)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from marl_ppo.envs.adapters.aec import TurnBasedAdapter, is_aec
+from marl_ppo.envs.adapters.pettingzoo import ParallelEnvAdapter
+from marl_ppo.envs.spec import TeamArrays, TeamSpec
+from marl_ppo.eval.evaluate import MAX_EPISODE_STEPS, EvalError, policy_actions
+from marl_ppo.models.team import TeamModel
+
+VIDEO_FORMATS = ("gif", "mp4")
+DEFAULT_FPS = 10
+"""Frames per second when the env's metadata gives no `render_fps`."""
+
+
+def check_video_format(name: str) -> None:
+    """Raise EvalError unless `name` is a video format this module writes."""
+    if name not in VIDEO_FORMATS:
+        raise EvalError(f"--render '{name}' is not a video format; use one of {', '.join(VIDEO_FORMATS)}")
+
+
+def _frame(env: Any, env_id: str) -> np.ndarray:
+    frame = env.render()
+    if not (isinstance(frame, np.ndarray) and frame.ndim == 3 and frame.shape[-1] in (3, 4)):
+        raise EvalError(
+            f"env '{env_id}' returned {type(frame).__name__} from render() with render_mode='rgb_array', "
+            "not an (H, W, 3) image; it cannot be recorded"
+        )
+    return np.ascontiguousarray(frame[..., :3], dtype=np.uint8)
+
+
+def record_episode(
+    env: Any,
+    spec: TeamSpec,
+    model: TeamModel,
+    device: torch.device,
+    *,
+    seed: int,
+    deterministic: bool,
+) -> tuple[list[np.ndarray], float]:
+    """Frames of one episode (the reset frame, then one per step) of an env made with render_mode='rgb_array'."""
+    adapter = TurnBasedAdapter(env, spec) if is_aec(env) else ParallelEnvAdapter(env, spec)
+    arrays = TeamArrays.allocate(spec, (1,))
+    row = arrays.row(0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        adapter.reset(seed, row)
+        frames = [_frame(env, spec.env_id)]
+        for _ in range(MAX_EPISODE_STEPS):
+            actions = policy_actions(model, arrays, device, deterministic=deterministic)
+            over = adapter.step([a[0].cpu().numpy() for a in actions], row)
+            frames.append(_frame(env, spec.env_id))
+            if over:
+                break
+        else:
+            raise EvalError(
+                f"env '{spec.env_id}' ran {MAX_EPISODE_STEPS} steps without ending the recorded episode"
+            )
+    fps = float((getattr(env, "metadata", None) or {}).get("render_fps") or DEFAULT_FPS)
+    adapter.close()
+    return frames, fps
+
+
+def write_video(frames: Sequence[np.ndarray], path: Path, *, fps: float) -> None:
+    """Write `frames` to `path` as GIF or MP4 by its suffix (the MP4 writer needs the `video` extra)."""
+    kind = path.suffix.lstrip(".")
+    check_video_format(kind)
+    if not frames:
+        raise EvalError(f"no frames to write to '{path}'")
+    if kind == "gif":
+        _write_gif(frames, path, fps)
+    else:
+        _write_mp4(frames, path, fps)
+
+
+def _write_gif(frames: Sequence[np.ndarray], path: Path, fps: float) -> None:
+    try:
+        from PIL import Image
+    except ImportError:
+        raise EvalError("GIF output needs Pillow; install it with pip install 'marl-ppo[video]'") from None
+    images = [Image.fromarray(frame) for frame in frames]
+    images[0].save(
+        path, save_all=True, append_images=images[1:], duration=round(1000 / fps), loop=0, optimize=False
+    )
+
+
+def _write_mp4(frames: Sequence[np.ndarray], path: Path, fps: float) -> None:
+    try:
+        import imageio.v2 as imageio
+        import imageio_ffmpeg  # noqa: F401  (imageio's ffmpeg backend)
+    except ImportError:
+        raise EvalError(
+            "MP4 output needs imageio and imageio-ffmpeg; install them with pip install 'marl-ppo[video]' "
+            "or use --render gif"
+        ) from None
+    with imageio.get_writer(path, fps=fps, codec="libx264", macro_block_size=2) as writer:
+        for frame in frames:
+            height, width = frame.shape[0] // 2 * 2, frame.shape[1] // 2 * 2  # H.264 needs even sizes
+            writer.append_data(frame[:height, :width])

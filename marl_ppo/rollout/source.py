@@ -1,0 +1,86 @@
+"""The rollout source boundary: what the training loop calls to get rollouts, and what it gets back.
+
+`Collector` (acting in this process) and `RolloutWorkers` (acting in worker processes) are the
+rollout sources; the loop, checkpoints and resume see only this interface.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from marl_ppo.rollout.buffer import RolloutBuffer
+
+
+class Policy(Protocol):
+    """What the collector needs from the team's networks (TeamModel provides it)."""
+
+    def distributions(self, obs: Sequence[torch.Tensor], masks: Sequence[torch.Tensor | None]) -> list: ...
+
+    def values(self, state: torch.Tensor, obs: Sequence[torch.Tensor]) -> list[torch.Tensor]: ...
+
+
+@dataclass
+class EpisodeRecord:
+    """One finished episode. `team_return` is the sum over agents of the episode's rewards."""
+
+    team_return: float
+    agent_returns: np.ndarray
+    """Per-agent returns in the team's fixed agent order."""
+    length: int
+    end_step: int
+    """Total env steps of the run when the episode ended."""
+
+
+@dataclass
+class RolloutResult:
+    """What a rollout produced besides the buffer contents."""
+
+    episodes: list[EpisodeRecord] = field(default_factory=list)
+    last_values: list[torch.Tensor] = field(default_factory=list)
+    """Per group `(E, A_g)`: values of the observations after the last step (return units)."""
+    env_steps: int = 0
+    env_seconds: float = 0.0
+    """Wall time spent inside the vector env's step (waiting on workers, for the subprocess env)."""
+    act_seconds: float | None = None
+    """Acting time where it is measured apart (rollout workers); None: the rest of the collect time."""
+
+
+class RolloutSource(Protocol):
+    """Fills rollout buffers from env copies and keeps the run's episode accounting across rollouts."""
+
+    env_steps: int
+    """Env steps of the rollouts handed out so far (one per copy per step)."""
+
+    def start(self, seed: int) -> None:
+        """Reset every env copy (copy i with `seed + i`) and clear the episode accounting."""
+        ...
+
+    def collect(self, buffer: RolloutBuffer, *, ahead: bool = True) -> RolloutResult:
+        """Fill `buffer` (empty) with one rollout. `ahead`: the run needs another rollout after this
+        one (a source that collects ahead of the learner may start it now)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters, unfinished episodes and the env arrays the next step reads, for a checkpoint."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any], *, episodes: bool = True) -> None:
+        """Restore `state_dict()`; `episodes=False` keeps only the step counter (the envs were reset)."""
+        ...
+
+    def env_states(self) -> list[bytes]:
+        """Every env copy's pickled state (raises EnvStateError where an env cannot be pickled)."""
+        ...
+
+    def load_env_states(self, states: list[bytes]) -> None:
+        """Replace the env copies by saved ones (trusted bytes only: unpickling runs code)."""
+        ...
+
+    def close(self) -> None:
+        """Stop the env copies and any worker processes."""
+        ...

@@ -1,0 +1,136 @@
+"""Run logging: TensorBoard scalars, a console progress bar, and the episode-return window."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from marl_ppo.algo.trainer import TrainStats
+from marl_ppo.fast.events import EventWriter, wait_for_a_later_event_file_name
+from marl_ppo.rollout.source import EpisodeRecord
+
+
+class RunLogger:
+    """Writes `train/`, `rollout/`, `perf/` and `agents/<id>/` scalars against env steps."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        agents: Sequence[str],
+        groups: dict[str, Sequence[str]],
+        total_steps: int,
+        return_window: int,
+        per_agent: bool,
+        progress: bool,
+        resume_step: int | None = None,
+    ) -> None:
+        """`resume_step`: continue a run checkpointed at this env step, dropping what it logged after."""
+        log_dir = run_dir / "tensorboard"
+        if resume_step is not None:
+            wait_for_a_later_event_file_name(log_dir)
+        # purge_step: TensorBoard's reader drops the killed run's events from this step on
+        purge_step = None if resume_step is None else resume_step + 1
+        self.writer = EventWriter(log_dir, purge_step=purge_step)
+        self.agents = tuple(agents)
+        # per-group returns matter for competitive teams (red vs blue); one group needs no breakdown
+        self.group_columns = (
+            {name: [self.agents.index(a) for a in members] for name, members in groups.items()}
+            if len(groups) > 1
+            else {}
+        )
+        self.per_agent = per_agent
+        self.team_returns: deque[float] = deque(maxlen=return_window)
+        self.agent_returns: deque[np.ndarray] = deque(maxlen=return_window)
+        self.episodes = 0
+        self.bar = None
+        if progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=total_steps,
+                initial=resume_step or 0,
+                unit="step",
+                unit_scale=True,
+                dynamic_ncols=True,
+                smoothing=0.1,
+            )
+
+    @property
+    def team_return_mean(self) -> float:
+        """Mean team return (sum over agents) of the recent episodes; nan before the first."""
+        return float(np.mean(self.team_returns)) if self.team_returns else float("nan")
+
+    @property
+    def agent_return_mean(self) -> float:
+        """Mean over agents and recent episodes of each agent's return; nan before the first."""
+        return float(np.mean(np.stack(self.agent_returns))) if self.agent_returns else float("nan")
+
+    def episodes_done(self, episodes: Sequence[EpisodeRecord]) -> None:
+        """Log each finished episode at the env step it ended and add it to the return window."""
+        if not episodes:
+            return
+        self.episodes += len(episodes)
+        team = np.array([e.team_return for e in episodes], dtype=np.float64)
+        agents = np.stack([e.agent_returns for e in episodes])  # (episodes, agents)
+        self.team_returns.extend(team.tolist())
+        self.agent_returns.extend(agents)
+        columns = {
+            "rollout/team_return": team,
+            "rollout/agent_return": agents.mean(axis=1),
+            "rollout/episode_length": np.array([e.length for e in episodes]),
+        }
+        for name, members in self.group_columns.items():
+            columns[f"groups/{name}/return"] = agents[:, members].sum(axis=1)
+        if self.per_agent:
+            columns.update((f"agents/{agent}/return", agents[:, i]) for i, agent in enumerate(self.agents))
+        self.writer.rows([e.end_step for e in episodes], columns)
+
+    def update_done(self, step: int, stats: TrainStats, extra: dict[str, float]) -> None:
+        """Log one update's training statistics and `extra` scalars (full tags), advance the progress bar."""
+        values = {
+            f"train/{field.name}": float(getattr(stats, field.name)) for field in dataclasses.fields(stats)
+        }
+        self.writer.scalars(step, {**values, **extra})
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+            self.bar.set_postfix(
+                sps=f"{extra.get('perf/sps', 0):.0f}", team_return=f"{self.team_return_mean:.1f}"
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The episode counter and the return window."""
+        agents = np.stack(self.agent_returns) if self.agent_returns else np.zeros((0, len(self.agents)))
+        return {
+            "episodes": self.episodes,
+            "team_returns": torch.tensor(list(self.team_returns), dtype=torch.float64),
+            "agent_returns": torch.from_numpy(agents.astype(np.float64)),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()`."""
+        self.episodes = int(state["episodes"])
+        self.team_returns.clear()
+        self.team_returns.extend(state["team_returns"].tolist())
+        self.agent_returns.clear()
+        self.agent_returns.extend(row.numpy() for row in state["agent_returns"])
+
+    def flush(self) -> None:
+        """Write pending events to disk (before a checkpoint, so that a killed run loses none of them)."""
+        self.writer.flush()
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        """Log scalars given by full tag (e.g. an evaluation's `eval/` tags) at `step`."""
+        self.writer.scalars(step, values)
+
+    def close(self) -> None:
+        """Flush and close the event file and the progress bar."""
+        self.writer.close()
+        if self.bar is not None:
+            self.bar.close()

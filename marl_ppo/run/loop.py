@@ -1,0 +1,270 @@
+"""train(): one run. Builds its parts from the config, then loops collect -> GAE -> update -> log, checkpointing."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from marl_ppo.algo.batch import rollout_batches
+from marl_ppo.algo.trainer import Trainer
+from marl_ppo.config import ExperimentConfig, config_to_dict
+from marl_ppo.envs.factory import build_vector_env, resolve_vector
+from marl_ppo.envs.spec import TeamSpec
+from marl_ppo.eval.evaluate import PeriodicEvaluation, eval_config
+from marl_ppo.models.layers import resolve_device, resolve_precision
+from marl_ppo.models.team import TeamModel
+from marl_ppo.rollout.buffer import RolloutBuffer
+from marl_ppo.rollout.source import RolloutSource
+from marl_ppo.run.build import build_collector
+from marl_ppo.run.checkpoint import FORMAT, periodic_path, prune_checkpoints, save_checkpoint
+from marl_ppo.run.host import keep_freed_memory, learner_threads, peak_rss_mb, rss_mb
+from marl_ppo.run.logger import RunLogger
+from marl_ppo.run.resume import load_resumable, restore_run_state, run_state
+from marl_ppo.run.seeding import seed_everything
+from marl_ppo.run.signals import Interrupted, StopSignals
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a finished run reports (also written to `summary.json`)."""
+
+    run_dir: Path
+    env_steps: int
+    updates: int
+    episodes: int
+    team_return_mean: float
+    agent_return_mean: float
+    sps: float
+    wall_s: float
+    timing: dict[str, float]
+    """Seconds spent over the run stepping envs (`env_s`), acting (`act_s`) and learning (`learn_s`)."""
+
+
+def train(
+    config: ExperimentConfig,
+    run_dir: Path | str,
+    *,
+    resume: bool = False,
+    on_update: Callable[[int], None] | None = None,
+) -> TrainResult:
+    """Train MAPPO/IPPO as configured, writing logs, checkpoints and summary.json into `run_dir`.
+
+    `resume=True` continues the run checkpointed in `run_dir/checkpoints/latest.pt` where it stopped;
+    `config` may differ from that run's only in `resume.RESUMABLE_KEYS`. Ctrl-C or SIGTERM lets the
+    current update finish, writes a checkpoint and raises `Interrupted`. `on_update(updates)` is
+    called after each update (the memory benchmark samples RSS there).
+    """
+    run_dir = Path(run_dir)
+    config = resolve_vector(config)  # before seeding: the probe steps an env copy
+    device = resolve_device(config.device)
+    precision = resolve_precision(config.model.precision, device)  # recorded in config.yaml as chosen
+    config = dataclasses.replace(config, model=dataclasses.replace(config.model, precision=precision))
+    saved = load_resumable(run_dir, config) if resume else None  # a bad checkpoint fails before any work
+    torch.set_num_threads(learner_threads(config))
+    keep_freed_memory()
+    generator = seed_everything(config.seed)
+    # before touching run_dir: a bad env leaves nothing behind
+    collector, model = build_collector(config, device)
+    spec = model.spec
+    evaluation = None
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
+        trainer = Trainer(model, config.ppo, generator=generator)
+        if config.eval_every:  # deterministic episodes on env copies of their own, logged under eval/
+            eval_venv = build_vector_env(eval_config(config, config.eval_episodes), device)
+            evaluation = PeriodicEvaluation(config, eval_venv, model, device)
+        logger = _make_logger(config, run_dir, spec, None if saved is None else saved["env_steps"])
+        try:
+            run = _Run(config, run_dir, model, trainer, collector, logger, evaluation, on_update)
+            run.begin(saved)
+            buffer = RolloutBuffer(spec, config.rollout_steps, config.num_envs, device)
+            with StopSignals() as stop:  # also covers the last save: a first signal cannot cut it short
+                run.loop(buffer, stop)
+                if stop.received is not None and collector.env_steps < config.total_steps:
+                    checkpoint = run.save()
+                    raise Interrupted(
+                        stop.received, run_dir=run_dir, checkpoint=checkpoint, env_steps=collector.env_steps
+                    )
+                run.save(final=True)
+        finally:
+            logger.close()
+    finally:
+        collector.close()
+        if evaluation is not None:
+            evaluation.close()
+    result = run.result()
+    _write_summary(result)
+    return result
+
+
+def _make_logger(
+    config: ExperimentConfig, run_dir: Path, spec: TeamSpec, resume_step: int | None
+) -> RunLogger:
+    return RunLogger(
+        run_dir,
+        agents=spec.agents,
+        groups={g.name: g.agents for g in spec.groups},
+        total_steps=config.total_steps,
+        return_window=config.log.return_window,
+        per_agent=config.log.per_agent,
+        progress=config.log.progress,
+        resume_step=resume_step,
+    )
+
+
+class _Run:
+    """One run's components and counters: runs updates, writes and restores checkpoints."""
+
+    def __init__(
+        self,
+        config: ExperimentConfig,
+        run_dir: Path,
+        model: TeamModel,
+        trainer: Trainer,
+        collector: RolloutSource,
+        logger: RunLogger,
+        evaluation: PeriodicEvaluation | None = None,
+        on_update: Callable[[int], None] | None = None,
+    ) -> None:
+        self.config, self.run_dir = config, run_dir
+        self.model, self.trainer, self.collector, self.logger = model, trainer, collector, logger
+        self.evaluation, self.on_update = evaluation, on_update
+        self.updates = 0
+        self.timing = {"env_s": 0.0, "act_s": 0.0, "learn_s": 0.0}
+        self.start = time.perf_counter()
+        """perf_counter() at the run's start; a resumed run moves it back by the time already trained."""
+
+    def begin(self, saved: dict[str, Any] | None) -> None:
+        """Reset the envs for a new run, or restore everything a checkpoint saved."""
+        if saved is None:
+            self.collector.start(self.config.seed)
+            return
+        restore_run_state(
+            saved,
+            model=self.model,
+            trainer=self.trainer,
+            collector=self.collector,
+            logger=self.logger,
+            seed=self.config.seed,
+        )
+        self.updates = int(saved["updates"])
+        self.timing = dict(saved["timing"])
+        if self.evaluation is not None:  # the stopped run evaluated up to its checkpoint's step
+            self.evaluation.next_step = (
+                self.collector.env_steps // self.evaluation.every + 1
+            ) * self.evaluation.every
+        self.start = time.perf_counter() - saved["wall_s"]
+
+    def loop(self, buffer: RolloutBuffer, stop: StopSignals) -> None:
+        """Update until total_steps or a stop signal, checkpointing every `log.checkpoint_every` updates."""
+        while self.collector.env_steps < self.config.total_steps and stop.received is None:
+            seconds = _one_update(self.config, self.collector, buffer, self.trainer, self.logger, self.start)
+            for name, value in seconds.items():
+                self.timing[name] += value
+            self.updates += 1
+            if self.evaluation is not None:  # before the checkpoint, which then covers it
+                steps = self.collector.env_steps
+                final = steps >= self.config.total_steps
+                self.logger.scalars(steps, self.evaluation.after_update(steps, final=final))
+            if self.updates % self.config.log.checkpoint_every == 0:
+                self.save()
+            if self.on_update is not None:
+                self.on_update(self.updates)
+
+    def save(self, *, final: bool = False) -> Path:
+        """Write `update_<N>.pt` and `latest.pt` (and `final.pt`), prune old ones; return the periodic file."""
+        self.logger.flush()  # events up to this checkpoint survive a kill -9; later ones are purged on resume
+        directory = self.run_dir / "checkpoints"
+        path = periodic_path(directory, self.updates)
+        copies = [directory / "latest.pt"] + ([directory / "final.pt"] if final else [])
+        save_checkpoint(path, self._payload(), copies)
+        prune_checkpoints(directory, self.config.log.keep_last)
+        return path
+
+    def _payload(self) -> dict[str, Any]:
+        spec = self.model.spec
+        return {
+            "format": FORMAT,
+            "config": config_to_dict(self.config),
+            "agents": list(spec.agents),
+            "groups": {g.name: list(g.agents) for g in spec.groups},
+            "updates": self.updates,
+            "env_steps": self.collector.env_steps,
+            "wall_s": time.perf_counter() - self.start,
+            "timing": dict(self.timing),
+            **run_state(model=self.model, trainer=self.trainer, collector=self.collector, logger=self.logger),
+        }
+
+    def result(self) -> TrainResult:
+        """The finished run's figures."""
+        wall = time.perf_counter() - self.start
+        steps = self.collector.env_steps
+        return TrainResult(
+            self.run_dir,
+            steps,
+            self.updates,
+            self.logger.episodes,
+            self.logger.team_return_mean,
+            self.logger.agent_return_mean,
+            steps / wall if wall > 0 else 0.0,
+            wall,
+            dict(self.timing),
+        )
+
+
+def _one_update(
+    config: ExperimentConfig,
+    collector: RolloutSource,
+    buffer: RolloutBuffer,
+    trainer: Trainer,
+    logger: RunLogger,
+    start: float,
+) -> dict[str, float]:
+    t0 = time.perf_counter()
+    buffer.reset()
+    # rollout workers with policy lag start the next rollout now, unless this is the run's last
+    ahead = collector.env_steps + buffer.steps * buffer.num_envs < config.total_steps
+    rollout = collector.collect(buffer, ahead=ahead)
+    t1 = time.perf_counter()
+    batches = rollout_batches(buffer, rollout.last_values, gamma=config.gamma, lam=config.gae_lambda)
+    trainer.set_progress((collector.env_steps - rollout.env_steps) / config.total_steps)
+    stats = trainer.update(batches)
+    t2 = time.perf_counter()
+    logger.episodes_done(rollout.episodes)
+    act_s = rollout.act_seconds if rollout.act_seconds is not None else (t1 - t0) - rollout.env_seconds
+    extra = {
+        "perf/sps": collector.env_steps / (t2 - start),
+        "perf/env_s": rollout.env_seconds,
+        "perf/act_s": act_s,
+        "perf/collect_wait_s": t1 - t0,
+        "perf/learn_s": t2 - t1,
+        "perf/peak_rss_mb": peak_rss_mb(),
+        "perf/rss_mb": rss_mb(),
+        "train/pi_lr": trainer.actor_optimizer.param_groups[0]["lr"],
+    }
+    logger.update_done(collector.env_steps, stats, extra)
+    return {"env_s": extra["perf/env_s"], "act_s": extra["perf/act_s"], "learn_s": extra["perf/learn_s"]}
+
+
+def _write_summary(result: TrainResult) -> None:
+    summary = {
+        "env_steps": result.env_steps,
+        "updates": result.updates,
+        "episodes": result.episodes,
+        "team_return_mean": result.team_return_mean,
+        "agent_return_mean": result.agent_return_mean,
+        "sps": result.sps,
+        "wall_s": result.wall_s,
+        "peak_rss_mb": peak_rss_mb(),
+        **result.timing,
+    }
+    (result.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
