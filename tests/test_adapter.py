@@ -32,47 +32,49 @@ def test_agent_that_leaves_early_is_masked_and_gets_no_action():
     assert group.agents == ("agent_0", "agent_1", "agent_2")
     assert adapter.spec.state_dim == 6 and not adapter.spec.state_from_env
     adapter.reset(0, out)
-    np.testing.assert_array_equal(out.alive[0], [True, True, True])
-    np.testing.assert_array_equal(out.obs[0], [[0, 0], [1, 0], [2, 0]])
-    actions = [np.array([0, 1, 2])]
+    agents = out.groups["agent"]
+    np.testing.assert_array_equal(agents.alive, [True, True, True])
+    np.testing.assert_array_equal(agents.obs, [[0, 0], [1, 0], [2, 0]])
+    actions = {"agent": np.array([0, 1, 2])}
 
     assert not adapter.step(actions, out)  # t = 1: everyone still in
-    np.testing.assert_array_equal(out.reward[0], [1, 2, 3])
+    np.testing.assert_array_equal(agents.reward, [1, 2, 3])
 
     assert not adapter.step(actions, out)  # t = 2: agent_1 terminates
-    np.testing.assert_array_equal(out.terminated[0], [False, True, False])
-    np.testing.assert_array_equal(out.truncated[0], [False, False, False])
-    np.testing.assert_array_equal(out.alive[0], [True, False, True])
-    np.testing.assert_array_equal(out.final_obs[0][1], [1, 2])  # its last observation is kept
-    np.testing.assert_array_equal(out.obs[0][1], [0, 0])  # and its slot is zero-padded from now on
+    np.testing.assert_array_equal(agents.terminated, [False, True, False])
+    np.testing.assert_array_equal(agents.truncated, [False, False, False])
+    np.testing.assert_array_equal(agents.alive, [True, False, True])
+    np.testing.assert_array_equal(agents.final_obs[1], [1, 2])  # its last observation is kept
+    np.testing.assert_array_equal(agents.obs[1], [0, 0])  # and its slot is zero-padded from now on
     np.testing.assert_array_equal(out.state, [0, 2, 0, 0, 2, 2])  # concatenated obs, gone agent zeroed
 
     assert not adapter.step(actions, out)  # t = 3: agent_1 absent
     assert set(env.received_actions[-1]) == {"agent_0", "agent_2"}
-    np.testing.assert_array_equal(out.reward[0], [1, 0, 3])
-    np.testing.assert_array_equal(out.terminated[0], [False, False, False])
+    np.testing.assert_array_equal(agents.reward, [1, 0, 3])
+    np.testing.assert_array_equal(agents.terminated, [False, False, False])
 
     assert adapter.step(actions, out)  # t = 4: truncation ends the episode
-    np.testing.assert_array_equal(out.truncated[0], [True, False, True])
-    np.testing.assert_array_equal(out.terminated[0], [False, False, False])
-    np.testing.assert_array_equal(out.alive[0], [False, False, False])
-    np.testing.assert_array_equal(out.final_obs[0], [[0, 4], [0, 0], [2, 4]])
+    np.testing.assert_array_equal(agents.truncated, [True, False, True])
+    np.testing.assert_array_equal(agents.terminated, [False, False, False])
+    np.testing.assert_array_equal(agents.alive, [False, False, False])
+    np.testing.assert_array_equal(agents.final_obs, [[0, 4], [0, 0], [2, 4]])
 
 
 def test_vector_env_auto_resets_and_keeps_final_obs_and_state():
     venv = SyncVectorEnv(lambda: _adapter(EarlyLeaverEnv(leave_at=2, max_steps=3))[0], num_envs=2)
     arrays = venv.reset(seed=0)
-    actions = [np.zeros((2, 3), np.int64)]
+    agents = arrays.groups["agent"]
+    actions = {"agent": np.zeros((2, 3), np.int64)}
     for _ in range(2):
         venv.step(actions)
         assert not venv.episode_over.any()
     venv.step(actions)
     assert venv.episode_over.all()
-    np.testing.assert_array_equal(arrays.truncated[0], [[True, False, True]] * 2)
-    np.testing.assert_array_equal(arrays.final_obs[0][:, 0], [[0, 3]] * 2)  # pre-reset final observation
+    np.testing.assert_array_equal(agents.truncated, [[True, False, True]] * 2)
+    np.testing.assert_array_equal(agents.final_obs[:, 0], [[0, 3]] * 2)  # pre-reset final observation
     np.testing.assert_array_equal(arrays.final_state[0], [0, 3, 0, 0, 2, 3])
-    np.testing.assert_array_equal(arrays.obs[0][0], [[0, 0], [1, 0], [2, 0]])  # the new episode's first obs
-    np.testing.assert_array_equal(arrays.alive[0], [[True, True, True]] * 2)
+    np.testing.assert_array_equal(agents.obs[0], [[0, 0], [1, 0], [2, 0]])  # the new episode's first obs
+    np.testing.assert_array_equal(agents.alive, [[True, True, True]] * 2)
     np.testing.assert_array_equal(arrays.state[0], [0, 0, 1, 0, 2, 0])
 
 
@@ -107,7 +109,7 @@ def test_box_actions_are_clipped_to_bounds():
     adapter, out = _adapter(env)
     (group,) = adapter.spec.groups
     assert isinstance(group.action_space, spaces.Box) and group.action_shape == (5,)
-    clipped = adapter._to_env_action(0, np.array([-3.0, 0.5, 2.0, 0.0, 1.0], np.float32))
+    clipped = adapter._to_env_action(group, np.array([-3.0, 0.5, 2.0, 0.0, 1.0], np.float32))
     np.testing.assert_array_equal(clipped, [0.0, 0.5, 1.0, 0.0, 1.0])
 
 
@@ -130,7 +132,8 @@ def test_image_pool_shrinks_obs_and_state_dims():
     adapter = ParallelEnvAdapter(env, spec)
     out = TeamArrays.allocate(spec)
     adapter.reset(0, out)
-    assert out.obs[0].min() >= 0.0 and out.obs[0].max() <= 1.0 and out.state.max() > 0
+    pistons = out.groups["piston"].obs
+    assert pistons.min() >= 0.0 and pistons.max() <= 1.0 and out.state.max() > 0
 
 
 class _LateJoinerEnv(EarlyLeaverEnv):
@@ -154,18 +157,19 @@ def test_an_agent_that_joins_later_becomes_alive_with_its_first_observation():
     spec = build_team_spec(env, "late")
     adapter, out = ParallelEnvAdapter(env, spec), TeamArrays.allocate(spec)
     adapter.reset(0, out)
-    np.testing.assert_array_equal(out.alive[0], [True, True, False])
-    np.testing.assert_array_equal(out.obs[0][2], [0, 0])
-    actions = [np.zeros(3, np.int64)]
+    agents = out.groups["agent"]
+    np.testing.assert_array_equal(agents.alive, [True, True, False])
+    np.testing.assert_array_equal(agents.obs[2], [0, 0])
+    actions = {"agent": np.zeros(3, np.int64)}
     adapter.step(actions, out)
     assert set(env.received_actions[-1]) == {"agent_0", "agent_1"}  # no action for an absent agent
-    np.testing.assert_array_equal(out.reward[0], [1, 2, 0])
+    np.testing.assert_array_equal(agents.reward, [1, 2, 0])
     adapter.step(actions, out)  # agent_2 joins with this step's observations
-    np.testing.assert_array_equal(out.alive[0], [True, True, True])
-    np.testing.assert_array_equal(out.obs[0][2], [2, 2])
+    np.testing.assert_array_equal(agents.alive, [True, True, True])
+    np.testing.assert_array_equal(agents.obs[2], [2, 2])
     adapter.step(actions, out)
     assert set(env.received_actions[-1]) == {"agent_0", "agent_1", "agent_2"}
-    np.testing.assert_array_equal(out.reward[0], [1, 2, 3])
+    np.testing.assert_array_equal(agents.reward, [1, 2, 3])
 
 
 def _cycle_env_ids():
@@ -225,12 +229,15 @@ def test_stepping_without_check_wrappers_keeps_every_trajectory(continuous):
         for _ in range(30):
             (group,) = adapter.spec.groups
             if continuous:  # partly out of bounds, so that clipping matters
-                actions = [rng.uniform(-0.5, 1.5, size=(3, *group.action_shape)).astype(np.float32)]
+                actions = {
+                    group.name: rng.uniform(-0.5, 1.5, size=(3, *group.action_shape)).astype(np.float32)
+                }
             else:
-                actions = [rng.integers(0, 5, size=3)]
+                actions = {group.name: rng.integers(0, 5, size=3)}
             if adapter.step(actions, out):
                 adapter.reset(None, out)
-            trace.append([a.copy() for a in (*out.obs, *out.reward, out.state, *out.truncated)])
+            agents = out.groups[group.name]
+            trace.append([a.copy() for a in (agents.obs, agents.reward, out.state, agents.truncated)])
         runs.append(trace)
     for wrapped, bare in zip(*runs, strict=True):
         for a, b in zip(wrapped, bare, strict=True):

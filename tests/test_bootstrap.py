@@ -37,8 +37,9 @@ def _learned_value(tmp_path, env_kwargs):
     model.load_state_dict(load_checkpoint(tmp_path / "checkpoints/final.pt")["model"])
     arrays = venv.reset(seed=0)
     with torch.no_grad():
-        values = model.values(torch.from_numpy(arrays.state), [torch.from_numpy(o) for o in arrays.obs])
-    return values[0].numpy()
+        obs = {name: torch.from_numpy(group.obs) for name, group in arrays.groups.items()}
+        values = model.values(torch.from_numpy(arrays.state), obs)
+    return values["agent"].numpy()
 
 
 def test_truncated_never_ending_task_learns_the_infinite_horizon_value(tmp_path):

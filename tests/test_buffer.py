@@ -1,5 +1,7 @@
 """Rollout buffer: preallocated, raises when full, time-major order kept into the batch."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -7,7 +9,7 @@ from gymnasium import spaces
 
 from marl_ppo.algo.batch import build_batches, minibatches
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
-from marl_ppo.rollout.buffer import BufferFull, RolloutBuffer
+from marl_ppo.rollout.buffer import BufferFull, GroupStep, GroupStorage, RolloutBuffer
 
 
 def _spec():
@@ -17,19 +19,19 @@ def _spec():
 
 def _add(buffer, t):
     envs = buffer.num_envs
-    buffer.add(
-        state=np.full((envs, 6), t, np.float32),
-        obs=[np.full((envs, 2, 3), t, np.float32)],
-        alive=[np.ones((envs, 2), bool)],
-        action_mask=[np.ones((envs, 2, 0), bool)],
-        actions=[np.full((envs, 2), t % 4)],
-        logp=[np.zeros((envs, 2), np.float32)],
-        values=[np.full((envs, 2), t, np.float32)],
-        rewards=[np.arange(envs * 2, dtype=np.float32).reshape(envs, 2) + 100 * t],
-        terminated=[np.zeros((envs, 2), bool)],
-        truncated=[np.zeros((envs, 2), bool)],
-        final_values=[np.zeros((envs, 2), np.float32)],
+    step = GroupStep(
+        obs=np.full((envs, 2, 3), t, np.float32),
+        alive=np.ones((envs, 2), bool),
+        action_mask=np.ones((envs, 2, 0), bool),
+        actions=np.full((envs, 2), t % 4),
+        logp=np.zeros((envs, 2), np.float32),
+        values=np.full((envs, 2), t, np.float32),
+        rewards=np.arange(envs * 2, dtype=np.float32).reshape(envs, 2) + 100 * t,
+        terminated=np.zeros((envs, 2), bool),
+        truncated=np.zeros((envs, 2), bool),
+        final_values=np.zeros((envs, 2), np.float32),
     )
+    buffer.add(np.full((envs, 6), t, np.float32), {"agent": step})
 
 
 def test_buffer_raises_when_full_and_reset_allows_reuse():
@@ -42,12 +44,12 @@ def test_buffer_raises_when_full_and_reset_allows_reuse():
     buffer.reset()
     _add(buffer, 7)
     assert buffer.pos == 1
-    assert buffer.groups[0].obs[0, 0, 0, 0].item() == 7
+    assert buffer.groups["agent"].obs[0, 0, 0, 0].item() == 7
 
 
 def test_buffer_shapes_are_time_major_and_preallocated():
     buffer = RolloutBuffer(_spec(), steps=5, num_envs=4)
-    storage = buffer.groups[0]
+    storage = buffer.groups["agent"]
     assert storage.obs.shape == (5, 4, 2, 3)
     assert storage.actions.shape == (5, 4, 2) and storage.actions.dtype == torch.int64
     assert buffer.state.shape == (5, 4, 6)
@@ -60,8 +62,8 @@ def test_batch_flattening_keeps_time_major_order():
     buffer = RolloutBuffer(_spec(), steps=3, num_envs=2)
     for t in range(3):
         _add(buffer, t)
-    storage = buffer.groups[0]
-    (batch,) = build_batches(buffer, [storage.rewards * 0 + 1], [storage.rewards])
+    storage = buffer.groups["agent"]
+    batch = build_batches(buffer, {"agent": storage.rewards * 0 + 1}, {"agent": storage.rewards})["agent"]
     assert batch.obs.shape == (6, 2, 3) and batch.state.shape == (6, 6)
     # row n = t * num_envs + e
     expected = torch.tensor(
@@ -75,14 +77,16 @@ def test_minibatches_cover_every_row_once_and_stay_aligned_across_groups():
     buffer = RolloutBuffer(_spec(), steps=4, num_envs=3)
     for t in range(4):
         _add(buffer, t)
-    storage = buffer.groups[0]
-    batches = build_batches(buffer, [storage.values] * 1, [storage.rewards]) * 2  # two aligned "groups"
+    storage = buffer.groups["agent"]
+    batch = build_batches(buffer, {"agent": storage.values}, {"agent": storage.rewards})["agent"]
+    batches = {"first": batch, "second": batch}  # two aligned "groups"
     seen = []
     for pair in minibatches(batches, 5, torch.Generator().manual_seed(0)):
-        torch.testing.assert_close(pair[0].returns, pair[1].returns)
-        seen.append(pair[0].returns[:, 0])
+        assert list(pair) == ["first", "second"]
+        torch.testing.assert_close(pair["first"].returns, pair["second"].returns)
+        seen.append(pair["first"].returns[:, 0])
     rows = torch.sort(torch.cat(seen)).values
-    torch.testing.assert_close(rows, torch.sort(batches[0].returns[:, 0]).values)
+    torch.testing.assert_close(rows, torch.sort(batches["first"].returns[:, 0]).values)
 
 
 def test_minibatches_gather_with_an_index_on_the_batches_device(monkeypatch):
@@ -91,8 +95,8 @@ def test_minibatches_gather_with_an_index_on_the_batches_device(monkeypatch):
     buffer = RolloutBuffer(_spec(), steps=2, num_envs=3)
     for t in range(2):
         _add(buffer, t)
-    storage = buffer.groups[0]
-    (batch,) = build_batches(buffer, [storage.values], [storage.rewards])
+    storage = buffer.groups["agent"]
+    batch = build_batches(buffer, {"agent": storage.values}, {"agent": storage.rewards})["agent"]
     on_meta = type(batch)(**{n: None if v is None else v.to("meta") for n, v in vars(batch).items()})
     gather = torch.index_select
     seen = []
@@ -102,6 +106,49 @@ def test_minibatches_gather_with_an_index_on_the_batches_device(monkeypatch):
         return gather(tensor, dim, index)
 
     monkeypatch.setattr(torch, "index_select", recording)
-    pairs = list(minibatches([on_meta], 2, torch.Generator().manual_seed(0)))
+    pairs = list(minibatches({"agent": on_meta}, 2, torch.Generator().manual_seed(0)))
     assert len(pairs) == 2 and seen
     assert all(index == tensor == torch.device("meta") for tensor, index in seen)
+
+
+def test_add_stores_every_group_step_field_in_the_storage_field_of_its_name():
+    """A new per-agent field flows by name: `add` walks GroupStep's fields, so a field declared in
+    GroupStep and GroupStorage (and allocated) reaches the buffer with no list to extend. Every field
+    gets its own values, so a field written into another one's storage, or into another group's, fails."""
+    step_fields = {f.name for f in dataclasses.fields(GroupStep)}
+    assert step_fields == {f.name for f in dataclasses.fields(GroupStorage)}
+    spread = GroupSpec("agent", ("a0", "a1"), spaces.Box(-1, 1, (3,)), spaces.Discrete(4), 3, "info")
+    scout = GroupSpec("scout", ("s0",), spaces.Box(-1, 1, (5,)), spaces.MultiDiscrete([2, 3]), 5, "info")
+    spec = TeamSpec("test", ("a0", "a1", "s0"), (spread, scout), state_dim=11, state_from_env=False)
+    buffer = RolloutBuffer(spec, steps=3, num_envs=4)
+    numbers, flags = 1, 1
+    sent = {}
+    for name in reversed(list(buffer.groups)):  # the records are found by name, not by position
+        storage = buffer.groups[name]
+        fields = {}
+        for field in dataclasses.fields(GroupStep):
+            target = getattr(storage, field.name)[1]
+            assert target.numel() >= 4, f"{name}.{field.name} too small to tell the fields apart"
+            index = torch.arange(target.numel()).reshape(target.shape)
+            if target.dtype == torch.bool:  # the bits of a number no other bool field uses
+                fields[field.name] = (flags >> index) % 2 == 1
+                flags += 1
+            else:  # numbers no other field or group uses
+                fields[field.name] = (index + numbers).to(target.dtype)
+                numbers += target.numel()
+        sent[name] = GroupStep(**fields)
+
+    zeros = {
+        name: GroupStep(**{n: torch.zeros_like(v) for n, v in vars(step).items()})
+        for name, step in sent.items()
+    }
+    buffer.add(torch.zeros(4, 11), zeros)
+    buffer.add(torch.full((4, 11), 7.0), sent)
+    assert buffer.pos == 2
+    for name, step in sent.items():
+        storage = buffer.groups[name]
+        for field in dataclasses.fields(GroupStep):
+            stored = getattr(storage, field.name)
+            assert torch.equal(stored[1], getattr(step, field.name)), f"{name}.{field.name}"
+            assert not stored[0].any() and not stored[2].any(), f"{name}.{field.name} beyond its step"
+    assert torch.equal(buffer.state[1], torch.full((4, 11), 7.0))

@@ -30,7 +30,10 @@ def _batches_on(batches, device):
     def to(value):
         return None if value is None else value.to(device)
 
-    return [type(b)(**{name: to(getattr(b, name)) for name in b.__dataclass_fields__}) for b in batches]
+    return {
+        group: type(b)(**{name: to(getattr(b, name)) for name in b.__dataclass_fields__})
+        for group, b in batches.items()
+    }
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -92,12 +95,14 @@ def test_a_vmas_rollout_and_its_batches_stay_on_the_device(device):
     collector.start(0)
     result = collector.collect(buffer)
     assert result.env_steps == 48 and result.episodes  # 4-step episodes ended inside the rollout
-    for storage in buffer.groups:
+    for storage in buffer.groups.values():
         for name, tensor in vars(storage).items():
             if isinstance(tensor, torch.Tensor):
                 assert tensor.device.type == where.type, name
     batches = rollout_batches(buffer, result.last_values, gamma=0.99, lam=0.95)
-    assert all(b.advantages.device.type == where.type and b.state.device.type == where.type for b in batches)
+    assert all(
+        b.advantages.device.type == where.type and b.state.device.type == where.type for b in batches.values()
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)

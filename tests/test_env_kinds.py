@@ -76,7 +76,7 @@ def test_an_agent_that_left_gets_no_loss():
         None, ["env.id=envs/early_leaver_v0", "env.kwargs={leave_at: 2, max_steps: 6}", *TINY]
     )
     model, buffer, rollout = collect_rollout(config)
-    (batch,) = rollout_batches(buffer, rollout.last_values, gamma=0.99, lam=0.95)
+    batch = rollout_batches(buffer, rollout.last_values, gamma=0.99, lam=0.95)["agent"]
     gone = ~batch.alive
     assert gone[:, 1].sum() > 0 and not gone[:, [0, 2]].any()  # only agent_1 is ever absent
 
@@ -95,7 +95,7 @@ def test_an_agent_that_left_gets_no_loss():
     results = []
     for candidate in (batch, poisoned):
         twin = copy.deepcopy(model)
-        Trainer(twin, config.ppo, generator=torch.Generator().manual_seed(0)).update([candidate])
+        Trainer(twin, config.ppo, generator=torch.Generator().manual_seed(0)).update({"agent": candidate})
         results.append(twin.state_dict())
     for name, tensor in results[0].items():
         torch.testing.assert_close(results[1][name], tensor, msg=name)

@@ -81,14 +81,16 @@ def test_bf16_acting_and_learning_agree_so_every_first_ratio_is_one(critic, devi
     collector.start(0)
     rollout = collector.collect(buffer)
     batches = rollout_batches(buffer, rollout.last_values, gamma=0.99, lam=0.95)
-    (values,) = model.values(batches[0].state, [batches[0].obs])  # before an update moves the value norm
-    assert torch.equal(values, batches[0].values_old)
+    agents = batches["agent"]
+    values = model.values(agents.state, {"agent": agents.obs})  # before an update moves the value norm
+    assert torch.equal(values["agent"], agents.values_old)
     probe = Trainer(copy.deepcopy(model), config.ppo, generator=torch.Generator().manual_seed(0))
-    (batch,) = probe.prepare(batches)
-    log_ratio = model.actors[0].forward_encoded(batch.actor_input).log_prob(batch.actions) - batch.logp_old
+    batch = probe.prepare(batches)["agent"]
+    actor = model.group("agent").actor
+    log_ratio = actor.forward_encoded(batch.actor_input).log_prob(batch.actions) - batch.logp_old
     assert torch.equal(log_ratio, torch.zeros_like(log_ratio))
-    _, _, diagnostics = probe._losses([batch])
-    assert diagnostics[0]["clipfrac"] == 0 and diagnostics[0]["kl"] == 0
+    _, _, diagnostics = probe._losses({"agent": batch})
+    assert diagnostics["agent"]["clipfrac"] == 0 and diagnostics["agent"]["kl"] == 0
     stats = Trainer(model, config.ppo, generator=torch.Generator().manual_seed(0)).update(batches)
     assert stats.nonfinite_skips == 0 and 0 < stats.kl < 0.05
 

@@ -96,11 +96,12 @@ def _env_futures(payload, steps=30):
     for blob in payload["envs"]["states"]:
         adapter = load_env_state(blob.numpy().tobytes())
         out = TeamArrays.allocate(adapter.spec)
-        actions = [np.ones((g.num_agents,), dtype=np.int64) for g in adapter.spec.groups]
+        actions = {"agent": np.ones((adapter.spec.group("agent").num_agents,), dtype=np.int64)}
+        spread = out.groups["agent"]
         for _ in range(steps):
             if adapter.step(actions, out):
                 adapter.reset(None, out)
-            futures.append((out.obs[0].copy(), out.reward[0].copy()))
+            futures.append((spread.obs.copy(), spread.reward.copy()))
     return futures
 
 

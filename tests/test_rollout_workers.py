@@ -11,7 +11,7 @@ import torch
 
 from marl_ppo.config import load_config
 from marl_ppo.rollout.buffer import RolloutBuffer
-from marl_ppo.rollout.workers import _buffer_tensors, worker_seed
+from marl_ppo.rollout.workers import worker_seed
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.loop import train
 from tests.conftest import ROOT
@@ -76,12 +76,13 @@ def test_each_worker_slice_equals_a_sync_collector(tiny_overrides, env, num_work
     slices = workers._slices
     expected = [_sync_slice(config, model, envs, 3, k, 2) for k, envs in enumerate(slices)]
     for r, (buffer, result) in enumerate(got):
-        for position, tensor in enumerate(_buffer_tensors(buffer)):
-            pieces = [_buffer_tensors(buffers[r])[position] for buffers, _ in expected]
+        for position, tensor in enumerate(buffer.tensors()):
+            pieces = [buffers[r].tensors()[position] for buffers, _ in expected]
             assert torch.equal(tensor, torch.cat(pieces, dim=1)), f"rollout {r} tensor {position}"
-        for g, values in enumerate(result.last_values):
-            pieces = [results[r].last_values[g] for _, results in expected]
-            assert torch.equal(values, torch.cat(pieces))
+        assert list(result.last_values) == list(model.group_names())
+        for name, values in result.last_values.items():
+            pieces = [results[r].last_values[name] for _, results in expected]
+            assert torch.equal(values, torch.cat(pieces)), f"rollout {r} last values of {name}"
     # episodes in the order one process over all envs logs them (by step, then env), team step counts
     reference = sorted(
         (e.end_step // len(envs), k, n, e.team_return)
@@ -96,8 +97,8 @@ def test_each_worker_slice_equals_a_sync_collector(tiny_overrides, env, num_work
 
 
 def _logp(model, buffer):
-    group = buffer.groups[0]
-    return model.actors[0](group.obs, group.action_mask).log_prob(group.actions)
+    agents = buffer.groups["agent"]
+    return model.group("agent").actor(agents.obs, agents.action_mask).log_prob(agents.actions)
 
 
 @pytest.mark.parametrize("policy_lag", [0, 1])
@@ -117,7 +118,7 @@ def test_policy_lag_decides_which_weights_act(tiny_overrides, policy_lag):
     finally:
         workers.close()
     acting, other = (before, model) if policy_lag else (model, before)
-    stored = buffer.groups[0].logp
+    stored = buffer.groups["agent"].logp
     with torch.no_grad():
         torch.testing.assert_close(_logp(acting, buffer), stored, rtol=0, atol=1e-5)
         assert (_logp(other, buffer) - stored).abs().max() > 1e-2
@@ -231,7 +232,7 @@ def test_a_command_between_rollouts_keeps_the_rollout_in_flight(tiny_overrides):
             if ask_between:
                 assert len(workers.env_states()) == config.num_envs
             workers.collect(buffer)
-            rollouts.append([t.clone() for t in _buffer_tensors(buffer)])
+            rollouts.append([t.clone() for t in buffer.tensors()])
         finally:
             workers.close()
     assert workers.env_steps == 2 * config.rollout_steps * config.num_envs

@@ -15,7 +15,6 @@ from marl_ppo_examples.early_leaver import EarlyLeaverEnv
 from marl_ppo.envs.adapters.pettingzoo import ParallelEnvAdapter
 from marl_ppo.envs.grouping import build_team_spec
 from marl_ppo.envs.registry import make_env
-from marl_ppo.envs.spec import TeamArrays
 from marl_ppo.envs.vector.subprocess import SubprocessVectorEnv
 from marl_ppo.envs.vector.sync import SyncVectorEnv
 
@@ -44,30 +43,37 @@ def _adapter_factory(factory, env_id="test"):
 
 
 def _random_actions(spec, num_envs, rng):
-    actions = []
+    actions = {}
     for group in spec.groups:
         lead = (num_envs, group.num_agents)
         space = group.action_space
         if isinstance(space, spaces.Discrete):
-            actions.append(rng.integers(0, space.n, size=lead))
+            actions[group.name] = rng.integers(0, space.n, size=lead)
         elif isinstance(space, spaces.MultiDiscrete):
-            actions.append(rng.integers(0, space.nvec.reshape(-1), size=lead + group.action_shape))
+            actions[group.name] = rng.integers(0, space.nvec.reshape(-1), size=lead + group.action_shape)
         else:
             low, high = space.low.reshape(-1), space.high.reshape(-1)
-            actions.append(rng.uniform(low, high, size=lead + group.action_shape).astype(np.float32))
+            actions[group.name] = rng.uniform(low, high, size=lead + group.action_shape).astype(np.float32)
     return actions
 
 
-def _as_list(value):
-    return value if isinstance(value, list) else [value]
+def _named_arrays(arrays):
+    """Every array of a TeamArrays by a readable name: `group.field` per group, then the states."""
+    named = {
+        f"{name}.{f.name}": getattr(group, f.name)
+        for name, group in arrays.groups.items()
+        for f in fields(group)
+    }
+    return {**named, "state": arrays.state, "final_state": arrays.final_state}
 
 
 def _assert_same(sync, sub):
-    for f in fields(TeamArrays):
-        expected, actual = _as_list(getattr(sync.arrays, f.name)), _as_list(getattr(sub.arrays, f.name))
-        for e, a in zip(expected, actual, strict=True):
-            assert a.dtype == e.dtype and a.shape == e.shape, f.name
-            np.testing.assert_array_equal(a, e, err_msg=f.name)
+    expected, actual = _named_arrays(sync.arrays), _named_arrays(sub.arrays)
+    assert list(actual) == list(expected)
+    for name, e in expected.items():
+        a = actual[name]
+        assert a.dtype == e.dtype and a.shape == e.shape, name
+        np.testing.assert_array_equal(a, e, err_msg=name)
     np.testing.assert_array_equal(sub.episode_over, sync.episode_over)
 
 
@@ -106,7 +112,7 @@ def test_matches_sync_vector_env_bit_for_bit(factory, env_id, start_method, step
 def test_env_error_in_a_worker_raises_with_its_message():
     sub = SubprocessVectorEnv(_adapter_factory(FailingEnv), num_envs=3, num_workers=2)
     sub.reset(seed=0)
-    actions = [np.zeros((3, 3), np.int64)]
+    actions = {"agent": np.zeros((3, 3), np.int64)}
     sub.step(actions)
     sub.step(actions)
     with pytest.raises(RuntimeError, match="ValueError: boom at step 3"):
@@ -120,11 +126,11 @@ def test_killed_worker_is_noticed_and_the_others_are_stopped():
     os.kill(sub._processes[1].pid, signal.SIGKILL)
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="worker 1 .*died"):
-        sub.step([np.zeros((4, 3), np.int64)])
+        sub.step({"agent": np.zeros((4, 3), np.int64)})
     assert time.monotonic() - start < 10
     assert not any(p.is_alive() for p in sub._processes)
     with pytest.raises(RuntimeError, match="closed"):
-        sub.step([np.zeros((4, 3), np.int64)])
+        sub.step({"agent": np.zeros((4, 3), np.int64)})
 
 
 def test_close_and_garbage_collection_leave_no_child_processes():

@@ -45,10 +45,10 @@ def _inputs(batch=5):
 def test_central_critic_reacts_to_another_agents_observation(critic, share_critic):
     model, _ = _model(critic, share_critic)
     state, obs = _inputs()
-    base = model.values(state, [obs])[0]
+    base = model.values(state, {"agent": obs})["agent"]
     obs2 = obs.clone()
     obs2[:, 0, 3] += 1.0  # perturb one feature of agent 0, and the state built from it
-    changed = model.values(obs2.reshape(5, -1), [obs2])[0]
+    changed = model.values(obs2.reshape(5, -1), {"agent": obs2})["agent"]
     assert ((changed - base).abs() > 1e-6).all(), "every agent's central value must depend on agent 0"
 
 
@@ -56,10 +56,10 @@ def test_central_critic_reacts_to_another_agents_observation(critic, share_criti
 def test_ippo_critic_ignores_other_agents(share_critic):
     model, _ = _model("obs", share_critic)
     state, obs = _inputs()
-    base = model.values(state, [obs])[0]
+    base = model.values(state, {"agent": obs})["agent"]
     obs2 = obs.clone()
     obs2[:, 0, 3] += 1.0
-    changed = model.values(obs2.reshape(5, -1), [obs2])[0]
+    changed = model.values(obs2.reshape(5, -1), {"agent": obs2})["agent"]
     assert ((changed[:, 0] - base[:, 0]).abs() > 1e-6).all()
     torch.testing.assert_close(changed[:, 1:], base[:, 1:], rtol=0, atol=0)
 
@@ -67,12 +67,12 @@ def test_ippo_critic_ignores_other_agents(share_critic):
 def test_per_agent_actors_have_independent_weights_and_shared_actor_one_set():
     separate, _ = _model("state", share_actor=False)
     shared, _ = _model("state", share_actor=True)
-    first = separate.actors[0].net.layers[0].weight
+    first = separate.group("agent").actor.net.layers[0].weight
     assert first.shape[0] == 3 and not torch.equal(first[0], first[1])
-    assert shared.actors[0].net.layers[0].weight.shape[0] == 1
+    assert shared.group("agent").actor.net.layers[0].weight.shape[0] == 1
     # the shared actor still tells agents apart through its agent-id input
     obs = torch.zeros(1, 3, 18)
-    logits = shared.actors[0].net(obs)
+    logits = shared.group("agent").actor.net(obs)
     assert not torch.allclose(logits[0, 0], logits[0, 1])
 
 
@@ -151,7 +151,7 @@ def test_inputs_encoded_once_per_batch_give_each_minibatch_the_same_numbers(crit
     bit for bit the actions' log-probabilities and the values of the networks' own forward pass."""
     model, _ = _model(critic, share_critic=shared or critic == "team", share_actor=shared)
     state, obs = _inputs(batch=64)
-    (actor,), (network,) = model.actors, model.critics
+    actor, network, _ = model.group("agent")
     actor_input, critic_input = actor.encode(obs), network.encode(state, obs)
     rows = torch.randperm(64, generator=torch.Generator().manual_seed(0))[:16]
     actions = torch.randint(0, 5, (16, 3))
@@ -165,7 +165,7 @@ def test_team_critic_is_one_mlp_of_the_state_broadcast_to_the_agents():
     to every agent. Outputs and gradients equal the textbook MLP on the state, whose one value receives
     the sum of the agents' gradients."""
     model, _ = _model("team")
-    (critic,) = model.critics
+    critic = model.group("agent").critic
     net = critic.net
     assert net.layers[0].weight.shape == (1, 64, 54)  # the state alone: no agent-id columns
     with torch.no_grad():
@@ -198,7 +198,7 @@ def test_team_critic_trains_and_values_stay_equal_across_agents():
         [f"env.id={SPREAD}", "num_envs=2", "rollout_steps=25", "critic=team", "ppo.num_minibatches=1"],
     )
     model, buffer, rollout = collect_rollout(config)
-    values = buffer.groups[0].values
+    values = buffer.groups["agent"].values
     assert torch.equal(values, values[..., :1].expand_as(values))
     trainer = Trainer(model, config.ppo, generator=torch.Generator().manual_seed(0))
     before = copy.deepcopy(model.critics.state_dict())

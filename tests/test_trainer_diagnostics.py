@@ -20,8 +20,9 @@ def test_diagnostic_rows_are_an_even_stride_with_both_ends(spread_config):
     finally:
         trainer_module.DIAGNOSTIC_ROWS = 8192
     rows = [0, 7, 14, 21, 28, 35, 42, 49]
-    assert torch.equal(subset[0].obs, batches[0].obs[rows])
-    assert torch.equal(subset[0].state, batches[0].state[rows])
+    assert list(subset) == list(batches)
+    assert torch.equal(subset["agent"].obs, batches["agent"].obs[rows])
+    assert torch.equal(subset["agent"].state, batches["agent"].state[rows])
 
 
 def test_the_diagnostic_subset_leaves_learning_unchanged(spread_config, tmp_path, monkeypatch):

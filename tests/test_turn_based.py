@@ -22,31 +22,32 @@ def test_tictactoe_moves_alternate_with_masks_and_the_winner_is_paid():
     assert group.agents == ("player_1", "player_2") and group.mask_source == "obs" and group.obs_dim == 18
     adapter, out = TurnBasedAdapter(env, spec), TeamArrays.allocate(spec)
     adapter.reset(0, out)
-    np.testing.assert_array_equal(out.alive[0], [True, False])
-    assert out.action_mask[0][0].all()
+    players = out.groups["player"]
+    np.testing.assert_array_equal(players.alive, [True, False])
+    assert players.action_mask[0].all()
     moves = [0, 3, 1, 4, 2]  # player_1 takes the top row
     for k, cell in enumerate(moves):
         mover = k % 2
-        assert out.alive[0][mover] and not out.alive[0][1 - mover]
-        assert not out.action_mask[0][mover][moves[:k]].any()  # occupied cells are masked
-        over = adapter.step([np.array([cell, cell])], out)
+        assert players.alive[mover] and not players.alive[1 - mover]
+        assert not players.action_mask[mover][moves[:k]].any()  # occupied cells are masked
+        over = adapter.step({"player": np.array([cell, cell])}, out)
         assert over == (k == len(moves) - 1)
-    np.testing.assert_array_equal(out.reward[0], [1.0, -1.0])
-    np.testing.assert_array_equal(out.terminated[0], [True, True])
-    np.testing.assert_array_equal(out.alive[0], [False, False])
+    np.testing.assert_array_equal(players.reward, [1.0, -1.0])
+    np.testing.assert_array_equal(players.terminated, [True, True])
+    np.testing.assert_array_equal(players.alive, [False, False])
 
 
 def test_self_play_rollout_keeps_masks_and_credits_the_loser(tmp_path):
     config = load_config(None, [f"env.id={TICTACTOE}", "share_actor=true", "num_envs=4", "rollout_steps=40"])
     model, buffer, rollout = collect_rollout(config)
-    storage = buffer.groups[0]
+    storage = buffer.groups["player"]
     assert (storage.alive.sum(-1) == 1).all(), "exactly one player moves at every step"
     chosen_allowed = storage.action_mask.gather(-1, storage.actions.unsqueeze(-1)).squeeze(-1)
     assert chosen_allowed[storage.alive].all(), "a masked (occupied) cell was played"
     folded = fold_turns(
         storage.rewards,
         storage.values,
-        rollout.last_values[0],
+        rollout.last_values["player"],
         storage.final_values,
         storage.terminated,
         storage.truncated,

@@ -25,23 +25,26 @@ def test_spec_and_tensor_arrays():
     assert group.agents == ("agent_0", "agent_1", "agent_2", "agent_3") and group.obs_dim == 18
     assert group.action_shape == (2,) and venv.spec.state_dim == 4 * 18
     arrays = venv.reset(0)
-    assert all(isinstance(o, torch.Tensor) for o in arrays.obs) and isinstance(arrays.state, torch.Tensor)
-    assert arrays.obs[0].shape == (8, 4, 18)
+    assert list(arrays.groups) == ["agent"]
+    agents = arrays.groups["agent"]
+    assert isinstance(agents.obs, torch.Tensor) and isinstance(arrays.state, torch.Tensor)
+    assert agents.obs.shape == (8, 4, 18)
 
 
 def test_truncation_keeps_the_final_observation_then_resets():
     venv = build_vector_env(_config(3))
     arrays = venv.reset(0)
-    actions = [torch.ones(8, 4, 2)]  # every agent pushes the same way, so positions drift
+    agents = arrays.groups["agent"]
+    actions = {"agent": torch.ones(8, 4, 2)}  # every agent pushes the same way, so positions drift
     for _ in range(2):
         venv.step(actions)
         assert not venv.episode_over.any()
-    before_last = arrays.obs[0].clone()
+    before_last = agents.obs.clone()
     venv.step(actions)
-    assert venv.episode_over.all() and arrays.truncated[0].all() and not arrays.terminated[0].any()
-    assert not torch.equal(arrays.final_obs[0], arrays.obs[0])  # obs is the new episode's first
-    assert not torch.equal(arrays.final_obs[0], before_last)  # final_obs is after the last move
-    torch.testing.assert_close(arrays.final_state, arrays.final_obs[0].reshape(8, -1))
+    assert venv.episode_over.all() and agents.truncated.all() and not agents.terminated.any()
+    assert not torch.equal(agents.final_obs, agents.obs)  # obs is the new episode's first
+    assert not torch.equal(agents.final_obs, before_last)  # final_obs is after the last move
+    torch.testing.assert_close(arrays.final_state, agents.final_obs.reshape(8, -1))
 
 
 def test_a_vmas_rollout_never_leaves_torch(monkeypatch):
@@ -61,7 +64,7 @@ def test_a_vmas_rollout_never_leaves_torch(monkeypatch):
     result = collector.collect(buffer)
     monkeypatch.undo()
     assert result.env_steps == 80 and buffer.full
-    assert buffer.groups[0].rewards.abs().sum() > 0 and buffer.state.abs().sum() > 0
+    assert buffer.groups["agent"].rewards.abs().sum() > 0 and buffer.state.abs().sum() > 0
 
 
 def test_resetting_some_copies_gives_the_observations_of_one_reset_at_a_time():
@@ -70,9 +73,9 @@ def test_resetting_some_copies_gives_the_observations_of_one_reset_at_a_time():
     batched, reference = build_vector_env(_config(100)), build_vector_env(_config(100))
     for venv in (batched, reference):
         venv.reset(0)
-        venv.step([torch.ones(8, 4, 2)])  # move away from the spawn points
+        venv.step({"agent": torch.ones(8, 4, 2)})  # move away from the spawn points
     finished = [1, 4, 6]
-    before = batched.arrays.obs[0][finished, 0].clone()
+    before = batched.arrays.groups["agent"].obs[finished, 0].clone()
     batched.env.seed(7)
     observations = batched._reset_at(finished)
     reference.env.seed(7)
@@ -99,7 +102,7 @@ def _venv(scenario, max_steps, num_envs=8, spare=True, device="cpu"):
 def _random_actions(venv, generator):
     (group,) = venv.spec.groups
     shape = (venv.num_envs, len(group.agents), *group.action_shape)
-    return [(torch.rand(shape, generator=generator) * 2 - 1).to(venv.device)]
+    return {group.name: (torch.rand(shape, generator=generator) * 2 - 1).to(venv.device)}
 
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -121,36 +124,39 @@ def test_copies_given_fresh_states_follow_the_spares_episodes(scenario, device):
         venv.step(actions)
         reference.step(actions)
     finished, others = [1, 4, 6], [0, 2, 3, 5, 7]
-    before = venv.arrays.obs[0].clone()
+    agents = venv.arrays.groups["agent"]
+    before = agents.obs.clone()
     venv._reset_some(finished)
     spare = venv._fresh.spare
     assert venv._fresh.next == 3  # the spare was reset in one batch and its copies 0-2 were used
     (spare_obs,) = spare.get_from_scenario(
         get_observations=True, get_rewards=False, get_infos=False, get_dones=False
     )
-    for i, agent in enumerate(venv.spec.groups[0].agents):  # first observations: the spare's, recomputed
-        torch.testing.assert_close(venv.arrays.obs[0][finished, i], spare_obs[agent][:3].reshape(3, -1))
-    torch.testing.assert_close(venv.arrays.obs[0][others], before[others], rtol=0, atol=0)
+    names = venv.spec.group("agent").agents
+    for i, agent in enumerate(names):  # first observations: the spare's, recomputed
+        torch.testing.assert_close(agents.obs[finished, i], spare_obs[agent][:3].reshape(3, -1))
+    torch.testing.assert_close(agents.obs[others], before[others], rtol=0, atol=0)
     for _ in range(4):
         actions = _random_actions(venv, generator)
-        arrays = venv.step(actions)
-        spare_actions = {a: actions[0][finished, i] for i, a in enumerate(venv.spec.groups[0].agents)}
+        got = venv.step(actions).groups["agent"]
+        spare_actions = {a: actions["agent"][finished, i] for i, a in enumerate(names)}
         spare_actions = {
             a: torch.cat([x, x.new_zeros(spare.num_envs - 3, x.shape[1])]) for a, x in spare_actions.items()
         }
         spare_obs, spare_rewards, *_ = spare.step(spare_actions)
-        expected = reference.step(actions)
-        for i, agent in enumerate(venv.spec.groups[0].agents):
-            torch.testing.assert_close(arrays.obs[0][finished, i], spare_obs[agent][:3].reshape(3, -1))
-            torch.testing.assert_close(arrays.reward[0][finished, i], spare_rewards[agent][:3].reshape(3))
-        torch.testing.assert_close(arrays.obs[0][others], expected.obs[0][others], rtol=0, atol=0)
-        torch.testing.assert_close(arrays.reward[0][others], expected.reward[0][others], rtol=0, atol=0)
+        expected = reference.step(actions).groups["agent"]
+        for i, agent in enumerate(names):
+            torch.testing.assert_close(got.obs[finished, i], spare_obs[agent][:3].reshape(3, -1))
+            torch.testing.assert_close(got.reward[finished, i], spare_rewards[agent][:3].reshape(3))
+        torch.testing.assert_close(got.obs[others], expected.obs[others], rtol=0, atol=0)
+        torch.testing.assert_close(got.reward[others], expected.reward[others], rtol=0, atol=0)
 
 
 def test_a_copy_given_a_fresh_state_ends_exactly_max_steps_later():
     venv = _venv("navigation", 5)
     venv.reset(0)
-    actions = [torch.zeros(8, 4, 2)]
+    actions = {"agent": torch.zeros(8, 4, 2)}
+    agents = venv.arrays.groups["agent"]
     for _ in range(2):
         venv.step(actions)
     venv._reset_some([3])  # copy 3 starts over at step 2
@@ -158,7 +164,7 @@ def test_a_copy_given_a_fresh_state_ends_exactly_max_steps_later():
         venv.step(actions)
         expected = {5: [i for i in range(8) if i != 3], 7: [3]}.get(step, [])
         assert torch.nonzero(venv.episode_over).flatten().tolist() == expected, step
-        assert venv.arrays.truncated[0][expected].all() and not venv.arrays.terminated[0].any()
+        assert agents.truncated[expected].all() and not agents.terminated.any()
 
 
 def _hidden_state_venv(num_envs=8):
@@ -203,13 +209,15 @@ def test_a_scenario_with_state_the_copy_misses_fails_the_check_and_resets_one_at
     reference = type(venv)(make(0), "hidden_phase")  # no spare: always reset_at
     for v in (venv, reference):
         v.reset(0)
-        v.step([torch.ones(8, 4, 2)])
+        v.step({"agent": torch.ones(8, 4, 2)})
     venv.env.seed(7)  # VMAS simulators share one random stream: each reset starts it from the same seed
     with pytest.warns(SlowResetWarning, match=r"hidden_phase: .* observations differed right after the copy"):
         venv._reset_some([2, 5])
     reference.env.seed(7)
     reference._reset_some([2, 5])
-    torch.testing.assert_close(venv.arrays.obs[0], reference.arrays.obs[0], rtol=0, atol=0)
+    torch.testing.assert_close(
+        venv.arrays.groups["agent"].obs, reference.arrays.groups["agent"].obs, rtol=0, atol=0
+    )
     assert venv._fresh is None and venv._fresh_off  # checked once, then off for good
 
 
@@ -234,7 +242,8 @@ def test_a_saved_simulator_continues_exactly_in_a_new_one(scenario, device):
             arrays = venv.step(actions[k])
             if k in (2, 9):
                 venv._reset_some([1, 4, 6])  # partial resets from the spare
-            trace.append([t.clone() for t in (*arrays.obs, *arrays.reward, *arrays.truncated, arrays.state)])
+            agents = arrays.groups["agent"]
+            trace.append([t.clone() for t in (agents.obs, agents.reward, agents.truncated, arrays.state)])
         return trace
 
     straight = _venv(scenario, 6, device=device)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
 
 from marl_ppo.algo.gae import compute_gae, fold_turns
-from marl_ppo.rollout.buffer import GroupStorage, RolloutBuffer
+from marl_ppo.rollout.buffer import RolloutBuffer
 
 
 @dataclass(frozen=True)
@@ -56,49 +56,47 @@ class AgentBatch:
 
 
 def build_batches(
-    buffer: RolloutBuffer, advantages: Sequence[torch.Tensor], returns: Sequence[torch.Tensor]
-) -> list[AgentBatch]:
+    buffer: RolloutBuffer, advantages: Mapping[str, torch.Tensor], returns: Mapping[str, torch.Tensor]
+) -> dict[str, AgentBatch]:
     """Flatten each group's `(T, E, A, ...)` storage to `(T*E, A, ...)`, preserving time-major order."""
     state = buffer.state.reshape(-1, buffer.state.shape[-1])
 
     def flat(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.flatten(0, 1)
 
-    batches = []
-    for storage, adv, ret in zip(buffer.groups, advantages, returns, strict=True):
-        storage: GroupStorage
-        batches.append(
-            AgentBatch(
-                obs=flat(storage.obs),
-                actions=flat(storage.actions),
-                logp_old=flat(storage.logp),
-                values_old=flat(storage.values),
-                advantages=flat(adv),
-                returns=flat(ret),
-                alive=flat(storage.alive),
-                state=state,
-                action_mask=flat(storage.action_mask),
-            )
+    return {
+        name: AgentBatch(
+            obs=flat(storage.obs),
+            actions=flat(storage.actions),
+            logp_old=flat(storage.logp),
+            values_old=flat(storage.values),
+            advantages=flat(advantages[name]),
+            returns=flat(returns[name]),
+            alive=flat(storage.alive),
+            state=state,
+            action_mask=flat(storage.action_mask),
         )
-    return batches
+        for name, storage in buffer.groups.items()
+    }
 
 
 def minibatches(
-    batches: Sequence[AgentBatch], num_minibatches: int, generator: torch.Generator
-) -> Iterator[list[AgentBatch]]:
+    batches: Mapping[str, AgentBatch], num_minibatches: int, generator: torch.Generator
+) -> Iterator[dict[str, AgentBatch]]:
     """Shuffle env steps once and yield `num_minibatches` aligned slices of every group's batch."""
-    size = len(batches[0])
+    first = next(iter(batches.values()))
+    size = len(first)
     if not 1 <= num_minibatches <= size:
         raise ValueError(f"num_minibatches={num_minibatches} must be between 1 and the batch size {size}")
     # drawn on the generator's device (the CPU), so the order is the same on every device
-    order = torch.randperm(size, generator=generator).to(batches[0].advantages.device)
+    order = torch.randperm(size, generator=generator).to(first.advantages.device)
     for chunk in torch.tensor_split(order, num_minibatches):
-        yield [batch.select(chunk) for batch in batches]
+        yield {name: batch.select(chunk) for name, batch in batches.items()}
 
 
 def rollout_batches(
-    buffer: RolloutBuffer, last_values: Sequence[torch.Tensor], *, gamma: float, lam: float
-) -> list[AgentBatch]:
+    buffer: RolloutBuffer, last_values: Mapping[str, torch.Tensor], *, gamma: float, lam: float
+) -> dict[str, AgentBatch]:
     """GAE per group over a full buffer, then flatten.
 
     Each acting step's transition runs to the agent's next acting step (`fold_turns`), truncations
@@ -106,12 +104,12 @@ def rollout_batches(
     """
     if not buffer.full:
         raise ValueError(f"rollout_batches: buffer holds {buffer.pos} of {buffer.steps} steps; fill it first")
-    advantages, returns = [], []
-    for storage, last in zip(buffer.groups, last_values, strict=True):
+    advantages, returns = {}, {}
+    for name, storage in buffer.groups.items():
         steps = fold_turns(
             storage.rewards,
             storage.values,
-            last,
+            last_values[name],
             storage.final_values,
             storage.terminated,
             storage.truncated,
@@ -127,6 +125,5 @@ def rollout_batches(
             lam=lam,
             alive=storage.alive,
         )
-        advantages.append(adv)
-        returns.append(ret)
+        advantages[name], returns[name] = adv, ret
     return build_batches(buffer, advantages, returns)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,7 +104,7 @@ class Trainer:
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.generator.set_state(state["generator"])
 
-    def prepare(self, batches: Sequence[AgentBatch]) -> list[AgentBatch]:
+    def prepare(self, batches: Mapping[str, AgentBatch]) -> dict[str, AgentBatch]:
         """Update the value normalizers with the batch's returns and normalize advantages per group.
 
         The prepared batches carry normalized advantages, `values_old` and `returns` in the critic's
@@ -113,34 +113,31 @@ class Trainer:
         width: minibatch gathers then skip them (at 1,024 VMAS copies they were 45% of the bytes
         gathered).
         """
-        prepared = []
-        model = self.model
-        groups = zip(model.value_norms, model.actors, model.critics, batches, strict=True)
-        for g, (norm, actor, critic, batch) in enumerate(groups):
+        prepared = {}
+        for name, batch in batches.items():
+            actor, critic, norm = self.model.group(name)
             returns = batch.returns[batch.alive]
             if bool(torch.isfinite(returns).all() & torch.isfinite(batch.advantages[batch.alive]).all()):
                 norm.update(returns)
             else:  # raises, or skips this group's value-norm statistics
-                self._nonfinite(f"GAE return or advantage in group '{self._group(g)}'", "before any step")
+                self._nonfinite(f"GAE return or advantage in group '{name}'", "before any step")
             advantages = batch.advantages
             if self.ppo.normalize_advantages:
                 advantages = normalize_advantages(advantages, batch.alive)
-            prepared.append(
-                dataclasses.replace(
-                    batch,
-                    advantages=advantages,
-                    values_old=norm.normalize(batch.values_old),
-                    returns=norm.normalize(batch.returns),
-                    # the networks' inputs, normalized once here rather than at every minibatch step
-                    actor_input=actor.encode(batch.obs),
-                    critic_input=critic.encode(batch.state, batch.obs),
-                    obs=batch.obs[..., :0],
-                    state=batch.state[..., :0],
-                )
+            prepared[name] = dataclasses.replace(
+                batch,
+                advantages=advantages,
+                values_old=norm.normalize(batch.values_old),
+                returns=norm.normalize(batch.returns),
+                # the networks' inputs, normalized once here rather than at every minibatch step
+                actor_input=actor.encode(batch.obs),
+                critic_input=critic.encode(batch.state, batch.obs),
+                obs=batch.obs[..., :0],
+                state=batch.state[..., :0],
             )
         return prepared
 
-    def update(self, batches: Sequence[AgentBatch]) -> TrainStats:
+    def update(self, batches: Mapping[str, AgentBatch]) -> TrainStats:
         """One PPO update on the groups' batches (raw advantages, return-unit values)."""
         self.updates += 1
         self._skips = 0
@@ -181,14 +178,15 @@ class Trainer:
         )
 
     def _losses(
-        self, batches: Sequence[AgentBatch]
-    ) -> tuple[torch.Tensor, torch.Tensor, list[dict[str, torch.Tensor]]]:
+        self, batches: Mapping[str, AgentBatch]
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, dict[str, torch.Tensor]]]:
         """Summed actor and critic losses over groups, plus per-group diagnostics."""
         ppo = self.ppo
         loss_pi = torch.zeros(())
         loss_v = torch.zeros(())
-        diagnostics = []
-        for actor, critic, batch in zip(self.model.actors, self.model.critics, batches, strict=True):
+        diagnostics = {}
+        for name, batch in batches.items():
+            actor, critic, _ = self.model.group(name)
             dist = actor.forward_encoded(batch.actor_input, batch.action_mask)
             count = mask_count(batch.alive)  # one divisor for the group's five means
             terms = policy_loss(
@@ -213,19 +211,17 @@ class Trainer:
                 count=count,
             )
             loss_v = loss_v + group_v
-            diagnostics.append(
-                {
-                    "kl": terms.approx_kl,
-                    "clipfrac": terms.clipfrac,
-                    "entropy": entropy.detach(),
-                    "loss_pi": group_pi.detach(),
-                    "loss_v": group_v.detach(),
-                }
-            )
+            diagnostics[name] = {
+                "kl": terms.approx_kl,
+                "clipfrac": terms.clipfrac,
+                "entropy": entropy.detach(),
+                "loss_pi": group_pi.detach(),
+                "loss_v": group_v.detach(),
+            }
         return loss_pi, loss_v, diagnostics
 
     def _step(
-        self, minibatch: Sequence[AgentBatch], *, train_pi: bool, train_vf: bool, where: tuple[int, int]
+        self, minibatch: Mapping[str, AgentBatch], *, train_pi: bool, train_vf: bool, where: tuple[int, int]
     ) -> float | None:
         """One optimizer step; None when it was skipped for a non-finite loss or gradient."""
         loss_pi, loss_v, diagnostics = self._losses(minibatch)
@@ -247,22 +243,22 @@ class Trainer:
             self.actor_optimizer.step()
         if train_vf:
             self.critic_optimizer.step()
-        return float(sum(d["kl"] for d in diagnostics) / len(diagnostics))
+        return float(sum(d["kl"] for d in diagnostics.values()) / len(diagnostics))
 
-    def _group(self, g: int) -> str:
-        return self.model.spec.groups[g].name
-
-    def _culprit(self, diagnostics: list[dict[str, torch.Tensor]], train_pi: bool, train_vf: bool) -> str:
+    def _culprit(
+        self, diagnostics: Mapping[str, dict[str, torch.Tensor]], train_pi: bool, train_vf: bool
+    ) -> str:
         """Name the first non-finite term of a failed step: a group's loss, else its gradient."""
-        for g, terms in enumerate(diagnostics):
+        for group, terms in diagnostics.items():
             for term, active in (("loss_pi", train_pi), ("loss_v", train_vf)):
                 if active and not bool(torch.isfinite(terms[term])):
-                    return f"{term} ({float(terms[term])}) in group '{self._group(g)}'"
-        for g, (actor, critic) in enumerate(zip(self.model.actors, self.model.critics, strict=True)):
+                    return f"{term} ({float(terms[term])}) in group '{group}'"
+        for group in self.model.group_names():
+            actor, critic, _ = self.model.group(group)
             for name, module, active in (("actor", actor, train_pi), ("critic", critic, train_vf)):
                 grads = [p.grad for p in module.parameters() if p.grad is not None]
                 if active and grads and not bool(torch.isfinite(nn.utils.get_total_norm(grads))):
-                    return f"{name} gradient in group '{self._group(g)}'"
+                    return f"{name} gradient in group '{group}'"
         return "gradient norm"
 
     def _nonfinite(self, what: str, where: str) -> None:
@@ -278,11 +274,11 @@ class Trainer:
         )
 
     @torch.no_grad()
-    def _evaluate(self, batches: Sequence[AgentBatch]) -> _Evaluation:
+    def _evaluate(self, batches: Mapping[str, AgentBatch]) -> _Evaluation:
         loss_pi, loss_v, diagnostics = self._losses(batches)
 
         def mean(key: str) -> float:
-            return float(sum(d[key] for d in diagnostics) / len(diagnostics))
+            return float(sum(d[key] for d in diagnostics.values()) / len(diagnostics))
 
         return _Evaluation(float(loss_pi), float(loss_v), mean("kl"), mean("entropy"), mean("clipfrac"))
 
@@ -291,18 +287,19 @@ DIAGNOSTIC_ROWS = 8192
 """Env steps the before/after-update diagnostics are computed on; more would only cost learner time."""
 
 
-def _diagnostic_rows(batches: Sequence[AgentBatch]) -> Sequence[AgentBatch]:
+def _diagnostic_rows(batches: Mapping[str, AgentBatch]) -> Mapping[str, AgentBatch]:
     """The batches, or an even stride of DIAGNOSTIC_ROWS of their rows when they are larger."""
-    size = len(batches[0])
+    first = next(iter(batches.values()))
+    size = len(first)
     if size <= DIAGNOSTIC_ROWS:
         return batches
-    rows = torch.linspace(0, size - 1, DIAGNOSTIC_ROWS, device=batches[0].obs.device).long()
-    return [batch.select(rows) for batch in batches]
+    rows = torch.linspace(0, size - 1, DIAGNOSTIC_ROWS, device=first.obs.device).long()
+    return {name: batch.select(rows) for name, batch in batches.items()}
 
 
-def _batch_statistics(batches: Sequence[AgentBatch]) -> dict[str, float]:
-    values = torch.cat([b.values_old[b.alive] for b in batches])
-    returns = torch.cat([b.returns[b.alive] for b in batches])
+def _batch_statistics(batches: Mapping[str, AgentBatch]) -> dict[str, float]:
+    values = torch.cat([b.values_old[b.alive] for b in batches.values()])
+    returns = torch.cat([b.returns[b.alive] for b in batches.values()])
     mask = torch.ones_like(values, dtype=torch.bool)
     return {
         "explained_variance": explained_variance(values, returns, mask),

@@ -124,7 +124,7 @@ def probe_step_seconds(config: ExperimentConfig, budget_s: float = 0.25) -> floa
     times: list[float] = []
     deadline = time.perf_counter() + budget_s
     while time.perf_counter() < deadline and len(times) < 200:
-        actions = [_first_allowed(g, m) for g, m in zip(spec.groups, arrays.action_mask, strict=True)]
+        actions = {g.name: _first_allowed(g, arrays.groups[g.name].action_mask) for g in spec.groups}
         started = time.perf_counter()
         over = adapter.step(actions, arrays)
         times.append(time.perf_counter() - started)

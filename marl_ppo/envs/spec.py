@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -76,52 +76,90 @@ class TeamSpec:
         """Agents in the team, over all groups."""
         return len(self.agents)
 
-    def group_of(self, agent: str) -> tuple[int, int]:
-        """(group index, index within the group) of an agent."""
-        for g, group in enumerate(self.groups):
+    def group_of(self, agent: str) -> tuple[GroupSpec, int]:
+        """The group of an agent and its index within the group."""
+        for group in self.groups:
             if agent in group.agents:
-                return g, group.agents.index(agent)
+                return group, group.agents.index(agent)
         raise KeyError(agent)
 
+    def group(self, name: str) -> GroupSpec:
+        """The group called `name`."""
+        for group in self.groups:
+            if group.name == name:
+                return group
+        raise KeyError(name)
 
-@dataclass
-class TeamArrays:
-    """Per-group arrays for one env (shapes `(A_g, ...)`) or E envs (`(E, A_g, ...)`), plus the state."""
 
-    obs: list[np.ndarray]
-    alive: list[np.ndarray]
-    action_mask: list[np.ndarray]
+Array = TypeVar("Array")
+"""`np.ndarray` for envs stepped through NumPy, `torch.Tensor` for batched simulators (VMAS)."""
+
+
+@dataclass(frozen=True)
+class GroupArrays(Generic[Array]):
+    """One group's arrays of a step, `(A_g, ...)` for one env copy or `(E, A_g, ...)` for E copies.
+
+    The record is fixed; the arrays are written in place (they may be views of shared memory).
+    """
+
+    obs: Array
+    """Observations the next action is chosen from (zeros for absent agents)."""
+    alive: Array
+    """Agents present and acting at the next step."""
+    action_mask: Array
     """Allowed actions for the next step, `(..., A_g, mask_dim)`; all True where the env gives no mask."""
-    reward: list[np.ndarray]
-    terminated: list[np.ndarray]
-    truncated: list[np.ndarray]
-    final_obs: list[np.ndarray]
-    state: np.ndarray
-    final_state: np.ndarray
+    reward: Array
+    terminated: Array
+    truncated: Array
+    final_obs: Array
+    """The step's observations before any reset (for the truncation bootstrap)."""
 
     @classmethod
-    def allocate(cls, spec: TeamSpec, lead: tuple[int, ...] = ()) -> TeamArrays:
-        """Zero arrays (masks all True) for `spec` with leading dims `lead`."""
-
-        def per_group(tail: Callable[[GroupSpec], tuple[int, ...]], dtype: Any) -> list[np.ndarray]:
-            return [np.zeros(lead + (g.num_agents,) + tail(g), dtype=dtype) for g in spec.groups]
-
-        return cls(
-            obs=per_group(lambda g: (g.obs_dim,), np.float32),
-            alive=per_group(lambda g: (), bool),
-            action_mask=[np.ones(lead + (g.num_agents, g.mask_dim), bool) for g in spec.groups],
-            reward=per_group(lambda g: (), np.float32),
-            terminated=per_group(lambda g: (), bool),
-            truncated=per_group(lambda g: (), bool),
-            final_obs=per_group(lambda g: (g.obs_dim,), np.float32),
-            state=np.zeros(lead + (spec.state_dim,), np.float32),
-            final_state=np.zeros(lead + (spec.state_dim,), np.float32),
+    def allocate(cls, group: GroupSpec, lead: tuple[int, ...] = ()) -> GroupArrays[np.ndarray]:
+        """Zero arrays (masks all True) for `group` with leading dims `lead`."""
+        shape = (*lead, group.num_agents)
+        return GroupArrays(
+            obs=np.zeros((*shape, group.obs_dim), np.float32),
+            alive=np.zeros(shape, bool),
+            action_mask=np.ones((*shape, group.mask_dim), bool),
+            reward=np.zeros(shape, np.float32),
+            terminated=np.zeros(shape, bool),
+            truncated=np.zeros(shape, bool),
+            final_obs=np.zeros((*shape, group.obs_dim), np.float32),
         )
 
-    def row(self, index: int | slice) -> TeamArrays:
+    def map(self, fn: Callable[[Array], Any]) -> GroupArrays[Any]:
+        """`fn` applied to every array (views, copies, conversions), in field order."""
+        return GroupArrays(**{f.name: fn(getattr(self, f.name)) for f in dataclasses.fields(self)})
+
+
+@dataclass(frozen=True)
+class TeamArrays(Generic[Array]):
+    """A step's arrays of every group, keyed by group name in the team's group order, plus the state."""
+
+    groups: dict[str, GroupArrays[Array]]
+    state: Array
+    """The global state the next action is chosen from, `(..., state_dim)`."""
+    final_state: Array
+    """The step's global state before any reset (for the truncation bootstrap)."""
+
+    @classmethod
+    def allocate(cls, spec: TeamSpec, lead: tuple[int, ...] = ()) -> TeamArrays[np.ndarray]:
+        """Zero arrays (masks all True) for `spec` with leading dims `lead`."""
+        return TeamArrays(
+            groups={g.name: GroupArrays.allocate(g, lead) for g in spec.groups},
+            state=np.zeros((*lead, spec.state_dim), np.float32),
+            final_state=np.zeros((*lead, spec.state_dim), np.float32),
+        )
+
+    def map(self, fn: Callable[[Array], Any]) -> TeamArrays[Any]:
+        """`fn` applied to every array, group by group and then the states."""
+        return TeamArrays(
+            groups={name: group.map(fn) for name, group in self.groups.items()},
+            state=fn(self.state),
+            final_state=fn(self.final_state),
+        )
+
+    def row(self, index: int | slice) -> TeamArrays[Array]:
         """Views of env `index`, or of a slice of envs (for arrays allocated with one leading env dim)."""
-        views: dict[str, Any] = {}
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            views[field.name] = [a[index] for a in value] if isinstance(value, list) else value[index]
-        return TeamArrays(**views)
+        return self.map(lambda array: array[index])

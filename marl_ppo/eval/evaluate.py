@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from marl_ppo.config import ExperimentConfig, build_config, config_to_dict
+from marl_ppo.envs.spec import TeamArrays
 from marl_ppo.envs.vector.base import VectorEnv
 from marl_ppo.models.team import TeamModel
 
@@ -119,12 +120,14 @@ def _numpy(value: np.ndarray | torch.Tensor) -> np.ndarray:
 
 
 @torch.no_grad()
-def policy_actions(model: TeamModel, arrays: Any, device: torch.device, *, deterministic: bool) -> list:
-    """Per-group actions for `arrays.obs` (masks respected): the distribution's mode, or a sample."""
-    obs = [_tensor(o, device) for o in arrays.obs]
-    masks = [_tensor(m, device) for m in arrays.action_mask]
+def policy_actions(
+    model: TeamModel, arrays: TeamArrays, device: torch.device, *, deterministic: bool
+) -> dict[str, torch.Tensor]:
+    """Per-group actions for the arrays' observations (masks respected): the distribution's mode, or a sample."""
+    obs = {name: _tensor(group.obs, device) for name, group in arrays.groups.items()}
+    masks = {name: _tensor(group.action_mask, device) for name, group in arrays.groups.items()}
     dists = model.distributions(obs, masks)
-    return [d.mode() if deterministic else d.sample() for d in dists]
+    return {name: d.mode() if deterministic else d.sample() for name, d in dists.items()}
 
 
 def run_episodes(
@@ -139,7 +142,7 @@ def run_episodes(
     """Play `episodes` whole episodes, each env copy a fixed share of them (so short episodes are not favoured)."""
     copies, spec = venv.num_envs, venv.spec
     quota = np.array([episodes // copies + (i < episodes % copies) for i in range(copies)])
-    columns = [[spec.agents.index(a) for a in g.agents] for g in spec.groups]
+    columns = {g.name: [spec.agents.index(a) for a in g.agents] for g in spec.groups}
     returns = np.zeros((copies, spec.num_agents))
     lengths = np.zeros(copies, dtype=np.int64)
     finished: list[list[tuple[np.ndarray, int]]] = [[] for _ in range(copies)]
@@ -149,9 +152,11 @@ def run_episodes(
         arrays = venv.reset(seed)
         while any(len(done) < share for done, share in zip(finished, quota, strict=True)):
             actions = policy_actions(model, arrays, device, deterministic=deterministic)
-            arrays = venv.step(actions if tensor_io else [a.cpu().numpy() for a in actions])
-            for group_columns, reward in zip(columns, arrays.reward, strict=True):
-                returns[:, group_columns] += _numpy(reward)
+            arrays = venv.step(
+                actions if tensor_io else {name: a.cpu().numpy() for name, a in actions.items()}
+            )
+            for name, group in arrays.groups.items():
+                returns[:, columns[name]] += _numpy(group.reward)
             lengths += 1
             for i in np.flatnonzero(_numpy(venv.episode_over)):
                 finished[i].append((returns[i].copy(), int(lengths[i])))

@@ -55,7 +55,7 @@ def record_episode(
         frames = [_frame(env, spec.env_id)]
         for _ in range(MAX_EPISODE_STEPS):
             actions = policy_actions(model, arrays, device, deterministic=deterministic)
-            over = adapter.step([a[0].cpu().numpy() for a in actions], row)
+            over = adapter.step({name: a[0].cpu().numpy() for name, a in actions.items()}, row)
             frames.append(_frame(env, spec.env_id))
             if over:
                 break

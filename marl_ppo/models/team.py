@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import gymnasium as gym
 import torch
@@ -136,8 +137,19 @@ class GroupCritic(nn.Module):
         return values.expand(*values.shape[:-1], self.num_agents) if self.team else values
 
 
+class GroupNetworks(NamedTuple):
+    """One group's networks."""
+
+    actor: GroupActor
+    critic: GroupCritic
+    value_norm: ValueNorm
+
+
 class TeamModel(nn.Module):
-    """All actors and critics of a team, with a ValueNorm per group."""
+    """All actors and critics of a team, with a ValueNorm per group, reached by group name (`group`).
+
+    The networks sit in ModuleLists in the team's group order, which names their weights in
+    checkpoints (`actors.0....`)."""
 
     def __init__(self, spec: TeamSpec, config: ExperimentConfig) -> None:
         super().__init__()
@@ -150,19 +162,28 @@ class TeamModel(nn.Module):
             for g in spec.groups
         )
         self.value_norms = nn.ModuleList(ValueNorm(enabled=config.ppo.value_norm) for _ in spec.groups)
+        self._index = {g.name: index for index, g in enumerate(spec.groups)}
+
+    def group_names(self) -> tuple[str, ...]:
+        """The groups' names in the team's group order (the order of actors, critics and value norms)."""
+        return tuple(g.name for g in self.spec.groups)
+
+    def group(self, name: str) -> GroupNetworks:
+        """The actor, critic and value normalizer of group `name`."""
+        g = self._index[name]
+        return GroupNetworks(self.actors[g], self.critics[g], self.value_norms[g])
 
     def distributions(
-        self, obs: Sequence[torch.Tensor], masks: Sequence[torch.Tensor | None]
-    ) -> list[ActionDistribution]:
-        """One distribution per group over its agents, respecting each group's action masks."""
-        return [actor(o, m) for actor, o, m in zip(self.actors, obs, masks, strict=True)]
+        self, obs: Mapping[str, torch.Tensor], masks: Mapping[str, torch.Tensor | None]
+    ) -> dict[str, ActionDistribution]:
+        """Per group, one distribution over its agents, respecting the group's action masks."""
+        return {name: self.group(name).actor(obs[name], masks[name]) for name in self.group_names()}
 
-    def raw_values(self, state: torch.Tensor, obs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def raw_values(self, state: torch.Tensor, obs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Critic outputs per group, in normalized units when value_norm is on."""
-        return [critic(state, o) for critic, o in zip(self.critics, obs, strict=True)]
+        return {name: self.group(name).critic(state, obs[name]) for name in self.group_names()}
 
-    def values(self, state: torch.Tensor, obs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def values(self, state: torch.Tensor, obs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Critic values per group in return units."""
-        return [
-            norm.denormalize(v) for norm, v in zip(self.value_norms, self.raw_values(state, obs), strict=True)
-        ]
+        raw = self.raw_values(state, obs)
+        return {name: self.group(name).value_norm.denormalize(raw[name]) for name in self.group_names()}

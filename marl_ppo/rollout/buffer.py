@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,9 +21,29 @@ ArrayLike = torch.Tensor | np.ndarray
 _DTYPES = {"float32": torch.float32, "int64": torch.int64}
 
 
-@dataclass
+@dataclass(frozen=True)
+class GroupStep:
+    """One group's step as the collector records it: `(E, A_g, ...)` per field, named as in GroupStorage."""
+
+    obs: ArrayLike
+    alive: ArrayLike
+    action_mask: ArrayLike
+    actions: ArrayLike
+    logp: ArrayLike
+    values: ArrayLike
+    rewards: ArrayLike
+    terminated: ArrayLike
+    truncated: ArrayLike
+    final_values: ArrayLike
+
+
+_STEP_FIELDS = tuple(f.name for f in dataclasses.fields(GroupStep))
+
+
+@dataclass(frozen=True)
 class GroupStorage:
-    """One group's rollout tensors; every field is `(T, E, A_g, ...)`."""
+    """One group's rollout tensors; every field is `(T, E, A_g, ...)`. Each GroupStep field is stored in
+    the field of the same name."""
 
     obs: torch.Tensor
     actions: torch.Tensor
@@ -58,16 +79,20 @@ class GroupStorage:
             action_mask=zeros(group.mask_dim, dtype=torch.bool),
         )
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every field's tensor, in field order."""
+        return [getattr(self, f.name) for f in dataclasses.fields(self)]
+
 
 class RolloutBuffer:
-    """Per-group storages plus the per-env global state `(T, E, S)`; `add` raises when full."""
+    """Per-group storages keyed by group name, plus the per-env global state `(T, E, S)`; `add` raises when full."""
 
     def __init__(self, spec: TeamSpec, steps: int, num_envs: int, device: torch.device | str = "cpu") -> None:
         self.spec = spec
         self.steps = steps
         self.num_envs = num_envs
         self.device = torch.device(device)
-        self.groups = [GroupStorage.allocate(g, steps, num_envs, self.device) for g in spec.groups]
+        self.groups = {g.name: GroupStorage.allocate(g, steps, num_envs, self.device) for g in spec.groups}
         self.state = torch.zeros((steps, num_envs, spec.state_dim), device=self.device)
         self.pos = 0
 
@@ -80,40 +105,23 @@ class RolloutBuffer:
         """Start writing at step 0 again (old contents are overwritten, never read)."""
         self.pos = 0
 
-    def add(
-        self,
-        *,
-        state: ArrayLike,
-        obs: Sequence[ArrayLike],
-        alive: Sequence[ArrayLike],
-        action_mask: Sequence[ArrayLike],
-        actions: Sequence[ArrayLike],
-        logp: Sequence[ArrayLike],
-        values: Sequence[ArrayLike],
-        rewards: Sequence[ArrayLike],
-        terminated: Sequence[ArrayLike],
-        truncated: Sequence[ArrayLike],
-        final_values: Sequence[ArrayLike],
-    ) -> None:
-        """Write one step of every env: team `state` `(E, S)` and per group `(E, A_g, ...)` arrays."""
+    def add(self, state: ArrayLike, groups: Mapping[str, GroupStep]) -> None:
+        """Write one step of every env: team `state` `(E, S)` and every group's step record."""
         if self.full:
             raise BufferFull(
                 f"rollout buffer holds {self.steps} steps and is full; call reset() before adding more"
             )
         t = self.pos
         self.state[t].copy_(_tensor(state))
-        for g, storage in enumerate(self.groups):
-            storage.obs[t].copy_(_tensor(obs[g]))
-            storage.alive[t].copy_(_tensor(alive[g]))
-            storage.action_mask[t].copy_(_tensor(action_mask[g]))
-            storage.actions[t].copy_(_tensor(actions[g]))
-            storage.logp[t].copy_(_tensor(logp[g]))
-            storage.values[t].copy_(_tensor(values[g]))
-            storage.rewards[t].copy_(_tensor(rewards[g]))
-            storage.terminated[t].copy_(_tensor(terminated[g]))
-            storage.truncated[t].copy_(_tensor(truncated[g]))
-            storage.final_values[t].copy_(_tensor(final_values[g]))
+        for name, storage in self.groups.items():
+            step = groups[name]
+            for field in _STEP_FIELDS:
+                getattr(storage, field)[t].copy_(_tensor(getattr(step, field)))
         self.pos += 1
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every `(T, E, ...)` tensor of the buffer, in a fixed order (the state, then group by group)."""
+        return [self.state] + [tensor for storage in self.groups.values() for tensor in storage.tensors()]
 
 
 def _tensor(value: ArrayLike) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 
 from marl_ppo.envs.spec import TeamArrays
 from marl_ppo.envs.vector.base import VectorEnv
-from marl_ppo.rollout.buffer import RolloutBuffer
+from marl_ppo.rollout.buffer import GroupStep, RolloutBuffer
 from marl_ppo.rollout.source import EpisodeRecord, Policy, RolloutResult
 
 
@@ -31,9 +31,9 @@ class Collector:
         # column of each group's agents in the team's agent order, for per-agent returns
         self._tensor_io = venv.tensor_io
         where = venv.arrays.state.device if self._tensor_io else torch.device("cpu")
-        self._columns = [
-            torch.tensor([spec.agents.index(a) for a in g.agents], device=where) for g in spec.groups
-        ]
+        self._columns = {
+            g.name: torch.tensor([spec.agents.index(a) for a in g.agents], device=where) for g in spec.groups
+        }
         self._returns = torch.zeros((venv.num_envs, spec.num_agents), dtype=torch.float64, device=where)
         self._lengths = torch.zeros(venv.num_envs, dtype=torch.int64, device=where)
         self.env_steps = 0
@@ -88,47 +88,53 @@ class Collector:
         arrays = self.venv.arrays
         result = RolloutResult()
         while not buffer.full:
-            obs = [self._to_torch(o) for o in arrays.obs]
-            alive = [self._to_torch(a) for a in arrays.alive]
-            masks = [self._to_torch(m) for m in arrays.action_mask]
+            groups = arrays.groups
+            obs = {name: self._to_torch(group.obs) for name, group in groups.items()}
+            alive = {name: self._to_torch(group.alive) for name, group in groups.items()}
+            masks = {name: self._to_torch(group.action_mask) for name, group in groups.items()}
             state = self._to_torch(arrays.state)
             dists = self.model.distributions(obs, masks)
-            actions = [d.sample() for d in dists]
-            logp = [d.log_prob(a) for d, a in zip(dists, actions, strict=True)]
+            actions = {name: dist.sample() for name, dist in dists.items()}
+            logp = {name: dist.log_prob(actions[name]) for name, dist in dists.items()}
             values = self.model.values(state, obs)
-            sent = actions if self._tensor_io else [a.cpu().numpy() for a in actions]
+            sent = actions if self._tensor_io else {name: a.cpu().numpy() for name, a in actions.items()}
             started = time.perf_counter()
             self.venv.step(sent)
             result.env_seconds += time.perf_counter() - started
-            if any(t.any() for t in arrays.truncated):
-                final_obs = [self._to_torch(o) for o in arrays.final_obs]
+            if any(group.truncated.any() for group in groups.values()):
+                final_obs = {name: self._to_torch(group.final_obs) for name, group in groups.items()}
                 final_values = self.model.values(self._to_torch(arrays.final_state), final_obs)
             else:
-                final_values = [torch.zeros_like(v) for v in values]
-            buffer.add(
-                state=state,
-                obs=obs,
-                alive=alive,
-                action_mask=masks,
-                actions=actions,
-                logp=logp,
-                values=values,
-                rewards=arrays.reward,
-                terminated=arrays.terminated,
-                truncated=arrays.truncated,
-                final_values=final_values,
-            )
+                final_values = {name: torch.zeros_like(v) for name, v in values.items()}
+            steps = {
+                name: GroupStep(
+                    obs=obs[name],
+                    alive=alive[name],
+                    action_mask=masks[name],
+                    actions=actions[name],
+                    logp=logp[name],
+                    values=values[name],
+                    rewards=group.reward,
+                    terminated=group.terminated,
+                    truncated=group.truncated,
+                    final_values=final_values[name],
+                )
+                for name, group in groups.items()
+            }
+            buffer.add(state, steps)
             self._account(result)
         result.last_values = self.model.values(
-            self._to_torch(arrays.state), [self._to_torch(o) for o in arrays.obs]
+            self._to_torch(arrays.state), {name: self._to_torch(g.obs) for name, g in arrays.groups.items()}
         )
         result.env_steps = buffer.steps * self.venv.num_envs
         return result
 
     def _account(self, result: RolloutResult) -> None:
         arrays = self.venv.arrays
-        for columns, reward in zip(self._columns, arrays.reward, strict=True):
-            self._returns[:, columns] += torch.as_tensor(reward, device=self._returns.device)
+        for name, group in arrays.groups.items():
+            self._returns[:, self._columns[name]] += torch.as_tensor(
+                group.reward, device=self._returns.device
+            )
         self._lengths += 1
         self.env_steps += self.venv.num_envs
         over = torch.as_tensor(self.venv.episode_over, device=self._returns.device)
@@ -146,16 +152,20 @@ class Collector:
 
 
 def _arrays_state(arrays: TeamArrays) -> dict[str, Any]:
-    """CPU tensor copies of every field of the vector env's arrays (numpy or torch)."""
+    """CPU tensor copies of every array of the vector env's arrays (numpy or torch), keyed by field."""
 
     def copy(value: np.ndarray | torch.Tensor) -> torch.Tensor:
         return value.cpu().clone() if isinstance(value, torch.Tensor) else torch.from_numpy(value.copy())
 
-    state: dict[str, Any] = {}
-    for f in dataclasses.fields(arrays):
-        value = getattr(arrays, f.name)
-        state[f.name] = [copy(v) for v in value] if isinstance(value, list) else copy(value)
-    return state
+    saved = arrays.map(copy)
+    return {
+        "groups": {
+            name: {f.name: getattr(group, f.name) for f in dataclasses.fields(group)}
+            for name, group in saved.groups.items()
+        },
+        "state": saved.state,
+        "final_state": saved.final_state,
+    }
 
 
 def _load_arrays(arrays: TeamArrays, state: dict[str, Any]) -> None:
@@ -171,8 +181,17 @@ def _load_arrays(arrays: TeamArrays, state: dict[str, Any]) -> None:
         else:
             target[...] = saved.numpy()
 
-    for f in dataclasses.fields(arrays):
-        value, saved = getattr(arrays, f.name), state[f.name]
-        pairs = zip(value, saved, strict=True) if isinstance(value, list) else [(value, saved)]
-        for target, item in pairs:
-            load(target, item)
+    if "groups" not in state:  # checkpoints before the per-group records: one list per field, in group order
+        state = {
+            "groups": {
+                name: {field: values[g] for field, values in state.items() if isinstance(values, list)}
+                for g, name in enumerate(arrays.groups)
+            },
+            "state": state["state"],
+            "final_state": state["final_state"],
+        }
+    for name, group in arrays.groups.items():
+        for field in dataclasses.fields(group):
+            load(getattr(group, field.name), state["groups"][name][field.name])
+    load(arrays.state, state["state"])
+    load(arrays.final_state, state["final_state"])

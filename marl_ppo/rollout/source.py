@@ -6,7 +6,7 @@ rollout sources; the loop, checkpoints and resume see only this interface.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -19,9 +19,15 @@ from marl_ppo.rollout.buffer import RolloutBuffer
 class Policy(Protocol):
     """What the collector needs from the team's networks (TeamModel provides it)."""
 
-    def distributions(self, obs: Sequence[torch.Tensor], masks: Sequence[torch.Tensor | None]) -> list: ...
+    def distributions(
+        self, obs: Mapping[str, torch.Tensor], masks: Mapping[str, torch.Tensor | None]
+    ) -> dict[str, Any]:
+        """Per group name, the action distribution of its agents `(E, A_g)`."""
+        ...
 
-    def values(self, state: torch.Tensor, obs: Sequence[torch.Tensor]) -> list[torch.Tensor]: ...
+    def values(self, state: torch.Tensor, obs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Per group name, the agents' values `(E, A_g)` in return units."""
+        ...
 
 
 @dataclass
@@ -41,8 +47,8 @@ class RolloutResult:
     """What a rollout produced besides the buffer contents."""
 
     episodes: list[EpisodeRecord] = field(default_factory=list)
-    last_values: list[torch.Tensor] = field(default_factory=list)
-    """Per group `(E, A_g)`: values of the observations after the last step (return units)."""
+    last_values: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Per group name `(E, A_g)`: values of the observations after the last step (return units)."""
     env_steps: int = 0
     env_seconds: float = 0.0
     """Wall time spent inside the vector env's step (waiting on workers, for the subprocess env)."""

@@ -38,14 +38,6 @@ def worker_seed(seed: int, worker: int) -> int:
     return seed * 1_000_003 + 7_919 * (worker + 1)
 
 
-def _buffer_tensors(buffer: RolloutBuffer) -> list[torch.Tensor]:
-    """Every `(T, E, ...)` tensor of a buffer, in a fixed order."""
-    tensors = [buffer.state]
-    for storage in buffer.groups:
-        tensors += [getattr(storage, name) for name in storage.__dataclass_fields__]
-    return tensors
-
-
 class _RolloutSlice:
     """A worker's env copies `envs`, its copy of the policy and its sampling RNG (built in the worker).
 
@@ -61,7 +53,7 @@ class _RolloutSlice:
         worker: int,
         shared_weights: dict[str, torch.Tensor],
         shared_buffer: RolloutBuffer,
-        shared_last_values: list[torch.Tensor],
+        shared_last_values: dict[str, torch.Tensor],
     ) -> None:
         torch.set_num_threads(1)
         self.make_adapter = make_adapter
@@ -83,7 +75,7 @@ class _RolloutSlice:
                 adapter.copy_index = i  # the run's copy index, named in contract errors
             self.buffer = RolloutBuffer(venv.spec, self.shared_buffer.steps, len(envs))
             self.collector = Collector(venv, self.model, torch.device("cpu"))
-            self.targets = [t[:, envs.start : envs.stop] for t in _buffer_tensors(self.shared_buffer)]
+            self.targets = [t[:, envs.start : envs.stop] for t in self.shared_buffer.tensors()]
         elif command == "reset":
             collector.start(argument + envs.start)
             torch.manual_seed(worker_seed(argument, self.worker))
@@ -113,10 +105,10 @@ class _RolloutSlice:
         steps_before = collector.env_steps
         self.buffer.reset()
         result = collector.collect(self.buffer)
-        for target, local in zip(self.targets, _buffer_tensors(self.buffer), strict=True):
+        for target, local in zip(self.targets, self.buffer.tensors(), strict=True):
             target.copy_(local)
-        for target, local in zip(self.shared_last_values, result.last_values, strict=True):
-            target[envs.start : envs.stop] = local
+        for name, target in self.shared_last_values.items():
+            target[envs.start : envs.stop] = result.last_values[name]
         # rollout step (0-based) at which each episode ended, for the learner's global step count
         episodes = [((e.end_step - steps_before) // len(envs) - 1, e) for e in result.episodes]
         return {"episodes": episodes, "env_s": result.env_seconds, "total_s": time.perf_counter() - started}
@@ -171,9 +163,9 @@ class RolloutWorkers:
         """Env steps of the rollouts handed to the learner so far (one per copy per step)."""
         self._weights = {k: v.detach().cpu().clone().share_memory_() for k, v in model.state_dict().items()}
         self._shared = RolloutBuffer(spec, steps, num_envs)
-        for tensor in _buffer_tensors(self._shared):
+        for tensor in self._shared.tensors():
             tensor.share_memory_()
-        self._last_values = [torch.zeros(num_envs, g.num_agents).share_memory_() for g in spec.groups]
+        self._last_values = {g.name: torch.zeros(num_envs, g.num_agents).share_memory_() for g in spec.groups}
         self._in_flight = False
         self._pending: dict[str, Any] | None = None
         """A received rollout not yet handed to the learner (buffer tensors, last values, replies)."""
@@ -209,10 +201,12 @@ class RolloutWorkers:
                 self._launch()
             self._receive()
         replies = self._pending["replies"]
-        for target, shared in zip(_buffer_tensors(buffer), self._pending["buffer"], strict=True):
+        for target, shared in zip(buffer.tensors(), self._pending["buffer"], strict=True):
             target.copy_(shared)
         buffer.pos = buffer.steps
-        last_values = [v.to(buffer.device, copy=True) for v in self._pending["last_values"]]
+        last_values = {
+            name: v.to(buffer.device, copy=True) for name, v in self._pending["last_values"].items()
+        }
         self._pending = None
         if self.policy_lag and ahead:
             self._launch()  # the next rollout runs with these weights while the learner updates
@@ -258,11 +252,10 @@ class RolloutWorkers:
                 {"episodes": [_episode_from_state(e) for e in episodes], "env_s": 0.0, "total_s": 0.0}
                 for episodes in saved["episodes"]
             ]
-            self._pending = {
-                "buffer": saved["buffer"],
-                "last_values": saved["last_values"],
-                "replies": replies,
-            }
+            last_values = saved["last_values"]
+            if isinstance(last_values, list):  # checkpoints before the per-group records: in group order
+                last_values = dict(zip(self._last_values, last_values, strict=True))
+            self._pending = {"buffer": saved["buffer"], "last_values": last_values, "replies": replies}
 
     def env_states(self) -> list[bytes]:
         """Every env copy's pickled state, in env order (see `marl_ppo.envs.vector.state`); raises
@@ -285,7 +278,7 @@ class RolloutWorkers:
         self._in_flight = False
         self._pending = {
             "replies": replies,
-            "buffer": _buffer_tensors(self._shared),
+            "buffer": self._shared.tensors(),
             "last_values": self._last_values,
         }
 

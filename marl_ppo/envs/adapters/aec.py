@@ -9,7 +9,7 @@ until the env removes them, as the AEC API requires.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -28,7 +28,7 @@ def is_aec(env: Any) -> bool:
 class TurnBasedAdapter(ParallelEnvAdapter):
     """Steps one AEC env a move at a time, with the ParallelEnvAdapter interface."""
 
-    def reset(self, seed: int | None, out: TeamArrays) -> None:
+    def reset(self, seed: int | None, out: TeamArrays[np.ndarray]) -> None:
         """Reset the env; every agent's observation is written, only the agent to move is alive."""
         self.ended_at, self.step_count = self.step_count, 0
         self._call("reset", self.env.reset, seed=seed)
@@ -36,50 +36,53 @@ class TurnBasedAdapter(ParallelEnvAdapter):
             raise self._error(None, "reset returned no agents; at least one must be live")
         self._next_turn(out)
 
-    def step(self, actions: Sequence[np.ndarray], out: TeamArrays) -> bool:
+    def step(self, actions: Mapping[str, np.ndarray], out: TeamArrays[np.ndarray]) -> bool:
         """Play the move of the agent to move; True when the game is over."""
         mover = self.env.agent_selection
-        g, i = self._slot(mover)
+        group, i = self._slot(mover)
         self.step_count += 1
-        self._call("step", self.env.step, self._to_env_action(g, actions[g][i]))
+        self._call("step", self.env.step, self._to_env_action(group, actions[group.name][i]))
         self._clear_step(out)
         for agent in self.env.rewards:
-            g, i = self._slot(agent)
-            self._write_reward(agent, self.env.rewards, out.reward[g], i)
+            group, i = self._slot(agent)
+            self._write_reward(agent, self.env.rewards, out.groups[group.name].reward, i)
         for agent in self.env.agents:
-            g, i = self._slot(agent)
-            out.terminated[g][i] = bool(self.env.terminations[agent])
-            out.truncated[g][i] = bool(self.env.truncations[agent]) and not out.terminated[g][i]
-        self._observe_all(out.final_obs)
-        self._write_state(out.final_state, out.final_obs)
+            group, i = self._slot(agent)
+            arrays = out.groups[group.name]
+            arrays.terminated[i] = bool(self.env.terminations[agent])
+            arrays.truncated[i] = bool(self.env.truncations[agent]) and not arrays.terminated[i]
+        self._observe_all(out, "final_obs")
+        self._write_state(out.final_state, out, "final_obs")
         while self.env.agents and self._done(self.env.agent_selection):
             self._call("step", self.env.step, None)  # finished agents leave through a None step
         if self.env.agents:
             self._next_turn(out)
             return False
-        for g in range(len(self.spec.groups)):
-            out.alive[g].fill(False)
-            out.obs[g].fill(0.0)
+        for arrays in out.groups.values():
+            arrays.alive.fill(False)
+            arrays.obs.fill(0.0)
         out.state[...] = out.final_state
         return True
 
     def _done(self, agent: str) -> bool:
         return bool(self.env.terminations[agent] or self.env.truncations[agent])
 
-    def _observe_all(self, target: list[np.ndarray]) -> None:
+    def _observe_all(self, out: TeamArrays[np.ndarray], field: str) -> None:
+        """Every present agent's observation into its group's `field` array (`obs` or `final_obs`)."""
         for agent in self.env.agents:
-            g, i = self._slot(agent)
-            target[g][i] = self._flatten(agent, self.env.observe(agent))
+            group, i = self._slot(agent)
+            getattr(out.groups[group.name], field)[i] = self._flatten(agent, self.env.observe(agent))
 
-    def _next_turn(self, out: TeamArrays) -> None:
+    def _next_turn(self, out: TeamArrays[np.ndarray]) -> None:
         """Observations for the next move: every present agent's view; alive and mask for the mover only."""
         mover = self.env.agent_selection
-        for g in range(len(self.spec.groups)):
-            out.obs[g].fill(0.0)
-            out.alive[g].fill(False)
-            out.action_mask[g].fill(True)
-        self._observe_all(out.obs)
-        g, i = self._slot(mover)
-        out.alive[g][i] = True
-        self._write_mask(mover, self.env.observe(mover), self.env.infos, out.action_mask[g][i])
-        self._write_state(out.state, out.obs)
+        for arrays in out.groups.values():
+            arrays.obs.fill(0.0)
+            arrays.alive.fill(False)
+            arrays.action_mask.fill(True)
+        self._observe_all(out, "obs")
+        group, i = self._slot(mover)
+        arrays = out.groups[group.name]
+        arrays.alive[i] = True
+        self._write_mask(mover, self.env.observe(mover), self.env.infos, arrays.action_mask[i])
+        self._write_state(out.state, out, "obs")

@@ -9,7 +9,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from marl_ppo.envs.spec import TeamSpec
+from marl_ppo.envs.spec import TeamArrays, TeamSpec
 from marl_ppo.faults import one_line
 
 REJOIN_KEY = "agents_can_rejoin"
@@ -22,22 +22,28 @@ class EnvContractError(RuntimeError):
     """The environment broke the PettingZoo contract; the message names env, copy, step and agent."""
 
 
-def check_finite(arrays: Any, adapters: Sequence[ContractChecks], ended: np.ndarray, *, state: bool) -> None:
+def check_finite(
+    arrays: TeamArrays[np.ndarray], adapters: Sequence[ContractChecks], ended: np.ndarray, *, state: bool
+) -> None:
     """One isfinite test per `(E, A_g, D)` observation array (and `(E, S)` state) of a vector step.
 
     `arrays` holds the rows of `adapters` (a TeamArrays or a block of its rows) and `ended` their
     `episode_over` flags. Only on failure is the env copy and agent found, and that adapter raises.
     """
-    fields = ("final_obs", "obs", "final_state", "state") if state else ("final_obs", "obs")
-    for field in fields:
-        value = getattr(arrays, field)
-        for g, array in enumerate(value if isinstance(value, list) else [value]):
-            if not np.isfinite(array).all():
-                bad = np.argwhere(~np.isfinite(array))[0]
-                e, i = int(bad[0]), (int(bad[1]) if isinstance(value, list) else None)
-                adapters[e].raise_nonfinite(
-                    field, g, i, array[e] if i is None else array[e, i], bool(ended[e])
-                )
+    checks = [
+        (field, name, getattr(group, field))
+        for field in ("final_obs", "obs")
+        for name, group in arrays.groups.items()
+    ]
+    if state:
+        checks += [("final_state", None, arrays.final_state), ("state", None, arrays.state)]
+    for field, name, array in checks:
+        if not np.isfinite(array).all():
+            bad = np.argwhere(~np.isfinite(array))[0]
+            e, i = int(bad[0]), (None if name is None else int(bad[1]))
+            adapters[e].raise_nonfinite(
+                field, name, i, array[e] if i is None else array[e, i], bool(ended[e])
+            )
 
 
 def box_mismatch(array: np.ndarray, space: gym.spaces.Box) -> str | None:
@@ -88,12 +94,14 @@ class ContractChecks:
                 f"{name} raised {type(err).__name__}: {one_line(err)} (--debug shows the env's traceback)",
             ) from err
 
-    def raise_nonfinite(self, field: str, g: int, i: int | None, value: np.ndarray, ended: bool) -> None:
-        """Raise the error for a NaN or inf in `field` (agent `i` of group `g`, or the state)."""
+    def raise_nonfinite(
+        self, field: str, group: str | None, i: int | None, value: np.ndarray, ended: bool
+    ) -> None:
+        """Raise the error for a NaN or inf in `field` (agent `i` of group `group`, or the state)."""
         # a final value of an episode that ended (and was reset) came from that episode's last step
         step = self.ended_at if ended and field.startswith("final_") else self.step_count
         what = "state()" if i is None else "observation"
-        agent = None if i is None else self.spec.groups[g].agents[i]
+        agent = None if group is None or i is None else self.spec.group(group).agents[i]
         problem = f"{what} {describe(value.tolist())} holds NaN or inf; expected finite values"
         raise self._error(agent, problem, step=step)
 

@@ -9,7 +9,7 @@ Conventions (docs/design.md): agent order is `possible_agents`; absent agents ke
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -23,7 +23,7 @@ from marl_ppo.envs.adapters.contract import (
     describe,
 )
 from marl_ppo.envs.grouping import has_mask_in_obs, is_image, pool_image
-from marl_ppo.envs.spec import TeamArrays, TeamSpec
+from marl_ppo.envs.spec import GroupSpec, TeamArrays, TeamSpec
 
 
 class ParallelEnvAdapter(ContractChecks):
@@ -41,7 +41,7 @@ class ParallelEnvAdapter(ContractChecks):
         self._rejoin = bool((getattr(env, "metadata", None) or {}).get(REJOIN_KEY, False))
         self._done_at: dict[str, int] = {}
 
-    def reset(self, seed: int | None, out: TeamArrays) -> None:
+    def reset(self, seed: int | None, out: TeamArrays[np.ndarray]) -> None:
         """Reset the env and write the first observations, alive flags, masks and state into `out`."""
         self.ended_at, self.step_count = self.step_count, 0
         self._done_at.clear()
@@ -51,25 +51,27 @@ class ParallelEnvAdapter(ContractChecks):
         observations, infos = result
         if not self.env.agents:
             raise self._error(None, "reset returned no agents; at least one must be live")
-        for g in range(len(self.spec.groups)):
-            out.obs[g].fill(0.0)
-            out.alive[g].fill(False)
-            out.action_mask[g].fill(True)
+        for arrays in out.groups.values():
+            arrays.obs.fill(0.0)
+            arrays.alive.fill(False)
+            arrays.action_mask.fill(True)
         for agent in self.env.agents:
-            g, i = self._slot(agent)
+            group, i = self._slot(agent)
             if agent not in observations:
                 raise self._error(agent, "reset gave no observation for this live agent")
-            out.obs[g][i] = self._flatten(agent, observations[agent])
-            out.alive[g][i] = True
-            self._write_mask(agent, observations[agent], infos, out.action_mask[g][i])
-        self._write_state(out.state, out.obs)
+            arrays = out.groups[group.name]
+            arrays.obs[i] = self._flatten(agent, observations[agent])
+            arrays.alive[i] = True
+            self._write_mask(agent, observations[agent], infos, arrays.action_mask[i])
+        self._write_state(out.state, out, "obs")
 
-    def step(self, actions: Sequence[np.ndarray], out: TeamArrays) -> bool:
-        """Send the live agents' actions; write rewards, flags, next obs and masks. True when the episode is over."""
+    def step(self, actions: Mapping[str, np.ndarray], out: TeamArrays[np.ndarray]) -> bool:
+        """Send the live agents' actions (per group name, `(A_g, ...)`); write rewards, flags, next obs
+        and masks. True when the episode is over."""
         action_dict = {}
         for agent in self.env.agents:
-            g, i = self._slot(agent)
-            action_dict[agent] = self._to_env_action(g, actions[g][i])
+            group, i = self._slot(agent)
+            action_dict[agent] = self._to_env_action(group, actions[group.name][i])
         self.step_count += 1
         result = self._call("step", self.env.step, action_dict)
         if not (isinstance(result, tuple) and len(result) == 5):
@@ -81,56 +83,57 @@ class ParallelEnvAdapter(ContractChecks):
         observations, rewards, terminations, truncations, infos = result
         self._clear_step(out)
         for agent in action_dict:
-            g, i = self._slots[agent]
-            self._write_reward(agent, rewards, out.reward[g], i)
-            out.terminated[g][i] = bool(terminations.get(agent, False))
-            out.truncated[g][i] = bool(truncations.get(agent, False)) and not out.terminated[g][i]
-            if not self._rejoin and (out.terminated[g][i] or out.truncated[g][i]):
+            group, i = self._slots[agent]
+            arrays = out.groups[group.name]
+            self._write_reward(agent, rewards, arrays.reward, i)
+            arrays.terminated[i] = bool(terminations.get(agent, False))
+            arrays.truncated[i] = bool(truncations.get(agent, False)) and not arrays.terminated[i]
+            if not self._rejoin and (arrays.terminated[i] or arrays.truncated[i]):
                 self._done_at.setdefault(agent, self.step_count)
         for agent, observation in observations.items():  # includes agents that join this step
-            g, i = self._slot(agent)
-            out.final_obs[g][i] = self._flatten(agent, observation)
+            group, i = self._slot(agent)
+            out.groups[group.name].final_obs[i] = self._flatten(agent, observation)
         live = set(self.env.agents)
         if self._done_at:
             self._check_no_rejoin(live)
-        for g, group in enumerate(self.spec.groups):
+        for group in self.spec.groups:
+            arrays = out.groups[group.name]
             for i, agent in enumerate(group.agents):
-                still = agent in live and not (out.terminated[g][i] or out.truncated[g][i])
+                still = agent in live and not (arrays.terminated[i] or arrays.truncated[i])
                 if still and agent not in observations:
                     raise self._error(agent, "step gave no observation for this live agent")
-                out.alive[g][i] = still
-                out.obs[g][i] = out.final_obs[g][i] if still else 0.0
+                arrays.alive[i] = still
+                arrays.obs[i] = arrays.final_obs[i] if still else 0.0
                 if still and group.mask_source is not None:
-                    self._write_mask(agent, observations.get(agent), infos, out.action_mask[g][i])
-        self._write_state(out.final_state, out.final_obs)
+                    self._write_mask(agent, observations.get(agent), infos, arrays.action_mask[i])
+        self._write_state(out.final_state, out, "final_obs")
         if self.spec.state_from_env:
             out.state[...] = out.final_state
         else:
-            self._write_state(out.state, out.obs)
-        return not any(out.alive[g].any() for g in range(len(self.spec.groups)))
+            self._write_state(out.state, out, "obs")
+        return not any(arrays.alive.any() for arrays in out.groups.values())
 
-    def _clear_step(self, out: TeamArrays) -> None:
+    def _clear_step(self, out: TeamArrays[np.ndarray]) -> None:
         """Reset what a step reports (rewards, flags, final obs, masks) before the step writes it."""
-        for g in range(len(self.spec.groups)):
-            out.reward[g].fill(0.0)
-            out.terminated[g].fill(False)
-            out.truncated[g].fill(False)
-            out.final_obs[g].fill(0.0)
-            out.action_mask[g].fill(True)
+        for arrays in out.groups.values():
+            arrays.reward.fill(0.0)
+            arrays.terminated.fill(False)
+            arrays.truncated.fill(False)
+            arrays.final_obs.fill(0.0)
+            arrays.action_mask.fill(True)
 
     def close(self) -> None:
         """Close the underlying env."""
         self.env.close()
 
-    def _slot(self, agent: str) -> tuple[int, int]:
+    def _slot(self, agent: str) -> tuple[GroupSpec, int]:
         try:
             return self._slots[agent]
         except (KeyError, TypeError):
             raise self._error(agent, f"agent is not in possible_agents {list(self.spec.agents)}") from None
 
     def _flatten(self, agent: str, observation: Any) -> np.ndarray:
-        g, _ = self._slots[agent]
-        space = self.spec.groups[g].observation_space
+        space = self._slots[agent][0].observation_space
         try:
             if has_mask_in_obs(space):
                 space, observation = space["observation"], observation["observation"]
@@ -151,8 +154,7 @@ class ParallelEnvAdapter(ContractChecks):
     def _write_mask(
         self, agent: str, observation: Any, infos: Mapping[str, Any] | None, target: np.ndarray
     ) -> None:
-        g, _ = self._slots[agent]
-        source = self.spec.groups[g].mask_source
+        source = self._slots[agent][0].mask_source
         if source is None:
             return
         raw = (
@@ -166,15 +168,16 @@ class ParallelEnvAdapter(ContractChecks):
         parts = raw if isinstance(raw, tuple | list) and len(raw) and np.ndim(raw[0]) == 1 else [raw]
         target[...] = np.concatenate([np.asarray(p).reshape(-1) for p in parts]).astype(bool)
 
-    def _to_env_action(self, g: int, action: np.ndarray) -> Any:
-        space = self.spec.groups[g].action_space
+    def _to_env_action(self, group: GroupSpec, action: np.ndarray) -> Any:
+        space = group.action_space
         if isinstance(space, gym.spaces.Discrete):
             return int(action) + int(space.start)
         if isinstance(space, gym.spaces.MultiDiscrete):
             return np.asarray(action, dtype=space.dtype).reshape(space.shape) + space.start
         return np.clip(action.reshape(space.shape), space.low, space.high).astype(space.dtype, copy=False)
 
-    def _write_state(self, target: np.ndarray, obs: list[np.ndarray]) -> None:
+    def _write_state(self, target: np.ndarray, out: TeamArrays[np.ndarray], obs_field: str) -> None:
+        """The env's `state()` into `target`, or the groups' `obs_field` arrays concatenated."""
         if self.spec.state_from_env:
             state = np.asarray(self._call("state", self.env.state))
             if state.ndim == 3 and self.spec.image_pool > 1:
@@ -184,7 +187,7 @@ class ParallelEnvAdapter(ContractChecks):
             target[...] = state.reshape(-1)
             return
         position = 0
-        for g, group in enumerate(self.spec.groups):
+        for group in self.spec.groups:
             size = group.num_agents * group.obs_dim
-            target[position : position + size] = obs[g].reshape(-1)
+            target[position : position + size] = getattr(out.groups[group.name], obs_field).reshape(-1)
             position += size

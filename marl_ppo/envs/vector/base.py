@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -23,7 +23,7 @@ class VectorEnv(Protocol):
     spec: TeamSpec
     num_envs: int
     arrays: TeamArrays
-    """Per-group `(E, A_g, ...)` arrays: NumPy arrays, or torch tensors where `tensor_io`."""
+    """Per-group `(E, A_g, ...)` arrays keyed by group name: NumPy arrays, or torch tensors where `tensor_io`."""
     episode_over: np.ndarray | torch.Tensor
     """`(E,)` bools: the copy's episode ended at the last step (and it was reset)."""
     tensor_io: bool
@@ -34,8 +34,8 @@ class VectorEnv(Protocol):
         """Reset copy i with `seed + i`; later auto-resets continue each copy's own RNG."""
         ...
 
-    def step(self, actions: Sequence[np.ndarray] | Sequence[torch.Tensor]) -> TeamArrays:
-        """Step every copy with `actions[g]` of shape `(E, A_g, ...)`, resetting the copies that ended."""
+    def step(self, actions: Mapping[str, np.ndarray] | Mapping[str, torch.Tensor]) -> TeamArrays:
+        """Step every copy with `actions[group]` of shape `(E, A_g, ...)`, resetting the copies that ended."""
         ...
 
     def env_states(self) -> list[bytes]:

@@ -10,8 +10,7 @@ and stopping the workers (and noticing one that fails, dies or hangs) is `marl_p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import fields
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,20 +42,14 @@ class _Carver:
 
 def _shared_views(
     spec: TeamSpec, num_envs: int, buffer: Any | None
-) -> tuple[TeamArrays, list[np.ndarray], np.ndarray, int]:
+) -> tuple[TeamArrays[np.ndarray], dict[str, np.ndarray], np.ndarray, int]:
     """Arrays, per-group actions and episode_over laid out in `buffer`, plus the bytes they need."""
     carve = _Carver(buffer)
-    template = TeamArrays.allocate(spec, (num_envs,))
-    arrays = TeamArrays(
-        **{
-            f.name: [carve(a) for a in value] if isinstance(value, list) else carve(value)
-            for f in fields(TeamArrays)
-            for value in [getattr(template, f.name)]
-        }
-    )
-    actions = [
-        carve(np.zeros((num_envs, g.num_agents, *g.action_shape), g.action_dtype)) for g in spec.groups
-    ]
+    arrays = TeamArrays.allocate(spec, (num_envs,)).map(carve)
+    actions = {
+        g.name: carve(np.zeros((num_envs, g.num_agents, *g.action_shape), g.action_dtype))
+        for g in spec.groups
+    }
     episode_over = carve(np.zeros(num_envs, dtype=bool))
     return arrays, actions, episode_over, carve.nbytes
 
@@ -93,7 +86,7 @@ class _EnvSlice:
             check_finite(self.block, adapters, self.ended, state=self.spec.state_from_env)
         elif command == "step":
             for i, adapter, row in zip(envs, adapters, rows, strict=True):
-                over = adapter.step([a[i] for a in self.actions], row)
+                over = adapter.step({name: a[i] for name, a in self.actions.items()}, row)
                 episode_over[i] = over
                 if over:
                     adapter.reset(None, row)
@@ -149,15 +142,15 @@ class SubprocessVectorEnv:
         self._pool = WorkerPool("SubprocessVectorEnv", ctx, _EnvSlice, args, "marl_ppo-env-worker", timeout_s)
         self._processes = self._pool.processes  # in worker order (tests watch and kill them)
 
-    def reset(self, seed: int) -> TeamArrays:
+    def reset(self, seed: int) -> TeamArrays[np.ndarray]:
         """Reset env i with `seed + i`; later auto-resets continue each env's own RNG."""
         self._command("reset", seed)
         return self.arrays
 
-    def step(self, actions: Sequence[np.ndarray]) -> TeamArrays:
-        """Step every env with `actions[g]` of shape `(E, A_g, ...)`; reset the envs whose episode ended."""
-        for shared, action in zip(self._actions, actions, strict=True):
-            shared[...] = action
+    def step(self, actions: Mapping[str, np.ndarray]) -> TeamArrays[np.ndarray]:
+        """Step every env with `actions[group]` of shape `(E, A_g, ...)`; reset the envs whose episode ended."""
+        for name, shared in self._actions.items():
+            shared[...] = actions[name]
         self._command("step", None)
         return self.arrays
 

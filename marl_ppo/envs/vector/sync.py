@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -28,7 +28,7 @@ class SyncVectorEnv:
         self._rows = [self.arrays.row(i) for i in range(num_envs)]
         self.episode_over = np.zeros(num_envs, dtype=bool)
 
-    def reset(self, seed: int) -> TeamArrays:
+    def reset(self, seed: int) -> TeamArrays[np.ndarray]:
         """Reset env i with `seed + i`; later auto-resets continue each env's own RNG."""
         for i, (adapter, row) in enumerate(zip(self.adapters, self._rows, strict=True)):
             adapter.reset(seed + i, row)
@@ -36,10 +36,10 @@ class SyncVectorEnv:
         check_finite(self.arrays, self.adapters, self.episode_over, state=self.spec.state_from_env)
         return self.arrays
 
-    def step(self, actions: Sequence[np.ndarray]) -> TeamArrays:
-        """Step every env with `actions[g]` of shape `(E, A_g, ...)`; reset the envs whose episode ended."""
+    def step(self, actions: Mapping[str, np.ndarray]) -> TeamArrays[np.ndarray]:
+        """Step every env with `actions[group]` of shape `(E, A_g, ...)`; reset the envs whose episode ended."""
         for i, (adapter, row) in enumerate(zip(self.adapters, self._rows, strict=True)):
-            over = adapter.step([a[i] for a in actions], row)
+            over = adapter.step({name: a[i] for name, a in actions.items()}, row)
             self.episode_over[i] = over
             if over:
                 adapter.reset(None, row)

@@ -17,7 +17,7 @@ an exact resume where VMAS's scenarios cannot be pickled (`VmasVectorEnv.env_sta
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -75,16 +75,9 @@ def vmas_team_spec(env: Any, env_id: str) -> TeamSpec:
     return TeamSpec(env_id, agents, tuple(groups), state_dim, state_from_env=False)
 
 
-def allocate_tensors(spec: TeamSpec, num_envs: int, device: torch.device) -> TeamArrays:
+def allocate_tensors(spec: TeamSpec, num_envs: int, device: torch.device) -> TeamArrays[torch.Tensor]:
     """TeamArrays of zero tensors (masks all True) on `device`, leading dim `num_envs`."""
-    numpy_arrays = TeamArrays.allocate(spec, (num_envs,))
-
-    def convert(value: Any) -> Any:
-        if isinstance(value, list):
-            return [convert(item) for item in value]
-        return torch.from_numpy(value).to(device)
-
-    return TeamArrays(**{name: convert(value) for name, value in vars(numpy_arrays).items()})
+    return TeamArrays.allocate(spec, (num_envs,)).map(lambda array: torch.from_numpy(array).to(device))
 
 
 COPY_STATE = "vmas per-copy tensors"
@@ -111,29 +104,29 @@ class VmasVectorEnv:
         self.device = torch.device(env.device)
         self.arrays = allocate_tensors(self.spec, self.num_envs, self.device)
         self.episode_over = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
-        for alive in self.arrays.alive:
-            alive.fill_(True)  # VMAS agents never leave
+        for group in self.arrays.groups.values():
+            group.alive.fill_(True)  # VMAS agents never leave
         self._make_spare = make_spare
         self._fresh: FreshCopies | None = None
         """Built at the first partial reset; None until then and where copying is off."""
         self._fresh_off = make_spare is None
 
-    def reset(self, seed: int) -> TeamArrays:
+    def reset(self, seed: int) -> TeamArrays[torch.Tensor]:
         """Seed the simulator and reset every copy."""
         self.env.seed(seed)
-        self._write_obs(self.arrays.obs, self.env.reset())
-        self._write_state(self.arrays.state, self.arrays.obs)
+        self._write_obs("obs", self.env.reset())
+        self._write_state(self.arrays.state, "obs")
         self.episode_over.zero_()
         if self._fresh is not None:
             self._fresh.discard()  # new episodes come from the seeded stream, not from before
         return self.arrays
 
-    def step(self, actions: Sequence[torch.Tensor]) -> TeamArrays:
+    def step(self, actions: Mapping[str, torch.Tensor]) -> TeamArrays[torch.Tensor]:
         """Step all copies with per-group `(E, A_g, ...)` tensors; reset the copies whose episode ended."""
         arrays = self.arrays
         action_dict = {}
-        for g, group in enumerate(self.spec.groups):
-            group_actions = actions[g]
+        for group in self.spec.groups:
+            group_actions = actions[group.name]
             if isinstance(group.action_space, gym.spaces.Box):
                 low = torch.as_tensor(group.action_space.low, device=self.device)
                 high = torch.as_tensor(group.action_space.high, device=self.device)
@@ -143,23 +136,24 @@ class VmasVectorEnv:
         observations, rewards, terminated, truncated, _ = self.env.step(action_dict)
         terminated = terminated.reshape(self.num_envs)
         truncated = truncated.reshape(self.num_envs) & ~terminated
-        for g, group in enumerate(self.spec.groups):
+        for group in self.spec.groups:
+            out = arrays.groups[group.name]
             for i, agent in enumerate(group.agents):
-                arrays.reward[g][:, i] = rewards[agent].reshape(self.num_envs)
-            arrays.terminated[g].copy_(terminated.unsqueeze(1).expand_as(arrays.terminated[g]))
-            arrays.truncated[g].copy_(truncated.unsqueeze(1).expand_as(arrays.truncated[g]))
-        self._write_obs(arrays.final_obs, observations)
-        self._write_state(arrays.final_state, arrays.final_obs)
+                out.reward[:, i] = rewards[agent].reshape(self.num_envs)
+            out.terminated.copy_(terminated.unsqueeze(1).expand_as(out.terminated))
+            out.truncated.copy_(truncated.unsqueeze(1).expand_as(out.truncated))
+        self._write_obs("final_obs", observations)
+        self._write_state(arrays.final_state, "final_obs")
         torch.logical_or(terminated, truncated, out=self.episode_over)
         finished = torch.nonzero(self.episode_over).flatten()
         if len(finished) == self.num_envs:  # copies with a common time limit end together: one batched reset
-            self._write_obs(arrays.obs, self.env.reset())
+            self._write_obs("obs", self.env.reset())
         else:
-            for obs, final in zip(arrays.obs, arrays.final_obs, strict=True):
-                obs.copy_(final)
+            for group in arrays.groups.values():
+                group.obs.copy_(group.final_obs)
             if len(finished):
                 self._reset_some(finished)
-        self._write_state(arrays.state, arrays.obs)
+        self._write_state(arrays.state, "obs")
         return arrays
 
     def _reset_some(self, indices: torch.Tensor | Sequence[int]) -> None:
@@ -172,9 +166,9 @@ class VmasVectorEnv:
             except LookupError as err:  # the scenario grew or dropped a tensor since the check
                 self._turn_off_fresh_copies(str(err))
             else:
-                self._write_obs(self.arrays.obs, observations, index)
+                self._write_obs("obs", observations, index)
                 return
-        self._write_obs(self.arrays.obs, self._reset_at(indices))
+        self._write_obs("obs", self._reset_at(indices))
 
     def _fresh_copies(self) -> FreshCopies | None:
         if self._fresh is None and not self._fresh_off:
@@ -272,13 +266,14 @@ class VmasVectorEnv:
     def close(self) -> None:
         """Nothing to release (the simulator lives in this process)."""
 
-    def _write_obs(
-        self, target: list[torch.Tensor], observations: dict[str, torch.Tensor], rows: Any = slice(None)
-    ) -> None:
-        """Write every agent's observations into the copies `rows` of the per-group `target`."""
-        for g, group in enumerate(self.spec.groups):
+    def _write_obs(self, field: str, observations: dict[str, torch.Tensor], rows: Any = slice(None)) -> None:
+        """Write every agent's observations into the copies `rows` of each group's `field` array."""
+        for group in self.spec.groups:
+            target = getattr(self.arrays.groups[group.name], field)
             for i, agent in enumerate(group.agents):
-                target[g][rows, i] = observations[agent].reshape(-1, target[g].shape[-1])
+                target[rows, i] = observations[agent].reshape(-1, target.shape[-1])
 
-    def _write_state(self, target: torch.Tensor, obs: list[torch.Tensor]) -> None:
-        torch.cat([o.reshape(self.num_envs, -1) for o in obs], dim=1, out=target)
+    def _write_state(self, target: torch.Tensor, field: str) -> None:
+        """The groups' `field` observations (`obs` or `final_obs`), concatenated into `target`."""
+        obs = [getattr(group, field).reshape(self.num_envs, -1) for group in self.arrays.groups.values()]
+        torch.cat(obs, dim=1, out=target)
