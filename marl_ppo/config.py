@@ -144,6 +144,27 @@ class LogConfig:
 
 
 @dataclass(frozen=True, config=_STRICT)
+class FastConfig:
+    """Hand-written replacements of library pieces (`marl_ppo/fast/`), each with a switch back to the library."""
+
+    optimizer: Literal["flat_adam", "adam", "adam_foreach", "adam_fused"] = "flat_adam"
+    """`flat_adam`: Adam over one flat buffer per network (one clip norm, a few ops per step; the same
+    numbers as `adam`); `adam`, `adam_foreach`, `adam_fused`: torch.optim.Adam with its single-tensor,
+    multi-tensor or fused implementation, and nn.utils.clip_grad_norm_."""
+    distributions: bool = True
+    """Our action distributions (no argument validation, Gumbel-max sampling); false: torch.distributions
+    (the same log-probabilities, entropies and modes; samples drawn another way)."""
+    event_writer: bool = True
+    """Our TensorBoard event writer (one event per logged step, framed in the calling thread); false:
+    torch.utils.tensorboard.SummaryWriter (the same scalars)."""
+    lean_cycle: bool = True
+    """Step AEC-converted PettingZoo envs without the observations the parallel wrapper computes and
+    discards (the same trajectories); false: PettingZoo's aec_to_parallel wrapper as it is."""
+    allocator: bool = True
+    """Keep freed heap memory mapped for reuse (glibc mallopt, Linux); false: glibc's defaults."""
+
+
+@dataclass(frozen=True, config=_STRICT)
 class ExperimentConfig:
     env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
     """Which environment to train on."""
@@ -200,6 +221,8 @@ class ExperimentConfig:
     """Network architecture."""
     log: LogConfig = dataclasses.field(default_factory=LogConfig)
     """Logging and checkpointing."""
+    fast: FastConfig = dataclasses.field(default_factory=FastConfig)
+    """Switches between our hand-written pieces and the library's."""
 
     def __post_init__(self) -> None:
         if self.critic == "team" and not self.share_critic:

@@ -33,17 +33,20 @@ class RunLogger:
         progress: bool,
         resume_step: int | None = None,
         stream: TextIO | None = None,
+        library_writer: bool = False,
     ) -> None:
         """`resume_step`: continue a run checkpointed at this env step, dropping what it logged after.
 
         `progress` writes to `stream` (default stderr): a redrawn bar on a terminal, else `ProgressLines`.
+        `library_writer`: write events with TensorBoard's SummaryWriter instead of ours (`fast.event_writer`).
         """
         log_dir = run_dir / "tensorboard"
         if resume_step is not None:
             wait_for_a_later_event_file_name(log_dir)
         # purge_step: TensorBoard's reader drops the killed run's events from this step on
         purge_step = None if resume_step is None else resume_step + 1
-        self.writer = EventWriter(log_dir, purge_step=purge_step)
+        writer = LibraryEventWriter if library_writer else EventWriter
+        self.writer = writer(log_dir, purge_step=purge_step)
         self.agents = tuple(agents)
         # per-group returns matter for competitive teams (red vs blue); one group needs no breakdown
         self.group_columns = (
@@ -196,3 +199,28 @@ def _is_terminal(stream: TextIO) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):  # no isatty, or a closed file
         return False
+
+
+class LibraryEventWriter:
+    """torch.utils.tensorboard's SummaryWriter behind EventWriter's interface: one `add_scalar` per value."""
+
+    def __init__(self, log_dir: Path, *, purge_step: int | None = None) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(log_dir), purge_step=purge_step)
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        """Every value at `step`."""
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, float(value), step)
+
+    def rows(self, steps: Sequence[int], columns: dict[str, Sequence[float] | np.ndarray]) -> None:
+        """Row i of every column at `steps[i]`."""
+        for i, step in enumerate(steps):
+            self.scalars(step, {tag: column[i] for tag, column in columns.items()})
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
