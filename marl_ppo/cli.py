@@ -1,7 +1,8 @@
 """Command line: `marl-ppo train` (with `--resume RUN_DIR`), `eval`, `sweep`, `report` and `envs` (see `marl-ppo -h`).
 
-Parses arguments and calls the library; user errors print one line and exit with status 2. A run
-stopped by Ctrl-C or SIGTERM prints how to resume it and exits with 130 or 143.
+Parses arguments (options and key=value overrides in any order) and calls the library; user errors
+print one line and exit with status 2. A run stopped by Ctrl-C or SIGTERM prints how to resume it
+and exits with 130 or 143; output whose reader closed the pipe (`| head`) ends quietly with 141.
 """
 
 from __future__ import annotations
@@ -9,14 +10,29 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import signal
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from marl_ppo.analysis.runlogs import ReportError
 from marl_ppo.analysis.sweep import SweepError
-from marl_ppo.config import ConfigError, ExperimentConfig, config_keys, load_config, parse_overrides
+from marl_ppo.config import (
+    ConfigError,
+    ExperimentConfig,
+    config_to_dict,
+    key_help,
+    load_config,
+    parse_overrides,
+    yaml_value,
+)
+from marl_ppo.console import as_invoked, quiet_closed_outputs, shell_command, shown_path
 from marl_ppo.envs.adapters.contract import EnvContractError
 from marl_ppo.envs.registry import EnvError, registered_specs, resolve_factory
 from marl_ppo.eval.evaluate import EvalError
@@ -30,8 +46,32 @@ RUN_FAULTS = (RunFault,)
 """A run that stopped on a fault (numerical, worker, disk): one line, exit status 1."""
 
 
+def _debug_after(command: argparse.ArgumentParser) -> None:
+    """`CMD ... --debug` as `--debug CMD`: no default here, so that it never resets the main parser's flag."""
+    command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Options and positionals in any order: `train --run-dir D key=value` as `train key=value --run-dir D`.
+
+    argparse's own parsing ends a `nargs='*'` positional at the first option; a command without
+    subcommands is parsed intermixed instead (argparse.parse_known_intermixed_args).
+    """
+
+    _intermixing = False
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[Any, list[str]]:
+        if self._intermixing or self._subparsers is not None:  # intermixed parsing refuses subcommands
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True  # parse_known_intermixed_args calls parse_known_args itself
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="marl-ppo", description="Multi-agent PPO (MAPPO / IPPO).")
+    parser = _Parser(prog="marl-ppo", description="Multi-agent PPO (MAPPO / IPPO).")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks for errors")
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train on an experiment file with key=value overrides")
@@ -45,8 +85,15 @@ def _parser() -> argparse.ArgumentParser:
         metavar="RUN_DIR",
         help="continue the run in RUN_DIR from its latest checkpoint (key=value may extend total_steps)",
     )
-    train.add_argument("--help-config", action="store_true", help="list every config key with its meaning")
-    train.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    train.add_argument(
+        "--help-config", action="store_true", help="list every config key: meaning, default, allowed values"
+    )
+    train.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config (experiment file and overrides applied) as YAML and exit",
+    )
+    _debug_after(train)
     evaluate = commands.add_parser("eval", help="evaluate a run's checkpoint; writes eval.json (and a video)")
     evaluate.add_argument("target", metavar="RUN_DIR|CHECKPOINT", type=Path)
     evaluate.add_argument(
@@ -61,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--out", type=Path, help="where to write eval.json and the video (default: the run)"
     )
-    evaluate.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    _debug_after(evaluate)
     sweep = commands.add_parser("sweep", help="train a grid of key=v1,v2 values x seeds, one process per run")
     sweep.add_argument("experiment", metavar="EXPERIMENT.yaml", type=Path)
     sweep.add_argument("overrides", nargs="*", metavar="key=v1,v2", help="grid values (or one fixed value)")
@@ -70,7 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument(
         "--out", type=Path, default=Path("runs"), help="parent of the sweep directory (default: runs)"
     )
-    sweep.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    _debug_after(sweep)
     report = commands.add_parser("report", help="returns across seeds (IQM, 95%% CIs) and learning curves")
     report.add_argument(
         "paths",
@@ -81,29 +128,32 @@ def _parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
     report.add_argument("--reps", type=int, default=5000, help="bootstrap resamples (default: 5000)")
-    report.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    _debug_after(report)
     envs = commands.add_parser("envs", help="list registered environment ids, or check one")
     envs.add_argument("--json", action="store_true", help="print the list as JSON objects")
-    envs.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    _debug_after(envs)
     env_commands = envs.add_subparsers(dest="env_command")
     check = env_commands.add_parser("check", help="conformance check of an env id (exit status 1 on failure)")
     check.add_argument(
         "env_id", metavar="ID", help="registered id, package.module:callable or file.py:callable"
     )
     check.add_argument("kwargs", nargs="*", metavar="key=value", help="keyword arguments for the env factory")
-    check.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    _debug_after(check)
     return parser
 
 
 def _split(args: Sequence[str]) -> tuple[str | None, list[str]]:
+    """The experiment file (the one argument without `=`, wherever it stands) and the key=value overrides."""
     experiment, overrides = None, []
-    for position, arg in enumerate(args):
+    for arg in args:
         if "=" in arg:
             overrides.append(arg)
-        elif position == 0:
+        elif experiment is None:
             experiment = arg
         else:
-            raise ConfigError(f"argument '{arg}' is neither the experiment file (first) nor key=value")
+            raise ConfigError(
+                f"argument '{arg}' is neither the experiment file ('{experiment}' is) nor key=value"
+            )
     return experiment, overrides
 
 
@@ -128,25 +178,29 @@ def _check_run_dir(run_dir: Path) -> None:
 
 def _train(options: argparse.Namespace) -> int:
     if options.help_config:
-        for key, doc in config_keys().items():
-            print(f"{key:28s} {doc}")
+        for line in help_config_lines(shutil.get_terminal_size((100, 24)).columns):
+            print(line)
         return 0
+    experiment, overrides = _split(options.args)
     if options.resume is not None:
-        config, run_dir = _resumed(options)
+        config, run_dir = _resumed(options, experiment, overrides)
     else:
-        experiment, overrides = _split(options.args)
         config = load_config(experiment, overrides)
         run_dir = options.run_dir or _default_run_dir(experiment)
-        _check_run_dir(run_dir)
-    resolve_factory(
-        config.env.id
-    )  # unknown ids and missing extras fail here, before the run directory exists
+        if not options.print_config:
+            _check_run_dir(run_dir)
+    resolve_factory(config.env.id)  # unknown ids and missing extras fail here, before any run directory
+    if options.print_config:  # reads the experiment file (or the run's checkpoint) and writes nothing
+        print(_config_yaml(config), end="")
+        return 0
+    if options.resume is None and experiment is None:
+        print(defaults_notice(config, overrides), flush=True)
     from marl_ppo.run.loop import train  # heavy imports (torch, tensorboard) only when training
 
     try:
         result = train(config, run_dir, resume=options.resume is not None)
     except Interrupted as stopped:
-        print(stopped, file=sys.stderr)
+        print(_resume_hint(stopped), file=sys.stderr)
         return stopped.exit_status
     print(
         f"done: {result.env_steps} env steps, {result.episodes} episodes, team return (last "
@@ -156,11 +210,64 @@ def _train(options: argparse.Namespace) -> int:
     return 0
 
 
-def _resumed(options: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
+def _config_yaml(config: ExperimentConfig) -> str:
+    """The config as the run's config.yaml holds it; `auto` choices are made when the run starts."""
+    text = yaml.safe_dump(config_to_dict(config), sort_keys=False)
+    choices = (("vector", config.vector), ("model.precision", config.model.precision))
+    auto = [key for key, value in choices if value == "auto"]
+    if auto:
+        text += f"# {' and '.join(auto)}: auto is chosen when the run starts; its config.yaml records the choice\n"
+    return text
+
+
+DEFAULT_EXPERIMENT = Path("experiments/mpe/simple_spread.yaml")
+"""The experiment `make run` trains, in the project's repository."""
+NOTICE_KEYS = ("gamma", "rollout_steps", "num_envs", "share_actor", "ppo.lr_schedule")
+"""Keys in which the library defaults and the default experiment differ, shown by a bare `train`."""
+
+
+def defaults_notice(config: ExperimentConfig, overrides: Sequence[str]) -> str:
+    """The first line of a `train` without an experiment file: the defaults it runs with, and the way to
+    the default experiment."""
+    values = []
+    for key in NOTICE_KEYS:
+        value: Any = config
+        for part in key.split("."):
+            value = getattr(value, part)
+        values.append(f"{key} {yaml_value(value)}")
+    source = "library defaults and overrides" if overrides else "library defaults"
+    repository_file = Path(__file__).resolve().parent.parent / DEFAULT_EXPERIMENT
+    experiment = shown_path(str(repository_file)) if repository_file.is_file() else str(DEFAULT_EXPERIMENT)
+    return f"no experiment file: {source} ({', '.join(values)}, ...); the default experiment is {experiment}"
+
+
+KEY_COLUMN = 29
+"""Where the text of `--help-config` starts, after the key."""
+
+
+def help_config_lines(width: int = 100) -> list[str]:
+    """`--help-config`: each key with its meaning, default and allowed values; the text wraps under itself."""
+    width = max(KEY_COLUMN + 30, min(width, 120))
+    indent = " " * KEY_COLUMN
+    lines = ["Config keys, set in an experiment file (YAML) or as key=value (which wins over the file)."]
+    for key, entry in key_help().items():
+        if "." not in key and entry.default is None:
+            lines.append("")  # a section: env, ppo, model, log
+        text = textwrap.wrap(" ".join(entry.doc.split()), width - KEY_COLUMN)
+        if entry.default is not None:
+            text += textwrap.wrap(f"default: {entry.default}; allowed: {entry.allowed}", width - KEY_COLUMN)
+        head = f"{key:{KEY_COLUMN - 1}s} " if len(key) < KEY_COLUMN else f"{key}\n{indent}"
+        lines.append(head + text[0])
+        lines.extend(indent + line for line in text[1:])
+    return lines
+
+
+def _resumed(
+    options: argparse.Namespace, experiment: str | None, overrides: list[str]
+) -> tuple[ExperimentConfig, Path]:
     """The config and run directory of `--resume RUN_DIR [key=value ...]`."""
     if options.run_dir is not None and options.run_dir != options.resume:
         raise ConfigError("--resume RUN_DIR continues in RUN_DIR itself; drop --run-dir")
-    experiment, overrides = _split(options.args)
     if experiment is not None:
         raise ConfigError(
             f"--resume takes the config from the run's checkpoint; drop the experiment file '{experiment}'"
@@ -187,7 +294,7 @@ def _envs(options: argparse.Namespace) -> int:
         return 0
     for row in rows:
         status = "installed" if row["installed"] else f"needs: pip install 'marl-ppo[{row['extra']}]'"
-        print(f"{row['id']:40s} {status}")
+        print(as_invoked(f"{row['id']:40s} {status}"))
     return 0
 
 
@@ -223,6 +330,8 @@ def _sweep(options: argparse.Namespace) -> int:
     print(f"sweep {name}: {len(runs)} runs, {jobs} at a time, in {options.out / name}")
     outcome = run_sweep(options.experiment, runs, jobs)
     print(summary_line(name, outcome))
+    if not outcome.failed:
+        print(f"compare the seeds with: {shell_command('report', str(options.out / name))}")
     return 1 if outcome.failed else 0
 
 
@@ -240,12 +349,19 @@ def _report(options: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `marl-ppo` console script."""
-    parser = _parser()
-    options, extra = parser.parse_known_args(argv)
-    if extra and hasattr(options, "overrides") and not any(arg.startswith("-") for arg in extra):
-        options.overrides += extra  # key=value overrides given after an option
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()  # output left in the buffer meets a closed pipe here, not at interpreter exit
+    except BrokenPipeError:
+        if not quiet_closed_outputs():
+            raise  # another pipe (an env worker's, ...) broke: not a reader that has read enough
+        return 128 + signal.SIGPIPE  # as if ended by SIGPIPE, like other programs whose reader left
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    options = _parser().parse_args(argv)
     try:
         if options.command == "train":
             return _train(options)
@@ -259,16 +375,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except USER_ERRORS as err:
         if options.debug:
             raise
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {as_invoked(str(err))}", file=sys.stderr)
         return 2
     except RUN_FAULTS as err:
         if options.debug:
             raise
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {as_invoked(str(err))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _resume_hint(stopped: Interrupted) -> str:
+    """The stop message, ending in the command that continues the run."""
+    message, marker, _ = str(stopped).partition("continue with: ")
+    if not marker:
+        return str(stopped)
+    return f"{message}{marker}{shell_command('train', '--resume', str(stopped.run_dir))}"
 
 
 if __name__ == "__main__":

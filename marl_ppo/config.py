@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import re
+import types
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
+from pydantic.fields import FieldInfo
 
 _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -26,6 +30,24 @@ PositiveFloat = Annotated[float, Field(gt=0)]
 
 class ConfigError(ValueError):
     """A user-facing configuration problem; its message is one line naming the key and the fix."""
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader that also reads `1e6` and `2.5e-4` as numbers, as YAML 1.2 does.
+
+    (YAML 1.1 reads them as strings: it wants a dot and a signed exponent, `1.0e+6`.)
+    """
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def _load_yaml_text(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # a SafeLoader: plain data only
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -113,11 +135,33 @@ class LogConfig:
     """Periodic checkpoints `update_<N>.pt` to keep (older ones are deleted); null keeps all.
     `latest.pt` and `final.pt` are always kept."""
     progress: bool = True
-    """Show the console progress bar."""
+    """Show progress on stderr: a redrawn bar on a terminal; in a log file or a pipe, a plain line each 5%
+    of total_steps (steps, steps/s, recent team return)."""
     per_agent: bool = True
     """Also log per-agent returns under `agents/<agent_id>/`."""
     return_window: PositiveInt = 100
     """Episodes averaged for `team_return_mean` in the progress bar and summary.json."""
+
+
+@dataclass(frozen=True, config=_STRICT)
+class FastConfig:
+    """Hand-written replacements of library pieces (`marl_ppo/fast/`), each with a switch back to the library."""
+
+    optimizer: Literal["flat_adam", "adam", "adam_foreach", "adam_fused"] = "flat_adam"
+    """`flat_adam`: Adam over one flat buffer per network (one clip norm, a few ops per step; the same
+    numbers as `adam`); `adam`, `adam_foreach`, `adam_fused`: torch.optim.Adam with its single-tensor,
+    multi-tensor or fused implementation, and nn.utils.clip_grad_norm_."""
+    distributions: bool = True
+    """Our action distributions (no argument validation, Gumbel-max sampling); false: torch.distributions
+    (the same log-probabilities, entropies and modes; samples drawn another way)."""
+    event_writer: bool = True
+    """Our TensorBoard event writer (one event per logged step, framed in the calling thread); false:
+    torch.utils.tensorboard.SummaryWriter (the same scalars)."""
+    lean_cycle: bool = True
+    """Step AEC-converted PettingZoo envs without the observations the parallel wrapper computes and
+    discards (the same trajectories); false: PettingZoo's aec_to_parallel wrapper as it is."""
+    allocator: bool = True
+    """Keep freed heap memory mapped for reuse (glibc mallopt, Linux); false: glibc's defaults."""
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -177,6 +221,8 @@ class ExperimentConfig:
     """Network architecture."""
     log: LogConfig = dataclasses.field(default_factory=LogConfig)
     """Logging and checkpointing."""
+    fast: FastConfig = dataclasses.field(default_factory=FastConfig)
+    """Switches between our hand-written pieces and the library's."""
 
     def __post_init__(self) -> None:
         if self.critic == "team" and not self.share_critic:
@@ -210,14 +256,15 @@ def _plain(value: Any) -> Any:
 
 
 def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
-    """Turn `a.b=value` strings into a nested dict; values are parsed as YAML scalars/lists."""
+    """Turn `a.b=value` strings into a nested dict; values are parsed as YAML scalars/lists
+    (`1e6` is a number, as in the experiment files)."""
     tree: dict[str, Any] = {}
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"override '{item}' is not key=value; write e.g. seed=3 or ppo.pi_lr=1e-3")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = _load_yaml_text(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
         node = tree
@@ -248,7 +295,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"experiment file '{path}' does not exist; pass a path to a YAML file")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = _load_yaml_text(path.read_text()) or {}
     except UnicodeDecodeError:
         raise ConfigError(f"experiment file '{path}' is not UTF-8 text; pass a YAML file") from None
     except yaml.YAMLError as err:
@@ -276,22 +323,103 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
 
 def config_keys(cls: type = ExperimentConfig, prefix: str = "") -> dict[str, str]:
     """Every dotted key of the config with its documentation, for help and close matches."""
-    keys: dict[str, str] = {}
-    for field in dataclasses.fields(cls):
-        name = prefix + field.name
-        doc = cls.__pydantic_fields__[field.name].description or ""
-        keys[name] = doc
-        if field.type in _SECTIONS:  # annotations are strings (postponed evaluation)
-            keys.update(config_keys(_SECTIONS[field.type], name + "."))
+    return {key: entry.doc for key, entry in key_help(cls, prefix).items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyHelp:
+    """What `--help-config` shows for one dotted key."""
+
+    doc: str
+    default: str | None
+    """The default as YAML (`0.99`, `null`, `[64, 64]`); None for a section (`ppo`, `log`, ...)."""
+    allowed: str | None
+    """The values the key accepts (`number in (0, 1]`, `constant, linear`); None for a section."""
+
+
+def key_help(cls: type = ExperimentConfig, prefix: str = "") -> dict[str, KeyHelp]:
+    """Every dotted key with its documentation, default and allowed values, sections before their keys."""
+    keys: dict[str, KeyHelp] = {}
+    for name, field in cls.__pydantic_fields__.items():
+        key, doc = prefix + name, field.description or ""
+        if dataclasses.is_dataclass(field.annotation):
+            keys[key] = KeyHelp(doc, None, None)
+            keys.update(key_help(field.annotation, key + "."))
+            continue
+        default = field.default_factory() if field.default_factory is not None else field.default
+        keys[key] = KeyHelp(doc, yaml_value(default), _allowed(field.annotation, field.metadata))
     return keys
 
 
-_SECTIONS: dict[str, type] = {
-    "EnvConfig": EnvConfig,
-    "PPOConfig": PPOConfig,
-    "ModelConfig": ModelConfig,
-    "LogConfig": LogConfig,
-}
+def yaml_value(value: Any) -> str:
+    """One value as it is written in YAML or in a key=value override."""
+    text = yaml.safe_dump(_plain(value), default_flow_style=True, width=math.inf)
+    return text.removesuffix("...\n").strip()
+
+
+def _allowed(annotation: Any, bounds: Iterable[Any] = ()) -> str:
+    """The values a field's type accepts, in words: `integer > 0`, `number in (0, 1]`, `a, b`, `... or null`."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        extra = [m for a in args[1:] for m in (a.metadata if isinstance(a, FieldInfo) else [a])]
+        return _allowed(args[0], [*bounds, *extra])
+    if origin in (Union, types.UnionType):
+        words = [_allowed(a) for a in args if a is not type(None)]
+        return " or ".join([*words, "null"] if type(None) in args else words)
+    if origin is Literal:
+        return ", ".join(yaml_value(a) for a in args)
+    if origin is tuple or origin is list:
+        item = _allowed(args[0])
+        noun, _, rest = item.partition(" ")
+        return f"list of {noun}s {rest}".rstrip() if noun in ("integer", "number", "string") else "list"
+    if origin is dict or annotation is dict:
+        return "mapping"
+    names = {bool: "true, false", int: "integer", float: "number", str: "string"}
+    noun = names.get(annotation, getattr(annotation, "__name__", str(annotation)))
+    return f"{noun} {_range(bounds)}".strip()
+
+
+def _range(bounds: Iterable[Any]) -> str:
+    """`> 0`, `>= 0`, `in (0, 1]` from annotated-types bounds (Gt, Ge, Lt, Le)."""
+    limits = {kind: getattr(b, kind) for b in bounds for kind in ("gt", "ge", "lt", "le") if hasattr(b, kind)}
+    low = ("(", limits["gt"]) if "gt" in limits else ("[", limits["ge"]) if "ge" in limits else None
+    high = (")", limits["lt"]) if "lt" in limits else ("]", limits["le"]) if "le" in limits else None
+    if low and high:
+        return f"in {low[0]}{low[1]}, {high[1]}{high[0]}"
+    if low:
+        return f"{'>' if low[0] == '(' else '>='} {low[1]}"
+    if high:
+        return f"{'<' if high[0] == ')' else '<='} {high[1]}"
+    return ""
+
+
+def close_keys(key: str, known: Iterable[str]) -> list[str]:
+    """Known keys a mistyped dotted key may mean, best first (at most 3).
+
+    A key matches when each `_`-part of the typed last name starts a part of its last name, in the
+    same section first, then in any (`ppo.clip` -> `ppo.clip_ratio`, `ppo.value_clip`; `clip_ratio`
+    -> `ppo.clip_ratio`); otherwise the closest spellings at the same depth (`ppo.pi_lrr` -> `ppo.pi_lr`).
+    """
+    known = list(known)
+    section, _, name = key.rpartition(".")
+    typed = [part for part in name.lower().split("_") if part]
+
+    def parts_match(candidate: str) -> bool:
+        words = candidate.rpartition(".")[2].split("_")
+        return bool(typed) and all(any(w.startswith(t) for w in words) for t in typed)
+
+    def rank(candidate: str) -> tuple[bool, float]:
+        leaf = candidate.rpartition(".")[2]
+        starts = leaf.startswith(typed[0])  # `clip` is rather clip_ratio than value_clip
+        return (not starts, -difflib.SequenceMatcher(None, name, leaf).ratio())
+
+    same_section = [k for k in known if k.rpartition(".")[0] == section]
+    for pool in (same_section, known):
+        matches = sorted((k for k in pool if k != key and parts_match(k)), key=rank)
+        if matches:
+            return matches[:3]
+    depth = [k for k in known if k.count(".") == key.count(".")]
+    return difflib.get_close_matches(key, depth, n=1, cutoff=0.6)
 
 
 def _describe(error: Mapping[str, Any]) -> str:
@@ -299,10 +427,17 @@ def _describe(error: Mapping[str, Any]) -> str:
     key = ".".join(loc) or "<root>"
     kind = error["type"]
     if kind == "unexpected_keyword_argument":
-        known = [k for k in config_keys() if k.count(".") == key.count(".")]
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-        hint = f"did you mean '{close[0]}'?" if close else "see `marl-ppo train --help-config` for the keys"
+        close = [f"'{k}'" for k in close_keys(key, config_keys())]
+        options = " or ".join([", ".join(close[:-1]), close[-1]] if len(close) > 1 else close)
+        hint = f"did you mean {options}?" if close else "see `marl-ppo train --help-config` for the keys"
         return f"unknown config key '{key}'; {hint}"
+    if kind == "int_from_float":
+        doc = config_keys().get(key, "")
+        hint = f" ({' '.join(doc.split())})" if doc else ""
+        return (
+            f"config key '{key}' takes a whole number, got {error.get('input')!r}; write it as 1000000, "
+            f"1_000_000 or 1e6{hint}"
+        )
     if kind == "value_error":
         return str(error["msg"]).removeprefix("Value error, ")
     got = error.get("input")

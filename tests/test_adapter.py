@@ -183,13 +183,14 @@ def test_lean_cycle_step_keeps_every_catalog_trajectory(env_id):
     """Every catalog env that steps through PettingZoo's AEC-to-parallel wrapper gives the same
     observations, rewards, flags and infos when the cycle skips the discarded `last()` observations
     (so their `observe()` only reads the env)."""
+    from marl_ppo.envs.adapters.check_wrappers import without_check_wrappers
     from marl_ppo.envs.catalog import PETTINGZOO_PARALLEL
-    from marl_ppo.fast.lean_cycle import without_check_wrappers
+    from marl_ppo.fast.lean_cycle import lean_cycle
 
     needs = PETTINGZOO_PARALLEL[env_id][2] if env_id in PETTINGZOO_PARALLEL else ("mpe2",)
     for module in needs:
         pytest.importorskip(module)
-    stock, lean = make_env(env_id), without_check_wrappers(make_env(env_id))
+    stock, lean = make_env(env_id), lean_cycle(without_check_wrappers(make_env(env_id)))
     assert type(lean).__name__ == "LeanCycleParallel"
     outputs = {id(stock): [], id(lean): []}
     for env in (stock, lean):
@@ -211,7 +212,7 @@ def test_stepping_without_check_wrappers_keeps_every_trajectory(continuous):
     """The assertion-only wrappers go; behaviour-changing ones (action clipping) stay; data is identical."""
     from pettingzoo.utils.wrappers import ClipOutOfBoundsWrapper
 
-    from marl_ppo.fast.lean_cycle import without_check_wrappers
+    from marl_ppo.envs.adapters.check_wrappers import without_check_wrappers
 
     def build(strip):
         env = make_env("mpe2/simple_spread_v3", max_cycles=7, continuous_actions=continuous)

@@ -7,7 +7,15 @@ import pytest
 from conftest import ROOT
 
 from marl_ppo.cli import main
-from marl_ppo.config import ConfigError, ExperimentConfig, config_keys, load_config, parse_overrides
+from marl_ppo.config import (
+    ConfigError,
+    ExperimentConfig,
+    KeyHelp,
+    config_keys,
+    key_help,
+    load_config,
+    parse_overrides,
+)
 
 SPREAD_YAML = str(ROOT / "experiments/mpe/simple_spread.yaml")
 
@@ -117,3 +125,76 @@ def test_console_script_prints_no_traceback():
         "(Seed for Python, NumPy, torch and the environments.)"
     )
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("written", ["1e6", "1E6", "1_000_000", "1000000", "1.0e6", "1e+6", "1000000.0"])
+def test_integers_as_people_write_them(written, tmp_path):
+    from_override = load_config(None, [f"total_steps={written}"])
+    assert from_override == load_config(None, ["total_steps=1000000"])
+    assert type(from_override.total_steps) is int and from_override.total_steps == 1_000_000
+    path = tmp_path / "experiment.yaml"
+    path.write_text(f"total_steps: {written}\nmodel:\n  hidden_sizes: [{written}, 64]\n")
+    from_file = load_config(path)
+    assert from_file.total_steps == 1_000_000 and from_file.model.hidden_sizes == (1_000_000, 64)
+    assert type(from_file.model.hidden_sizes[0]) is int
+
+
+def test_floats_in_scientific_notation_are_numbers_and_fractions_stay_errors(tmp_path):
+    assert load_config(None, ["ppo.pi_lr=3e-4"]).ppo.pi_lr == pytest.approx(3e-4)
+    assert parse_overrides(["env.kwargs.scale=1e3", "env.kwargs.name=e3"]) == {
+        "env": {"kwargs": {"scale": 1000.0, "name": "e3"}}
+    }
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["total_steps=1.5"])
+    assert str(info.value).startswith(
+        "config key 'total_steps' takes a whole number, got 1.5; write it as 1000000, 1_000_000 or 1e6"
+    )
+    path = tmp_path / "experiment.yaml"
+    path.write_text("ppo:\n  num_minibatches: 2.5e0\n")
+    with pytest.raises(ConfigError, match=r"config key 'ppo.num_minibatches' takes a whole number, got 2.5"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("typo", "offered"),
+    [
+        ("ppo.clip", "did you mean 'ppo.clip_ratio' or 'ppo.value_clip'?"),  # the key's parts
+        ("ppo.lr", "did you mean 'ppo.lr_schedule', 'ppo.pi_lr' or 'ppo.vf_lr'?"),
+        ("ppo.norm_adv", "did you mean 'ppo.normalize_advantages'?"),  # prefixes of each part
+        ("clip_ratio", "did you mean 'ppo.clip_ratio'?"),  # the right name in another section
+        ("model.hidden", "did you mean 'model.hidden_sizes'?"),
+        ("ppo.pi_lrr", "did you mean 'ppo.pi_lr'?"),  # a misspelling: the closest spelling
+        ("ppo.clip_ratoi", "did you mean 'ppo.clip_ratio'?"),
+        ("log.progres", "did you mean 'log.progress'?"),
+        ("zzz", "see `marl-ppo train --help-config` for the keys"),
+    ],
+)
+def test_close_matches_on_the_parts_of_a_dotted_key(typo, offered):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [f"{typo}=1"])
+    assert str(info.value) == f"unknown config key '{typo}'; {offered}"
+
+
+def test_key_help_gives_each_default_and_its_allowed_values():
+    keys = key_help()
+    assert keys["gamma"] == KeyHelp("Discount factor.", "0.99", "number in (0, 1]")
+    shown = {key: (entry.default, entry.allowed) for key, entry in keys.items()}
+    assert shown["gae_lambda"] == ("0.95", "number in [0, 1]")
+    assert shown["total_steps"] == ("1000000", "integer > 0")
+    assert shown["seed"] == ("0", "integer >= 0")
+    assert shown["ppo.lr_schedule"] == ("constant", "constant, linear")
+    assert shown["ppo.target_kl"] == ("0.05", "number > 0 or null")
+    assert shown["torch_threads"] == ("auto", "integer > 0 or auto")
+    assert shown["eval_every"] == ("null", "integer >= 0 or null")
+    assert shown["policy_lag"] == ("0", "0, 1")
+    assert shown["share_actor"] == ("false", "true, false")
+    assert shown["model.hidden_sizes"] == ("[64, 64]", "list of integers > 0")
+    assert shown["env.kwargs"] == ("{}", "mapping")
+    assert keys["ppo"] == KeyHelp("PPO optimisation settings.", None, None)  # a section
+    assert list(keys) == list(config_keys())
+
+
+def test_every_default_shown_is_the_default_when_written_back():
+    for key, entry in key_help().items():
+        if entry.default is not None:
+            assert load_config(None, [f"{key}={entry.default}"]) == ExperimentConfig(), key

@@ -16,7 +16,7 @@ PACKAGE = ROOT / "marl_ppo"
 LAYERS = [
     # shared small types, and the hand-written library pieces (which import nothing of ours);
     # checkpoint files are read by eval and written by run
-    ("marl_ppo.faults", "marl_ppo.config", "marl_ppo.fast", "marl_ppo.run.checkpoint"),
+    ("marl_ppo.faults", "marl_ppo.config", "marl_ppo.console", "marl_ppo.fast", "marl_ppo.run.checkpoint"),
     ("marl_ppo.envs",),
     # the pure maths and the networks
     ("marl_ppo.algo.gae", "marl_ppo.algo.losses", "marl_ppo.algo.value_norm", "marl_ppo.models"),

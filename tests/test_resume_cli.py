@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+import yaml
 from conftest import ROOT
 from test_resume import scalars
 
@@ -90,7 +91,8 @@ def test_sigterm_writes_a_checkpoint_and_exits_with_143(tiny_overrides, tmp_path
     assert process.returncode == 128 + signum
     last_line = stderr.strip().splitlines()[-1]
     assert last_line.startswith(f"stopped by {signal.Signals(signum).name} at env step ")
-    assert last_line.endswith(f"continue with: marl-ppo train --resume {run_dir}")
+    # started as `python -m marl_ppo`, the hint says so (tests/test_cli.py runs it from a clean shell)
+    assert last_line.endswith(f" -m marl_ppo train --resume {run_dir}") and "; continue with: " in last_line
     saved = load_checkpoint(run_dir / "checkpoints/latest.pt")
     assert saved["env_steps"] == saved["updates"] * STEPS_PER_UPDATE and saved["updates"] >= 3
     assert f"at env step {saved['env_steps']}," in last_line
@@ -103,6 +105,14 @@ def finished_run(tiny_overrides, tmp_path):
     run_dir = tmp_path / "finished"
     assert main(["train", *_args(tiny_overrides, "total_steps=100"), "--run-dir", str(run_dir)]) == 0
     return run_dir
+
+
+def test_print_config_on_resume_shows_the_continued_config_and_touches_nothing(finished_run, capsys):
+    files = {p: p.read_bytes() for p in finished_run.rglob("*") if p.is_file()}
+    assert main(["train", "--resume", str(finished_run), "total_steps=200", "--print-config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["total_steps"] == 200 and printed["rollout_steps"] == 10 and printed["num_envs"] == 2
+    assert {p: p.read_bytes() for p in finished_run.rglob("*") if p.is_file()} == files
 
 
 def _one_line_error(capsys, argv):

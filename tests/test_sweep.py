@@ -66,7 +66,12 @@ def test_sweep_trains_each_seed_in_its_own_run_dir(experiment, tmp_path, capsys)
         saved = yaml.safe_load((run_dir / "config.yaml").read_text())
         assert saved["seed"] == seed and saved["ppo"]["pi_lr"] == 0.002
         assert "done: 8 env steps" in run_dir.with_name(f"seed{seed}.log").read_text()
-    assert "sweep matrix: 2 finished, 0 skipped (already finished), 0 failed" in capsys.readouterr().out
+    printed = capsys.readouterr().out.splitlines()
+    assert "sweep matrix: 2 finished, 0 skipped (already finished), 0 failed" in printed[-2]
+    assert printed[-1].startswith("compare the seeds with: ")  # a command as this process was started
+    assert printed[-1].endswith(f" -m marl_ppo report {out / 'matrix'}") or printed[-1].endswith(
+        f"marl-ppo report {out / 'matrix'}"
+    )
     assert main(args) == 0  # a second call finds every run finished and starts nothing
     assert "0 finished, 2 skipped" in capsys.readouterr().out
 

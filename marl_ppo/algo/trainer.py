@@ -19,8 +19,8 @@ from marl_ppo.algo.losses import (
     policy_loss,
     value_loss,
 )
+from marl_ppo.algo.optim import make_optimizer
 from marl_ppo.config import PPOConfig
-from marl_ppo.fast.adam import FlatAdam
 from marl_ppo.faults import NonFiniteError
 from marl_ppo.models.team import TeamModel
 
@@ -69,13 +69,14 @@ class _Evaluation:
 class Trainer:
     """Runs `train_pi_iters` / `train_vf_iters` epochs of minibatch PPO over one batch per group."""
 
-    def __init__(self, model: TeamModel, ppo: PPOConfig, *, generator: torch.Generator) -> None:
+    def __init__(
+        self, model: TeamModel, ppo: PPOConfig, *, generator: torch.Generator, optimizer: str = "flat_adam"
+    ) -> None:
         self.model = model
         self.ppo = ppo
         self.generator = generator
-        # each network's parameters in one buffer: clipping and Adam are a few ops, not a few per tensor
-        self.actor_optimizer = FlatAdam(model.actors.parameters(), lr=ppo.pi_lr, eps=1e-5)
-        self.critic_optimizer = FlatAdam(model.critics.parameters(), lr=ppo.vf_lr, eps=1e-5)
+        self.actor_optimizer = make_optimizer(model.actors.parameters(), lr=ppo.pi_lr, kind=optimizer)
+        self.critic_optimizer = make_optimizer(model.critics.parameters(), lr=ppo.vf_lr, kind=optimizer)
         self.updates = 0
         """Updates started by this trainer (named in non-finite errors)."""
         self._skips = 0

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from marl_ppo.run.host import keep_freed_memory
+from marl_ppo.fast.allocator import keep_freed_memory
 
 ROOT = Path(__file__).resolve().parents[2]
 SPREAD_YAML = ROOT / "experiments" / "mpe" / "simple_spread.yaml"
@@ -41,15 +41,16 @@ def raw_pettingzoo_sps(
     """Env steps/s of one env copy in this process, with random actions drawn beforehand.
 
     The env is stepped as its factory ships it; `bare` first strips the assertion-only wrappers and
-    the discarded `last()` observations, as the adapter does (`env.skip_check_wrappers`), to show
+    the discarded `last()` observations, as training does (`env.skip_check_wrappers`, `fast.lean_cycle`), to show
     how much of the step they cost.
     """
+    from marl_ppo.envs.adapters.check_wrappers import without_check_wrappers
     from marl_ppo.envs.registry import make_env
-    from marl_ppo.fast.lean_cycle import without_check_wrappers
+    from marl_ppo.fast.lean_cycle import lean_cycle
 
     env = make_env(env_id, **kwargs)
     if bare:
-        env = without_check_wrappers(env)
+        env = lean_cycle(without_check_wrappers(env))
     env.reset(seed=seed)
     agents = list(env.possible_agents)
     for agent in agents:

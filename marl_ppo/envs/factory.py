@@ -18,6 +18,7 @@ import torch
 
 from marl_ppo.config import ExperimentConfig
 from marl_ppo.envs.adapters.aec import TurnBasedAdapter, is_aec
+from marl_ppo.envs.adapters.check_wrappers import without_check_wrappers
 from marl_ppo.envs.adapters.gymnasium import GymnasiumTeamEnv
 from marl_ppo.envs.adapters.pettingzoo import ParallelEnvAdapter
 from marl_ppo.envs.grouping import build_team_spec
@@ -27,7 +28,7 @@ from marl_ppo.envs.vector.base import VectorEnv
 from marl_ppo.envs.vector.subprocess import SubprocessVectorEnv
 from marl_ppo.envs.vector.sync import SyncVectorEnv
 from marl_ppo.envs.vmas.adapter import VmasVectorEnv
-from marl_ppo.fast.lean_cycle import without_check_wrappers
+from marl_ppo.fast.lean_cycle import lean_cycle
 
 
 def is_batched(config: ExperimentConfig) -> bool:
@@ -53,7 +54,11 @@ def make_adapter(config: ExperimentConfig, spec: TeamSpec) -> ParallelEnvAdapter
     env = make_team_env(config)
     if is_aec(env):
         return TurnBasedAdapter(env, spec)
-    return ParallelEnvAdapter(without_check_wrappers(env) if config.env.skip_check_wrappers else env, spec)
+    if config.env.skip_check_wrappers:
+        env = without_check_wrappers(env)
+    if config.fast.lean_cycle:
+        env = lean_cycle(env)
+    return ParallelEnvAdapter(env, spec)
 
 
 def build_vector_env(config: ExperimentConfig, device: torch.device | None = None) -> VectorEnv:

@@ -1,4 +1,4 @@
-"""PettingZoo's AEC-to-parallel wrapper, stepped without the work whose results it discards."""
+"""PettingZoo's AEC-to-parallel wrapper, stepped without the observations it computes and discards."""
 
 from __future__ import annotations
 
@@ -8,34 +8,19 @@ from typing import Any
 from pettingzoo.utils.conversions import aec_to_parallel_wrapper
 
 
-def without_check_wrappers(env: Any) -> Any:
-    """`env` without PettingZoo's order and action-bounds assertion wrappers around its AEC core, and
-    stepped without the observations the parallel wrapper computes only to discard.
+def lean_cycle(env: Any) -> Any:
+    """`env` stepped by `LeanCycleParallel` where it is PettingZoo's AEC-to-parallel wrapper around a
+    core that keeps AECEnv's own `last()`; any other env is returned as it is.
 
-    Catalog envs are usually `aec_to_parallel(OrderEnforcingWrapper(AssertOutOfBoundsWrapper(raw)))`.
-    Those two wrappers only assert (reset before step, Discrete actions in range) and forward every
-    attribute access through Python `__getattr__`, which costs about a third of simple_spread's step
-    time. The adapter already guarantees both, so it steps the same core without them. Wrappers that
-    change behaviour (e.g. clipping) and any other env are kept as is.
-
-    The parallel wrapper's `step` also calls `last()` before each agent's move, which computes that
+    The parallel wrapper's `step` calls `last()` before each agent's move, which computes that
     agent's observation and throws it away (3 of simple_spread's 6 observations per step, one per
-    piston in pistonball). `LeanCycleParallel` steps the cycle without it. Both changes leave every
-    trajectory identical, provided `observe()` only reads the env, as PettingZoo's API describes it
-    (tested for every catalog env that steps through the wrapper).
+    piston in pistonball). The trajectories stay identical provided `observe()` only reads the env,
+    as PettingZoo's API describes it (tested for every catalog env that steps through the wrapper).
     """
     from pettingzoo.utils.env import AECEnv
-    from pettingzoo.utils.wrappers import AssertOutOfBoundsWrapper, OrderEnforcingWrapper
 
-    if type(env) is not aec_to_parallel_wrapper:
-        return env
-    core = env.aec_env
-    while isinstance(core, (OrderEnforcingWrapper, AssertOutOfBoundsWrapper)):
-        core = core.env
-    env.aec_env = core  # in place: whatever else the factory set on the env object stays
-    # a core with its own last() keeps the wrapper's step
-    if getattr(type(core), "last", None) is AECEnv.last:
-        env.__class__ = LeanCycleParallel
+    if type(env) is aec_to_parallel_wrapper and getattr(type(env.aec_env), "last", None) is AECEnv.last:
+        env.__class__ = LeanCycleParallel  # in place: whatever else the factory set on the env object stays
     return env
 
 

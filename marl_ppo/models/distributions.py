@@ -114,10 +114,76 @@ def head_size(space: gym.Space) -> int:
     raise TypeError(f"unsupported action space {space!r}; use Discrete, MultiDiscrete or Box")
 
 
-def make_distribution(
+class LibraryDistribution:
+    """A `torch.distributions` distribution (or a product of categoricals) with the ActionDistribution
+    interface: the same log-probabilities, entropies and modes as ours, samples drawn torch's way."""
+
+    def __init__(self, parts: list[torch.distributions.Distribution], *, stacked: bool) -> None:
+        self.parts = parts
+        self.stacked = stacked
+        """True for a MultiDiscrete product: one categorical per action dimension, on the last axis."""
+
+    def sample(self) -> torch.Tensor:
+        """One sample (per dimension, stacked, for a product)."""
+        if self.stacked:
+            return torch.stack([part.sample() for part in self.parts], dim=-1)
+        return self.parts[0].sample()
+
+    def mode(self) -> torch.Tensor:
+        """Most likely action (the mean, for a Gaussian)."""
+        if self.stacked:
+            return torch.stack([part.mode for part in self.parts], dim=-1)
+        return self.parts[0].mode
+
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        """log p(a), `(..., A)`; summed over a product's dimensions."""
+        if self.stacked:
+            return sum(part.log_prob(actions[..., k]) for k, part in enumerate(self.parts))
+        return self.parts[0].log_prob(actions)
+
+    def entropy(self) -> torch.Tensor:
+        """Exact entropy, `(..., A)`; summed over a product's dimensions."""
+        return sum(part.entropy() for part in self.parts)
+
+
+def library_distribution(
     space: gym.Space, output: torch.Tensor, log_std: torch.Tensor | None, mask: torch.Tensor | None = None
 ) -> ActionDistribution:
-    """Wrap the actor's raw output (and the action mask, for discrete spaces) in the fitting distribution."""
+    """`make_distribution` built from torch.distributions (`fast.distributions: false`)."""
+    from torch.distributions import Categorical as TorchCategorical
+    from torch.distributions import Independent, Normal
+
+    def categorical(logits: torch.Tensor, part_mask: torch.Tensor | None) -> TorchCategorical:
+        if part_mask is not None:
+            logits = logits.masked_fill(~part_mask, MASKED_LOGIT)
+        return TorchCategorical(logits=logits, validate_args=False)
+
+    if isinstance(space, gym.spaces.Discrete):
+        return LibraryDistribution([categorical(output, mask)], stacked=False)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        sizes = [int(n) for n in space.nvec.reshape(-1)]
+        masks = torch.split(mask, sizes, dim=-1) if mask is not None else [None] * len(sizes)
+        parts = [categorical(c, m) for c, m in zip(torch.split(output, sizes, dim=-1), masks, strict=True)]
+        return LibraryDistribution(parts, stacked=True)
+    if isinstance(space, gym.spaces.Box):
+        assert log_std is not None
+        normal = Normal(output, log_std.expand_as(output).exp(), validate_args=False)
+        return LibraryDistribution([Independent(normal, 1, validate_args=False)], stacked=False)
+    raise TypeError(f"unsupported action space {space!r}; use Discrete, MultiDiscrete or Box")
+
+
+def make_distribution(
+    space: gym.Space,
+    output: torch.Tensor,
+    log_std: torch.Tensor | None,
+    mask: torch.Tensor | None = None,
+    *,
+    library: bool = False,
+) -> ActionDistribution:
+    """Wrap the actor's raw output (and the action mask, for discrete spaces) in the fitting distribution:
+    ours, or torch.distributions' with `library=True`."""
+    if library:
+        return library_distribution(space, output, log_std, mask)
     if isinstance(space, gym.spaces.Discrete):
         return Categorical(output, mask)
     if isinstance(space, gym.spaces.MultiDiscrete):

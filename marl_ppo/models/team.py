@@ -58,9 +58,13 @@ def _mlp(
 class GroupActor(nn.Module):
     """The policies of one group's agents, evaluated together on `(..., A_g, obs_dim)`."""
 
-    def __init__(self, group: GroupSpec, model: ModelConfig, *, shared: bool) -> None:
+    def __init__(
+        self, group: GroupSpec, model: ModelConfig, *, shared: bool, library_distributions: bool = False
+    ) -> None:
         super().__init__()
         self.action_space = group.action_space
+        self.library_distributions = library_distributions
+        """Build action distributions from torch.distributions instead of ours (`fast.distributions`)."""
         self.net = _mlp(
             model,
             agents=group.num_agents,
@@ -91,8 +95,9 @@ class GroupActor(nn.Module):
         """`forward` on `encode(obs)`."""
         if action_mask is not None and action_mask.shape[-1] == 0:
             action_mask = None
+        output = self.net(encoded, encoded=True)
         return make_distribution(
-            self.action_space, self.net(encoded, encoded=True), self.log_std, action_mask
+            self.action_space, output, self.log_std, action_mask, library=self.library_distributions
         )
 
 
@@ -155,7 +160,13 @@ class TeamModel(nn.Module):
         super().__init__()
         self.spec = spec
         self.actors = nn.ModuleList(
-            GroupActor(g, config.model, shared=config.share_actor) for g in spec.groups
+            GroupActor(
+                g,
+                config.model,
+                shared=config.share_actor,
+                library_distributions=not config.fast.distributions,
+            )
+            for g in spec.groups
         )
         self.critics = nn.ModuleList(
             GroupCritic(g, spec.state_dim, config.critic, config.model, shared=config.share_critic)

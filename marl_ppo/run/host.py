@@ -2,38 +2,11 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 import resource
 
 from marl_ppo.config import ExperimentConfig
 from marl_ppo.envs.factory import is_batched, usable_cores
-
-ALLOCATOR_KEEP_BYTES = (2 << 30) - 1
-"""Freed heap memory glibc keeps for reuse rather than handing back to the kernel (the largest value
-mallopt takes). A 1,024-copy VMAS minibatch step allocates about 400 MB of activations; with 256 MiB
-kept, every update faulted in about 140,000 fresh pages."""
-
-
-def keep_freed_memory() -> bool:
-    """Make glibc reuse freed tensor memory instead of returning it to the kernel (Linux only).
-
-    By default glibc maps large blocks fresh from the kernel and gives them back on free, so a
-    rollout step's activations, allocated and freed every step, fault in every page again. Here
-    every block comes from the heap (glibc maps no block on its own; it cannot raise the size
-    above which it does past 32 MiB), and up to ALLOCATOR_KEEP_BYTES of freed heap stays mapped.
-    A 8,192-copy VMAS update, whose 64-wide activations are 52 MB each, faulted in 3.3M pages
-    (13 GB) per update when blocks over 32 MiB were still mapped on their own; it now runs 1.8x
-    faster, for 22-37% more peak memory from a more fragmented heap. Forked workers inherit the
-    setting. Returns False where it could not be applied.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    m_trim_threshold, m_mmap_max = -1, -4
-    return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, ALLOCATOR_KEEP_BYTES))
 
 
 def learner_threads(config: ExperimentConfig) -> int:

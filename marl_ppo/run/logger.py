@@ -1,12 +1,14 @@
-"""Run logging: TensorBoard scalars, a console progress bar, and the episode-return window."""
+"""Run logging: TensorBoard scalars, console progress, and the episode-return window."""
 
 from __future__ import annotations
 
 import dataclasses
+import sys
+import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 import torch
@@ -17,7 +19,7 @@ from marl_ppo.rollout.source import EpisodeRecord
 
 
 class RunLogger:
-    """Writes `train/`, `rollout/`, `perf/` and `agents/<id>/` scalars against env steps."""
+    """Writes `train/`, `rollout/`, `perf/` and `agents/<id>/` scalars against env steps, and the progress."""
 
     def __init__(
         self,
@@ -30,14 +32,21 @@ class RunLogger:
         per_agent: bool,
         progress: bool,
         resume_step: int | None = None,
+        stream: TextIO | None = None,
+        library_writer: bool = False,
     ) -> None:
-        """`resume_step`: continue a run checkpointed at this env step, dropping what it logged after."""
+        """`resume_step`: continue a run checkpointed at this env step, dropping what it logged after.
+
+        `progress` writes to `stream` (default stderr): a redrawn bar on a terminal, else `ProgressLines`.
+        `library_writer`: write events with TensorBoard's SummaryWriter instead of ours (`fast.event_writer`).
+        """
         log_dir = run_dir / "tensorboard"
         if resume_step is not None:
             wait_for_a_later_event_file_name(log_dir)
         # purge_step: TensorBoard's reader drops the killed run's events from this step on
         purge_step = None if resume_step is None else resume_step + 1
-        self.writer = EventWriter(log_dir, purge_step=purge_step)
+        writer = LibraryEventWriter if library_writer else EventWriter
+        self.writer = writer(log_dir, purge_step=purge_step)
         self.agents = tuple(agents)
         # per-group returns matter for competitive teams (red vs blue); one group needs no breakdown
         self.group_columns = (
@@ -50,7 +59,9 @@ class RunLogger:
         self.agent_returns: deque[np.ndarray] = deque(maxlen=return_window)
         self.episodes = 0
         self.bar = None
-        if progress:
+        self.lines: ProgressLines | None = None
+        stream = sys.stderr if stream is None else stream
+        if progress and _is_terminal(stream):  # a terminal redraws the bar in place
             from tqdm import tqdm
 
             self.bar = tqdm(
@@ -60,7 +71,10 @@ class RunLogger:
                 unit_scale=True,
                 dynamic_ncols=True,
                 smoothing=0.1,
+                file=stream,
             )
+        elif progress:  # a log file or a pipe keeps every character: plain lines, no redraws
+            self.lines = ProgressLines(stream, total_steps=total_steps, start_step=resume_step or 0)
 
     @property
     def team_return_mean(self) -> float:
@@ -103,6 +117,8 @@ class RunLogger:
             self.bar.set_postfix(
                 sps=f"{extra.get('perf/sps', 0):.0f}", team_return=f"{self.team_return_mean:.1f}"
             )
+        if self.lines is not None:
+            self.lines.update(step, self.team_return_mean, len(self.team_returns))
 
     def state_dict(self) -> dict[str, Any]:
         """The episode counter and the return window."""
@@ -134,3 +150,77 @@ class RunLogger:
         self.writer.close()
         if self.bar is not None:
             self.bar.close()
+
+
+class ProgressLines:
+    """Progress as plain lines, for a log file or a pipe: one each `1/lines` of total_steps, one at the end.
+
+    A line reads `step 50000/1000000 (5%): 1234 steps/s, team return -65.30 (last 100 episodes)`;
+    steps/s is measured since the previous line.
+    """
+
+    def __init__(self, stream: TextIO, *, total_steps: int, start_step: int = 0, lines: int = 20) -> None:
+        self.stream: TextIO | None = stream
+        self.total_steps = total_steps
+        self.lines = lines
+        self.shown = self._part(start_step)
+        self.last_step, self.last_time = start_step, time.monotonic()
+
+    def _part(self, step: int) -> int:
+        """How many `1/lines` parts of total_steps `step` has completed."""
+        return min(step, self.total_steps) * self.lines // self.total_steps
+
+    def update(self, step: int, team_return: float, episodes: int) -> None:
+        """Write a line when `step` completes a new part (the last part ends at total_steps)."""
+        part = self._part(step)
+        if self.stream is None or part <= self.shown:
+            return
+        now = time.monotonic()
+        sps = (step - self.last_step) / max(now - self.last_time, 1e-9)
+        self.shown, self.last_step, self.last_time = part, step, now
+        percent = 100 * min(step, self.total_steps) // self.total_steps
+        recent = (
+            f"team return {team_return:.2f} (last {episodes} episodes)"
+            if episodes
+            else "no episode finished yet"
+        )
+        try:
+            print(
+                f"step {step}/{self.total_steps} ({percent}%): {sps:.0f} steps/s, {recent}",
+                file=self.stream,
+                flush=True,
+            )
+        except OSError:  # the reader went away (a closed pipe): train on without progress
+            self.stream = None
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or a closed file
+        return False
+
+
+class LibraryEventWriter:
+    """torch.utils.tensorboard's SummaryWriter behind EventWriter's interface: one `add_scalar` per value."""
+
+    def __init__(self, log_dir: Path, *, purge_step: int | None = None) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(log_dir), purge_step=purge_step)
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        """Every value at `step`."""
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, float(value), step)
+
+    def rows(self, steps: Sequence[int], columns: dict[str, Sequence[float] | np.ndarray]) -> None:
+        """Row i of every column at `steps[i]`."""
+        for i, step in enumerate(steps):
+            self.scalars(step, {tag: column[i] for tag, column in columns.items()})
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()

@@ -19,13 +19,14 @@ from marl_ppo.config import ExperimentConfig, config_to_dict
 from marl_ppo.envs.factory import build_vector_env, resolve_vector
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.eval.evaluate import PeriodicEvaluation, eval_config
+from marl_ppo.fast.allocator import keep_freed_memory
 from marl_ppo.models.layers import resolve_device, resolve_precision
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.source import RolloutSource
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.checkpoint import FORMAT, periodic_path, prune_checkpoints, save_checkpoint
-from marl_ppo.run.host import keep_freed_memory, learner_threads, peak_rss_mb, rss_mb
+from marl_ppo.run.host import learner_threads, peak_rss_mb, rss_mb
 from marl_ppo.run.logger import RunLogger
 from marl_ppo.run.resume import load_resumable, restore_run_state, run_state
 from marl_ppo.run.seeding import seed_everything
@@ -69,7 +70,8 @@ def train(
     config = dataclasses.replace(config, model=dataclasses.replace(config.model, precision=precision))
     saved = load_resumable(run_dir, config) if resume else None  # a bad checkpoint fails before any work
     torch.set_num_threads(learner_threads(config))
-    keep_freed_memory()
+    if config.fast.allocator:
+        keep_freed_memory()
     generator = seed_everything(config.seed)
     # before touching run_dir: a bad env leaves nothing behind
     collector, model = build_collector(config, device)
@@ -78,7 +80,7 @@ def train(
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
-        trainer = Trainer(model, config.ppo, generator=generator)
+        trainer = Trainer(model, config.ppo, generator=generator, optimizer=config.fast.optimizer)
         if config.eval_every:  # deterministic episodes on env copies of their own, logged under eval/
             eval_venv = build_vector_env(eval_config(config, config.eval_episodes), device)
             evaluation = PeriodicEvaluation(config, eval_venv, model, device)
@@ -118,6 +120,7 @@ def _make_logger(
         per_agent=config.log.per_agent,
         progress=config.log.progress,
         resume_step=resume_step,
+        library_writer=not config.fast.event_writer,
     )
 
 

@@ -1,0 +1,91 @@
+"""Our hand-written pieces against the library's own, side by side: `python -m marl_ppo.bench.library`.
+
+Each piece of `marl_ppo/fast/` has a `fast.*` switch back to the library piece. For the default
+experiment (simple_spread) and VMAS navigation with 1,024 copies, this runs training with ours and
+with the library's in turn, pair after pair (ours first in odd pairs, the library's first in even
+ones, so a drifting machine favours neither), and reports the median of the pairs' ratios of
+training steps/s, library over ours: below 1 means ours is faster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from dataclasses import dataclass
+
+from marl_ppo.bench.speed import NAVIGATION_YAML, SPREAD_YAML, training_run
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A hand-written piece and the override that replaces it by the library's."""
+
+    name: str
+    library: str
+    """The `fast.*` override that switches to the library piece."""
+    cases: tuple[str, ...] = ("spread", "vmas")
+    """The benchmark cases where the piece runs at all."""
+
+
+PIECES = (
+    Piece("optimizer vs torch Adam (fused)", "fast.optimizer=adam_fused"),
+    Piece("optimizer vs torch Adam (foreach)", "fast.optimizer=adam_foreach"),
+    Piece("distributions vs torch.distributions", "fast.distributions=false"),
+    Piece("event writer vs SummaryWriter", "fast.event_writer=false"),
+    Piece("lean cycle vs PettingZoo's wrapper", "fast.lean_cycle=false", ("spread",)),
+    Piece("allocator vs glibc defaults", "fast.allocator=false"),
+)
+
+
+def case_run(case: str, steps: int, updates: int) -> tuple[object, list[str]]:
+    """The experiment file and overrides of a benchmark case."""
+    if case == "spread":
+        return SPREAD_YAML, [f"total_steps={steps}"]
+    return NAVIGATION_YAML, ["num_envs=1024", f"total_steps={1024 * 100 * updates}", "device=cpu"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Pair runs with ours and with the library's piece; print each pair, then the medians."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=3, help="pairs of runs per piece and case")
+    parser.add_argument("--steps", type=int, default=48_000, help="env steps of each simple_spread run")
+    parser.add_argument("--updates", type=int, default=4, help="updates of each VMAS run")
+    parser.add_argument("--only", nargs="*", help="pieces whose name contains one of these words")
+    parser.add_argument("--cases", nargs="*", default=["spread", "vmas"], choices=["spread", "vmas"])
+    options = parser.parse_args(argv)
+    rows = []
+    for piece in PIECES:
+        if options.only and not any(word in piece.name for word in options.only):
+            continue
+        for case in (c for c in options.cases if c in piece.cases):
+            experiment, overrides = case_run(case, options.steps, options.updates)
+            ours, library, ratios = [], [], []
+            for pair in range(options.pairs):
+                order = ("ours", "library") if pair % 2 == 0 else ("library", "ours")
+                sps = {}
+                for which in order:
+                    extra = [piece.library] if which == "library" else []
+                    sps[which] = training_run(experiment, [*overrides, *extra])["sps"]
+                ours.append(sps["ours"])
+                library.append(sps["library"])
+                ratios.append(sps["library"] / sps["ours"])
+                print(
+                    f"[{pair + 1}/{options.pairs}] {piece.name}, {case}: ours {sps['ours']:.0f}, "
+                    f"library {sps['library']:.0f} steps/s, ratio {ratios[-1]:.3f}",
+                    flush=True,
+                )
+            rows.append((piece.name, case, ours, library, ratios))
+    print()
+    print(f"{'piece':38s} {'case':7s} {'ours sps':>9s} {'lib sps':>9s} {'lib/ours':>8s} {'(range)':>13s}")
+    for name, case, ours, library, ratios in rows:
+        spread = f"{min(ratios):.3f}-{max(ratios):.3f}"
+        print(
+            f"{name:38s} {case:7s} {statistics.median(ours):9.0f} {statistics.median(library):9.0f} "
+            f"{statistics.median(ratios):8.3f} {spread:>13s}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

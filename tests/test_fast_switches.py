@@ -1,0 +1,165 @@
+"""Every hand-written piece of `marl_ppo/fast/` against the library piece its `fast.*` switch selects."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
+
+from marl_ppo.algo.optim import LibraryAdam, make_optimizer
+from marl_ppo.config import load_config
+from marl_ppo.fast.events import EventWriter
+from marl_ppo.models.distributions import make_distribution
+from marl_ppo.run.checkpoint import load_checkpoint
+from marl_ppo.run.logger import LibraryEventWriter
+from marl_ppo.run.loop import train
+
+SPREAD = ROOT / "experiments/mpe/simple_spread.yaml"
+LIBRARY_EXCEPT_SAMPLING = [
+    "fast.optimizer=adam",
+    "fast.event_writer=false",
+    "fast.lean_cycle=false",
+    "fast.allocator=false",
+]
+"""Every switch whose library piece computes the same numbers (torch's single-tensor Adam, TensorBoard's
+writer, PettingZoo's cycle, glibc's defaults). torch.distributions samples another way, so a run with it
+takes other actions (its agreement is tested on the distributions themselves below)."""
+
+
+def _scalars(run_dir):
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    return {  # perf/ holds wall-clock timings, which differ between any two runs
+        tag: [(e.step, e.value) for e in events.Scalars(tag)]
+        for tag in events.Tags()["scalars"]
+        if not tag.startswith("perf/")
+    }
+
+
+def test_a_run_on_the_library_pieces_learns_the_very_same_weights_and_logs_the_same_scalars(
+    tiny_overrides, tmp_path
+):
+    runs = {}
+    for name, switches in (("ours", []), ("library", LIBRARY_EXCEPT_SAMPLING)):
+        config = load_config(SPREAD, [*tiny_overrides, "vector=sync", "total_steps=150", *switches])
+        train(config, tmp_path / name)
+        runs[name] = load_checkpoint(tmp_path / name / "checkpoints/final.pt")
+    for key, ours in runs["ours"]["model"].items():
+        assert torch.equal(ours, runs["library"]["model"][key]), key
+    actor = runs["ours"]["trainer"]["actor_optimizer"]["state"]
+    for index, state in actor.items():
+        library = runs["library"]["trainer"]["actor_optimizer"]["state"][index]
+        assert torch.equal(state["exp_avg_sq"], library["exp_avg_sq"])
+    ours, library = _scalars(tmp_path / "ours"), _scalars(tmp_path / "library")
+    assert ours.keys() == library.keys() and len(ours) > 15
+    for tag in ours:
+        assert ours[tag] == library[tag], tag
+
+
+def _network() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+@pytest.mark.parametrize("clip", [None, 0.05])
+@pytest.mark.parametrize("kind", ["adam", "adam_foreach", "adam_fused"])
+def test_torch_adam_behind_the_switch_steps_as_flat_adam(kind, clip):
+    """Unclipped, single-tensor Adam is FlatAdam's arithmetic bit for bit; foreach and fused, and clipping
+    (torch takes the norm of the per-tensor norms, FlatAdam one norm of the flat buffer), agree to rounding."""
+    nets = {"flat_adam": _network(), kind: _network()}
+    optimizers = {name: make_optimizer(net.parameters(), lr=3e-3, kind=name) for name, net in nets.items()}
+    generator = torch.Generator().manual_seed(1)
+    inputs = [torch.randn(32, 6, generator=generator) for _ in range(25)]
+    norms = {name: [] for name in nets}
+    for x in inputs:
+        for name, net in nets.items():
+            optimizer = optimizers[name]
+            optimizer.bind()
+            optimizer.zero_grad()
+            (net(x) ** 2).mean().backward()
+            norms[name].append(float(optimizer.clip_grad_norm(clip)))
+            optimizer.step()
+    assert isinstance(optimizers[kind], LibraryAdam)
+    for ours, library in zip(nets["flat_adam"].parameters(), nets[kind].parameters(), strict=True):
+        if kind == "adam" and clip is None:
+            assert torch.equal(ours, library)
+        else:
+            torch.testing.assert_close(ours, library, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(norms[kind], norms["flat_adam"], rtol=1e-5)
+    assert clip is None or max(norms[kind]) > clip  # the clip was active
+
+
+def test_optimizer_states_move_between_ours_and_torchs():
+    ours, library = _network(), _network()
+    flat = make_optimizer(ours.parameters(), lr=1e-3, kind="flat_adam")
+    flat.bind()
+    flat.zero_grad()
+    (ours(torch.ones(4, 6)) ** 2).sum().backward()
+    flat.step()
+    adam = make_optimizer(library.parameters(), lr=1e-3, kind="adam_foreach")
+    adam.load_state_dict(flat.state_dict())
+    for key, value in flat.state_dict()["state"].items():
+        assert torch.equal(adam.state_dict()["state"][key]["exp_avg"], value["exp_avg"])
+    flat.load_state_dict(adam.state_dict())
+
+
+SPACES = {
+    "discrete": (gym.spaces.Discrete(5), 5),
+    "multi_discrete": (gym.spaces.MultiDiscrete([3, 4]), 7),
+    "box": (gym.spaces.Box(-1.0, 1.0, (2,)), 2),
+}
+
+
+@pytest.mark.parametrize("kind", SPACES)
+def test_torch_distributions_behind_the_switch_agree_with_ours(kind):
+    space, width = SPACES[kind]
+    generator = torch.Generator().manual_seed(2)
+    output = torch.randn(64, 3, width, generator=generator)
+    log_std = torch.full((3, width), -0.5) if kind == "box" else None
+    mask = None
+    if kind != "box":
+        mask = torch.rand(64, 3, width, generator=generator) > 0.3
+        mask[..., 0] = True  # every categorical keeps an allowed action
+        if kind == "multi_discrete":
+            mask[..., 3] = True
+    ours = make_distribution(space, output, log_std, mask)
+    library = make_distribution(space, output, log_std, mask, library=True)
+    actions = ours.sample()
+    torch.testing.assert_close(library.log_prob(actions), ours.log_prob(actions))
+    torch.testing.assert_close(library.entropy(), ours.entropy())
+    torch.testing.assert_close(library.mode(), ours.mode())
+    assert library.sample().shape == actions.shape
+
+
+def test_torch_categorical_behind_the_switch_samples_by_the_same_probabilities():
+    logits = torch.tensor([[[0.0, 1.0, 2.0, -1.0]]]).expand(20000, 1, 4)
+    mask = torch.tensor([True, True, True, False]).expand(20000, 1, 4)
+    space = gym.spaces.Discrete(4)
+    torch.manual_seed(3)
+    ours = make_distribution(space, logits, None, mask).sample().flatten()
+    library = make_distribution(space, logits, None, mask, library=True).sample().flatten()
+    expected = torch.softmax(torch.tensor([0.0, 1.0, 2.0]), 0)
+    for samples in (ours, library):
+        frequencies = torch.bincount(samples, minlength=4).double() / len(samples)
+        assert frequencies[3] == 0.0  # the masked action is never drawn
+        torch.testing.assert_close(frequencies[:3].float(), expected, atol=0.012, rtol=0)
+
+
+def test_tensorboards_writer_behind_the_switch_logs_what_ours_logs(tmp_path):
+    for name, writer_class in (("ours", EventWriter), ("library", LibraryEventWriter)):
+        writer = writer_class(tmp_path / name)
+        writer.scalars(10, {"train/kl": 0.5, "train/loss_pi": -1.25})
+        writer.rows([12, 15], {"rollout/team_return": np.array([-3.0, 4.5]), "rollout/length": [25, 25]})
+        writer.scalars(20, {"train/kl": 0.25})
+        writer.close()
+    logged = {}
+    for name in ("ours", "library"):
+        events = EventAccumulator(str(tmp_path / name), size_guidance={"scalars": 0})
+        events.Reload()
+        logged[name] = {t: [(e.step, e.value) for e in events.Scalars(t)] for t in events.Tags()["scalars"]}
+    assert logged["ours"] == logged["library"]
+    assert logged["ours"]["rollout/team_return"] == [(12, -3.0), (15, 4.5)]

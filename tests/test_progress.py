@@ -1,0 +1,134 @@
+"""Console progress: a redrawn bar on a terminal; plain lines, every 5% and at the end, anywhere else."""
+
+import dataclasses
+import io
+import re
+
+import numpy as np
+
+from marl_ppo.algo.trainer import TrainStats
+from marl_ppo.rollout.source import EpisodeRecord
+from marl_ppo.run.logger import ProgressLines, RunLogger
+
+STATS = TrainStats(**{field.name: 0.0 for field in dataclasses.fields(TrainStats)})
+LINE = re.compile(r"^step (\d+)/(\d+) \((\d+)%\): (\d+) steps/s, (.*)$")
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _logger(tmp_path, stream, total_steps, resume_step=None):
+    return RunLogger(
+        tmp_path,
+        agents=["a", "b"],
+        groups={"team": ["a", "b"]},
+        total_steps=total_steps,
+        return_window=100,
+        per_agent=False,
+        progress=True,
+        resume_step=resume_step,
+        stream=stream,
+    )
+
+
+def _episode(team_return, end_step):
+    return EpisodeRecord(
+        team_return=team_return,
+        agent_returns=np.array([team_return / 2, team_return / 2]),
+        length=5,
+        end_step=end_step,
+    )
+
+
+def test_a_non_terminal_gets_a_plain_line_every_5_percent_and_no_redraws(tmp_path):
+    stream = io.StringIO()
+    logger = _logger(tmp_path, stream, total_steps=1000)
+    for step in range(20, 1001, 20):  # 50 updates of 20 env steps
+        if step == 400:
+            logger.episodes_done([_episode(1.0, 390), _episode(3.0, 400)])
+        logger.update_done(step, STATS, {})
+    logger.close()
+    output = stream.getvalue()
+    assert "\r" not in output and "\x1b" not in output
+    lines = output.splitlines()
+    assert len(lines) == 20  # one per 50 env steps: 5%, 10%, ..., 100%
+    parsed = [LINE.match(line) for line in lines]
+    assert all(parsed), lines
+    steps = [int(m[1]) for m in parsed]
+    assert steps == [step for step in range(20, 1001, 20) if step % 50 < 20]  # the first update past each 5%
+    assert [int(m[3]) for m in parsed] == [step // 10 for step in steps]  # the percent done
+    assert lines[-1].startswith("step 1000/1000 (100%): ")
+    assert parsed[0][5] == "no episode finished yet"
+    assert lines[7].endswith("team return 2.00 (last 2 episodes)")  # step 400: episodes 1.0 and 3.0
+
+
+def test_each_update_writes_at_most_one_line_and_the_end_always_one(tmp_path):
+    stream = io.StringIO()
+    logger = _logger(tmp_path, stream, total_steps=100)
+    for step in (30, 60, 90, 120):  # each update covers several 5% parts; the last overshoots
+        logger.update_done(step, STATS, {})
+    logger.close()
+    lines = stream.getvalue().splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "step 30/100 (30%)",
+        "step 60/100 (60%)",
+        "step 90/100 (90%)",
+        "step 120/100 (100%)",
+    ]
+
+
+def test_a_resumed_run_counts_its_lines_from_the_resume_step(tmp_path):
+    first = _logger(tmp_path, io.StringIO(), total_steps=1000)
+    first.update_done(500, STATS, {})
+    first.close()
+    stream = io.StringIO()
+    logger = _logger(tmp_path, stream, total_steps=1000, resume_step=500)
+    for step in range(510, 1001, 10):
+        logger.update_done(step, STATS, {})
+    logger.close()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 10 and lines[0].startswith("step 550/1000 (55%)")
+
+
+def test_a_terminal_gets_the_redrawn_bar(tmp_path):
+    stream = Terminal()
+    logger = _logger(tmp_path, stream, total_steps=1000)
+    for step in range(100, 1001, 100):
+        logger.update_done(step, STATS, {"perf/sps": 123.0})
+    logger.close()
+    output = stream.getvalue()
+    assert "\r" in output and "1.00k/1.00k" in output and "sps=123" in output
+    assert not LINE.search(output.split("\r")[-1])
+
+
+def test_progress_false_writes_nothing(tmp_path):
+    stream = io.StringIO()
+    logger = RunLogger(
+        tmp_path,
+        agents=["a"],
+        groups={"team": ["a"]},
+        total_steps=100,
+        return_window=10,
+        per_agent=False,
+        progress=False,
+        stream=stream,
+    )
+    logger.update_done(100, STATS, {})
+    logger.close()
+    assert stream.getvalue() == ""
+
+
+def test_a_closed_reader_stops_the_lines_not_the_run():
+    class ClosedPipe(io.StringIO):
+        writes = 0
+
+        def write(self, text):
+            ClosedPipe.writes += 1
+            raise BrokenPipeError(32, "Broken pipe")
+
+    lines = ProgressLines(ClosedPipe(), total_steps=100)
+    lines.update(50, float("nan"), 0)  # raises inside, caught: progress stops
+    lines.update(100, float("nan"), 0)
+    assert ClosedPipe.writes == 1 and lines.stream is None
