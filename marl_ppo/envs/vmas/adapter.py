@@ -157,7 +157,7 @@ class VmasVectorEnv:
         return arrays
 
     def _reset_some(self, indices: torch.Tensor | Sequence[int]) -> None:
-        """Start new episodes in the copies `indices` and write their first observations to `arrays.obs`."""
+        """Start new episodes in the copies `indices` and write their first observations into each group's `obs`."""
         fresh = self._fresh_copies()
         if fresh is not None:
             index = torch.as_tensor(indices, device=self.device)
