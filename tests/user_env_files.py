@@ -34,3 +34,22 @@ def write_env_file(directory: Path, *, register: str | None = None, name: str = 
     path = directory / name
     path.write_text(code)
     return path
+
+
+RENDERS_ONLY_FOR_HUMANS = """
+
+class HumansOnly(Rendezvous):  # takes render_mode, then fails to render anything but 'human' (like LBF)
+    def __init__(self, render_mode=None):
+        self.render_mode = render_mode
+
+    def render(self):
+        assert self.render_mode == "human", f"unsupported render mode: {self.render_mode}"
+"""
+"""Appended to RENDEZVOUS: an env whose render() raises for render_mode='rgb_array'."""
+
+
+def write_humans_only_file(directory: Path) -> Path:
+    """Write a file defining `HumansOnly`, whose render() raises AssertionError for 'rgb_array'."""
+    path = directory / "humans_only.py"
+    path.write_text(RENDEZVOUS + RENDERS_ONLY_FOR_HUMANS)
+    return path
