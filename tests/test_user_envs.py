@@ -40,6 +40,9 @@ def test_a_file_that_does_not_register_the_named_id_is_one_line(tmp_path):
     message = str(error.value)
     assert "registered no env 'mine/not_registered_v0'" in message
     assert "marl_ppo.register_env('mine/not_registered_v0', ...)" in message and "\n" not in message
+    registering = write_env_file(tmp_path, register="mine/registered_here_v0", name="registering.py")
+    with pytest.raises(EnvError, match=f"did you mean '{registering}:mine/registered_here_v0'"):
+        make_env(f"{registering}:mine/registered_here_v1")
 
 
 def test_an_unknown_id_says_how_to_name_the_file_that_registers_it():

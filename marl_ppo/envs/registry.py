@@ -178,10 +178,13 @@ def registered_id(env_id: str) -> str | None:
     if name not in _REGISTRY:
         _load_entry_points()
     if name not in _REGISTRY:
-        raise EnvError(
-            f"env '{env_id}': loading '{source}' registered no env '{name}' (it must call "
-            f"marl_ppo.register_env('{name}', ...) when loaded); check env.id"
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=1, cutoff=0.8)
+        hint = (
+            f"did you mean '{source}:{close[0]}'?"
+            if close
+            else f"it must call marl_ppo.register_env('{name}', ...) when loaded; check env.id"
         )
+        raise EnvError(f"env '{env_id}': loading '{source}' registered no env '{name}'; {hint}")
     return name
 
 
