@@ -1,7 +1,56 @@
-"""marl_ppo: multi-agent PPO (MAPPO / IPPO) for PettingZoo environments."""
+"""marl_ppo: multi-agent PPO (MAPPO / IPPO) for PettingZoo and Gymnasium environments.
+
+The Python API, each name with its own docstring:
+
+- `load_config(path=None, overrides=())` -> `ExperimentConfig`: an experiment file plus key=value overrides;
+- `train(config, run_dir=None, *, resume=False)` -> `TrainResult`: one run, as `marl-ppo train`;
+- `evaluate(target, *, episodes=10, deterministic=False, ...)`: a run's checkpoint, as `marl-ppo eval`;
+- `register_env(env_id, factory)` and `make_env(env_id, **kwargs)`: environment ids;
+- `GymnasiumTeamEnv`: a Gymnasium env as a team.
+
+`import marl_ppo` stays light: `train`, `evaluate`, `TrainResult` and `GymnasiumTeamEnv` are
+imported on first use (torch, Gymnasium, PettingZoo and TensorBoard are not light).
+"""
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from marl_ppo.config import ExperimentConfig, load_config
 from marl_ppo.envs.registry import make_env, register_env
 
-__all__ = ["ExperimentConfig", "load_config", "make_env", "register_env"]
+if TYPE_CHECKING:
+    from marl_ppo.api import evaluate, train
+    from marl_ppo.envs.adapters.gymnasium import GymnasiumTeamEnv
+    from marl_ppo.run.loop import TrainResult
+
+__all__ = [
+    "ExperimentConfig",
+    "GymnasiumTeamEnv",
+    "TrainResult",
+    "evaluate",
+    "load_config",
+    "make_env",
+    "register_env",
+    "train",
+]
 __version__ = "0.1.0"
+
+_LAZY = {
+    "train": "marl_ppo.api",
+    "evaluate": "marl_ppo.api",
+    "TrainResult": "marl_ppo.run.loop",
+    "GymnasiumTeamEnv": "marl_ppo.envs.adapters.gymnasium",
+}
+"""Public names imported on first use (PEP 562), and their modules."""
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'marl_ppo' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import signal
 import sys
 import textwrap
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +36,8 @@ from marl_ppo.envs.registry import EnvError, registered_specs, resolve_factory
 from marl_ppo.eval.evaluate import EvalError
 from marl_ppo.faults import RunFault
 from marl_ppo.run.checkpoint import CheckpointError
+from marl_ppo.run.rundir import check_new_run_dir as _check_run_dir
+from marl_ppo.run.rundir import default_run_dir as _default_run_dir
 from marl_ppo.run.signals import Interrupted
 
 USER_ERRORS = (ConfigError, EnvError, CheckpointError, EnvContractError, EvalError, SweepError, ReportError)
@@ -155,25 +155,6 @@ def _split(args: Sequence[str]) -> tuple[str | None, list[str]]:
                 f"argument '{arg}' is neither the experiment file ('{experiment}' is) nor key=value"
             )
     return experiment, overrides
-
-
-def _default_run_dir(experiment: str | None) -> Path:
-    name = Path(experiment).stem if experiment else "default"
-    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def _check_run_dir(run_dir: Path) -> None:
-    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-        raise ConfigError(f"run directory '{run_dir}' already exists and is not empty; pick a new --run-dir")
-    existing = next(p for p in (run_dir.absolute(), *run_dir.absolute().parents) if p.exists())
-    if not existing.is_dir():
-        raise ConfigError(
-            f"run directory '{run_dir}' cannot be created: '{existing}' is a file; pick another --run-dir"
-        )
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(
-            f"run directory '{run_dir}' is not writable (no write permission on '{existing}'); pick another --run-dir"
-        )
 
 
 def _train(options: argparse.Namespace) -> int:

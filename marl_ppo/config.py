@@ -166,6 +166,8 @@ class FastConfig:
 
 @dataclass(frozen=True, config=_STRICT)
 class ExperimentConfig:
+    """One experiment, validated: the env, the run's length and seed, PPO, the networks and logging."""
+
     env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
     """Which environment to train on."""
     seed: Annotated[int, Field(ge=0)] = 0

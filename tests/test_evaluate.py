@@ -8,6 +8,7 @@ import torch
 from conftest import ROOT
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_integration import assert_same_final_weights
+from user_env_files import write_env_file, write_humans_only_file
 
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
@@ -117,6 +118,46 @@ def test_bad_eval_input_is_one_line_and_exit_status_2(trained_run, tmp_path, cap
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not (tmp_path / "out" / "eval.json").exists()
+
+
+def _lbf_id():
+    pytest.importorskip("lbforaging")
+    return "lbf/foraging_8x8_2p_2f_coop_v3"
+
+
+@pytest.mark.parametrize(
+    ("env_id", "message"),
+    [
+        (
+            lambda d: f"{write_env_file(d)}:Rendezvous",  # the README's own example env
+            "takes no render_mode, so it cannot be rendered; add a render_mode parameter and return frames",
+        ),
+        (
+            lambda d: "envs/matrix_game_v0",
+            "declares render modes [] (metadata['render_modes']), not 'rgb_array'",
+        ),
+        (lambda d: _lbf_id(), "declares render modes ['human'] (metadata['render_modes']), not 'rgb_array'"),
+        (
+            lambda d: f"{write_humans_only_file(d)}:HumansOnly",
+            "render() raised AssertionError: unsupported render mode: rgb_array; drop --render",
+        ),
+    ],
+    ids=["readme_rendezvous", "no_render_modes", "lbf_human_only", "render_raises"],
+)
+def test_an_env_that_cannot_render_gets_one_line_and_eval_writes_nothing(tmp_path, capsys, env_id, message):
+    env_id = env_id(tmp_path)
+    run_dir = tmp_path / "run"
+    tiny = ["num_envs=2", "rollout_steps=10", "total_steps=20", "vector=sync", "log.progress=false"]
+    assert (
+        main(["train", f"env.id={env_id}", *tiny, "model.hidden_sizes=[8]", "--run-dir", str(run_dir)]) == 0
+    )
+    capsys.readouterr()
+    assert main(["eval", str(run_dir), "--episodes", "2", "--render", "gif"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: env '{env_id}' ") and message in err and err.count("\n") == 1
+    assert "env.kwargs" not in err  # the user passed no kwargs: eval added render_mode
+    assert not (run_dir / "eval.json").exists() and not (run_dir / "episode.gif").exists()
+    assert main(["eval", str(run_dir), "--episodes", "2"]) == 0  # without --render it evaluates
 
 
 def test_periodic_eval_logs_eval_scalars_and_leaves_training_unchanged(tiny_overrides, tmp_path):

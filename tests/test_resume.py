@@ -12,12 +12,13 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import marl_ppo
 import marl_ppo.run.loop as train_module
+from marl_ppo.algo.schedule import LrSchedule
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import ConfigError, load_config
 from marl_ppo.envs.registry import make_env
 from marl_ppo.envs.spec import TeamArrays
 from marl_ppo.envs.vector.state import load_env_state
-from marl_ppo.run.checkpoint import load_checkpoint
+from marl_ppo.run.checkpoint import load_checkpoint, save_checkpoint
 from marl_ppo.run.loop import train
 from marl_ppo.run.resume import NotExactResumeWarning
 from marl_ppo.run.signals import Interrupted
@@ -200,6 +201,62 @@ def test_library_resume_checks_the_config_and_keep_last_is_validated(tiny_overri
         train(config, tmp_path, resume=True)
     with pytest.raises(ConfigError, match=r"config key 'log.keep_last': input should be greater than 0"):
         _config(tiny_overrides, "log.keep_last=0")
+
+
+@pytest.mark.parametrize(
+    ("new_total", "old_checkpoint"),
+    [(200, False), (400, False), (200, True)],
+    ids=["shortened", "extended", "checkpoint_without_schedule"],
+)
+def test_changing_total_steps_on_resume_keeps_the_learning_rate_continuous(
+    tiny_overrides, tmp_path, monkeypatch, new_total, old_checkpoint
+):
+    config = _config(tiny_overrides, "vector=sync", "total_steps=240")  # linear decay over 12 updates
+    base, stop = config.ppo.pi_lr, K * STEPS_PER_UPDATE
+    _crash_at_update(monkeypatch, K + 1)
+    with pytest.raises(_Killed):
+        train(config, tmp_path)
+    monkeypatch.undo()
+    latest = tmp_path / "checkpoints/latest.pt"
+    if old_checkpoint:  # as written before checkpoints carried the schedule
+        payload = load_checkpoint(latest)
+        del payload["lr_schedule"]
+        save_checkpoint(latest, payload)
+    before = scalars(tmp_path)["train/pi_lr"]
+    assert [step for step, _ in before] == [20, 40, 60]
+    step_down = base * STEPS_PER_UPDATE / 240
+
+    train(_config(tiny_overrides, "vector=sync", f"total_steps={new_total}"), tmp_path, resume=True)
+    after = scalars(tmp_path)["train/pi_lr"][K:]
+    assert [step for step, _ in after] == list(
+        range(stop + STEPS_PER_UPDATE, new_total + 1, STEPS_PER_UPDATE)
+    )
+    first = after[0][1]
+    assert first == pytest.approx(
+        base * (1 - stop / 240), rel=1e-6
+    )  # where the stopped run would have gone on
+    assert 0 < before[-1][1] - first <= step_down * (1 + 1e-6)
+    for step, lr in after:  # then a straight line to zero at the new total
+        started = step - STEPS_PER_UPDATE
+        assert lr == pytest.approx(first * (new_total - started) / (new_total - stop), rel=1e-6)
+    assert after[-1][1] == pytest.approx(first * STEPS_PER_UPDATE / (new_total - stop), rel=1e-6)
+
+
+def test_the_lr_schedule_is_todays_on_a_straight_run_and_respread_on_a_changed_total():
+    straight = LrSchedule("linear", 240)
+    steps = range(0, 260, 20)
+    assert [straight.scale(s) for s in steps] == [max(0.0, 1.0 - s / 240) for s in steps]  # the same floats
+    assert straight.resumed(240, 60) is straight  # an unchanged total resumes exactly
+    shorter = straight.resumed(200, 60)
+    assert shorter.scale(60) == straight.scale(60) and shorter.scale(200) == 0.0
+    assert shorter.scale(130) == pytest.approx(0.75 / 2)
+    again = LrSchedule(**shorter.state_dict()).resumed(
+        300, 120
+    )  # a second resume goes on from the first's line
+    assert again.scale(120) == shorter.scale(120) and again.scale(300) == 0.0
+    assert LrSchedule("constant", 240).resumed(100, 60).scale(80) == 1.0
+    written_before_schedules = {"config": {"total_steps": 240, "ppo": {"lr_schedule": "linear"}}}
+    assert LrSchedule.from_checkpoint(written_before_schedules) == straight
 
 
 def _unpicklable_spread(**kwargs):

@@ -9,6 +9,7 @@ import yaml
 from marl_ppo.analysis import sweep as sweep_module
 from marl_ppo.analysis.sweep import parse_grid, plan_sweep, split_values
 from marl_ppo.cli import main
+from marl_ppo.config import load_config
 
 TINY_MATRIX = {
     "env": {"id": "envs/matrix_game_v0"},
@@ -159,3 +160,10 @@ def test_help_of_every_command_prints(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([*command, "-h"])
     assert exit_info.value.code == 0 and "usage: marl-ppo" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("vector", ["sync", "subprocess", "auto"])
+def test_default_jobs_divides_the_cores_by_what_one_run_keeps_busy(vector, monkeypatch):
+    monkeypatch.setattr(sweep_module, "usable_cores", lambda: 8)
+    config = load_config(None, ["env.id=envs/matrix_game_v0", f"vector={vector}", "num_workers=2"])
+    assert sweep_module.default_jobs(config) == (8 if vector == "sync" else 4)  # torch_threads: auto is 1

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from conftest import collect_rollout
 
 from marl_ppo.algo.batch import rollout_batches
+from marl_ppo.algo.schedule import LrSchedule
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import load_config
 from marl_ppo.envs.grouping import build_team_spec
@@ -268,7 +269,8 @@ def test_linear_lr_schedule_decays_both_rates_to_zero():
     )
     model, _ = _model("state")
     trainer = Trainer(model, config.ppo, generator=torch.Generator())
-    for fraction, scale in [(0.0, 1.0), (0.25, 0.75), (1.0, 0.0)]:
-        trainer.set_progress(fraction)
+    schedule = LrSchedule(config.ppo.lr_schedule, total_steps=400)
+    for steps, scale in [(0, 1.0), (100, 0.75), (400, 0.0)]:
+        trainer.set_lr_scale(schedule.scale(steps))
         assert trainer.actor_optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * scale)
         assert trainer.critic_optimizer.param_groups[0]["lr"] == pytest.approx(2e-3 * scale)

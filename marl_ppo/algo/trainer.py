@@ -81,9 +81,8 @@ class Trainer:
         """Updates started by this trainer (named in non-finite errors)."""
         self._skips = 0
 
-    def set_progress(self, fraction: float) -> None:
-        """Apply the learning-rate schedule for a run that is `fraction` (0..1) done."""
-        scale = 1.0 if self.ppo.lr_schedule == "constant" else max(0.0, 1.0 - fraction)
+    def set_lr_scale(self, scale: float) -> None:
+        """Set both learning rates to their configured values (`ppo.pi_lr`, `ppo.vf_lr`) times `scale`."""
         for optimizer, base in (
             (self.actor_optimizer, self.ppo.pi_lr),
             (self.critic_optimizer, self.ppo.vf_lr),

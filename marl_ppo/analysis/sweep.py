@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
 import subprocess
 import sys
@@ -20,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from marl_ppo.config import ConfigError, ExperimentConfig, load_config
+from marl_ppo.envs.factory import usable_cores
+from marl_ppo.run.host import learner_threads
 
 
 class SweepError(ValueError):
@@ -132,9 +133,9 @@ def plan_sweep(
 
 def default_jobs(config: ExperimentConfig) -> int:
     """Runs at once: the cores available divided by the cores one run keeps busy."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     in_workers = config.vector in ("subprocess", "workers", "auto")  # auto may pick workers
-    per_run = config.num_workers if in_workers else max(1, config.torch_threads)
+    per_run = config.num_workers if in_workers else learner_threads(config)  # torch_threads may be 'auto'
     return max(1, cores // per_run)
 
 

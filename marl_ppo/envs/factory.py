@@ -22,7 +22,7 @@ from marl_ppo.envs.adapters.check_wrappers import without_check_wrappers
 from marl_ppo.envs.adapters.gymnasium import GymnasiumTeamEnv
 from marl_ppo.envs.adapters.pettingzoo import ParallelEnvAdapter
 from marl_ppo.envs.grouping import build_team_spec
-from marl_ppo.envs.registry import EnvError, env_spec, make_env
+from marl_ppo.envs.registry import EnvError, env_spec, make_env, registered_id
 from marl_ppo.envs.spec import GroupSpec, TeamArrays, TeamSpec
 from marl_ppo.envs.vector.base import VectorEnv
 from marl_ppo.envs.vector.subprocess import SubprocessVectorEnv
@@ -33,7 +33,8 @@ from marl_ppo.fast.lean_cycle import lean_cycle
 
 def is_batched(config: ExperimentConfig) -> bool:
     """Whether the configured env id is a batched simulator (VMAS): one object holds every copy."""
-    return ":" not in config.env.id and env_spec(config.env.id).batched
+    name = registered_id(config.env.id)
+    return name is not None and env_spec(name).batched
 
 
 def make_team_env(config: ExperimentConfig) -> Any:

@@ -6,7 +6,11 @@
 - a registered prefix and the rest of the id, such as `gymnasium/<id>` for any id of Gymnasium's
   own registry,
 - `package.module:callable`, or
-- `path/to/file.py:callable`.
+- `path/to/file.py:callable`, or
+- `path/to/file.py:family/name` (or `package.module:family/name`): a registered id that the file or
+  module registers (with `register_env`) when it is loaded, which is done first. Naming the file in
+  the id makes every process that builds the env (a resumed run, eval, sweeps, worker processes
+  started with spawn) load it too.
 The callable returns a PettingZoo env (parallel or AEC) or a Gymnasium env; `env.kwargs` are passed
 to it. Batched simulators (VMAS) register with `batched=True` and build all copies at once.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import hashlib
 import importlib
 import importlib.util
 import sys
@@ -145,23 +150,56 @@ def env_spec(env_id: str) -> EnvSpec:
         if env_id.startswith(prefix) and len(env_id) > len(prefix):
             return EnvSpec(env_id, functools.partial(factory, env_id[len(prefix) :]))
     close = difflib.get_close_matches(env_id, list(_REGISTRY), n=3, cutoff=0.5)
-    hint = (
-        f"did you mean {', '.join(repr(c) for c in close)}?" if close else "run `marl-ppo envs` to list ids"
-    )
+    if close:
+        hint = f"did you mean {', '.join(repr(c) for c in close)}?"
+    else:
+        hint = (
+            "run `marl-ppo envs` to list ids; for an id that a file of yours registers, name the file "
+            f"first: env.id=path/to/file.py:{env_id}"
+        )
     raise EnvError(f"unknown env id '{env_id}'; {hint}")
+
+
+def registered_id(env_id: str) -> str | None:
+    """The registered id that `env_id` names, or None when it names a callable (`module:callable`).
+
+    For `path/to/file.py:family/name` and `package.module:family/name` the file or module is loaded
+    first (once per process), so that the `register_env` calls it makes have run.
+    """
+    source, _, name = env_id.rpartition(":")
+    if not source:
+        return env_id
+    if "/" not in name:
+        return None
+    if source.endswith(".py"):
+        _load_file(Path(source), env_id)
+    else:
+        _import_module(source, extra=None, env_id=env_id)
+    if name not in _REGISTRY:
+        _load_entry_points()
+    if name not in _REGISTRY:
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=1, cutoff=0.8)
+        hint = (
+            f"did you mean '{source}:{close[0]}'?"
+            if close
+            else f"it must call marl_ppo.register_env('{name}', ...) when loaded; check env.id"
+        )
+        raise EnvError(f"env '{env_id}': loading '{source}' registered no env '{name}'; {hint}")
+    return name
 
 
 def resolve_factory(env_id: str) -> tuple[Factory, dict[str, Any]]:
     """The factory behind an env id and its registered default kwargs."""
-    if ":" not in env_id:
-        spec = env_spec(env_id)
+    name = registered_id(env_id)
+    if name is not None:
+        spec = env_spec(name)
         missing = spec.missing_modules
         if missing and spec.extra is not None:
             raise EnvError(_missing_extra(env_id, ", ".join(missing), spec.extra))
         return spec.load(), dict(spec.kwargs)
     target, _, attr = env_id.rpartition(":")
     if target.endswith(".py"):
-        return _load_from_file(Path(target), attr, env_id), {}
+        return _attr_of_file(_load_file(Path(target), env_id), Path(target), attr, env_id), {}
     return _import_attr(env_id, extra=None, env_id=env_id), {}
 
 
@@ -173,7 +211,8 @@ def make_env(env_id: str, **kwargs: Any) -> Any:
     except TypeError as err:
         raise EnvError(f"env '{env_id}' rejected its kwargs: {err}; check env.kwargs") from None
     except ModuleNotFoundError as err:
-        extra = _REGISTRY[env_id].extra if env_id in _REGISTRY else None
+        name = registered_id(env_id)
+        extra = _REGISTRY[name].extra if name in _REGISTRY else None
         if extra is None:
             raise _factory_failed(env_id, err) from err
         raise EnvError(_missing_extra(env_id, str(err.name), extra)) from None
@@ -194,19 +233,7 @@ def _missing_extra(env_id: str, package: str, extra: str) -> str:
 
 def _import_attr(entry_point: str, *, extra: str | None, env_id: str) -> Factory:
     module_name, _, attr = entry_point.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        if extra is not None:
-            raise EnvError(_missing_extra(env_id, str(err.name), extra)) from None
-        raise EnvError(
-            f"env '{env_id}': cannot import module '{module_name}' ({err}); check env.id"
-        ) from None
-    except Exception as err:  # a syntax error or a failing import inside the module
-        raise EnvError(
-            f"env '{env_id}': importing module '{module_name}' raised {type(err).__name__}: "
-            f"{' '.join(str(err).split())}; --debug shows the traceback"
-        ) from err
+    module = _import_module(module_name, extra=extra, env_id=env_id)
     try:
         factory = getattr(module, attr)
     except AttributeError:
@@ -218,10 +245,30 @@ def _import_attr(entry_point: str, *, extra: str | None, env_id: str) -> Factory
     return factory
 
 
-def _load_from_file(path: Path, attr: str, env_id: str) -> Factory:
+def _import_module(module_name: str, *, extra: str | None, env_id: str) -> Any:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if extra is not None:
+            raise EnvError(_missing_extra(env_id, str(err.name), extra)) from None
+        raise EnvError(
+            f"env '{env_id}': cannot import module '{module_name}' ({err}); check env.id"
+        ) from None
+    except Exception as err:  # a syntax error or a failing import inside the module
+        raise EnvError(
+            f"env '{env_id}': importing module '{module_name}' raised {type(err).__name__}: "
+            f"{' '.join(str(err).split())}; --debug shows the traceback"
+        ) from err
+
+
+def _load_file(path: Path, env_id: str) -> Any:
+    """The module of a user's `file.py`, executed once per process (its `register_env` calls included)."""
     if not path.is_file():
         raise EnvError(f"env '{env_id}': file '{path}' does not exist; check env.id")
-    module_name = f"marl_ppo_user_env_{abs(hash(str(path.resolve())))}"
+    # named by the file's absolute path, the same in every process: pickled env copies (a resumed
+    # run's env states) find their classes again once the file is loaded
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+    module_name = f"marl_ppo_user_env_{digest}"
     module = sys.modules.get(module_name)
     if module is None:
         spec = importlib.util.spec_from_file_location(module_name, path)
@@ -237,6 +284,10 @@ def _load_from_file(path: Path, attr: str, env_id: str) -> Factory:
                 f"env '{env_id}': loading '{path}' raised {type(err).__name__}: "
                 f"{' '.join(str(err).split())}; --debug shows the traceback"
             ) from err
+    return module
+
+
+def _attr_of_file(module: Any, path: Path, attr: str, env_id: str) -> Factory:
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise EnvError(f"env '{env_id}': '{path}' defines no callable '{attr}'; check env.id")

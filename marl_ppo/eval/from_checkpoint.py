@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from marl_ppo.config import ExperimentConfig, build_config, merge, parse_overrides
-from marl_ppo.envs.factory import build_vector_env, is_batched, make_team_env
+from marl_ppo.envs.factory import build_vector_env, is_batched
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.eval.evaluate import EvalError, EvalResult, eval_config, eval_seed, run_episodes
-from marl_ppo.eval.video import check_video_format, record_episode, write_video
+from marl_ppo.eval.video import check_video_format, record_episode, render_env, write_video
 from marl_ppo.models.layers import resolve_device
 from marl_ppo.models.team import TeamModel
 from marl_ppo.run.checkpoint import CheckpointError, load_checkpoint
@@ -95,19 +96,16 @@ def evaluate_checkpoint(
         raise EvalError(
             f"env '{config.env.id}' is a batched VMAS env, which cannot be rendered yet; drop --render"
         )
-    venv = build_vector_env(eval_config(config, episodes), device)
+    recorded = render_env(config) if render is not None else None  # an env that cannot render stops here
     try:
-        spec = venv.spec
-        model = load_policy(payload, spec, config, device)
-        result = run_episodes(venv, model, device, episodes=episodes, seed=seed, deterministic=deterministic)
+        result, frames, fps = _play(payload, config, device, recorded, episodes, seed, deterministic)
     finally:
-        venv.close()
+        if recorded is not None:
+            recorded.close()
     out_dir = Path(out) if out is not None else run_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     video = None
     if render is not None:
-        env = make_team_env(eval_config(config, 1, render_mode="rgb_array"))
-        frames, fps = record_episode(env, spec, model, device, seed=seed, deterministic=deterministic)
         video = out_dir / f"episode.{render}"
         write_video(frames, video, fps=fps)
     summary = {
@@ -121,3 +119,26 @@ def evaluate_checkpoint(
     eval_json = out_dir / "eval.json"
     eval_json.write_text(json.dumps(summary, indent=2) + "\n")
     return EvalOutput(result, eval_json, video)
+
+
+def _play(
+    payload: dict[str, Any],
+    config: ExperimentConfig,
+    device: torch.device,
+    recorded: Any,
+    episodes: int,
+    seed: int,
+    deterministic: bool,
+) -> tuple[EvalResult, list[np.ndarray], float]:
+    """The evaluation episodes, then, given an env to record (`render_env`), one more episode's frames and fps."""
+    venv = build_vector_env(eval_config(config, episodes), device)
+    try:
+        spec = venv.spec
+        model = load_policy(payload, spec, config, device)
+        result = run_episodes(venv, model, device, episodes=episodes, seed=seed, deterministic=deterministic)
+    finally:
+        venv.close()
+    if recorded is None:
+        return result, [], 0.0
+    frames, fps = record_episode(recorded, spec, model, device, seed=seed, deterministic=deterministic)
+    return result, frames, fps

@@ -1,18 +1,25 @@
-"""One episode rendered from the env's `rgb_array` frames, written as GIF (Pillow) or MP4 (imageio-ffmpeg)."""
+"""One episode rendered from the env's `rgb_array` frames, written as GIF (Pillow) or MP4 (imageio-ffmpeg).
+
+An env that cannot render is refused with one line (`render_env`, `_frame`); eval then writes nothing.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from marl_ppo.config import ExperimentConfig
 from marl_ppo.envs.adapters.aec import TurnBasedAdapter, is_aec
 from marl_ppo.envs.adapters.pettingzoo import ParallelEnvAdapter
+from marl_ppo.envs.factory import make_team_env
+from marl_ppo.envs.registry import EnvError, resolve_factory
 from marl_ppo.envs.spec import TeamArrays, TeamSpec
-from marl_ppo.eval.evaluate import MAX_EPISODE_STEPS, EvalError, policy_actions
+from marl_ppo.eval.evaluate import MAX_EPISODE_STEPS, EvalError, eval_config, policy_actions
 from marl_ppo.models.team import TeamModel
 
 VIDEO_FORMATS = ("gif", "mp4")
@@ -26,8 +33,61 @@ def check_video_format(name: str) -> None:
         raise EvalError(f"--render '{name}' is not a video format; use one of {', '.join(VIDEO_FORMATS)}")
 
 
+def render_env(config: ExperimentConfig) -> Any:
+    """One copy of the configured env built with render_mode='rgb_array', to record an episode from.
+
+    Refused with a one-line EvalError, before any episode is played, when the env's factory takes
+    no `render_mode` (neither that parameter nor `**kwargs`) or the env declares render modes
+    (`metadata["render_modes"]`) without 'rgb_array'.
+    """
+    env_id = config.env.id
+    factory, _ = resolve_factory(env_id)
+    if not _takes_render_mode(factory):
+        raise EvalError(
+            f"env '{env_id}' takes no render_mode, so it cannot be rendered; add a render_mode parameter "
+            "and return frames ((H, W, 3) arrays) from render() for --render, or drop --render"
+        )
+    probe = make_team_env(eval_config(config, 1))  # built as for training: which render modes it declares
+    try:
+        _check_render_modes(probe, env_id)
+    finally:
+        probe.close()
+    try:
+        return make_team_env(eval_config(config, 1, render_mode="rgb_array"))
+    except EnvError as err:  # e.g. a factory with **kwargs that passes render_mode on to an env without one
+        raise EvalError(
+            f"env '{env_id}' cannot be built with render_mode='rgb_array' for --render: {err}"
+        ) from err
+
+
+def _takes_render_mode(factory: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): let the call decide
+        return True
+    return any(
+        p.kind is p.VAR_KEYWORD or (p.name == "render_mode" and p.kind is not p.POSITIONAL_ONLY)
+        for p in parameters
+    )
+
+
+def _check_render_modes(env: Any, env_id: str) -> None:
+    modes = (getattr(env, "metadata", None) or {}).get("render_modes")
+    if modes is not None and "rgb_array" not in modes:
+        raise EvalError(
+            f"env '{env_id}' declares render modes {list(modes)} (metadata['render_modes']), not "
+            "'rgb_array', so it cannot be recorded; drop --render"
+        )
+
+
 def _frame(env: Any, env_id: str) -> np.ndarray:
-    frame = env.render()
+    try:
+        frame = env.render()
+    except Exception as err:  # the env's own failure, e.g. an assertion on its render mode
+        raise EvalError(
+            f"env '{env_id}' failed to render with render_mode='rgb_array': render() raised "
+            f"{type(err).__name__}: {' '.join(str(err).split())}; drop --render"
+        ) from err
     if not (isinstance(frame, np.ndarray) and frame.ndim == 3 and frame.shape[-1] in (3, 4)):
         raise EvalError(
             f"env '{env_id}' returned {type(frame).__name__} from render() with render_mode='rgb_array', "
@@ -45,7 +105,8 @@ def record_episode(
     seed: int,
     deterministic: bool,
 ) -> tuple[list[np.ndarray], float]:
-    """Frames of one episode (the reset frame, then one per step) of an env made with render_mode='rgb_array'."""
+    """Frames of one episode (the reset frame, then one per step) of an env made by `render_env`; the
+    caller closes the env."""
     adapter = TurnBasedAdapter(env, spec) if is_aec(env) else ParallelEnvAdapter(env, spec)
     arrays = TeamArrays.allocate(spec, (1,))
     row = arrays.row(0)
@@ -64,7 +125,6 @@ def record_episode(
                 f"env '{spec.env_id}' ran {MAX_EPISODE_STEPS} steps without ending the recorded episode"
             )
     fps = float((getattr(env, "metadata", None) or {}).get("render_fps") or DEFAULT_FPS)
-    adapter.close()
     return frames, fps
 
 

@@ -14,6 +14,7 @@ import torch
 import yaml
 
 from marl_ppo.algo.batch import rollout_batches
+from marl_ppo.algo.schedule import LrSchedule
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import ExperimentConfig, config_to_dict
 from marl_ppo.envs.factory import build_vector_env, resolve_vector
@@ -143,6 +144,7 @@ class _Run:
         self.evaluation, self.on_update = evaluation, on_update
         self.updates = 0
         self.timing = {"env_s": 0.0, "act_s": 0.0, "learn_s": 0.0}
+        self.schedule = LrSchedule(config.ppo.lr_schedule, config.total_steps)
         self.start = time.perf_counter()
         """perf_counter() at the run's start; a resumed run moves it back by the time already trained."""
 
@@ -161,6 +163,10 @@ class _Run:
         )
         self.updates = int(saved["updates"])
         self.timing = dict(saved["timing"])
+        # a changed total_steps re-spreads the rest of the decay from the rate reached here
+        self.schedule = LrSchedule.from_checkpoint(saved).resumed(
+            self.config.total_steps, int(saved["env_steps"])
+        )
         if self.evaluation is not None:  # the stopped run evaluated up to its checkpoint's step
             self.evaluation.next_step = (
                 self.collector.env_steps // self.evaluation.every + 1
@@ -170,7 +176,9 @@ class _Run:
     def loop(self, buffer: RolloutBuffer, stop: StopSignals) -> None:
         """Update until total_steps or a stop signal, checkpointing every `log.checkpoint_every` updates."""
         while self.collector.env_steps < self.config.total_steps and stop.received is None:
-            seconds = _one_update(self.config, self.collector, buffer, self.trainer, self.logger, self.start)
+            seconds = _one_update(
+                self.config, self.collector, buffer, self.trainer, self.logger, self.start, self.schedule
+            )
             for name, value in seconds.items():
                 self.timing[name] += value
             self.updates += 1
@@ -204,6 +212,7 @@ class _Run:
             "env_steps": self.collector.env_steps,
             "wall_s": time.perf_counter() - self.start,
             "timing": dict(self.timing),
+            "lr_schedule": self.schedule.state_dict(),
             **run_state(model=self.model, trainer=self.trainer, collector=self.collector, logger=self.logger),
         }
 
@@ -231,6 +240,7 @@ def _one_update(
     trainer: Trainer,
     logger: RunLogger,
     start: float,
+    schedule: LrSchedule,
 ) -> dict[str, float]:
     t0 = time.perf_counter()
     buffer.reset()
@@ -239,7 +249,7 @@ def _one_update(
     rollout = collector.collect(buffer, ahead=ahead)
     t1 = time.perf_counter()
     batches = rollout_batches(buffer, rollout.last_values, gamma=config.gamma, lam=config.gae_lambda)
-    trainer.set_progress((collector.env_steps - rollout.env_steps) / config.total_steps)
+    trainer.set_lr_scale(schedule.scale(collector.env_steps - rollout.env_steps))
     stats = trainer.update(batches)
     t2 = time.perf_counter()
     logger.episodes_done(rollout.episodes)

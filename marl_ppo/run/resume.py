@@ -43,8 +43,9 @@ RESUMABLE_KEYS = (
     "log.checkpoint_every",
     "log.keep_last",
 )
-"""Config keys that `--resume` may change: none of them changes what the run computes
-(`total_steps` extends the run; with `ppo.lr_schedule: linear` the decay stretches to the new total)."""
+"""Config keys that `--resume` may change: none of them changes what the run computes up to the
+resume point (`total_steps` shortens or extends the run; with `ppo.lr_schedule: linear` the learning
+rate goes on from the value it had reached, decaying linearly to zero at the new total)."""
 
 
 class Stateful(Protocol):
