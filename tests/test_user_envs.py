@@ -58,10 +58,13 @@ def test_spawned_worker_processes_load_the_file_again(tmp_path):
     sync = SyncVectorEnv(make_copy, num_envs=2)
     spawned = SubprocessVectorEnv(make_copy, num_envs=2, num_workers=2, start_method="spawn", timeout_s=60)
     try:
-        np.testing.assert_array_equal(spawned.reset(seed=3).obs[0], sync.reset(seed=3).obs[0])
+        (group,) = sync.spec.groups
+        first = spawned.reset(seed=3).groups[group.name].obs
+        np.testing.assert_array_equal(first, sync.reset(seed=3).groups[group.name].obs)
         for step in range(25):  # across the 20-step episode's auto-reset
-            actions = [np.full((2, 2), step % 3)]
-            np.testing.assert_array_equal(spawned.step(actions).reward[0], sync.step(actions).reward[0])
+            actions = {group.name: np.full((2, 2), step % 3)}
+            rewards = spawned.step(actions).groups[group.name].reward
+            np.testing.assert_array_equal(rewards, sync.step(actions).groups[group.name].reward)
     finally:
         spawned.close()
         sync.close()
