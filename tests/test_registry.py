@@ -109,3 +109,13 @@ def test_readme_bring_your_own_env_example_works_when_pasted(tmp_path, capsys):
         str(tmp_path / "r"),
     ]
     assert main(args) == 0
+
+
+def test_conformance_checks_a_bare_gymnasium_env_as_training_wraps_it(tmp_path):
+    """A factory may return a plain Gymnasium env; the check wraps it as a team, as training does."""
+    path = tmp_path / "cartpole_env.py"
+    path.write_text(
+        "import gymnasium\n\n\ndef make(**kwargs):\n    return gymnasium.make('CartPole-v1', **kwargs)\n"
+    )
+    report = check_env(f"{path}:make")
+    assert [result.status for result in report.results] == ["PASS"] * len(report.results), report.results

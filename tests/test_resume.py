@@ -332,3 +332,19 @@ def test_killed_and_resumed_vmas_run_equals_the_uninterrupted_one(tiny_overrides
     b = load_checkpoint(tmp_path / "resumed/checkpoints/final.pt")
     assert_identical(_run_state_only(a), _run_state_only(b))
     assert scalars(tmp_path / "resumed") == scalars(tmp_path / "straight")
+
+
+def test_env_copies_saved_by_an_older_layout_restart_with_a_warning_not_a_traceback(tiny_overrides, tmp_path):
+    """Checkpoints written before the per-group records pickled adapters whose classes have moved:
+    their env copies are not unpickled; the run resumes with fresh episodes and says so."""
+    config = _config(tiny_overrides, "vector=sync", "total_steps=80")
+    train(_config(tiny_overrides, "vector=sync", "total_steps=40"), tmp_path)
+    latest = tmp_path / "checkpoints/latest.pt"
+    payload = load_checkpoint(latest)
+    assert payload["envs"]["layout"] == 2
+    del payload["envs"]["layout"]
+    payload["envs"]["states"] = [torch.zeros(3, dtype=torch.uint8)]  # not even unpicklable bytes
+    save_checkpoint(latest, payload)
+    with pytest.warns(NotExactResumeWarning, match="saved by an older marl_ppo"):
+        result = train(config, tmp_path, resume=True)
+    assert result.env_steps == 80

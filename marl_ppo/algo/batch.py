@@ -46,8 +46,8 @@ class AgentBatch:
     def select(self, index: torch.Tensor) -> AgentBatch:
         """The rows `index` (a 1-D integer tensor) of every field.
 
-        `index_select` copies whole rows; on CPU it gathers a minibatch 3-5x faster than `tensor[index]`,
-        whose element-wise indexing kernel was a sixth of a large update's time.
+        `index_select` copies whole rows, where `tensor[index]` runs an element-wise indexing kernel
+        that is several times slower on CPU.
         """
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return AgentBatch(

@@ -88,8 +88,8 @@ class FlatAdam:
         """One Adam step on the flat buffer.
 
         `torch.optim.Adam`'s single-tensor arithmetic, operation for operation (the same numbers), but
-        without `Optimizer.step`'s per-call bookkeeping, which costs about 150 us on CPU: more than the
-        arithmetic for the small networks of a PPO minibatch step. The state lives in the wrapped
+        without `Optimizer.step`'s per-call bookkeeping, which on CPU can cost more than the arithmetic
+        for the small networks of a PPO minibatch step. The state lives in the wrapped
         optimizer, so its state dict and learning rate work as before.
         """
         group = self.optimizer.param_groups[0]

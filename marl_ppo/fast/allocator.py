@@ -6,8 +6,7 @@ import ctypes
 
 ALLOCATOR_KEEP_BYTES = (2 << 30) - 1
 """Freed heap memory glibc keeps for reuse rather than handing back to the kernel (the largest value
-mallopt takes). A 1,024-copy VMAS minibatch step allocates about 400 MB of activations; with 256 MiB
-kept, every update faulted in about 140,000 fresh pages."""
+mallopt takes): more than a large minibatch step's activations, so they are not faulted in again."""
 
 
 def keep_freed_memory() -> bool:
@@ -17,10 +16,9 @@ def keep_freed_memory() -> bool:
     rollout step's activations, allocated and freed every step, fault in every page again. Here
     every block comes from the heap (glibc maps no block on its own; it cannot raise the size
     above which it does past 32 MiB), and up to ALLOCATOR_KEEP_BYTES of freed heap stays mapped.
-    A 8,192-copy VMAS update, whose 64-wide activations are 52 MB each, faulted in 3.3M pages
-    (13 GB) per update when blocks over 32 MiB were still mapped on their own; it now runs 1.8x
-    faster, for 22-37% more peak memory from a more fragmented heap. Forked workers inherit the
-    setting. Returns False where it could not be applied.
+    Large batched updates then reuse their pages, at the price of a higher peak from a more
+    fragmented heap. Forked workers inherit the setting. Returns False where it could not be applied
+    (`fast.allocator: false` leaves glibc's defaults).
     """
     try:
         libc = ctypes.CDLL("libc.so.6")

@@ -19,11 +19,11 @@ import numpy as np
 class EventWriter:
     """A TensorBoard event file of scalars: one event per call, holding all of that step's values.
 
-    One event with many values costs a fraction of one event per value (a 1,024-copy VMAS rollout
-    ends 1,024 episodes of 8 scalars each per update); the reader sees the same scalars. Records are
-    framed here, in the calling thread, with a C CRC-32C: TensorBoard's own writer checksums every
-    byte in Python on a background thread, which cost about 80 us per episode event (a 32,768-copy
-    GPU rollout spent more time logging its episodes than stepping them).
+    One event with many values costs a fraction of one event per value (a batched VMAS rollout ends
+    as many episodes per update as it has copies, each with several scalars); the reader sees the
+    same scalars. Records are framed here, in the calling thread, with a C CRC-32C, where
+    TensorBoard's own writer checksums every byte in Python on a background thread.
+    `fast.event_writer: false` writes with TensorBoard's SummaryWriter instead.
     """
 
     BUFFER_BYTES = 1 << 20
@@ -53,8 +53,8 @@ class EventWriter:
     def rows(self, steps: Sequence[int], columns: dict[str, Sequence[float] | np.ndarray]) -> None:
         """Write one event per row `i`, at `steps[i]`, holding every tag's value `columns[tag][i]`.
 
-        The events are encoded here rather than through protobuf objects, which cost about 10 us per
-        event: each tag's bytes are fixed, so all rows' summaries are laid out by one numpy record array.
+        The events are encoded here rather than through one protobuf object per event: each tag's
+        bytes are fixed, so all rows' summaries are laid out by one numpy record array.
         """
         if not len(steps):
             return

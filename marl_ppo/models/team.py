@@ -173,28 +173,37 @@ class TeamModel(nn.Module):
             for g in spec.groups
         )
         self.value_norms = nn.ModuleList(ValueNorm(enabled=config.ppo.value_norm) for _ in spec.groups)
-        self._index = {g.name: index for index, g in enumerate(spec.groups)}
+        self._names = tuple(g.name for g in spec.groups)
+        # plain references to the modules above (not registered twice); the acting and learning
+        # loops look groups up by name at every step
+        self._groups = {
+            name: GroupNetworks(actor, critic, norm)
+            for name, actor, critic, norm in zip(
+                self._names, self.actors, self.critics, self.value_norms, strict=True
+            )
+        }
 
     def group_names(self) -> tuple[str, ...]:
         """The groups' names in the team's group order (the order of actors, critics and value norms)."""
-        return tuple(g.name for g in self.spec.groups)
+        return self._names
 
     def group(self, name: str) -> GroupNetworks:
         """The actor, critic and value normalizer of group `name`."""
-        g = self._index[name]
-        return GroupNetworks(self.actors[g], self.critics[g], self.value_norms[g])
+        return self._groups[name]
 
     def distributions(
         self, obs: Mapping[str, torch.Tensor], masks: Mapping[str, torch.Tensor | None]
     ) -> dict[str, ActionDistribution]:
         """Per group, one distribution over its agents, respecting the group's action masks."""
-        return {name: self.group(name).actor(obs[name], masks[name]) for name in self.group_names()}
+        return {name: nets.actor(obs[name], masks[name]) for name, nets in self._groups.items()}
 
     def raw_values(self, state: torch.Tensor, obs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Critic outputs per group, in normalized units when value_norm is on."""
-        return {name: self.group(name).critic(state, obs[name]) for name in self.group_names()}
+        return {name: nets.critic(state, obs[name]) for name, nets in self._groups.items()}
 
     def values(self, state: torch.Tensor, obs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Critic values per group in return units."""
-        raw = self.raw_values(state, obs)
-        return {name: self.group(name).value_norm.denormalize(raw[name]) for name in self.group_names()}
+        return {
+            name: nets.value_norm.denormalize(nets.critic(state, obs[name]))
+            for name, nets in self._groups.items()
+        }

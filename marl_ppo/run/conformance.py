@@ -61,6 +61,16 @@ class CheckReport:
         return "\n".join(lines)
 
 
+def _make(env_id: str, kwargs: dict[str, Any]) -> Any:
+    """The env as training sees it: a Gymnasium env is wrapped as a team (GymnasiumTeamEnv)."""
+    env = make_env(env_id, **kwargs)
+    if isinstance(env, gym.Env):
+        from marl_ppo.envs.adapters.gymnasium import GymnasiumTeamEnv
+
+        env = GymnasiumTeamEnv(env)
+    return env
+
+
 def _random_action(env: Any, agent: str, observation: Any, info: Any, rng: np.random.Generator) -> Any:
     space = env.action_space(agent)
     space.seed(int(rng.integers(2**31)))
@@ -78,7 +88,7 @@ def _random_action(env: Any, agent: str, observation: Any, info: Any, rng: np.ra
 
 def _trajectory(env_id: str, kwargs: dict[str, Any], seed: int, steps: int) -> list[Any]:
     """Observations, rewards and flags of `steps` steps with seeded random valid actions."""
-    env = make_env(env_id, **kwargs)
+    env = _make(env_id, kwargs)
     rng = np.random.default_rng(seed)
     observations, infos = env.reset(seed=seed)
     record: list[Any] = [_snapshot(observations)]
@@ -123,7 +133,7 @@ class Skipped(Exception):
 def _check_api(env_id: str, kwargs: dict[str, Any]) -> str:
     from pettingzoo.test import api_test, parallel_api_test
 
-    env = make_env(env_id, **kwargs)
+    env = _make(env_id, kwargs)
     if is_aec(env):
         with contextlib.redirect_stdout(io.StringIO()):
             api_test(env, num_cycles=100)
@@ -137,7 +147,7 @@ def _check_api(env_id: str, kwargs: dict[str, Any]) -> str:
 
 
 def _skip_aec(env_id: str, kwargs: dict[str, Any], reason: str) -> None:
-    if is_aec(make_env(env_id, **kwargs)):
+    if is_aec(_make(env_id, kwargs)):
         raise Skipped(f"turn-based AEC env: {reason}")
 
 
@@ -154,7 +164,7 @@ def _check_determinism(env_id: str, kwargs: dict[str, Any], steps: int = 200) ->
 
 def _check_spaces(env_id: str, kwargs: dict[str, Any], steps: int = 200) -> str:
     _skip_aec(env_id, kwargs, "PettingZoo's api_test above checks observations against their spaces")
-    env = make_env(env_id, **kwargs)
+    env = _make(env_id, kwargs)
     rng = np.random.default_rng(0)
     observations, infos = env.reset(seed=0)
     state_space = getattr(env, "state_space", None)

@@ -14,8 +14,8 @@ def learner_threads(config: ExperimentConfig) -> int:
     (large tensors, nothing else running) and 1 otherwise.
 
     The networks here are small: a second thread buys nothing on their matrices, and where env
-    workers or other processes keep the cores busy, threads that wait for each other made a
-    small run 7x slower in our measurements.
+    workers or other processes keep the cores busy, threads that wait for each other slow a small
+    run down several times over.
     """
     if config.torch_threads != "auto":
         return config.torch_threads

@@ -56,6 +56,12 @@ class Stateful(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+ENV_STATE_LAYOUT = 2
+"""Version of the pickled env copies in a checkpoint: 2 since per-group data travels as records keyed
+by group name (the adapters' classes and fields changed). Copies pickled in another layout are not
+restored: the envs restart, with a NotExactResumeWarning."""
+
+
 class NotExactResumeWarning(UserWarning):
     """The env copies could not be saved, so the resumed run starts fresh episodes."""
 
@@ -126,7 +132,8 @@ def run_state(
 ) -> dict[str, Any]:
     """Everything the next update depends on, as tensors and primitives (env copies as uint8 tensors)."""
     try:
-        envs: dict[str, Any] = {"states": [_to_tensor(blob) for blob in collector.env_states()]}
+        states = [_to_tensor(blob) for blob in collector.env_states()]
+        envs: dict[str, Any] = {"states": states, "layout": ENV_STATE_LAYOUT}
     except EnvStateError as err:
         envs = {"unavailable": str(err)}
     return {
@@ -153,13 +160,18 @@ def restore_run_state(
     trainer.load_state_dict(payload["trainer"])
     logger.load_state_dict(payload["logger"])
     envs = payload["envs"]
-    if "states" in envs:
+    if "states" in envs and envs.get("layout") == ENV_STATE_LAYOUT:
         collector.load_env_states([blob.numpy().tobytes() for blob in envs["states"]])
         collector.load_state_dict(payload["collector"])
     else:
+        why = (
+            "were saved by an older marl_ppo, whose classes have moved"
+            if "states" in envs
+            else f"could not be pickled ({envs['unavailable']})"
+        )
         warnings.warn(
-            f"resume is not exact: the env copies could not be pickled ({envs['unavailable']}), so they restart "
-            f"with fresh episodes (reset seed derived from seed={seed}, update={payload['updates']})",
+            f"resume is not exact: the env copies {why}, so they restart with fresh episodes "
+            f"(reset seed derived from seed={seed}, update={payload['updates']})",
             NotExactResumeWarning,
             stacklevel=2,
         )

@@ -5,9 +5,9 @@ with `arrays` holding tensors on the simulator's device, so observations, action
 pass through NumPy. VMAS does not reset finished copies itself; this class resets them after
 keeping their final observations for the truncation bootstrap.
 
-VMAS resets one copy per `reset_at` call: about 1 ms of Python on a CPU (dozens of small kernels on
-a GPU) for each finished episode. Once a policy reaches its goals, copies end at different steps
-and those calls cost more than stepping the simulator. `FreshCopies` instead copies initial states
+VMAS resets one copy per `reset_at` call, a Python-level call (dozens of small kernels on a GPU)
+for each finished episode. Once a policy reaches its goals, copies end at different steps and
+those calls can cost more than stepping the simulator. `FreshCopies` instead copies initial states
 that a second simulator of the same scenario made for all its copies in one batched reset.
 
 The same view of a copy's state (every tensor whose first dim is the copies) saves a simulator for
@@ -197,9 +197,8 @@ class VmasVectorEnv:
         """Reset the copies `indices` with VMAS's own `reset_at`; return every copy's observations.
 
         VMAS's `reset_at` computes the observations of all copies on each call, so resetting k
-        copies one by one cost k full observation passes: with 1,024 copies and a policy that
-        ends episodes at different steps, rollouts became 7x slower. Observations depend only on
-        each copy's own state, so computing them once after all resets gives the same arrays.
+        copies one by one would cost k full observation passes. Observations depend only on each
+        copy's own state, so computing them once after all resets gives the same arrays.
         """
         for index in torch.as_tensor(indices).tolist():
             self.env.reset_at(index, return_observations=False)
