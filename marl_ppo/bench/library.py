@@ -3,8 +3,10 @@
 Each piece of `marl_ppo/fast/` has a `fast.*` switch back to the library piece. For the default
 experiment (simple_spread) and VMAS navigation with 1,024 copies, this runs training with ours and
 with the library's in turn, pair after pair (ours first in odd pairs, the library's first in even
-ones, so a drifting machine favours neither), and reports the median of the pairs' ratios of
-training steps/s, library over ours: below 1 means ours is faster.
+ones, so a drifting machine favours neither), and reports the medians of the pairs' ratios, library
+over ours, of the CPU seconds each run took (its process and its workers; above 1: the library's
+piece costs more) and of training steps/s (below 1: the library's is slower). The CPU ratio is the
+one to trust on a shared machine: other work slows a run's wall clock, not its CPU time.
 """
 
 from __future__ import annotations
@@ -60,29 +62,31 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for case in (c for c in options.cases if c in piece.cases):
             experiment, overrides = case_run(case, options.steps, options.updates)
-            ours, library, ratios = [], [], []
+            cpu_ratios, sps_ratios = [], []
             for pair in range(options.pairs):
                 order = ("ours", "library") if pair % 2 == 0 else ("library", "ours")
-                sps = {}
+                runs = {}
                 for which in order:
                     extra = [piece.library] if which == "library" else []
-                    sps[which] = training_run(experiment, [*overrides, *extra])["sps"]
-                ours.append(sps["ours"])
-                library.append(sps["library"])
-                ratios.append(sps["library"] / sps["ours"])
+                    runs[which] = training_run(experiment, [*overrides, *extra])
+                cpu_ratios.append(runs["library"]["cpu_s"] / runs["ours"]["cpu_s"])
+                sps_ratios.append(runs["library"]["sps"] / runs["ours"]["sps"])
                 print(
-                    f"[{pair + 1}/{options.pairs}] {piece.name}, {case}: ours {sps['ours']:.0f}, "
-                    f"library {sps['library']:.0f} steps/s, ratio {ratios[-1]:.3f}",
+                    f"[{pair + 1}/{options.pairs}] {piece.name}, {case}: CPU s ours {runs['ours']['cpu_s']:.1f}, "
+                    f"library {runs['library']['cpu_s']:.1f} (ratio {cpu_ratios[-1]:.3f}); steps/s ours "
+                    f"{runs['ours']['sps']:.0f}, library {runs['library']['sps']:.0f} (ratio {sps_ratios[-1]:.3f})",
                     flush=True,
                 )
-            rows.append((piece.name, case, ours, library, ratios))
+            rows.append((piece.name, case, cpu_ratios, sps_ratios))
     print()
-    print(f"{'piece':38s} {'case':7s} {'ours sps':>9s} {'lib sps':>9s} {'lib/ours':>8s} {'(range)':>13s}")
-    for name, case, ours, library, ratios in rows:
-        spread = f"{min(ratios):.3f}-{max(ratios):.3f}"
+    print(
+        f"{'piece':38s} {'case':7s} {'CPU lib/ours':>12s} {'(range)':>13s} {'sps lib/ours':>12s} {'(range)':>13s}"
+    )
+    for name, case, cpu_ratios, sps_ratios in rows:
         print(
-            f"{name:38s} {case:7s} {statistics.median(ours):9.0f} {statistics.median(library):9.0f} "
-            f"{statistics.median(ratios):8.3f} {spread:>13s}"
+            f"{name:38s} {case:7s} {statistics.median(cpu_ratios):12.3f} "
+            f"{min(cpu_ratios):.3f}-{max(cpu_ratios):.3f} {statistics.median(sps_ratios):12.3f} "
+            f"{min(sps_ratios):.3f}-{max(sps_ratios):.3f}"
         )
     return 0
 

@@ -36,3 +36,11 @@ def peak_rss_mb() -> float:
     """Peak resident memory of this process, in MiB (Linux reports ru_maxrss in KiB)."""
     self_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return self_kib / 1024
+
+
+def cpu_seconds() -> float:
+    """User and system CPU seconds of this process and of its child processes that have ended
+    (rollout and env workers, once closed). Unlike wall time, it barely moves when other work
+    shares the machine."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime

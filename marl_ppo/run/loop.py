@@ -27,7 +27,7 @@ from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.source import RolloutSource
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.checkpoint import FORMAT, periodic_path, prune_checkpoints, save_checkpoint
-from marl_ppo.run.host import learner_threads, peak_rss_mb, rss_mb
+from marl_ppo.run.host import cpu_seconds, learner_threads, peak_rss_mb, rss_mb
 from marl_ppo.run.logger import RunLogger
 from marl_ppo.run.resume import load_resumable, restore_run_state, run_state
 from marl_ppo.run.seeding import seed_everything
@@ -278,6 +278,7 @@ def _write_summary(result: TrainResult) -> None:
         "sps": result.sps,
         "wall_s": result.wall_s,
         "peak_rss_mb": peak_rss_mb(),
+        "cpu_s": cpu_seconds(),
         **result.timing,
     }
     (result.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
