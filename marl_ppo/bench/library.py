@@ -44,7 +44,13 @@ def case_run(case: str, steps: int, updates: int) -> tuple[object, list[str]]:
     """The experiment file and overrides of a benchmark case."""
     if case == "spread":
         return SPREAD_YAML, [f"total_steps={steps}"]
-    return NAVIGATION_YAML, ["num_envs=1024", f"total_steps={1024 * 100 * updates}", "device=cpu"]
+    # one learner thread: CPU seconds then measure work, not threads spinning while they wait
+    return NAVIGATION_YAML, [
+        "num_envs=1024",
+        f"total_steps={1024 * 100 * updates}",
+        "device=cpu",
+        "torch_threads=1",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
