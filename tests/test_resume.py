@@ -348,3 +348,18 @@ def test_env_copies_saved_by_an_older_layout_restart_with_a_warning_not_a_traceb
     with pytest.warns(NotExactResumeWarning, match="saved by an older marl_ppo"):
         result = train(config, tmp_path, resume=True)
     assert result.env_steps == 80
+
+
+def test_a_run_started_before_a_key_existed_resumes_with_its_default_and_a_warning(tiny_overrides, tmp_path):
+    """A checkpoint's config written by an older marl_ppo lacks the keys added since; they take today's
+    defaults, named in a warning, instead of making the run unresumable."""
+    from marl_ppo.run.resume import OlderRunWarning
+
+    train(_config(tiny_overrides, "vector=sync", "total_steps=40"), tmp_path)
+    latest = tmp_path / "checkpoints/latest.pt"
+    payload = load_checkpoint(latest)
+    del payload["config"]["fast"]
+    save_checkpoint(latest, payload)
+    with pytest.warns(OlderRunWarning, match=r"fast\.optimizer='flat_adam'"):
+        result = train(_config(tiny_overrides, "vector=sync", "total_steps=80"), tmp_path, resume=True)
+    assert result.env_steps == 80

@@ -62,6 +62,10 @@ by group name (the adapters' classes and fields changed). Copies pickled in anot
 restored: the envs restart, with a NotExactResumeWarning."""
 
 
+class OlderRunWarning(UserWarning):
+    """A resumed run's config lacks keys added since it started; they take today's defaults."""
+
+
 class NotExactResumeWarning(UserWarning):
     """The env copies could not be saved, so the resumed run starts fresh episodes."""
 
@@ -108,7 +112,7 @@ def load_resumable(run_dir: Path, config: ExperimentConfig | None = None) -> dic
                 f"--resume: the run in '{run_dir}' used vector={used} and cannot continue with "
                 f"vector={config.vector}; resume it with vector={used}"
             )
-        saved, wanted = _flat(payload["config"]), _flat(config_to_dict(config))
+        saved, wanted = _flat(_completed(payload["config"], run_dir)), _flat(config_to_dict(config))
         for key in sorted(saved.keys() | wanted.keys()):
             if key not in RESUMABLE_KEYS and saved.get(key) != wanted.get(key):
                 raise ConfigError(
@@ -178,6 +182,22 @@ def restore_run_state(
         collector.load_state_dict(payload["collector"], episodes=False)
         collector.start(resume_seed(seed, payload["updates"]))
     restore_rng_state(payload["rng"])  # last: resets above may draw from (or reseed) the global RNGs
+
+
+def _completed(saved: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
+    """A run's saved config with today's defaults for the keys it lacks (an older marl_ppo wrote it);
+    names those keys in a warning, since their defaults may not be what the older code did."""
+    completed = config_to_dict(build_config(dict(saved)))
+    missing = sorted(set(_flat(completed)) - set(_flat(saved)))
+    if missing:
+        values = ", ".join(f"{key}={_lookup(completed, key)!r}" for key in missing)
+        warnings.warn(
+            f"resume: the run in '{run_dir}' was started by an older marl_ppo; the keys it did not have "
+            f"take today's defaults: {values}",
+            OlderRunWarning,
+            stacklevel=3,
+        )
+    return completed
 
 
 def _to_tensor(blob: bytes) -> torch.Tensor:
