@@ -116,6 +116,10 @@ class PPOConfig:
     """Standardize advantages over each agent group's live samples of the batch (never across groups)."""
     value_norm: bool = True
     """Train the critic on running-mean/std normalized returns (MAPPO's ValueNorm)."""
+    value_norm_var_floor: PositiveFloat = 1e-2
+    """Smallest variance ValueNorm divides by: the std is at least its square root (MAPPO's 1e-2 gives
+    std >= 0.1). With sparse rewards a long run of zero returns otherwise shrinks the std until the
+    first rewards become targets of hundreds; a smaller floor (1e-5) follows small-variance returns closer."""
     huber_delta: PositiveFloat | None = 10.0
     """Huber loss delta for the value loss; null uses the squared error."""
     value_clip: PositiveFloat | None = 0.2

@@ -141,13 +141,30 @@ def test_value_norm_normalize_and_denormalize_round_trip():
 
 
 def test_value_norm_edge_cases():
-    norm = ValueNorm(enabled=True, epsilon=1e-5)
+    norm = ValueNorm(enabled=True, var_floor=1e-5)
     norm.update(torch.tensor([]))  # nothing to merge
     assert norm.count.item() == 0
     norm.update(torch.full((4,), 5.0))
     assert norm.var.item() == 0.0 and norm.std.item() == pytest.approx(math.sqrt(1e-5))  # floor
+    assert ValueNorm(enabled=True).var_floor == 1e-2  # MAPPO's floor by default
     off = ValueNorm(enabled=False)
     off.update(torch.tensor([10.0, 20.0]))
     values = torch.tensor([1.0, -2.0])
     assert off.count.item() == 0
     assert torch.equal(off.normalize(values), values) and torch.equal(off.denormalize(values), values)
+
+
+@pytest.mark.parametrize(("var_floor", "expected"), [(1e-2, 9.0), (1e-5, 183.5)])
+def test_value_norm_floor_on_a_sparse_return_stream(var_floor, expected):
+    """100 batches of 1,000 zero returns, then one batch with three returns of 0.9 among zeros.
+
+    The running variance is then 0.81 * 3 / 100,999 = 2.4e-5 (std 0.0049): above the 1e-5 floor, so
+    that floor lets a 0.9 return become a target of 183.5, where MAPPO's 1e-2 (std >= 0.1) gives 9.
+    """
+    norm = ValueNorm(enabled=True, var_floor=var_floor)
+    for _ in range(100):
+        norm.update(torch.zeros(1000))
+    norm.update(torch.tensor([0.9, 0.9, 0.9] + [0.0] * 996))
+    assert norm.var.item() == pytest.approx(0.81 * 3 / 100_999 - (2.7 / 100_999) ** 2)
+    target = norm.normalize(torch.tensor([0.9])).item()
+    assert target == pytest.approx(expected, rel=1e-3)
