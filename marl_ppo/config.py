@@ -111,9 +111,16 @@ class PPOConfig:
     entropy_coef: Annotated[float, Field(ge=0)] = 0.01
     """Weight of the entropy bonus in the actor loss."""
     max_grad_norm: PositiveFloat | None = 10.0
-    """Clip the global gradient norm of actors and of the critic to this value; null disables."""
+    """Clip the gradient norm of the actors and of the critics to this value (see grad_clip); null disables."""
+    grad_clip: Literal["global", "per_group"] = "global"
+    """What max_grad_norm bounds: `global`, one norm over every group's actors and one over every
+    group's critics; `per_group`, each group's actor and each group's critic apart (MAPPO clips each
+    policy on its own)."""
     normalize_advantages: bool = True
-    """Standardize advantages over each agent group's live samples of the batch (never across groups)."""
+    """Standardize advantages over live samples of the batch (never across groups; see advantage_norm)."""
+    advantage_norm: Literal["group", "agent"] = "group"
+    """What normalize_advantages standardizes over: `group`, all of an agent group's live samples;
+    `agent`, each agent's own (MAPPO's separated mode)."""
     value_norm: bool = True
     """Train the critic on running-mean/std normalized returns (MAPPO's ValueNorm)."""
     value_norm_var_floor: PositiveFloat = 1e-2

@@ -6,7 +6,12 @@ import math
 import pytest
 import torch
 
-from marl_ppo.algo.losses import normalize_advantages, policy_loss, value_loss
+from marl_ppo.algo.losses import (
+    normalize_advantages,
+    normalize_advantages_per_agent,
+    policy_loss,
+    value_loss,
+)
 from marl_ppo.algo.value_norm import ValueNorm
 
 CLIP = 0.2
@@ -102,6 +107,22 @@ def test_advantages_are_standardized_over_live_samples_and_dead_ones_are_shifted
     assert live.var(unbiased=False).item() == pytest.approx(1.0, abs=1e-6)
     # the dead sample is neither zeroed nor left as it was: the same shift and scale apply to it
     assert normalized[1, 1].item() == pytest.approx(98 / std) and normalized[1, 1].item() != 100.0
+
+
+def test_per_agent_normalization_standardizes_each_agents_live_samples():
+    """Agent 0 lives at 1, 2, 3 (mean 2, variance 2/3); agent 1 at 10 and 30 (mean 20, variance 100),
+    its dead 100 shifted and scaled alike; agent 2 is constant and becomes zeros."""
+    advantages = torch.tensor([[1.0, 10.0, 4.0], [2.0, 30.0, 4.0], [3.0, 100.0, 4.0]])
+    alive = torch.tensor([[True, True, True], [True, True, True], [True, False, True]])
+    normalized = normalize_advantages_per_agent(advantages, alive)
+    std = math.sqrt(2 / 3)
+    expected = torch.tensor([[-1 / std, -1.0, 0.0], [0.0, 1.0, 0.0], [1 / std, 8.0, 0.0]])
+    torch.testing.assert_close(normalized, expected)
+    # one agent: the group's normalization
+    torch.testing.assert_close(
+        normalize_advantages_per_agent(advantages[:, :1], alive[:, :1]),
+        normalize_advantages(advantages[:, :1], alive[:, :1]),
+    )
 
 
 def test_constant_advantages_normalize_to_zero_not_nan():

@@ -85,6 +85,14 @@ def normalize_advantages(advantages: torch.Tensor, alive: torch.Tensor) -> torch
     return (advantages - mean) / (var.sqrt() + 1e-8)
 
 
+def normalize_advantages_per_agent(advantages: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
+    """Standardize each agent's advantages (a column of `(N, A)`) over its own live samples."""
+    count = alive.sum(0).clamp_min(1).to(advantages.dtype)
+    mean = torch.where(alive, advantages, 0.0).sum(0) / count
+    var = torch.where(alive, (advantages - mean).pow(2), 0.0).sum(0) / count
+    return (advantages - mean) / (var.sqrt() + 1e-8)
+
+
 def explained_variance(predictions: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> float:
     """1 - Var(targets - predictions) / Var(targets) over masked entries (nan when targets are constant)."""
     residual = targets - predictions

@@ -16,10 +16,11 @@ from marl_ppo.algo.losses import (
     mask_count,
     masked_mean,
     normalize_advantages,
+    normalize_advantages_per_agent,
     policy_loss,
     value_loss,
 )
-from marl_ppo.algo.optim import make_optimizer
+from marl_ppo.algo.optim import Optimizer, make_optimizer
 from marl_ppo.config import PPOConfig
 from marl_ppo.faults import NonFiniteError
 from marl_ppo.models.team import TeamModel
@@ -75,8 +76,12 @@ class Trainer:
         self.model = model
         self.ppo = ppo
         self.generator = generator
-        self.actor_optimizer = make_optimizer(model.actors.parameters(), lr=ppo.pi_lr, kind=optimizer)
-        self.critic_optimizer = make_optimizer(model.critics.parameters(), lr=ppo.vf_lr, kind=optimizer)
+        self.actor_optimizer = make_optimizer(
+            model.actors.parameters(), lr=ppo.pi_lr, kind=optimizer, parts=_sizes(model.actors)
+        )
+        self.critic_optimizer = make_optimizer(
+            model.critics.parameters(), lr=ppo.vf_lr, kind=optimizer, parts=_sizes(model.critics)
+        )
         self.updates = 0
         """Updates started by this trainer (named in non-finite errors)."""
         self._skips = 0
@@ -122,7 +127,7 @@ class Trainer:
                 self._nonfinite(f"GAE return or advantage in group '{name}'", "before any step")
             advantages = batch.advantages
             if self.ppo.normalize_advantages:
-                advantages = normalize_advantages(advantages, batch.alive)
+                advantages = _ADVANTAGE_NORMS[self.ppo.advantage_norm](advantages, batch.alive)
             prepared[name] = dataclasses.replace(
                 batch,
                 advantages=advantages,
@@ -228,12 +233,12 @@ class Trainer:
         self.critic_optimizer.zero_grad()
         total = (loss_pi if train_pi else 0.0) + (loss_v if train_vf else 0.0)
         total.backward()
-        checked = [total.detach()]
+        checked = [total.detach().reshape(1)]
         if train_pi:
-            checked.append(self.actor_optimizer.clip_grad_norm(self.ppo.max_grad_norm))
+            checked.append(self._clip(self.actor_optimizer))
         if train_vf:
-            checked.append(self.critic_optimizer.clip_grad_norm(self.ppo.max_grad_norm))
-        if not bool(torch.isfinite(torch.stack(checked)).all()):  # one check (one sync) per step
+            checked.append(self._clip(self.critic_optimizer))
+        if not bool(torch.isfinite(torch.cat(checked)).all()):  # one check (one sync) per step
             self._nonfinite(
                 self._culprit(diagnostics, train_pi, train_vf), f"epoch {where[0]}, minibatch {where[1]}"
             )
@@ -243,6 +248,12 @@ class Trainer:
         if train_vf:
             self.critic_optimizer.step()
         return float(sum(d["kl"] for d in diagnostics.values()) / len(diagnostics))
+
+    def _clip(self, optimizer: Optimizer) -> torch.Tensor:
+        """Clip the optimizer's gradients as `ppo.grad_clip` says; the norms before (1-D)."""
+        if self.ppo.grad_clip == "per_group":
+            return optimizer.clip_grad_norms(self.ppo.max_grad_norm)
+        return optimizer.clip_grad_norm(self.ppo.max_grad_norm).reshape(1)
 
     def _culprit(
         self, diagnostics: Mapping[str, dict[str, torch.Tensor]], train_pi: bool, train_vf: bool
@@ -280,6 +291,15 @@ class Trainer:
             return float(sum(d[key] for d in diagnostics.values()) / len(diagnostics))
 
         return _Evaluation(float(loss_pi), float(loss_v), mean("kl"), mean("entropy"), mean("clipfrac"))
+
+
+_ADVANTAGE_NORMS = {"group": normalize_advantages, "agent": normalize_advantages_per_agent}
+"""`ppo.advantage_norm`: over a group's live samples, or over each agent's."""
+
+
+def _sizes(networks: nn.ModuleList) -> list[int]:
+    """Parameters per group's network, in order: the parts that `grad_clip: per_group` clips apart."""
+    return [len(list(network.parameters())) for network in networks]
 
 
 DIAGNOSTIC_ROWS = 8192

@@ -1,0 +1,84 @@
+"""What one PPO update does, step by step: gradient clipping and advantage normalization switches."""
+
+import pytest
+import torch
+from conftest import ROOT, collect_rollout
+from torch import nn
+
+from marl_ppo.algo.batch import rollout_batches
+from marl_ppo.algo.trainer import Trainer
+from marl_ppo.config import load_config
+
+TWO_GROUPS = "env.groups={first: [agent_0], rest: [agent_1, agent_2]}"
+
+
+def _config(*overrides):
+    return load_config(
+        ROOT / "experiments/mpe/simple_spread.yaml",
+        [
+            "num_envs=2",
+            "rollout_steps=25",
+            "vector=sync",
+            "policy_lag=0",
+            "ppo.train_pi_iters=2",
+            "ppo.train_vf_iters=2",
+            "ppo.num_minibatches=2",
+            "model.hidden_sizes=[16,16]",
+            *overrides,
+        ],
+    )
+
+
+def _rollout(config, seed=0):
+    """A fresh model, its trainer and the batches of one rollout."""
+    model, buffer, rollout = collect_rollout(config, seed)
+    batches = rollout_batches(buffer, rollout.last_values, gamma=config.gamma, lam=config.gae_lambda)
+    return model, Trainer(model, config.ppo, generator=torch.Generator().manual_seed(0)), batches
+
+
+def _norm(network: nn.Module) -> float:
+    return float(nn.utils.get_total_norm([p.grad for p in network.parameters()]))
+
+
+@pytest.mark.parametrize("grad_clip", ["global", "per_group"])
+def test_grad_clip_bounds_each_groups_networks_or_all_of_them(grad_clip):
+    """At every optimizer step of an update with max_grad_norm 1e-3 (far below the gradients' norms):
+    per_group, each group's actor and each group's critic has norm 1e-3; global, the norm over both
+    groups' actors (and over both critics) is 1e-3 and each group's own is less."""
+    model, trainer, batches = _rollout(
+        _config(TWO_GROUPS, f"ppo.grad_clip={grad_clip}", "ppo.max_grad_norm=1e-3")
+    )
+    seen = {"actors": [], "critics": []}
+    for kind, optimizer, networks in (
+        ("actors", trainer.actor_optimizer, model.actors),
+        ("critics", trainer.critic_optimizer, model.critics),
+    ):
+
+        def step(original=optimizer.step, kind=kind, networks=networks):
+            seen[kind].append([_norm(network) for network in networks])
+            original()
+
+        optimizer.step = step
+    trainer.update(batches)
+    assert len(seen["actors"]) >= 1 and len(seen["critics"]) == 4  # 2 epochs x 2 minibatches
+    for norms in seen["actors"] + seen["critics"]:
+        if grad_clip == "per_group":
+            assert norms == pytest.approx([1e-3, 1e-3], rel=1e-4)
+        else:
+            assert sum(n * n for n in norms) ** 0.5 == pytest.approx(1e-3, rel=1e-4)
+            assert max(norms) < 0.999e-3
+
+
+@pytest.mark.parametrize("advantage_norm", ["group", "agent"])
+def test_advantage_norm_standardizes_over_the_group_or_each_agent(advantage_norm):
+    _, trainer, batches = _rollout(_config(f"ppo.advantage_norm={advantage_norm}"))
+    advantages = trainer.prepare(batches)["agent"].advantages  # simple_spread: every agent acts every step
+    assert advantages.flatten().mean().item() == pytest.approx(0.0, abs=1e-6)
+    assert advantages.flatten().var(unbiased=False).item() == pytest.approx(1.0, abs=1e-5)
+    per_agent_means = advantages.mean(0)
+    per_agent_vars = advantages.var(0, unbiased=False)
+    if advantage_norm == "agent":
+        torch.testing.assert_close(per_agent_means, torch.zeros(3), atol=1e-6, rtol=0)
+        torch.testing.assert_close(per_agent_vars, torch.ones(3), atol=1e-5, rtol=0)
+    else:  # the agents' own statistics differ
+        assert per_agent_means.abs().max() > 1e-3 or (per_agent_vars - 1).abs().max() > 1e-3
