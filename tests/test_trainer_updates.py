@@ -1,4 +1,7 @@
-"""What one PPO update does, step by step: gradient clipping and advantage normalization switches."""
+"""What one PPO update does, step by step: the value clip's centre, gradient clipping and advantage
+normalization switches."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -82,3 +85,65 @@ def test_advantage_norm_standardizes_over_the_group_or_each_agent(advantage_norm
         torch.testing.assert_close(per_agent_vars, torch.ones(3), atol=1e-5, rtol=0)
     else:  # the agents' own statistics differ
         assert per_agent_means.abs().max() > 1e-3 or (per_agent_vars - 1).abs().max() > 1e-3
+
+
+class _Rollouts:
+    """One model collecting rollout after rollout from its env copies, as the training loop does."""
+
+    def __init__(self, config, seed=0):
+        from marl_ppo.envs.factory import build_vector_env
+        from marl_ppo.models.team import TeamModel
+        from marl_ppo.rollout.buffer import RolloutBuffer
+        from marl_ppo.rollout.collector import Collector
+
+        torch.manual_seed(seed)
+        self.config = config
+        venv = build_vector_env(config)
+        self.model = TeamModel(venv.spec, config)
+        self.buffer = RolloutBuffer(venv.spec, config.rollout_steps, config.num_envs)
+        self.collector = Collector(venv, self.model, torch.device("cpu"))
+        self.collector.start(seed)
+        self.trainer = Trainer(self.model, config.ppo, generator=torch.Generator().manual_seed(0))
+
+    def batches(self):
+        self.buffer.reset()
+        rollout = self.collector.collect(self.buffer)
+        return rollout_batches(
+            self.buffer, rollout.last_values, gamma=self.config.gamma, lam=self.config.gae_lambda
+        )
+
+
+def test_the_value_clip_is_centred_on_the_critics_output_at_the_first_step(monkeypatch):
+    """With value_norm on and returns that shift by 10 per update, the centre the first minibatch step
+    of the fourth update clips around equals the critic's output there (the acting-time values in the
+    units before the update's statistics change); normalized with the statistics after, they would
+    start off-centre by more than the 0.2 clip."""
+    import marl_ppo.algo.trainer as trainer_module
+
+    run = _Rollouts(_config("ppo.value_clip=0.2", "ppo.value_norm=true"))
+
+    def shifted(batches, shift):
+        return {
+            name: dataclasses.replace(batch, returns=batch.returns + shift) for name, batch in batches.items()
+        }
+
+    for update in range(3):
+        run.trainer.update(shifted(run.batches(), 10.0 * update))
+    calls = []
+    original = trainer_module.value_loss
+
+    def recording(values, centre, *args, **kwargs):
+        if values.requires_grad:  # a step's loss, not the diagnostics' before and after
+            calls.append((values.detach().clone(), centre.clone()))
+        return original(values, centre, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "value_loss", recording)
+    batches = shifted(run.batches(), 30.0)
+    agents = batches["agent"]
+    start_output = run.model.raw_values(agents.state, {"agent": agents.obs})["agent"].detach()
+    norm = run.model.group("agent").value_norm
+    run.trainer.update(batches)
+    values, centre = calls[0]
+    torch.testing.assert_close(centre, values, rtol=0, atol=1e-5)
+    off_centre = norm.normalize(agents.values_old) - start_output  # the statistics after the update
+    assert off_centre.abs().min() > 0.2

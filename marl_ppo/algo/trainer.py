@@ -112,14 +112,18 @@ class Trainer:
     def prepare(self, batches: Mapping[str, AgentBatch]) -> dict[str, AgentBatch]:
         """Update the value normalizers with the batch's returns and normalize advantages per group.
 
-        The prepared batches carry normalized advantages, `values_old` and `returns` in the critic's
-        units, and the networks' encoded inputs (each computed once here rather than at every
-        minibatch step). The losses read only those inputs, so `obs` and `state` are cut to zero
-        width, and minibatch gathers do not copy them.
+        The prepared batches carry normalized advantages; `values_old` in the units of the critic's
+        outputs (the statistics before the update), `returns` in those the critic learns towards (the
+        statistics after it); and the networks' encoded inputs (each computed once here rather than
+        at every minibatch step). The losses read only those inputs, so `obs` and `state` are cut to
+        zero width, and minibatch gathers do not copy them.
         """
         prepared = {}
         for name, batch in batches.items():
             actor, critic, norm = self.model.group(name)
+            # the value clip's centre: the acting-time values in the units the critic's outputs are
+            # in until its first step, those of the statistics before this batch's returns enter them
+            values_old = norm.normalize(batch.values_old)
             returns = batch.returns[batch.alive]
             if bool(torch.isfinite(returns).all() & torch.isfinite(batch.advantages[batch.alive]).all()):
                 norm.update(returns)
@@ -131,7 +135,7 @@ class Trainer:
             prepared[name] = dataclasses.replace(
                 batch,
                 advantages=advantages,
-                values_old=norm.normalize(batch.values_old),
+                values_old=values_old,
                 returns=norm.normalize(batch.returns),
                 # the networks' inputs, normalized once here rather than at every minibatch step
                 actor_input=actor.encode(batch.obs),
