@@ -101,13 +101,16 @@ class PPOConfig:
     clip_ratio: PositiveFloat = 0.2
     """PPO probability-ratio clip epsilon."""
     train_pi_iters: PositiveInt = 10
-    """Epochs over the batch for the actors (stops early when KL > 1.5 * target_kl)."""
+    """Epochs over the batch for the actors (they stop early at the KL bound, see target_kl)."""
     train_vf_iters: PositiveInt = 10
     """Epochs over the batch for the critic."""
     num_minibatches: PositiveInt = 4
     """Minibatches per epoch; the batch (rollout_steps * num_envs env steps) is split evenly."""
     target_kl: PositiveFloat | None = 0.05
-    """Early-stop the actor epochs when the epoch's mean approximate KL exceeds 1.5 * target_kl; null disables."""
+    """Stop the actors at once when, after a minibatch step, the approximate KL of the updated policy
+    from the policy at the start of the update, on that minibatch, exceeds 1.5 * target_kl in any
+    group (the largest over groups decides: the groups' actors step together, and none may pass the
+    bound); the critic finishes its epochs. Costs one more forward of the actors per step; null disables."""
     entropy_coef: Annotated[float, Field(ge=0)] = 0.01
     """Weight of the entropy bonus in the actor loss."""
     max_grad_norm: PositiveFloat | None = 10.0

@@ -1,6 +1,7 @@
-"""What one PPO update does, step by step: the value clip's centre, gradient clipping and advantage
-normalization switches."""
+"""What one PPO update does, step by step: the KL early stop, the value clip's centre, and the
+gradient clipping and advantage normalization switches."""
 
+import copy
 import dataclasses
 
 import pytest
@@ -9,6 +10,7 @@ from conftest import ROOT, collect_rollout
 from torch import nn
 
 from marl_ppo.algo.batch import rollout_batches
+from marl_ppo.algo.losses import approx_kl
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import load_config
 
@@ -147,3 +149,59 @@ def test_the_value_clip_is_centred_on_the_critics_output_at_the_first_step(monke
     torch.testing.assert_close(centre, values, rtol=0, atol=1e-5)
     off_centre = norm.normalize(agents.values_old) - start_output  # the statistics after the update
     assert off_centre.abs().min() > 0.2
+
+
+def _run_recording_kl(model, config, batches):
+    """One update; after each actor step, the KL the stop reads (largest over groups) and the actors' weights."""
+    trainer = Trainer(model, config.ppo, generator=torch.Generator().manual_seed(0))
+    kls, weights, critic_steps = [], [], []
+    check = trainer._kl_exceeded
+
+    def recording(minibatch):
+        with torch.no_grad():
+            kls.append(
+                max(
+                    float(approx_kl(_logp(model, name, batch), batch.logp_old, batch.alive))
+                    for name, batch in minibatch.items()
+                )
+            )
+        weights.append({k: v.clone() for k, v in model.actors.state_dict().items()})
+        return check(minibatch)
+
+    trainer._kl_exceeded = recording
+    step = trainer.critic_optimizer.step
+    trainer.critic_optimizer.step = lambda: (critic_steps.append(1), step())
+    stats = trainer.update(batches)
+    return stats, kls, weights, len(critic_steps)
+
+
+def _logp(model, name, batch):
+    actor = model.group(name).actor
+    return actor.forward_encoded(batch.actor_input, batch.action_mask).log_prob(batch.actions)
+
+
+def test_the_kl_stop_ends_the_actors_at_the_step_that_crosses_the_bound():
+    """Unbounded, the update's six actor steps reach KLs k_1..k_6 from the start policy. With the bound
+    1.5 * target_kl between the largest KL before step j and k_j, the actors take exactly j steps and
+    end with the weights step j left; the critic still takes all its six steps."""
+    config = _config("ppo.train_pi_iters=3", "ppo.train_vf_iters=3", "ppo.target_kl=1e9")
+    model, _, batches = _rollout(config)
+    start = copy.deepcopy(model)
+    stats, kls, weights, critic_steps = _run_recording_kl(model, config, batches)
+    assert (stats.pi_steps, stats.stop_iter, len(kls), critic_steps) == (6, 3, 6, 6)
+    j = max(i for i in range(1, 5) if kls[i] > max(kls[:i]))  # a step that raises the KL, not the last
+    bound = (max(kls[:j]) + kls[j]) / 2
+    stopped = copy.deepcopy(start)
+    limited = dataclasses.replace(config, ppo=dataclasses.replace(config.ppo, target_kl=bound / 1.5))
+    stats, kls_stopped, _, critic_steps = _run_recording_kl(stopped, limited, batches)
+    assert stats.pi_steps == j + 1 and stats.stop_iter == j // 2 + 1 and critic_steps == 6
+    assert kls_stopped == kls[: j + 1]
+    final = stopped.actors.state_dict()
+    assert all(torch.equal(final[k], weights[j][k]) for k in final)
+    assert not all(torch.equal(final[k], weights[j + 1][k]) for k in final)
+
+
+def test_a_tiny_target_kl_stops_the_actors_after_their_first_step():
+    model, trainer, batches = _rollout(_config("ppo.target_kl=1e-9"))
+    stats = trainer.update(batches)
+    assert (stats.pi_steps, stats.stop_iter) == (1, 1)

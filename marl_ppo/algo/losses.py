@@ -48,9 +48,24 @@ def policy_loss(
     ratio = log_ratio.exp()
     surrogate = torch.min(ratio * advantages, ratio.clamp(1.0 - clip_ratio, 1.0 + clip_ratio) * advantages)
     with torch.no_grad():
-        approx_kl = masked_mean((ratio - 1.0) - log_ratio, alive, count)
+        approx_kl = _k3(ratio, log_ratio, alive, count)
         clipfrac = masked_mean(((ratio - 1.0).abs() > clip_ratio).float(), alive, count)
     return PolicyTerms(-masked_mean(surrogate, alive, count), approx_kl, clipfrac)
+
+
+def approx_kl(
+    logp: torch.Tensor, logp_old: torch.Tensor, alive: torch.Tensor, count: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Estimate of KL(old || new) from the sampled actions' log-probabilities: the mean over live
+    samples of (ratio - 1) - log ratio, unbiased and never negative (`count`: see masked_mean)."""
+    log_ratio = logp - logp_old
+    return _k3(log_ratio.exp(), log_ratio, alive, count)
+
+
+def _k3(
+    ratio: torch.Tensor, log_ratio: torch.Tensor, alive: torch.Tensor, count: torch.Tensor | None
+) -> torch.Tensor:
+    return masked_mean((ratio - 1.0) - log_ratio, alive, count)
 
 
 def value_loss(

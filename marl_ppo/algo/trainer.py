@@ -12,6 +12,7 @@ from torch import nn
 
 from marl_ppo.algo.batch import AgentBatch, minibatches
 from marl_ppo.algo.losses import (
+    approx_kl,
     explained_variance,
     mask_count,
     masked_mean,
@@ -47,7 +48,10 @@ class TrainStats:
     clipfrac: float
     """Fraction of live samples whose ratio is outside the clip range after the update."""
     stop_iter: int
-    """Actor epochs run (fewer than train_pi_iters when the KL early stop fired)."""
+    """Actor epochs started (fewer than train_pi_iters when the KL early stop fired)."""
+    pi_steps: int
+    """Actor minibatch steps taken: train_pi_iters * num_minibatches, fewer when the KL early stop
+    fired (the step that crossed the bound is the last) or non-finite steps were skipped."""
     explained_variance: float
     """1 - Var(return - value) / Var(return), with the acting-time values."""
     value_mean: float
@@ -155,22 +159,7 @@ class Trainer:
         batches = self.prepare(batches)
         probe = _diagnostic_rows(batches)  # the same rows before and after, so the deltas compare
         before = self._evaluate(probe)
-        ppo = self.ppo
-        policy_active, pi_epochs = True, 0
-        for epoch in range(max(ppo.train_pi_iters, ppo.train_vf_iters)):
-            train_pi = policy_active and epoch < ppo.train_pi_iters
-            train_vf = epoch < ppo.train_vf_iters
-            if not (train_pi or train_vf):
-                break
-            kls = []
-            for k, minibatch in enumerate(minibatches(batches, ppo.num_minibatches, self.generator)):
-                kl = self._step(minibatch, train_pi=train_pi, train_vf=train_vf, where=(epoch, k))
-                if kl is not None:
-                    kls.append(kl)
-            if train_pi:
-                pi_epochs += 1
-                if ppo.target_kl is not None and kls and sum(kls) / len(kls) > 1.5 * ppo.target_kl:
-                    policy_active = False
+        pi_epochs, pi_steps = self._epochs(batches)
         after = self._evaluate(probe)
         return TrainStats(
             loss_pi=after.loss_pi,
@@ -181,9 +170,47 @@ class Trainer:
             entropy=after.entropy,
             clipfrac=after.clipfrac,
             stop_iter=pi_epochs,
+            pi_steps=pi_steps,
             nonfinite_skips=self._skips,
             **stats_in,
         )
+
+    def _epochs(self, batches: Mapping[str, AgentBatch]) -> tuple[int, int]:
+        """The actor and critic epochs over prepared batches; the actor epochs started and steps taken.
+
+        The actors stop at once when a step takes them past the KL bound (`_kl_exceeded`), the critic
+        finishes its epochs.
+        """
+        ppo = self.ppo
+        policy_active, pi_epochs, pi_steps = True, 0, 0
+        for epoch in range(max(ppo.train_pi_iters, ppo.train_vf_iters)):
+            train_vf = epoch < ppo.train_vf_iters
+            if policy_active and epoch < ppo.train_pi_iters:
+                pi_epochs += 1
+            elif not train_vf:
+                break
+            for k, minibatch in enumerate(minibatches(batches, ppo.num_minibatches, self.generator)):
+                train_pi = policy_active and epoch < ppo.train_pi_iters
+                if not (train_pi or train_vf):
+                    break
+                stepped = self._step(minibatch, train_pi=train_pi, train_vf=train_vf, where=(epoch, k))
+                if train_pi and stepped:
+                    pi_steps += 1
+                    policy_active = not self._kl_exceeded(minibatch)
+        return pi_epochs, pi_steps
+
+    @torch.no_grad()
+    def _kl_exceeded(self, minibatch: Mapping[str, AgentBatch]) -> bool:
+        """Whether, on the minibatch just stepped on, the updated actors' approximate KL from the
+        policy at the start of the update exceeds 1.5 * target_kl in any group (one more forward)."""
+        if self.ppo.target_kl is None:
+            return False
+        kls = []
+        for name, batch in minibatch.items():
+            actor = self.model.group(name).actor
+            logp = actor.forward_encoded(batch.actor_input, batch.action_mask).log_prob(batch.actions)
+            kls.append(approx_kl(logp, batch.logp_old, batch.alive))
+        return bool(torch.stack(kls).max() > 1.5 * self.ppo.target_kl)
 
     def _losses(
         self, batches: Mapping[str, AgentBatch]
@@ -230,8 +257,8 @@ class Trainer:
 
     def _step(
         self, minibatch: Mapping[str, AgentBatch], *, train_pi: bool, train_vf: bool, where: tuple[int, int]
-    ) -> float | None:
-        """One optimizer step; None when it was skipped for a non-finite loss or gradient."""
+    ) -> bool:
+        """One optimizer step; False when it was skipped for a non-finite loss or gradient."""
         loss_pi, loss_v, diagnostics = self._losses(minibatch)
         self.actor_optimizer.zero_grad()
         self.critic_optimizer.zero_grad()
@@ -246,12 +273,12 @@ class Trainer:
             self._nonfinite(
                 self._culprit(diagnostics, train_pi, train_vf), f"epoch {where[0]}, minibatch {where[1]}"
             )
-            return None
+            return False
         if train_pi:
             self.actor_optimizer.step()
         if train_vf:
             self.critic_optimizer.step()
-        return float(sum(d["kl"] for d in diagnostics.values()) / len(diagnostics))
+        return True
 
     def _clip(self, optimizer: Optimizer) -> torch.Tensor:
         """Clip the optimizer's gradients as `ppo.grad_clip` says; the norms before (1-D)."""
