@@ -134,6 +134,19 @@ class PPOConfig:
     """Huber loss delta for the value loss; null uses the squared error."""
     value_clip: PositiveFloat | None = 0.2
     """Clip the new value to old value +- this (in normalized units when value_norm); null disables."""
+    lagged_ratio: Literal["decoupled", "behaviour"] = "decoupled"
+    """How an update treats a batch collected with policy_lag 1, by the policy one update behind the
+    one being updated. `decoupled` (Hilton, Cobbe and Schulman 2021, "Batch size-invariance for policy
+    optimization"): the ratio and its clip are taken against the policy at the start of the update,
+    each sample's term is weighted by start policy / acting policy (see behaviour_weight_max), the
+    value clip is centred on the critic's output at the start of the update, and the KL stop measures
+    the update's own movement. `behaviour`: ratio, value clip and KL stop use the acting policy's
+    log-probabilities and values, as for an on-policy batch. Without policy lag neither applies."""
+    behaviour_weight_max: PositiveFloat | None = 1.0
+    """Truncation of decoupled PPO's weight pi_start(a|s) / pi_acting(a|s), as V-trace truncates its
+    importance weights at 1.0: no sample counts more than once, which bounds the variance and biases the
+    update slightly towards the acting policy where the start policy favours an action more; null
+    leaves the weights untruncated."""
     on_nonfinite: Literal["error", "skip"] = "error"
     """A NaN or inf loss, gradient or return: `error` stops the run naming the group, term and update;
     `skip` drops that minibatch step (or the update's value-norm statistics) and counts it in
@@ -200,7 +213,7 @@ class ExperimentConfig:
     """Worker processes for `vector: subprocess|workers` (each owns a contiguous slice of the env copies)."""
     policy_lag: Literal[0, 1] = 0
     """With `vector: workers`, 1 collects the next rollout with the pre-update policy while the learner
-    updates (collection overlaps learning; PPO's ratio is taken against the acting policy); 0 waits.
+    updates (collection overlaps learning; `ppo.lagged_ratio` says how the update treats such a batch); 0 waits.
     Other vector modes (and `auto` when it picks `sync`) run with 0, and record 0 in config.yaml."""
     worker_timeout_s: PositiveFloat = 60.0
     """Seconds a worker process (`vector: subprocess|workers`) may take to answer (build, reset or step

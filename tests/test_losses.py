@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from marl_ppo.algo.losses import (
+    approx_kl,
     normalize_advantages,
     normalize_advantages_per_agent,
     policy_loss,
@@ -61,6 +62,36 @@ def test_policy_loss_divides_by_the_given_count_and_is_zero_with_no_live_sample(
     nobody = torch.zeros_like(alive)
     empty = policy_loss(logp, logp_old, advantages, nobody, clip_ratio=CLIP)
     assert (empty.loss.item(), empty.clipfrac.item(), empty.approx_kl.item()) == (0.0, 0.0, 0.0)
+
+
+def test_weights_scale_each_samples_clipped_term_and_none_is_the_unweighted_loss():
+    """Decoupled PPO's weights multiply each live sample's pessimistic term (2.2, 1.2, -0.8, -3.0, 0.5);
+    weights None is PPO's loss exactly, and weights of 1 give the same numbers bit for bit."""
+    logp, logp_old, advantages, alive, ratio = _policy_case()
+    plain = policy_loss(logp, logp_old, advantages, alive, clip_ratio=CLIP)
+    explicit = torch.min(ratio * advantages, ratio.clamp(1 - CLIP, 1 + CLIP) * advantages)[alive].mean()
+    assert plain.loss.item() == pytest.approx(-explicit.item(), abs=1e-7)
+    ones = policy_loss(logp, logp_old, advantages, alive, clip_ratio=CLIP, weights=torch.ones(3, 2))
+    assert torch.equal(ones.loss, plain.loss)
+    weights = torch.tensor([[0.5, 1.0], [0.25, 1.0], [2.0, 1000.0]])  # the dead sample's weight is ignored
+    weighted = policy_loss(logp, logp_old, advantages, alive, clip_ratio=CLIP, weights=weights)
+    assert weighted.loss.item() == pytest.approx(
+        -(0.5 * 2.2 + 1.2 - 0.25 * 0.8 - 3.0 + 2.0 * 0.5) / 5, abs=1e-6
+    )
+    # the diagnostics describe the ratio, whatever the weights
+    assert (weighted.approx_kl, weighted.clipfrac) == (plain.approx_kl, plain.clipfrac)
+    weighted.loss.backward()
+    expected = torch.tensor([[-0.5 * 1.1 * 2 / 5, 0.0], [0.0, 1.5 * 2 / 5], [-2.0 * 0.5 * 1 / 5, 0.0]])
+    torch.testing.assert_close(logp.grad, expected)
+
+
+def test_approx_kl_is_the_k3_estimate_over_live_samples():
+    logp_old = torch.tensor([[-1.0, -2.0], [-0.5, -3.0]])
+    logp = logp_old + torch.tensor([[0.1, -0.2], [0.0, 5.0]])
+    alive = torch.tensor([[True, True], [True, False]])
+    k3 = [math.exp(d) - 1 - d for d in (0.1, -0.2, 0.0)]
+    assert approx_kl(logp, logp_old, alive).item() == pytest.approx(sum(k3) / 3, rel=1e-5)  # 0.0079672
+    assert approx_kl(logp_old, logp_old, alive).item() == 0.0
 
 
 def test_value_loss_squared_and_huber():

@@ -40,13 +40,21 @@ def policy_loss(
     alive: torch.Tensor,
     *,
     clip_ratio: float,
+    weights: torch.Tensor | None = None,
     count: torch.Tensor | None = None,
 ) -> PolicyTerms:
-    """PPO's clipped surrogate objective, negated, over live samples (`count`: see masked_mean)."""
+    """PPO's clipped surrogate objective, negated, over live samples (`count`: see masked_mean).
+
+    The ratio is `exp(logp - logp_old)`; `weights` (no gradient) scale each sample's clipped term:
+    decoupled PPO takes the ratio against the policy at the start of the update and weights the
+    terms by start policy / acting policy. None: every sample weighs 1.
+    """
     count = mask_count(alive) if count is None else count
     log_ratio = logp - logp_old
     ratio = log_ratio.exp()
     surrogate = torch.min(ratio * advantages, ratio.clamp(1.0 - clip_ratio, 1.0 + clip_ratio) * advantages)
+    if weights is not None:
+        surrogate = weights * surrogate
     with torch.no_grad():
         approx_kl = _k3(ratio, log_ratio, alive, count)
         clipfrac = masked_mean(((ratio - 1.0).abs() > clip_ratio).float(), alive, count)

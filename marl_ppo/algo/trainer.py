@@ -42,11 +42,13 @@ class TrainStats:
     delta_loss_v: float
     """loss_v after minus before the update."""
     kl: float
-    """Approximate KL(old || new) over the batch after the update."""
+    """Approximate KL(old || new) over the batch after the update, from the policy the ratio is taken
+    against: the acting policy, or with decoupled policy lag the policy at the start of the update (the
+    update's own movement)."""
     entropy: float
     """Exact entropy of the updated policies, mean over live agent-steps."""
     clipfrac: float
-    """Fraction of live samples whose ratio is outside the clip range after the update."""
+    """Fraction of live samples whose ratio (as for kl) is outside the clip range after the update."""
     stop_iter: int
     """Actor epochs started (fewer than train_pi_iters when the KL early stop fired)."""
     pi_steps: int
@@ -60,6 +62,12 @@ class TrainStats:
     """Mean GAE return target over the batch's live samples."""
     nonfinite_skips: int = 0
     """Steps dropped this update for a NaN or inf loss, gradient or return (`ppo.on_nonfinite: skip`)."""
+    kl_behaviour_start: float | None = None
+    """With policy lag: approximate KL(acting policy || policy at the start of the update) over the
+    diagnostic rows, how far the lag put the two apart; None (not logged) without lag."""
+    behaviour_weight_mean: float | None = None
+    """With policy lag and `ppo.lagged_ratio: decoupled`: the mean over live samples of the advantages'
+    truncated weights start policy / acting policy; None (not logged) otherwise."""
 
 
 @dataclass(frozen=True)
@@ -113,8 +121,12 @@ class Trainer:
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.generator.set_state(state["generator"])
 
-    def prepare(self, batches: Mapping[str, AgentBatch]) -> dict[str, AgentBatch]:
+    def prepare(self, batches: Mapping[str, AgentBatch], *, lagged: bool = False) -> dict[str, AgentBatch]:
         """Update the value normalizers with the batch's returns and normalize advantages per group.
+
+        A `lagged` batch (collected by the policy one update behind) under `ppo.lagged_ratio: decoupled`
+        also carries the start policy's log-probabilities, the advantages' weights and the critic's
+        start outputs (`_start_of_update`).
 
         The prepared batches carry normalized advantages; `values_old` in the units of the critic's
         outputs (the statistics before the update), `returns` in those the critic learns towards (the
@@ -122,6 +134,7 @@ class Trainer:
         at every minibatch step). The losses read only those inputs, so `obs` and `state` are cut to
         zero width, and minibatch gathers do not copy them.
         """
+        decoupled = lagged and self.ppo.lagged_ratio == "decoupled"
         prepared = {}
         for name, batch in batches.items():
             actor, critic, norm = self.model.group(name)
@@ -147,18 +160,42 @@ class Trainer:
                 obs=batch.obs[..., :0],
                 state=batch.state[..., :0],
             )
+            if decoupled:
+                prepared[name] = self._start_of_update(name, prepared[name])
         return prepared
 
-    def update(self, batches: Mapping[str, AgentBatch]) -> TrainStats:
-        """One PPO update on the groups' batches (raw advantages, return-unit values)."""
+    @torch.no_grad()
+    def _start_of_update(self, name: str, batch: AgentBatch) -> AgentBatch:
+        """Decoupled PPO's fields: the start policy's log-probabilities of the batch's actions, the
+        advantages' weights start / acting policy truncated at `ppo.behaviour_weight_max`, and the
+        critic's start outputs (one forward of each network over the batch)."""
+        actor, critic, _ = self.model.group(name)
+        logp_prox = actor.forward_encoded(batch.actor_input, batch.action_mask).log_prob(batch.actions)
+        weight = (logp_prox - batch.logp_old).exp()
+        if self.ppo.behaviour_weight_max is not None:
+            weight = weight.clamp(max=self.ppo.behaviour_weight_max)
+        return dataclasses.replace(
+            batch,
+            logp_prox=logp_prox,
+            behaviour_weight=torch.where(batch.alive, weight, 1.0),  # absent agents' log-probs mean nothing
+            values_start=critic.forward_encoded(batch.critic_input),
+        )
+
+    def update(self, batches: Mapping[str, AgentBatch], *, lagged: bool = False) -> TrainStats:
+        """One PPO update on the groups' batches (raw advantages, return-unit values).
+
+        `lagged`: the batches were collected by the policy one update behind this one (policy lag 1);
+        `ppo.lagged_ratio` says how the update treats them. Not lagged, nothing of it is computed.
+        """
         self.updates += 1
         self._skips = 0
         self.actor_optimizer.bind()
         self.critic_optimizer.bind()
         stats_in = _batch_statistics(batches)
-        batches = self.prepare(batches)
+        batches = self.prepare(batches, lagged=lagged)
         probe = _diagnostic_rows(batches)  # the same rows before and after, so the deltas compare
         before = self._evaluate(probe)
+        lag = _lag_statistics(probe, before) if lagged else {}
         pi_epochs, pi_steps = self._epochs(batches)
         after = self._evaluate(probe)
         return TrainStats(
@@ -173,6 +210,7 @@ class Trainer:
             pi_steps=pi_steps,
             nonfinite_skips=self._skips,
             **stats_in,
+            **lag,
         )
 
     def _epochs(self, batches: Mapping[str, AgentBatch]) -> tuple[int, int]:
@@ -209,7 +247,7 @@ class Trainer:
         for name, batch in minibatch.items():
             actor = self.model.group(name).actor
             logp = actor.forward_encoded(batch.actor_input, batch.action_mask).log_prob(batch.actions)
-            kls.append(approx_kl(logp, batch.logp_old, batch.alive))
+            kls.append(approx_kl(logp, _ratio_reference(batch), batch.alive))
         return bool(torch.stack(kls).max() > 1.5 * self.ppo.target_kl)
 
     def _losses(
@@ -226,19 +264,20 @@ class Trainer:
             count = mask_count(batch.alive)  # one divisor for the group's five means
             terms = policy_loss(
                 dist.log_prob(batch.actions),
-                batch.logp_old,
+                _ratio_reference(batch),
                 batch.advantages,
                 batch.alive,
                 clip_ratio=ppo.clip_ratio,
+                weights=batch.behaviour_weight,
                 count=count,
             )
             entropy = masked_mean(dist.entropy(), batch.alive, count)
             group_pi = terms.loss - ppo.entropy_coef * entropy
             loss_pi = loss_pi + group_pi
             values = critic.forward_encoded(batch.critic_input)
-            group_v = value_loss(  # prepared batches hold values_old and returns in the critic's units
+            group_v = value_loss(  # prepared batches hold the clip's centre and returns in the critic's units
                 values,
-                batch.values_old,
+                _value_clip_centre(batch),
                 batch.returns,
                 batch.alive,
                 huber_delta=ppo.huber_delta,
@@ -322,6 +361,30 @@ class Trainer:
             return float(sum(d[key] for d in diagnostics.values()) / len(diagnostics))
 
         return _Evaluation(float(loss_pi), float(loss_v), mean("kl"), mean("entropy"), mean("clipfrac"))
+
+
+def _ratio_reference(batch: AgentBatch) -> torch.Tensor:
+    """The log-probabilities the ratio and the KL stop are taken against: the start policy's under
+    decoupled lag, else the acting policy's."""
+    return batch.logp_old if batch.logp_prox is None else batch.logp_prox
+
+
+def _value_clip_centre(batch: AgentBatch) -> torch.Tensor:
+    """The critic's outputs at the start of the update under decoupled lag, else the acting-time values
+    (both in the critic's units)."""
+    return batch.values_old if batch.values_start is None else batch.values_start
+
+
+def _lag_statistics(probe: Mapping[str, AgentBatch], before: _Evaluation) -> dict[str, float]:
+    """KL(acting || start policy) and, under decoupled lag, the mean advantage weight, over the probe rows."""
+    if all(batch.logp_prox is None for batch in probe.values()):  # lagged_ratio: behaviour
+        return {"kl_behaviour_start": before.kl}  # the start policy's KL from the ratio's reference
+    kls = [approx_kl(b.logp_prox, b.logp_old, b.alive) for b in probe.values()]
+    weights = [masked_mean(b.behaviour_weight, b.alive) for b in probe.values()]
+    return {
+        "kl_behaviour_start": float(sum(kls) / len(kls)),
+        "behaviour_weight_mean": float(sum(weights) / len(weights)),
+    }
 
 
 _ADVANTAGE_NORMS = {"group": normalize_advantages, "agent": normalize_advantages_per_agent}
