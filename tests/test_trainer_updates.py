@@ -1,5 +1,6 @@
-"""What one PPO update does, step by step: the KL early stop, the value clip's centre, and the
-gradient clipping and advantage normalization switches."""
+"""What one PPO update does, step by step: gradient clipping and advantage normalization switches,
+the value clip's centre, the KL early stop, and decoupled PPO under policy lag (ratio, weights,
+KL stop, logged statistics; nothing of it without lag)."""
 
 import copy
 import dataclasses
