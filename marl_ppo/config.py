@@ -101,25 +101,52 @@ class PPOConfig:
     clip_ratio: PositiveFloat = 0.2
     """PPO probability-ratio clip epsilon."""
     train_pi_iters: PositiveInt = 10
-    """Epochs over the batch for the actors (stops early when KL > 1.5 * target_kl)."""
+    """Epochs over the batch for the actors (they stop early at the KL bound, see target_kl)."""
     train_vf_iters: PositiveInt = 10
     """Epochs over the batch for the critic."""
     num_minibatches: PositiveInt = 4
     """Minibatches per epoch; the batch (rollout_steps * num_envs env steps) is split evenly."""
     target_kl: PositiveFloat | None = 0.05
-    """Early-stop the actor epochs when the epoch's mean approximate KL exceeds 1.5 * target_kl; null disables."""
+    """Stop the actors at once when, after a minibatch step, the approximate KL of the updated policy
+    from the policy at the start of the update, on that minibatch, exceeds 1.5 * target_kl in any
+    group (the largest over groups decides: the groups' actors step together, and none may pass the
+    bound); the critic finishes its epochs. Costs one more forward of the actors per step; null disables."""
     entropy_coef: Annotated[float, Field(ge=0)] = 0.01
     """Weight of the entropy bonus in the actor loss."""
     max_grad_norm: PositiveFloat | None = 10.0
-    """Clip the global gradient norm of actors and of the critic to this value; null disables."""
+    """Clip the gradient norm of the actors and of the critics to this value (see grad_clip); null disables."""
+    grad_clip: Literal["global", "per_group"] = "global"
+    """What max_grad_norm bounds: `global`, one norm over every group's actors and one over every
+    group's critics; `per_group`, each group's actor and each group's critic apart (MAPPO clips each
+    policy on its own)."""
     normalize_advantages: bool = True
-    """Standardize advantages over each agent group's live samples of the batch (never across groups)."""
+    """Standardize advantages over live samples of the batch (never across groups; see advantage_norm)."""
+    advantage_norm: Literal["group", "agent"] = "group"
+    """What normalize_advantages standardizes over: `group`, all of an agent group's live samples;
+    `agent`, each agent's own (MAPPO's separated mode)."""
     value_norm: bool = True
     """Train the critic on running-mean/std normalized returns (MAPPO's ValueNorm)."""
+    value_norm_var_floor: PositiveFloat = 1e-2
+    """Smallest variance ValueNorm divides by: the std is at least its square root (MAPPO's 1e-2 gives
+    std >= 0.1). With sparse rewards a long run of zero returns otherwise shrinks the std until the
+    first rewards become targets of hundreds; a smaller floor (1e-5) follows small-variance returns closer."""
     huber_delta: PositiveFloat | None = 10.0
     """Huber loss delta for the value loss; null uses the squared error."""
     value_clip: PositiveFloat | None = 0.2
     """Clip the new value to old value +- this (in normalized units when value_norm); null disables."""
+    lagged_ratio: Literal["decoupled", "behaviour"] = "decoupled"
+    """How an update treats a batch collected with policy_lag 1, by the policy one update behind the
+    one being updated. `decoupled` (Hilton, Cobbe and Schulman 2021, "Batch size-invariance for policy
+    optimization"): the ratio and its clip are taken against the policy at the start of the update,
+    each sample's term is weighted by start policy / acting policy (see behaviour_weight_max), the
+    value clip is centred on the critic's output at the start of the update, and the KL stop measures
+    the update's own movement. `behaviour`: ratio, value clip and KL stop use the acting policy's
+    log-probabilities and values, as for an on-policy batch. Without policy lag neither applies."""
+    behaviour_weight_max: PositiveFloat | None = 1.0
+    """Truncation of decoupled PPO's weight pi_start(a|s) / pi_acting(a|s), as V-trace truncates its
+    importance weights at 1.0: no sample counts more than once, which bounds the variance and biases the
+    update slightly towards the acting policy where the start policy favours an action more; null
+    leaves the weights untruncated."""
     on_nonfinite: Literal["error", "skip"] = "error"
     """A NaN or inf loss, gradient or return: `error` stops the run naming the group, term and update;
     `skip` drops that minibatch step (or the update's value-norm statistics) and counts it in
@@ -186,7 +213,7 @@ class ExperimentConfig:
     """Worker processes for `vector: subprocess|workers` (each owns a contiguous slice of the env copies)."""
     policy_lag: Literal[0, 1] = 0
     """With `vector: workers`, 1 collects the next rollout with the pre-update policy while the learner
-    updates (collection overlaps learning; PPO's ratio is taken against the acting policy); 0 waits.
+    updates (collection overlaps learning; `ppo.lagged_ratio` says how the update treats such a batch); 0 waits.
     Other vector modes (and `auto` when it picks `sync`) run with 0, and record 0 in config.yaml."""
     worker_timeout_s: PositiveFloat = 60.0
     """Seconds a worker process (`vector: subprocess|workers`) may take to answer (build, reset or step

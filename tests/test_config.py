@@ -158,9 +158,15 @@ def test_floats_in_scientific_notation_are_numbers_and_fractions_stay_errors(tmp
 @pytest.mark.parametrize(
     ("typo", "offered"),
     [
-        ("ppo.clip", "did you mean 'ppo.clip_ratio' or 'ppo.value_clip'?"),  # the key's parts
+        (
+            "ppo.clip",
+            "did you mean 'ppo.clip_ratio', 'ppo.grad_clip' or 'ppo.value_clip'?",
+        ),  # the key's parts
         ("ppo.lr", "did you mean 'ppo.lr_schedule', 'ppo.pi_lr' or 'ppo.vf_lr'?"),
-        ("ppo.norm_adv", "did you mean 'ppo.normalize_advantages'?"),  # prefixes of each part
+        (
+            "ppo.norm_adv",
+            "did you mean 'ppo.normalize_advantages' or 'ppo.advantage_norm'?",
+        ),  # prefixes of parts
         ("clip_ratio", "did you mean 'ppo.clip_ratio'?"),  # the right name in another section
         ("model.hidden", "did you mean 'model.hidden_sizes'?"),
         ("ppo.pi_lrr", "did you mean 'ppo.pi_lr'?"),  # a misspelling: the closest spelling

@@ -29,6 +29,7 @@ TRAIN_TAGS = [
     "entropy",
     "clipfrac",
     "stop_iter",
+    "pi_steps",
     "explained_variance",
     "value_mean",
     "return_mean",

@@ -6,7 +6,13 @@ import math
 import pytest
 import torch
 
-from marl_ppo.algo.losses import normalize_advantages, policy_loss, value_loss
+from marl_ppo.algo.losses import (
+    approx_kl,
+    normalize_advantages,
+    normalize_advantages_per_agent,
+    policy_loss,
+    value_loss,
+)
 from marl_ppo.algo.value_norm import ValueNorm
 
 CLIP = 0.2
@@ -58,6 +64,36 @@ def test_policy_loss_divides_by_the_given_count_and_is_zero_with_no_live_sample(
     assert (empty.loss.item(), empty.clipfrac.item(), empty.approx_kl.item()) == (0.0, 0.0, 0.0)
 
 
+def test_weights_scale_each_samples_clipped_term_and_none_is_the_unweighted_loss():
+    """Decoupled PPO's weights multiply each live sample's pessimistic term (2.2, 1.2, -0.8, -3.0, 0.5);
+    weights None is PPO's loss exactly, and weights of 1 give the same numbers bit for bit."""
+    logp, logp_old, advantages, alive, ratio = _policy_case()
+    plain = policy_loss(logp, logp_old, advantages, alive, clip_ratio=CLIP)
+    explicit = torch.min(ratio * advantages, ratio.clamp(1 - CLIP, 1 + CLIP) * advantages)[alive].mean()
+    assert plain.loss.item() == pytest.approx(-explicit.item(), abs=1e-7)
+    ones = policy_loss(logp, logp_old, advantages, alive, clip_ratio=CLIP, weights=torch.ones(3, 2))
+    assert torch.equal(ones.loss, plain.loss)
+    weights = torch.tensor([[0.5, 1.0], [0.25, 1.0], [2.0, 1000.0]])  # the dead sample's weight is ignored
+    weighted = policy_loss(logp, logp_old, advantages, alive, clip_ratio=CLIP, weights=weights)
+    assert weighted.loss.item() == pytest.approx(
+        -(0.5 * 2.2 + 1.2 - 0.25 * 0.8 - 3.0 + 2.0 * 0.5) / 5, abs=1e-6
+    )
+    # the diagnostics describe the ratio, whatever the weights
+    assert (weighted.approx_kl, weighted.clipfrac) == (plain.approx_kl, plain.clipfrac)
+    weighted.loss.backward()
+    expected = torch.tensor([[-0.5 * 1.1 * 2 / 5, 0.0], [0.0, 1.5 * 2 / 5], [-2.0 * 0.5 * 1 / 5, 0.0]])
+    torch.testing.assert_close(logp.grad, expected)
+
+
+def test_approx_kl_is_the_k3_estimate_over_live_samples():
+    logp_old = torch.tensor([[-1.0, -2.0], [-0.5, -3.0]])
+    logp = logp_old + torch.tensor([[0.1, -0.2], [0.0, 5.0]])
+    alive = torch.tensor([[True, True], [True, False]])
+    k3 = [math.exp(d) - 1 - d for d in (0.1, -0.2, 0.0)]
+    assert approx_kl(logp, logp_old, alive).item() == pytest.approx(sum(k3) / 3, rel=1e-5)  # 0.0079672
+    assert approx_kl(logp_old, logp_old, alive).item() == 0.0
+
+
 def test_value_loss_squared_and_huber():
     values = torch.tensor([0.5, 3.0, -2.0, 50.0])
     targets = torch.zeros(4)
@@ -104,6 +140,22 @@ def test_advantages_are_standardized_over_live_samples_and_dead_ones_are_shifted
     assert normalized[1, 1].item() == pytest.approx(98 / std) and normalized[1, 1].item() != 100.0
 
 
+def test_per_agent_normalization_standardizes_each_agents_live_samples():
+    """Agent 0 lives at 1, 2, 3 (mean 2, variance 2/3); agent 1 at 10 and 30 (mean 20, variance 100),
+    its dead 100 shifted and scaled alike; agent 2 is constant and becomes zeros."""
+    advantages = torch.tensor([[1.0, 10.0, 4.0], [2.0, 30.0, 4.0], [3.0, 100.0, 4.0]])
+    alive = torch.tensor([[True, True, True], [True, True, True], [True, False, True]])
+    normalized = normalize_advantages_per_agent(advantages, alive)
+    std = math.sqrt(2 / 3)
+    expected = torch.tensor([[-1 / std, -1.0, 0.0], [0.0, 1.0, 0.0], [1 / std, 8.0, 0.0]])
+    torch.testing.assert_close(normalized, expected)
+    # one agent: the group's normalization
+    torch.testing.assert_close(
+        normalize_advantages_per_agent(advantages[:, :1], alive[:, :1]),
+        normalize_advantages(advantages[:, :1], alive[:, :1]),
+    )
+
+
 def test_constant_advantages_normalize_to_zero_not_nan():
     normalized = normalize_advantages(torch.full((4, 1), 5.0), torch.ones(4, 1, dtype=torch.bool))
     assert torch.equal(normalized, torch.zeros(4, 1))
@@ -141,13 +193,30 @@ def test_value_norm_normalize_and_denormalize_round_trip():
 
 
 def test_value_norm_edge_cases():
-    norm = ValueNorm(enabled=True, epsilon=1e-5)
+    norm = ValueNorm(enabled=True, var_floor=1e-5)
     norm.update(torch.tensor([]))  # nothing to merge
     assert norm.count.item() == 0
     norm.update(torch.full((4,), 5.0))
     assert norm.var.item() == 0.0 and norm.std.item() == pytest.approx(math.sqrt(1e-5))  # floor
+    assert ValueNorm(enabled=True).var_floor == 1e-2  # MAPPO's floor by default
     off = ValueNorm(enabled=False)
     off.update(torch.tensor([10.0, 20.0]))
     values = torch.tensor([1.0, -2.0])
     assert off.count.item() == 0
     assert torch.equal(off.normalize(values), values) and torch.equal(off.denormalize(values), values)
+
+
+@pytest.mark.parametrize(("var_floor", "expected"), [(1e-2, 9.0), (1e-5, 183.5)])
+def test_value_norm_floor_on_a_sparse_return_stream(var_floor, expected):
+    """100 batches of 1,000 zero returns, then one batch with three returns of 0.9 among zeros.
+
+    The running variance is then 0.81 * 3 / 100,999 = 2.4e-5 (std 0.0049): above the 1e-5 floor, so
+    that floor lets a 0.9 return become a target of 183.5, where MAPPO's 1e-2 (std >= 0.1) gives 9.
+    """
+    norm = ValueNorm(enabled=True, var_floor=var_floor)
+    for _ in range(100):
+        norm.update(torch.zeros(1000))
+    norm.update(torch.tensor([0.9, 0.9, 0.9] + [0.0] * 996))
+    assert norm.var.item() == pytest.approx(0.81 * 3 / 100_999 - (2.7 / 100_999) ** 2)
+    target = norm.normalize(torch.tensor([0.9])).item()
+    assert target == pytest.approx(expected, rel=1e-3)

@@ -1,6 +1,7 @@
 """FlatAdam computes what torch's per-parameter Adam and clip_grad_norm_ compute, and speaks its state dict."""
 
 import copy
+import math
 
 import pytest
 import torch
@@ -145,3 +146,38 @@ def test_flat_adam_step_is_torch_adams_step_bit_for_bit():
     assert torch.equal(ours.data, theirs.data)
     for key in ("step", "exp_avg", "exp_avg_sq"):
         assert torch.equal(ours.optimizer.state[ours._flat][key], theirs.optimizer.state[theirs._flat][key])
+
+
+@pytest.mark.parametrize("kind", ["flat_adam", "adam_foreach"])
+def test_per_part_clipping_bounds_each_part_and_global_clipping_the_total(kind):
+    """Two parts of two parameters each, gradient norms 3 and 0.5, max_norm 1.
+
+    per part: the first is scaled to norm 1, the second (below the bound) left as it is;
+    global: one norm sqrt(9 + 0.25) = 3.0414, both scaled by 1 / 3.0414 (norms 0.9864 and 0.1644).
+    """
+    from marl_ppo.algo.optim import make_optimizer
+
+    def clipped(method: str) -> tuple[list[float], list[float]]:
+        parts = [nn.Linear(4, 3), nn.Linear(2, 5)]
+        params = [p for part in parts for p in part.parameters()]
+        optimizer = make_optimizer(params, lr=1e-3, kind=kind, parts=[2, 2])
+        optimizer.zero_grad()
+        for part, norm in zip(parts, (3.0, 0.5), strict=True):
+            size = sum(p.numel() for p in part.parameters())  # every element's gradient is norm / sqrt(size)
+            (sum(p.sum() for p in part.parameters()) * (norm / math.sqrt(size))).backward()
+        before = getattr(optimizer, method)(1.0)
+        after = [float(nn.utils.get_total_norm([p.grad for p in part.parameters()])) for part in parts]
+        return before.reshape(-1).tolist(), after
+
+    before, after = clipped("clip_grad_norms")
+    assert before == pytest.approx([3.0, 0.5], rel=1e-6)
+    assert after == pytest.approx([1.0, 0.5], rel=1e-5)
+    before, after = clipped("clip_grad_norm")
+    total = math.sqrt(9.25)
+    assert before == pytest.approx([total], rel=1e-6)
+    assert after == pytest.approx([3.0 / total, 0.5 / total], rel=1e-5)
+
+
+def test_parts_must_cover_the_parameters():
+    with pytest.raises(ValueError, match=r"parts \[2, 3\] must be positive and add up to the 6 parameters"):
+        FlatAdam(_net().parameters(), lr=1e-3, eps=1e-5, parts=[2, 3])

@@ -159,11 +159,11 @@ def test_stop_signal_mid_update_finishes_it_and_checkpoints(tiny_overrides, tmp_
     # where the tests were started in the background
     handlers_before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
 
-    def update(self, batches):
+    def update(self, batches, **options):
         calls.append(1)
         if len(calls) == 2:
             signal.raise_signal(signum)  # arrives in the middle of the second update
-        return real(self, batches)
+        return real(self, batches, **options)
 
     monkeypatch.setattr(Trainer, "update", update)
     with pytest.raises(Interrupted) as stopped:

@@ -39,6 +39,15 @@ class AgentBatch:
     """The actor's encoded input (`GroupActor.encode(obs)`), set by `Trainer.prepare`"""
     critic_input: torch.Tensor | None = None
     """The critic's encoded input (`GroupCritic.encode(state, obs)`), set by `Trainer.prepare`"""
+    logp_prox: torch.Tensor | None = None
+    """(N, A) log-probability of the action under the policy at the start of the update, set by
+    `Trainer.prepare` for a lagged batch under `ppo.lagged_ratio: decoupled`: what the ratio is taken against"""
+    behaviour_weight: torch.Tensor | None = None
+    """(N, A) exp(logp_prox - logp_old) truncated at `ppo.behaviour_weight_max` (1 where not alive), set
+    with logp_prox: the weight of each sample's advantage"""
+    values_start: torch.Tensor | None = None
+    """(N, A) the critic's output at the start of the update (the critic's units), set with logp_prox:
+    the value clip's centre"""
 
     def __len__(self) -> int:
         return self.obs.shape[0]

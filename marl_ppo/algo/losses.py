@@ -40,17 +40,40 @@ def policy_loss(
     alive: torch.Tensor,
     *,
     clip_ratio: float,
+    weights: torch.Tensor | None = None,
     count: torch.Tensor | None = None,
 ) -> PolicyTerms:
-    """PPO's clipped surrogate objective, negated, over live samples (`count`: see masked_mean)."""
+    """PPO's clipped surrogate objective, negated, over live samples (`count`: see masked_mean).
+
+    The ratio is `exp(logp - logp_old)`; `weights` (no gradient) scale each sample's clipped term:
+    decoupled PPO takes the ratio against the policy at the start of the update and weights the
+    terms by start policy / acting policy. None: every sample weighs 1.
+    """
     count = mask_count(alive) if count is None else count
     log_ratio = logp - logp_old
     ratio = log_ratio.exp()
     surrogate = torch.min(ratio * advantages, ratio.clamp(1.0 - clip_ratio, 1.0 + clip_ratio) * advantages)
+    if weights is not None:
+        surrogate = weights * surrogate
     with torch.no_grad():
-        approx_kl = masked_mean((ratio - 1.0) - log_ratio, alive, count)
+        approx_kl = _k3(ratio, log_ratio, alive, count)
         clipfrac = masked_mean(((ratio - 1.0).abs() > clip_ratio).float(), alive, count)
     return PolicyTerms(-masked_mean(surrogate, alive, count), approx_kl, clipfrac)
+
+
+def approx_kl(
+    logp: torch.Tensor, logp_old: torch.Tensor, alive: torch.Tensor, count: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Estimate of KL(old || new) from the sampled actions' log-probabilities: the mean over live
+    samples of (ratio - 1) - log ratio, unbiased and never negative (`count`: see masked_mean)."""
+    log_ratio = logp - logp_old
+    return _k3(log_ratio.exp(), log_ratio, alive, count)
+
+
+def _k3(
+    ratio: torch.Tensor, log_ratio: torch.Tensor, alive: torch.Tensor, count: torch.Tensor | None
+) -> torch.Tensor:
+    return masked_mean((ratio - 1.0) - log_ratio, alive, count)
 
 
 def value_loss(
@@ -82,6 +105,14 @@ def normalize_advantages(advantages: torch.Tensor, alive: torch.Tensor) -> torch
     """Standardize one group's advantages over its live samples."""
     mean = masked_mean(advantages, alive)
     var = masked_mean((advantages - mean).pow(2), alive)
+    return (advantages - mean) / (var.sqrt() + 1e-8)
+
+
+def normalize_advantages_per_agent(advantages: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
+    """Standardize each agent's advantages (a column of `(N, A)`) over its own live samples."""
+    count = alive.sum(0).clamp_min(1).to(advantages.dtype)
+    mean = torch.where(alive, advantages, 0.0).sum(0) / count
+    var = torch.where(alive, (advantages - mean).pow(2), 0.0).sum(0) / count
     return (advantages - mean) / (var.sqrt() + 1e-8)
 
 

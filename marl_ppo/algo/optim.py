@@ -1,14 +1,14 @@
-"""The trainer's optimizers: Adam with global-norm gradient clipping, ours or torch's (`fast.optimizer`)."""
+"""The trainer's optimizers: Adam with gradient-norm clipping, global or per part, ours or torch's (`fast.optimizer`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from marl_ppo.fast.adam import FlatAdam
+from marl_ppo.fast.adam import FlatAdam, part_bounds
 
 
 class Optimizer(Protocol):
@@ -26,6 +26,10 @@ class Optimizer(Protocol):
         """Scale the gradients to global norm `max_norm` when larger (None: leave them); the norm before."""
         ...
 
+    def clip_grad_norms(self, max_norm: float | None) -> torch.Tensor:
+        """Scale each part's gradients to norm `max_norm` when larger (None: leave them); the norms before."""
+        ...
+
     def step(self) -> None: ...
 
     def state_dict(self) -> dict[str, Any]: ...
@@ -36,8 +40,17 @@ class Optimizer(Protocol):
 class LibraryAdam:
     """torch.optim.Adam and nn.utils.clip_grad_norm_, behind the trainer's Optimizer interface."""
 
-    def __init__(self, params: Iterable[nn.Parameter], *, lr: float, eps: float, implementation: str) -> None:
+    def __init__(
+        self,
+        params: Iterable[nn.Parameter],
+        *,
+        lr: float,
+        eps: float,
+        implementation: str,
+        parts: Sequence[int] = (),
+    ) -> None:
         self.params = list(params)
+        self.parts = [self.params[start:stop] for start, stop in part_bounds(parts, len(self.params))]
         options = {"single": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
         self.optimizer = torch.optim.Adam(self.params, lr=lr, eps=eps, **options[implementation])
         self._foreach = implementation != "single"
@@ -58,6 +71,15 @@ class LibraryAdam:
             return nn.utils.get_total_norm(grads, foreach=self._foreach)
         return nn.utils.clip_grad_norm_(self.params, max_norm, foreach=self._foreach)
 
+    def clip_grad_norms(self, max_norm: float | None) -> torch.Tensor:
+        if max_norm is None:
+            return torch.stack(
+                [nn.utils.get_total_norm([p.grad for p in part if p.grad is not None]) for part in self.parts]
+            )
+        return torch.stack(
+            [nn.utils.clip_grad_norm_(part, max_norm, foreach=self._foreach) for part in self.parts]
+        )
+
     def step(self) -> None:
         self.optimizer.step()
 
@@ -75,9 +97,14 @@ class LibraryAdam:
         self.optimizer.load_state_dict({"state": state_dict["state"], "param_groups": groups})
 
 
-def make_optimizer(params: Iterable[nn.Parameter], *, lr: float, kind: str) -> Optimizer:
-    """Adam (eps 1e-5) over `params`: `flat_adam` (ours), or torch's `adam`, `adam_foreach`, `adam_fused`."""
+def make_optimizer(
+    params: Iterable[nn.Parameter], *, lr: float, kind: str, parts: Sequence[int] = ()
+) -> Optimizer:
+    """Adam (eps 1e-5) over `params`: `flat_adam` (ours), or torch's `adam`, `adam_foreach`, `adam_fused`.
+
+    `parts` counts the parameters, in order, of each part `clip_grad_norms` clips apart (empty: one part).
+    """
     if kind == "flat_adam":
-        return FlatAdam(params, lr=lr, eps=1e-5)
+        return FlatAdam(params, lr=lr, eps=1e-5, parts=parts)
     implementation = {"adam": "single", "adam_foreach": "foreach", "adam_fused": "fused"}[kind]
-    return LibraryAdam(params, lr=lr, eps=1e-5, implementation=implementation)
+    return LibraryAdam(params, lr=lr, eps=1e-5, implementation=implementation, parts=parts)

@@ -12,14 +12,16 @@ from torch import nn
 
 from marl_ppo.algo.batch import AgentBatch, minibatches
 from marl_ppo.algo.losses import (
+    approx_kl,
     explained_variance,
     mask_count,
     masked_mean,
     normalize_advantages,
+    normalize_advantages_per_agent,
     policy_loss,
     value_loss,
 )
-from marl_ppo.algo.optim import make_optimizer
+from marl_ppo.algo.optim import Optimizer, make_optimizer
 from marl_ppo.config import PPOConfig
 from marl_ppo.faults import NonFiniteError
 from marl_ppo.models.team import TeamModel
@@ -40,13 +42,18 @@ class TrainStats:
     delta_loss_v: float
     """loss_v after minus before the update."""
     kl: float
-    """Approximate KL(old || new) over the batch after the update."""
+    """Approximate KL(old || new) over the batch after the update, from the policy the ratio is taken
+    against: the acting policy, or with decoupled policy lag the policy at the start of the update (the
+    update's own movement)."""
     entropy: float
     """Exact entropy of the updated policies, mean over live agent-steps."""
     clipfrac: float
-    """Fraction of live samples whose ratio is outside the clip range after the update."""
+    """Fraction of live samples whose ratio (as for kl) is outside the clip range after the update."""
     stop_iter: int
-    """Actor epochs run (fewer than train_pi_iters when the KL early stop fired)."""
+    """Actor epochs started (fewer than train_pi_iters when the KL early stop fired)."""
+    pi_steps: int
+    """Actor minibatch steps taken: train_pi_iters * num_minibatches, fewer when the KL early stop
+    fired (the step that crossed the bound is the last) or non-finite steps were skipped."""
     explained_variance: float
     """1 - Var(return - value) / Var(return), with the acting-time values."""
     value_mean: float
@@ -55,6 +62,12 @@ class TrainStats:
     """Mean GAE return target over the batch's live samples."""
     nonfinite_skips: int = 0
     """Steps dropped this update for a NaN or inf loss, gradient or return (`ppo.on_nonfinite: skip`)."""
+    kl_behaviour_start: float | None = None
+    """With policy lag: approximate KL(acting policy || policy at the start of the update) over the
+    diagnostic rows, how far the lag put the two apart; None (not logged) without lag."""
+    behaviour_weight_mean: float | None = None
+    """With policy lag and `ppo.lagged_ratio: decoupled`: the mean over live samples of the advantages'
+    truncated weights start policy / acting policy; None (not logged) otherwise."""
 
 
 @dataclass(frozen=True)
@@ -75,8 +88,12 @@ class Trainer:
         self.model = model
         self.ppo = ppo
         self.generator = generator
-        self.actor_optimizer = make_optimizer(model.actors.parameters(), lr=ppo.pi_lr, kind=optimizer)
-        self.critic_optimizer = make_optimizer(model.critics.parameters(), lr=ppo.vf_lr, kind=optimizer)
+        self.actor_optimizer = make_optimizer(
+            model.actors.parameters(), lr=ppo.pi_lr, kind=optimizer, parts=_sizes(model.actors)
+        )
+        self.critic_optimizer = make_optimizer(
+            model.critics.parameters(), lr=ppo.vf_lr, kind=optimizer, parts=_sizes(model.critics)
+        )
         self.updates = 0
         """Updates started by this trainer (named in non-finite errors)."""
         self._skips = 0
@@ -104,17 +121,26 @@ class Trainer:
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.generator.set_state(state["generator"])
 
-    def prepare(self, batches: Mapping[str, AgentBatch]) -> dict[str, AgentBatch]:
+    def prepare(self, batches: Mapping[str, AgentBatch], *, lagged: bool = False) -> dict[str, AgentBatch]:
         """Update the value normalizers with the batch's returns and normalize advantages per group.
 
-        The prepared batches carry normalized advantages, `values_old` and `returns` in the critic's
-        units, and the networks' encoded inputs (each computed once here rather than at every
-        minibatch step). The losses read only those inputs, so `obs` and `state` are cut to zero
-        width, and minibatch gathers do not copy them.
+        A `lagged` batch (collected by the policy one update behind) under `ppo.lagged_ratio: decoupled`
+        also carries the start policy's log-probabilities, the advantages' weights and the critic's
+        start outputs (`_start_of_update`).
+
+        The prepared batches carry normalized advantages; `values_old` in the units of the critic's
+        outputs (the statistics before the update), `returns` in those the critic learns towards (the
+        statistics after it); and the networks' encoded inputs (each computed once here rather than
+        at every minibatch step). The losses read only those inputs, so `obs` and `state` are cut to
+        zero width, and minibatch gathers do not copy them.
         """
+        decoupled = lagged and self.ppo.lagged_ratio == "decoupled"
         prepared = {}
         for name, batch in batches.items():
             actor, critic, norm = self.model.group(name)
+            # the value clip's centre: the acting-time values in the units the critic's outputs are
+            # in until its first step, those of the statistics before this batch's returns enter them
+            values_old = norm.normalize(batch.values_old)
             returns = batch.returns[batch.alive]
             if bool(torch.isfinite(returns).all() & torch.isfinite(batch.advantages[batch.alive]).all()):
                 norm.update(returns)
@@ -122,11 +148,11 @@ class Trainer:
                 self._nonfinite(f"GAE return or advantage in group '{name}'", "before any step")
             advantages = batch.advantages
             if self.ppo.normalize_advantages:
-                advantages = normalize_advantages(advantages, batch.alive)
+                advantages = _ADVANTAGE_NORMS[self.ppo.advantage_norm](advantages, batch.alive)
             prepared[name] = dataclasses.replace(
                 batch,
                 advantages=advantages,
-                values_old=norm.normalize(batch.values_old),
+                values_old=values_old,
                 returns=norm.normalize(batch.returns),
                 # the networks' inputs, normalized once here rather than at every minibatch step
                 actor_input=actor.encode(batch.obs),
@@ -134,34 +160,43 @@ class Trainer:
                 obs=batch.obs[..., :0],
                 state=batch.state[..., :0],
             )
+            if decoupled:
+                prepared[name] = self._start_of_update(name, prepared[name])
         return prepared
 
-    def update(self, batches: Mapping[str, AgentBatch]) -> TrainStats:
-        """One PPO update on the groups' batches (raw advantages, return-unit values)."""
+    @torch.no_grad()
+    def _start_of_update(self, name: str, batch: AgentBatch) -> AgentBatch:
+        """Decoupled PPO's fields: the start policy's log-probabilities of the batch's actions, the
+        advantages' weights start / acting policy truncated at `ppo.behaviour_weight_max`, and the
+        critic's start outputs (one forward of each network over the batch)."""
+        actor, critic, _ = self.model.group(name)
+        logp_prox = actor.forward_encoded(batch.actor_input, batch.action_mask).log_prob(batch.actions)
+        weight = (logp_prox - batch.logp_old).exp()
+        if self.ppo.behaviour_weight_max is not None:
+            weight = weight.clamp(max=self.ppo.behaviour_weight_max)
+        return dataclasses.replace(
+            batch,
+            logp_prox=logp_prox,
+            behaviour_weight=torch.where(batch.alive, weight, 1.0),  # absent agents' log-probs mean nothing
+            values_start=critic.forward_encoded(batch.critic_input),
+        )
+
+    def update(self, batches: Mapping[str, AgentBatch], *, lagged: bool = False) -> TrainStats:
+        """One PPO update on the groups' batches (raw advantages, return-unit values).
+
+        `lagged`: the batches were collected by the policy one update behind this one (policy lag 1);
+        `ppo.lagged_ratio` says how the update treats them. Not lagged, nothing of it is computed.
+        """
         self.updates += 1
         self._skips = 0
         self.actor_optimizer.bind()
         self.critic_optimizer.bind()
         stats_in = _batch_statistics(batches)
-        batches = self.prepare(batches)
+        batches = self.prepare(batches, lagged=lagged)
         probe = _diagnostic_rows(batches)  # the same rows before and after, so the deltas compare
         before = self._evaluate(probe)
-        ppo = self.ppo
-        policy_active, pi_epochs = True, 0
-        for epoch in range(max(ppo.train_pi_iters, ppo.train_vf_iters)):
-            train_pi = policy_active and epoch < ppo.train_pi_iters
-            train_vf = epoch < ppo.train_vf_iters
-            if not (train_pi or train_vf):
-                break
-            kls = []
-            for k, minibatch in enumerate(minibatches(batches, ppo.num_minibatches, self.generator)):
-                kl = self._step(minibatch, train_pi=train_pi, train_vf=train_vf, where=(epoch, k))
-                if kl is not None:
-                    kls.append(kl)
-            if train_pi:
-                pi_epochs += 1
-                if ppo.target_kl is not None and kls and sum(kls) / len(kls) > 1.5 * ppo.target_kl:
-                    policy_active = False
+        lag = _lag_statistics(probe, before) if lagged else {}
+        pi_epochs, pi_steps = self._epochs(batches)
         after = self._evaluate(probe)
         return TrainStats(
             loss_pi=after.loss_pi,
@@ -172,9 +207,48 @@ class Trainer:
             entropy=after.entropy,
             clipfrac=after.clipfrac,
             stop_iter=pi_epochs,
+            pi_steps=pi_steps,
             nonfinite_skips=self._skips,
             **stats_in,
+            **lag,
         )
+
+    def _epochs(self, batches: Mapping[str, AgentBatch]) -> tuple[int, int]:
+        """The actor and critic epochs over prepared batches; the actor epochs started and steps taken.
+
+        The actors stop at once when a step takes them past the KL bound (`_kl_exceeded`), the critic
+        finishes its epochs.
+        """
+        ppo = self.ppo
+        policy_active, pi_epochs, pi_steps = True, 0, 0
+        for epoch in range(max(ppo.train_pi_iters, ppo.train_vf_iters)):
+            train_vf = epoch < ppo.train_vf_iters
+            if policy_active and epoch < ppo.train_pi_iters:
+                pi_epochs += 1
+            elif not train_vf:
+                break
+            for k, minibatch in enumerate(minibatches(batches, ppo.num_minibatches, self.generator)):
+                train_pi = policy_active and epoch < ppo.train_pi_iters
+                if not (train_pi or train_vf):
+                    break
+                stepped = self._step(minibatch, train_pi=train_pi, train_vf=train_vf, where=(epoch, k))
+                if train_pi and stepped:
+                    pi_steps += 1
+                    policy_active = not self._kl_exceeded(minibatch)
+        return pi_epochs, pi_steps
+
+    @torch.no_grad()
+    def _kl_exceeded(self, minibatch: Mapping[str, AgentBatch]) -> bool:
+        """Whether, on the minibatch just stepped on, the updated actors' approximate KL from the
+        policy at the start of the update exceeds 1.5 * target_kl in any group (one more forward)."""
+        if self.ppo.target_kl is None:
+            return False
+        kls = []
+        for name, batch in minibatch.items():
+            actor = self.model.group(name).actor
+            logp = actor.forward_encoded(batch.actor_input, batch.action_mask).log_prob(batch.actions)
+            kls.append(approx_kl(logp, _ratio_reference(batch), batch.alive))
+        return bool(torch.stack(kls).max() > 1.5 * self.ppo.target_kl)
 
     def _losses(
         self, batches: Mapping[str, AgentBatch]
@@ -190,19 +264,20 @@ class Trainer:
             count = mask_count(batch.alive)  # one divisor for the group's five means
             terms = policy_loss(
                 dist.log_prob(batch.actions),
-                batch.logp_old,
+                _ratio_reference(batch),
                 batch.advantages,
                 batch.alive,
                 clip_ratio=ppo.clip_ratio,
+                weights=batch.behaviour_weight,
                 count=count,
             )
             entropy = masked_mean(dist.entropy(), batch.alive, count)
             group_pi = terms.loss - ppo.entropy_coef * entropy
             loss_pi = loss_pi + group_pi
             values = critic.forward_encoded(batch.critic_input)
-            group_v = value_loss(  # prepared batches hold values_old and returns in the critic's units
+            group_v = value_loss(  # prepared batches hold the clip's centre and returns in the critic's units
                 values,
-                batch.values_old,
+                _value_clip_centre(batch),
                 batch.returns,
                 batch.alive,
                 huber_delta=ppo.huber_delta,
@@ -221,28 +296,34 @@ class Trainer:
 
     def _step(
         self, minibatch: Mapping[str, AgentBatch], *, train_pi: bool, train_vf: bool, where: tuple[int, int]
-    ) -> float | None:
-        """One optimizer step; None when it was skipped for a non-finite loss or gradient."""
+    ) -> bool:
+        """One optimizer step; False when it was skipped for a non-finite loss or gradient."""
         loss_pi, loss_v, diagnostics = self._losses(minibatch)
         self.actor_optimizer.zero_grad()
         self.critic_optimizer.zero_grad()
         total = (loss_pi if train_pi else 0.0) + (loss_v if train_vf else 0.0)
         total.backward()
-        checked = [total.detach()]
+        checked = [total.detach().reshape(1)]
         if train_pi:
-            checked.append(self.actor_optimizer.clip_grad_norm(self.ppo.max_grad_norm))
+            checked.append(self._clip(self.actor_optimizer))
         if train_vf:
-            checked.append(self.critic_optimizer.clip_grad_norm(self.ppo.max_grad_norm))
-        if not bool(torch.isfinite(torch.stack(checked)).all()):  # one check (one sync) per step
+            checked.append(self._clip(self.critic_optimizer))
+        if not bool(torch.isfinite(torch.cat(checked)).all()):  # one check (one sync) per step
             self._nonfinite(
                 self._culprit(diagnostics, train_pi, train_vf), f"epoch {where[0]}, minibatch {where[1]}"
             )
-            return None
+            return False
         if train_pi:
             self.actor_optimizer.step()
         if train_vf:
             self.critic_optimizer.step()
-        return float(sum(d["kl"] for d in diagnostics.values()) / len(diagnostics))
+        return True
+
+    def _clip(self, optimizer: Optimizer) -> torch.Tensor:
+        """Clip the optimizer's gradients as `ppo.grad_clip` says; the norms before (1-D)."""
+        if self.ppo.grad_clip == "per_group":
+            return optimizer.clip_grad_norms(self.ppo.max_grad_norm)
+        return optimizer.clip_grad_norm(self.ppo.max_grad_norm).reshape(1)
 
     def _culprit(
         self, diagnostics: Mapping[str, dict[str, torch.Tensor]], train_pi: bool, train_vf: bool
@@ -280,6 +361,39 @@ class Trainer:
             return float(sum(d[key] for d in diagnostics.values()) / len(diagnostics))
 
         return _Evaluation(float(loss_pi), float(loss_v), mean("kl"), mean("entropy"), mean("clipfrac"))
+
+
+def _ratio_reference(batch: AgentBatch) -> torch.Tensor:
+    """The log-probabilities the ratio and the KL stop are taken against: the start policy's under
+    decoupled lag, else the acting policy's."""
+    return batch.logp_old if batch.logp_prox is None else batch.logp_prox
+
+
+def _value_clip_centre(batch: AgentBatch) -> torch.Tensor:
+    """The critic's outputs at the start of the update under decoupled lag, else the acting-time values
+    (both in the critic's units)."""
+    return batch.values_old if batch.values_start is None else batch.values_start
+
+
+def _lag_statistics(probe: Mapping[str, AgentBatch], before: _Evaluation) -> dict[str, float]:
+    """KL(acting || start policy) and, under decoupled lag, the mean advantage weight, over the probe rows."""
+    if all(batch.logp_prox is None for batch in probe.values()):  # lagged_ratio: behaviour
+        return {"kl_behaviour_start": before.kl}  # the start policy's KL from the ratio's reference
+    kls = [approx_kl(b.logp_prox, b.logp_old, b.alive) for b in probe.values()]
+    weights = [masked_mean(b.behaviour_weight, b.alive) for b in probe.values()]
+    return {
+        "kl_behaviour_start": float(sum(kls) / len(kls)),
+        "behaviour_weight_mean": float(sum(weights) / len(weights)),
+    }
+
+
+_ADVANTAGE_NORMS = {"group": normalize_advantages, "agent": normalize_advantages_per_agent}
+"""`ppo.advantage_norm`: over a group's live samples, or over each agent's."""
+
+
+def _sizes(networks: nn.ModuleList) -> list[int]:
+    """Parameters per group's network, in order: the parts that `grad_clip: per_group` clips apart."""
+    return [len(list(network.parameters())) for network in networks]
 
 
 DIAGNOSTIC_ROWS = 8192

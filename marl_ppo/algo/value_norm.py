@@ -9,13 +9,16 @@ from torch import nn
 class ValueNorm(nn.Module):
     """Exact running mean/variance of value targets; the critic learns `(return - mean) / std`.
 
-    Disabled (`enabled=False`) it is the identity, so callers never branch on it.
+    The variance is floored at `var_floor` when dividing (MAPPO's ValueNorm clamps it at 1e-2, so
+    std >= 0.1): with sparse rewards, a long run of zero returns would otherwise shrink the std until a
+    first reward of 0.9 becomes a target of hundreds. Disabled (`enabled=False`) it is the identity,
+    so callers never branch on it.
     """
 
-    def __init__(self, *, enabled: bool, epsilon: float = 1e-5) -> None:
+    def __init__(self, *, enabled: bool, var_floor: float = 1e-2) -> None:
         super().__init__()
         self.enabled = enabled
-        self.epsilon = epsilon
+        self.var_floor = var_floor
         self.register_buffer("mean", torch.zeros((), dtype=torch.float64))
         self.register_buffer("var", torch.ones((), dtype=torch.float64))
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
@@ -37,8 +40,8 @@ class ValueNorm(nn.Module):
 
     @property
     def std(self) -> torch.Tensor:
-        """Running standard deviation (float64 scalar)."""
-        return torch.sqrt(self.var.clamp_min(self.epsilon))
+        """Running standard deviation, at least sqrt(var_floor) (float64 scalar)."""
+        return torch.sqrt(self.var.clamp_min(self.var_floor))
 
     def normalize(self, values: torch.Tensor) -> torch.Tensor:
         """Return units -> the critic's units."""

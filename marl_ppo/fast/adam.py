@@ -11,7 +11,8 @@ checkpoints do not depend on it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import itertools
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -20,18 +21,32 @@ from torch import nn
 _STATE_KEYS = ("exp_avg", "exp_avg_sq")
 
 
+def part_bounds(parts: Sequence[int], count: int) -> list[tuple[int, int]]:
+    """`[start, stop)` indices into `count` parameters of parts of `parts` parameters each (empty: one part)."""
+    sizes = list(parts) or [count]
+    if sum(sizes) != count or min(sizes) < 1:
+        raise ValueError(f"optimizer parts {sizes} must be positive and add up to the {count} parameters")
+    ends = list(itertools.accumulate(sizes))
+    return list(zip([0, *ends[:-1]], ends, strict=True))
+
+
 class FlatAdam:
     """`torch.optim.Adam` over a list of parameters held in one flat buffer, their gradients in another.
 
     Autograd accumulates into an existing `.grad` in place, so once each gradient is a view of the flat
     gradient buffer a backward pass fills it directly. `bind()` re-establishes the views when something
     outside replaced a parameter's data or gradient (`module.to()`, `zero_grad(set_to_none=True)`).
+    `parts` counts the parameters, in order, of each part that `clip_grad_norms` clips apart (each
+    part is a contiguous slice of the flat buffers); empty: the parameters are one part.
     """
 
-    def __init__(self, params: Iterable[nn.Parameter], *, lr: float, eps: float) -> None:
+    def __init__(
+        self, params: Iterable[nn.Parameter], *, lr: float, eps: float, parts: Sequence[int] = ()
+    ) -> None:
         self.params = list(params)
         if not self.params:
             raise ValueError("FlatAdam needs at least one parameter")
+        bounds = part_bounds(parts, len(self.params))
         first = self.params[0]
         if any(p.dtype != first.dtype or p.device != first.device for p in self.params):
             raise ValueError("FlatAdam needs parameters of one dtype on one device")
@@ -43,6 +58,7 @@ class FlatAdam:
         with torch.no_grad():
             self.data = torch.cat([p.detach().reshape(-1) for p in self.params])
         self.grad = torch.zeros_like(self.data)
+        self._part_slices = [(self._slices[start][0], self._slices[stop - 1][1]) for start, stop in bounds]
         self._flat = nn.Parameter(self.data)  # shares the buffer; the optimizer's only parameter
         self._flat.grad = self.grad
         self.optimizer = torch.optim.Adam([self._flat], lr=lr, eps=eps, foreach=False)
@@ -83,6 +99,18 @@ class FlatAdam:
             # the same coefficient as nn.utils.clip_grad_norm_
             self.grad.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
         return norm
+
+    def clip_grad_norms(self, max_norm: float | None) -> torch.Tensor:
+        """Scale each part's gradients to norm `max_norm` when larger (None: leave them); return the
+        parts' norms before, in order."""
+        norms = torch.stack(
+            [torch.linalg.vector_norm(self.grad[start:stop]) for start, stop in self._part_slices]
+        )
+        if max_norm is not None:
+            coefficients = torch.clamp(max_norm / (norms + 1e-6), max=1.0)
+            for (start, stop), coefficient in zip(self._part_slices, coefficients, strict=True):
+                self.grad[start:stop].mul_(coefficient)
+        return norms
 
     def step(self) -> None:
         """One Adam step on the flat buffer.

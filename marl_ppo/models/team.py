@@ -172,7 +172,10 @@ class TeamModel(nn.Module):
             GroupCritic(g, spec.state_dim, config.critic, config.model, shared=config.share_critic)
             for g in spec.groups
         )
-        self.value_norms = nn.ModuleList(ValueNorm(enabled=config.ppo.value_norm) for _ in spec.groups)
+        self.value_norms = nn.ModuleList(
+            ValueNorm(enabled=config.ppo.value_norm, var_floor=config.ppo.value_norm_var_floor)
+            for _ in spec.groups
+        )
         self._names = tuple(g.name for g in spec.groups)
         # plain references to the modules above (not registered twice); the acting and learning
         # loops look groups up by name at every step

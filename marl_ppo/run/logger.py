@@ -108,8 +108,10 @@ class RunLogger:
 
     def update_done(self, step: int, stats: TrainStats, extra: dict[str, float]) -> None:
         """Log one update's training statistics and `extra` scalars (full tags), advance the progress bar."""
-        values = {
-            f"train/{field.name}": float(getattr(stats, field.name)) for field in dataclasses.fields(stats)
+        values = {  # a statistic that does not apply to this run (None) is not logged
+            f"train/{field.name}": float(value)
+            for field in dataclasses.fields(stats)
+            if (value := getattr(stats, field.name)) is not None
         }
         self.writer.scalars(step, {**values, **extra})
         if self.bar is not None:

@@ -250,7 +250,7 @@ def _one_update(
     t1 = time.perf_counter()
     batches = rollout_batches(buffer, rollout.last_values, gamma=config.gamma, lam=config.gae_lambda)
     trainer.set_lr_scale(schedule.scale(collector.env_steps - rollout.env_steps))
-    stats = trainer.update(batches)
+    stats = trainer.update(batches, lagged=config.policy_lag > 0)
     t2 = time.perf_counter()
     logger.episodes_done(rollout.episodes)
     act_s = rollout.act_seconds if rollout.act_seconds is not None else (t1 - t0) - rollout.env_seconds
