@@ -7,13 +7,8 @@ import torch
 from torch.distributions import Categorical as TorchCategorical
 from torch.distributions import Normal
 
-from marl_ppo.models.distributions import (
-    Categorical,
-    DiagGaussian,
-    MultiCategorical,
-    head_size,
-    make_distribution,
-)
+from marl_ppo.fast.distributions import Categorical, DiagGaussian, MultiCategorical
+from marl_ppo.models.distributions import head_size, make_distribution
 
 
 def test_categorical_matches_torch_and_samples_by_probability():

@@ -7,7 +7,7 @@ from pettingzoo.test import parallel_api_test
 
 from marl_ppo.config import load_config
 from marl_ppo.envs.grouping import build_team_spec
-from marl_ppo.models.distributions import Categorical, MultiCategorical
+from marl_ppo.fast.distributions import Categorical, MultiCategorical
 from marl_ppo.run.loop import train
 
 VARIANTS = [
