@@ -149,6 +149,19 @@ CASES = {
         "metadata['agents_can_rejoin']",
         extra=("env.kwargs.at=6",),
     ),
+    "agent leaves with neither flag": broken(
+        "silent_leave",
+        "copy 0, episode step 3",
+        "agent 'agent_1'",
+        "left env.agents without being terminated or truncated",
+    ),
+    "rollout worker agent leaves with neither flag": broken(
+        "silent_leave",
+        "copy 0, episode step 3",
+        "agent 'agent_1'",
+        "left env.agents",
+        extra=("vector=workers",),
+    ),
     "step raises": broken(
         "step_raises", "copy 0, episode step 3", "step raised ZeroDivisionError", "physics"
     ),
