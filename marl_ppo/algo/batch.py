@@ -56,10 +56,16 @@ class AgentBatch:
 
 
 def build_batches(
-    buffer: RolloutBuffer, advantages: Mapping[str, torch.Tensor], returns: Mapping[str, torch.Tensor]
+    buffer: RolloutBuffer,
+    advantages: Mapping[str, torch.Tensor],
+    returns: Mapping[str, torch.Tensor],
+    alive: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, AgentBatch]:
-    """Flatten each group's `(T, E, A, ...)` storage to `(T*E, A, ...)`, preserving time-major order."""
+    """Flatten each group's `(T, E, A, ...)` storage to `(T*E, A, ...)`, preserving time-major order.
+
+    `alive` (per group, `(T, E, A)`) replaces the stored alive flags where given."""
     state = buffer.state.reshape(-1, buffer.state.shape[-1])
+    alive = alive or {}
 
     def flat(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.flatten(0, 1)
@@ -72,7 +78,7 @@ def build_batches(
             values_old=flat(storage.values),
             advantages=flat(advantages[name]),
             returns=flat(returns[name]),
-            alive=flat(storage.alive),
+            alive=flat(alive.get(name, storage.alive)),
             state=state,
             action_mask=flat(storage.action_mask),
         )
@@ -95,17 +101,28 @@ def minibatches(
 
 
 def rollout_batches(
-    buffer: RolloutBuffer, last_values: Mapping[str, torch.Tensor], *, gamma: float, lam: float
+    buffer: RolloutBuffer,
+    last_values: Mapping[str, torch.Tensor],
+    last_alive: Mapping[str, torch.Tensor] | None = None,
+    *,
+    gamma: float,
+    lam: float,
 ) -> dict[str, AgentBatch]:
     """GAE per group over a full buffer, then flatten.
 
     Each acting step's transition runs to the agent's next acting step (`fold_turns`), truncations
-    bootstrap from V(final obs) and terminations from nothing.
+    bootstrap from V(final obs) and terminations from nothing. `last_alive` (per group, `(E, A_g)`):
+    the agents that act after the last step; an agent that waits there has its unfinished last
+    transition left out of the batch (`alive` False) instead of bootstrapping from a waiting position.
+    None: every agent acts after the last step.
     """
     if not buffer.full:
         raise ValueError(f"rollout_batches: buffer holds {buffer.pos} of {buffer.steps} steps; fill it first")
-    advantages, returns = {}, {}
+    advantages, returns, alive = {}, {}, {}
     for name, storage in buffer.groups.items():
+        acting_next = (
+            torch.ones_like(storage.alive[0]) if last_alive is None else last_alive[name].to(storage.alive)
+        )
         steps = fold_turns(
             storage.rewards,
             storage.values,
@@ -114,6 +131,7 @@ def rollout_batches(
             storage.terminated,
             storage.truncated,
             storage.alive,
+            last_alive=acting_next,
         )
         adv, ret = compute_gae(
             steps.rewards,
@@ -123,7 +141,7 @@ def rollout_batches(
             steps.done,
             gamma=gamma,
             lam=lam,
-            alive=storage.alive,
+            alive=steps.alive,
         )
-        advantages[name], returns[name] = adv, ret
-    return build_batches(buffer, advantages, returns)
+        advantages[name], returns[name], alive[name] = adv, ret, steps.alive
+    return build_batches(buffer, advantages, returns, alive)

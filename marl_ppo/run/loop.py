@@ -248,7 +248,9 @@ def _one_update(
     ahead = collector.env_steps + buffer.steps * buffer.num_envs < config.total_steps
     rollout = collector.collect(buffer, ahead=ahead)
     t1 = time.perf_counter()
-    batches = rollout_batches(buffer, rollout.last_values, gamma=config.gamma, lam=config.gae_lambda)
+    batches = rollout_batches(
+        buffer, rollout.last_values, rollout.last_alive, gamma=config.gamma, lam=config.gae_lambda
+    )
     trainer.set_lr_scale(schedule.scale(collector.env_steps - rollout.env_steps))
     stats = trainer.update(batches)
     t2 = time.perf_counter()
