@@ -42,6 +42,7 @@ FAULTS = (
     "first_reset_raises",
     "reset_obs_nan",
     "huge_reward",
+    "unshared_reward",
     "hang",
 )
 
@@ -151,6 +152,8 @@ class BrokenEnv(ParallelEnv):
             return observations, rewards, truncations, infos
         elif fault == "huge_reward":
             rewards = {a: 3e38 for a in rewards}
+        elif fault == "unshared_reward":
+            rewards["agent_1"] = 0.5
         elif fault == "hang":
             time.sleep(3600)
         return observations, rewards, terminations, truncations, infos

@@ -194,6 +194,15 @@ CASES = {
         status=1,
         extra=("vector=workers", "num_workers=1", "worker_timeout_s=1"),
     ),
+    # a config that does not fit the env's rewards
+    "team critic refuses per-agent rewards": broken(
+        "unshared_reward",
+        "critic: team with team_reward: refuse",
+        "group 'agent' got different rewards at step 2 of the rollout after env step 10 (copy 0)",
+        "agent_0 1, agent_1 0.5",
+        "set team_reward: mean",
+        extra=("critic=team", "team_reward=refuse"),
+    ),
     # numbers that blow up
     "returns overflow": broken(
         "huge_reward",

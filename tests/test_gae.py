@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from marl_ppo.algo.gae import compute_gae, fold_turns
+from marl_ppo.algo.batch import rollout_batches
+from marl_ppo.algo.gae import compute_gae, fold_turns, team_steps
 
 
 def _t(values, dtype=torch.float32):
@@ -216,3 +217,78 @@ def test_gae_rejects_mismatched_shapes():
         compute_gae(
             zeros, zeros, zeros, flags, flags, gamma=0.9, lam=0.9, alive=torch.ones(3, 1, dtype=torch.bool)
         )
+
+
+def _team_buffer(rewards, terminated, truncated, alive, values, final_values):
+    """A one-copy rollout buffer of the two agents of `tests/broken_envs.py`, filled by hand."""
+    from broken_envs import BrokenEnv
+
+    from marl_ppo.envs.grouping import build_team_spec
+    from marl_ppo.rollout.buffer import RolloutBuffer
+
+    steps = len(rewards)
+    buffer = RolloutBuffer(build_team_spec(BrokenEnv(), "test"), steps, 1)
+    storage = buffer.groups["agent"]
+    storage.rewards.copy_(_t(rewards).unsqueeze(1))
+    storage.terminated.copy_(_t(terminated, torch.bool).unsqueeze(1))
+    storage.truncated.copy_(_t(truncated, torch.bool).unsqueeze(1))
+    storage.alive.copy_(_t(alive, torch.bool).unsqueeze(1))
+    storage.values.copy_(_t(values).reshape(steps, 1, 1).expand(steps, 1, 2))
+    storage.final_values.copy_(_t(final_values).reshape(steps, 1, 1).expand(steps, 1, 2))
+    buffer.pos = steps
+    return buffer
+
+
+def test_team_critic_gae_runs_on_the_groups_mean_reward_by_hand():
+    # agents a, b; b terminates at t=1 (leaves early), a is truncated at t=3 with V(final state) = 4.
+    # Team rewards: t=0 mean(1, -1) = 0; t=1 shared 0.5; t=2 mean(1, absent b's 0) = 0.5; t=3 mean(2, 0) = 1.
+    # b's exit does not end the group's episode; a's truncation (every acting agent ended) does.
+    # V = [1, 2, 3, 5] for both; gamma = lambda = 0.5:
+    #   deltas: d3 = 1 + .5*4 - 5 = -2, d2 = .5 + .5*5 - 3 = 0, d1 = .5 + .5*3 - 2 = 0, d0 = 0 + .5*2 - 1 = 0
+    #   A3 = -2, A2 = .25*-2 = -.5, A1 = -.125, A0 = -.03125; returns A + V = [.96875, 1.875, 2.5, 3]
+    rewards = [[1, -1], [0.5, 0.5], [1, 0], [2, 0]]
+    terminated = [[0, 0], [0, 1], [0, 0], [0, 0]]
+    truncated = [[0, 0], [0, 0], [0, 0], [1, 0]]
+    alive = [[1, 1], [1, 1], [1, 0], [1, 0]]
+    team = team_steps(
+        _t(rewards), _t(terminated, torch.bool), _t(truncated, torch.bool), _t(alive, torch.bool)
+    )
+    torch.testing.assert_close(team.rewards, _t([0, 0.5, 0.5, 1]))
+    assert team.truncated.tolist() == [False, False, False, True] and not team.terminated.any()
+    assert team.alive.all()
+    buffer = _team_buffer(rewards, terminated, truncated, alive, [1, 2, 3, 5], [0, 0, 0, 4])
+    last = {"agent": torch.full((1, 2), 9.0)}  # after the group's episode ended: unused
+    batch = rollout_batches(buffer, last, gamma=0.5, lam=0.5, team=True)["agent"]
+    advantages = _t([-0.03125, -0.125, -0.5, -2.0])
+    torch.testing.assert_close(batch.advantages, advantages[:, None].expand(4, 2))
+    torch.testing.assert_close(batch.returns, (advantages + _t([1, 2, 3, 5]))[:, None].expand(4, 2))
+    assert torch.equal(batch.alive, _t(alive, torch.bool)), "each agent's samples where it acted"
+    # the per-agent GAE of the same rollout: b's return stops at its exit (0.5 - 2 at t=1)
+    per_agent = rollout_batches(buffer, last, gamma=0.5, lam=0.5)["agent"]
+    assert per_agent.advantages[1, 1].item() == pytest.approx(0.5 - 2)
+
+
+def test_team_steps_end_a_turn_based_group_where_every_mover_ends():
+    # one player moves per step; a flag at a step where no agent of the group acts ends it too
+    rewards = _t([[0.0, 0.0], [0.0, 0.0], [1.0, -1.0]])
+    alive = _t([[1, 0], [0, 1], [0, 0]], torch.bool)
+    ended = _t([[0, 0], [0, 0], [1, 1]], torch.bool)
+    team = team_steps(rewards, ended, torch.zeros_like(ended), alive)
+    assert team.terminated.tolist() == [False, False, True] and team.alive.tolist() == [True, True, False]
+    torch.testing.assert_close(team.rewards, _t([0.0, 0.0, 0.0]))
+
+
+def test_team_gae_with_a_shared_reward_is_the_per_agent_gae_bit_for_bit():
+    generator = torch.Generator().manual_seed(5)
+    steps = 12
+    shared = torch.randn(steps, 1, generator=generator).expand(steps, 2).tolist()
+    truncated = [[k % 5 == 4] * 2 for k in range(steps)]
+    terminated = [[k == 7] * 2 for k in range(steps)]
+    values = torch.randn(steps, generator=generator).tolist()
+    finals = torch.randn(steps, generator=generator).tolist()
+    buffer = _team_buffer(shared, terminated, truncated, [[1, 1]] * steps, values, finals)
+    last = {"agent": torch.full((1, 2), 0.7)}
+    team = rollout_batches(buffer, last, gamma=0.9, lam=0.8, team=True)["agent"]
+    per_agent = rollout_batches(buffer, last, gamma=0.9, lam=0.8)["agent"]
+    for field in ("advantages", "returns", "alive"):
+        assert torch.equal(getattr(team, field), getattr(per_agent, field)), field

@@ -124,3 +124,32 @@ def fold_turns(
         cut = torch.where(alive[t], dropped, cut)
         before_last = before_last & ~alive[t]
     return Transitions(out_rewards, out_next, out_terminated, out_done, out_alive)
+
+
+@dataclass(frozen=True)
+class TeamSteps:
+    """A group's agents as one learner, for a team critic: per-step inputs without the agent axis."""
+
+    rewards: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    alive: torch.Tensor
+
+
+def team_steps(
+    rewards: torch.Tensor, terminated: torch.Tensor, truncated: torch.Tensor, alive: torch.Tensor
+) -> TeamSteps:
+    """The group of `(T, ..., A)` agents as one learner with `(T, ...)` inputs, for a critic whose value
+    V(state) is the whole group's.
+
+    Its reward is the mean of the agents' rewards (an absent agent's counts as 0), exactly the shared
+    reward where all are equal; it acts where any agent acts; its episode ends at a step that ends
+    every agent acting there (or, at a step where none acts, any agent): truncated if one of them was
+    truncated, else terminated. An agent that leaves while others go on does not end it.
+    """
+    shared = (rewards == rewards[..., :1]).all(-1)
+    team_reward = torch.where(shared, rewards[..., 0], rewards.mean(-1))
+    ended = terminated | truncated
+    team_ended = ended.any(-1) & (ended | ~alive).all(-1)
+    team_truncated = team_ended & truncated.any(-1)
+    return TeamSteps(team_reward, team_ended & ~team_truncated, team_truncated, alive.any(-1))
