@@ -229,7 +229,15 @@ class ExperimentConfig:
     """Critic input: `state` (MAPPO), `state+obs` (agent-specific global state), `obs` (IPPO), or `team`:
     V(state), one value per env step shared by the group's agents (one network per group, no agent id;
     its first layer and the rest run once per env step, not once per agent). `team` suits a reward the
-    agents share; with per-agent rewards it fits the mean of the agents' returns."""
+    agents share (see team_reward)."""
+    team_reward: Literal["mean", "refuse"] = "mean"
+    """With `critic: team`, what the group's one value V(state) learns and every agent's advantage comes
+    from: `mean` runs GAE on the group as one learner, on the mean of its agents' rewards (an absent
+    agent's counts as 0; exactly the shared reward where all are equal) until the group's episode ends,
+    so every agent that acted at a step gets the same advantage and the policies climb the group's
+    mean return (a cooperative objective: an agent's own reward counts only through that mean); `refuse`
+    stops the run (exit 2) at the first step where the agents' rewards differ. Per-agent objectives
+    need per-agent values: `critic: state`."""
     share_actor: bool = False
     """One actor per agent group with an agent-id input, instead of one actor per agent."""
     share_critic: bool = True

@@ -12,9 +12,10 @@ import time
 
 import numpy as np
 from gymnasium import spaces
-from pettingzoo import ParallelEnv
+from pettingzoo import AECEnv, ParallelEnv
 
 from marl_ppo.envs import registry
+from marl_ppo.envs.adapters.contract import REJOIN_KEY
 
 BROKEN = "tests/broken_v0"
 
@@ -31,6 +32,8 @@ FAULTS = (
     "unknown_agent",
     "unknown_obs_agent",
     "rejoin",
+    "silent_leave",
+    "silent_pause",
     "step_raises",
     "step_old_api",
     "state_nan",
@@ -39,6 +42,7 @@ FAULTS = (
     "first_reset_raises",
     "reset_obs_nan",
     "huge_reward",
+    "unshared_reward",
     "hang",
 )
 
@@ -48,10 +52,12 @@ class BrokenEnv(ParallelEnv):
 
     metadata = {"name": "broken_v0"}
 
-    def __init__(self, fault: str = "none", at: int = 7, max_steps: int = 4):
+    def __init__(self, fault: str = "none", at: int = 7, max_steps: int = 4, rejoin: bool = False):
         if fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}")
         self.fault, self.at, self.max_steps = fault, at, max_steps
+        if rejoin:
+            self.metadata = {**self.metadata, REJOIN_KEY: True}
         self.possible_agents = ["agent_0", "agent_1"]
         self.agents: list[str] = []
         self._t = self._total = self._resets = 0
@@ -132,15 +138,79 @@ class BrokenEnv(ParallelEnv):
             elif "agent_1" not in self.agents:
                 self.agents.append("agent_1")
                 observations["agent_1"] = self._obs("agent_1")
+        elif fault == "silent_leave" and "agent_1" in self.agents:  # gone with neither flag
+            self.agents.remove("agent_1")
+        elif fault == "silent_pause" and self.agents:  # gone with neither flag, back at the next step
+            if self._total == self.at:
+                self.agents.remove("agent_1")
+            elif "agent_1" not in self.agents:
+                self.agents.append("agent_1")
+                observations["agent_1"] = self._obs("agent_1")
         elif fault == "step_raises":
             raise ZeroDivisionError("division by zero in the physics step")
         elif fault == "step_old_api":
             return observations, rewards, truncations, infos
         elif fault == "huge_reward":
             rewards = {a: 3e38 for a in rewards}
+        elif fault == "unshared_reward":
+            rewards["agent_1"] = 0.5
         elif fault == "hang":
             time.sleep(3600)
         return observations, rewards, terminations, truncations, infos
+
+
+class SilentLeaverAEC(AECEnv):
+    """Two players alternate moves on Box(0, 10, (2,)) observations; at move `at` the waiting
+    `player_1` is removed from `agents` with neither flag. Episodes end by truncation at `max_moves`."""
+
+    metadata = {"name": "silent_leaver_aec_v0"}
+
+    def __init__(self, at: int = 3, max_moves: int = 8):
+        self.at, self.max_moves = at, max_moves
+        self.possible_agents = ["player_0", "player_1"]
+        self.agents: list[str] = []
+
+    @functools.cache  # noqa: B019
+    def observation_space(self, agent: str) -> spaces.Box:
+        return spaces.Box(0.0, 10.0, (2,), np.float32)
+
+    @functools.cache  # noqa: B019
+    def action_space(self, agent: str) -> spaces.Discrete:
+        return spaces.Discrete(2)
+
+    def observe(self, agent: str) -> np.ndarray:
+        return np.array([self.possible_agents.index(agent), self._moves], np.float32)
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> None:
+        self.agents = list(self.possible_agents)
+        self.rewards = {a: 0.0 for a in self.agents}
+        self._cumulative_rewards = {a: 0.0 for a in self.agents}
+        self.terminations = {a: False for a in self.agents}
+        self.truncations = {a: False for a in self.agents}
+        self.infos = {a: {} for a in self.agents}
+        self._moves = 0
+        self.agent_selection = self.agents[0]
+
+    def step(self, action) -> None:
+        mover = self.agent_selection
+        if self.terminations[mover] or self.truncations[mover]:
+            self._was_dead_step(action)
+            return
+        self._moves += 1
+        self.rewards = {a: 1.0 for a in self.agents}
+        if self._moves >= self.max_moves:
+            self.truncations = {a: True for a in self.agents}
+        if self._moves == self.at and "player_1" in self.agents and mover != "player_1":
+            self.agents.remove("player_1")
+            for table in (
+                self.rewards,
+                self._cumulative_rewards,
+                self.terminations,
+                self.truncations,
+                self.infos,
+            ):
+                del table["player_1"]
+        self.agent_selection = self.agents[(self.agents.index(mover) + 1) % len(self.agents)]
 
 
 def make(**kwargs) -> BrokenEnv:

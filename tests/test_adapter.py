@@ -2,11 +2,13 @@
 
 import numpy as np
 import pytest
+from broken_envs import BrokenEnv, SilentLeaverAEC
 from gymnasium import spaces
 from marl_ppo_examples.early_leaver import EarlyLeaverEnv
 from marl_ppo_examples.never_ending import NeverEndingEnv
 from pettingzoo.test import parallel_api_test
 
+from marl_ppo.envs.adapters.aec import TurnBasedAdapter
 from marl_ppo.envs.adapters.contract import EnvContractError
 from marl_ppo.envs.adapters.pettingzoo import ParallelEnvAdapter
 from marl_ppo.envs.grouping import build_team_spec
@@ -58,6 +60,68 @@ def test_agent_that_leaves_early_is_masked_and_gets_no_action():
     np.testing.assert_array_equal(agents.terminated, [False, False, False])
     np.testing.assert_array_equal(agents.alive, [False, False, False])
     np.testing.assert_array_equal(agents.final_obs, [[0, 4], [0, 0], [2, 4]])
+
+
+SILENT = "agent left env.agents without being terminated or truncated"
+
+
+def test_an_agent_that_leaves_with_neither_flag_is_a_contract_error():
+    adapter, out = _adapter(BrokenEnv(fault="silent_leave", at=2))
+    adapter.reset(0, out)
+    actions = {"agent": np.zeros(2, np.int64)}
+    assert not adapter.step(actions, out)
+    with pytest.raises(EnvContractError) as caught:
+        adapter.step(actions, out)
+    message = str(caught.value)
+    assert message.startswith("env 'test' (copy 0, episode step 2), agent 'agent_1': " + SILENT)
+    assert "metadata['agents_can_rejoin'] = True" in message and "\n" not in message
+
+
+def test_every_agent_ending_with_its_flag_at_the_last_step_is_no_leaver():
+    adapter, out = _adapter(BrokenEnv(fault="none", max_steps=3))
+    adapter.reset(0, out)
+    actions = {"agent": np.zeros(2, np.int64)}
+    for _ in range(2):  # two episodes, every agent truncated and removed at its last step
+        assert [adapter.step(actions, out) for _ in range(3)] == [False, False, True]
+        adapter.reset(None, out)
+
+
+def test_an_env_whose_agents_rejoin_may_keep_one_out_until_the_episode_ends():
+    adapter, out = _adapter(BrokenEnv(fault="silent_pause", at=2, max_steps=4, rejoin=True))
+    adapter.reset(0, out)
+    agents, actions = out.groups["agent"], {"agent": np.zeros(2, np.int64)}
+    adapter.step(actions, out)
+    adapter.step(actions, out)  # agent_1 steps out with neither flag
+    np.testing.assert_array_equal(agents.alive, [True, False])
+    adapter.step(actions, out)  # and is back
+    np.testing.assert_array_equal(agents.alive, [True, True])
+    assert adapter.step(actions, out)
+
+    adapter, out = _adapter(BrokenEnv(fault="silent_leave", at=2, max_steps=4, rejoin=True))
+    adapter.reset(0, out)
+    for _ in range(3):
+        assert not adapter.step(actions, out)  # out, but the episode goes on
+    with pytest.raises(
+        EnvContractError,
+        match=r"episode step 4\), agent 'agent_1': agent left env.agents "
+        r"at episode step 2 without being terminated or truncated and the episode ended",
+    ):
+        adapter.step(actions, out)
+
+
+def test_a_turn_based_agent_that_leaves_with_neither_flag_is_a_contract_error():
+    env = SilentLeaverAEC(at=3)
+    spec = build_team_spec(env, "aec")
+    adapter, out = TurnBasedAdapter(env, spec), TeamArrays.allocate(spec)
+    adapter.reset(0, out)
+    actions = {"player": np.zeros(2, np.int64)}
+    assert not adapter.step(actions, out) and not adapter.step(actions, out)
+    with pytest.raises(EnvContractError, match=r"episode step 3\), agent 'player_1': " + SILENT):
+        adapter.step(actions, out)
+    env = SilentLeaverAEC(at=99, max_moves=4)  # both truncated and removed through None steps: no error
+    adapter = TurnBasedAdapter(env, spec)
+    adapter.reset(0, out)
+    assert [adapter.step(actions, out) for _ in range(4)] == [False, False, False, True]
 
 
 def test_vector_env_auto_resets_and_keeps_final_obs_and_state():

@@ -149,6 +149,19 @@ CASES = {
         "metadata['agents_can_rejoin']",
         extra=("env.kwargs.at=6",),
     ),
+    "agent leaves with neither flag": broken(
+        "silent_leave",
+        "copy 0, episode step 3",
+        "agent 'agent_1'",
+        "left env.agents without being terminated or truncated",
+    ),
+    "rollout worker agent leaves with neither flag": broken(
+        "silent_leave",
+        "copy 0, episode step 3",
+        "agent 'agent_1'",
+        "left env.agents",
+        extra=("vector=workers",),
+    ),
     "step raises": broken(
         "step_raises", "copy 0, episode step 3", "step raised ZeroDivisionError", "physics"
     ),
@@ -180,6 +193,15 @@ CASES = {
         "did not answer 'collect' within 5 s (worker_timeout_s per env step)",
         status=1,
         extra=("vector=workers", "num_workers=1", "worker_timeout_s=1"),
+    ),
+    # a config that does not fit the env's rewards
+    "team critic refuses per-agent rewards": broken(
+        "unshared_reward",
+        "critic: team with team_reward: refuse",
+        "group 'agent' got different rewards at step 2 of the rollout after env step 10 (copy 0)",
+        "agent_0 1, agent_1 0.5",
+        "set team_reward: mean",
+        extra=("critic=team", "team_reward=refuse"),
     ),
     # numbers that blow up
     "returns overflow": broken(

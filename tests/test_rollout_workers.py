@@ -83,6 +83,10 @@ def test_each_worker_slice_equals_a_sync_collector(tiny_overrides, env, num_work
         for name, values in result.last_values.items():
             pieces = [results[r].last_values[name] for _, results in expected]
             assert torch.equal(values, torch.cat(pieces)), f"rollout {r} last values of {name}"
+        assert list(result.last_alive) == list(model.group_names())
+        for name, alive in result.last_alive.items():
+            pieces = [results[r].last_alive[name] for _, results in expected]
+            assert torch.equal(alive, torch.cat(pieces)), f"rollout {r} last alive flags of {name}"
     # episodes in the order one process over all envs logs them (by step, then env), team step counts
     reference = sorted(
         (e.end_step // len(envs), k, n, e.team_return)
@@ -141,6 +145,28 @@ def test_lagged_workers_collect_no_rollout_past_the_last_update(tiny_overrides, 
     state = torch.load(tmp_path / "checkpoints/final.pt", weights_only=True)["collector"]
     assert state["pending"] is None
     assert state["env_steps"] == sum(w["collector"]["env_steps"] for w in state["workers"]) == 140
+
+
+def test_a_pending_rollout_keeps_its_last_alive_flags_and_older_checkpoints_act_next(tiny_overrides):
+    """A rollout in flight is saved with the alive flags after its last step; one saved without them
+    (an older checkpoint) loads with every agent acting next, the bootstrap it was collected for."""
+    config = _config(tiny_overrides, env=EARLY_LEAVER)
+    workers, model = _workers(config, 2, policy_lag=1)
+    try:
+        workers.start(seed=0)
+        buffer = RolloutBuffer(model.spec, config.rollout_steps, config.num_envs)
+        workers.collect(buffer)  # launches the next rollout
+        state = workers.state_dict()
+        old = {**state, "pending": {k: v for k, v in state["pending"].items() if k != "last_alive"}}
+        saved = {name: alive.clone() for name, alive in state["pending"]["last_alive"].items()}
+        assert not saved["agent"].all(), "the leaver is gone after the rollout's last step"
+        for loaded, expected in ((state, saved), (old, None)):
+            workers.load_state_dict(loaded)
+            result = workers.collect(buffer, ahead=False)
+            for name, alive in result.last_alive.items():
+                assert torch.equal(alive, expected[name] if expected else torch.ones_like(alive))
+    finally:
+        workers.close()
 
 
 def test_policy_lag_is_zero_without_rollout_workers(tiny_overrides):

@@ -204,7 +204,14 @@ def test_team_critic_trains_and_values_stay_equal_across_agents():
     trainer = Trainer(model, config.ppo, generator=torch.Generator().manual_seed(0))
     before = copy.deepcopy(model.critics.state_dict())
     stats = trainer.update(
-        rollout_batches(buffer, rollout.last_values, gamma=config.gamma, lam=config.gae_lambda)
+        rollout_batches(
+            buffer,
+            rollout.last_values,
+            rollout.last_alive,
+            gamma=config.gamma,
+            lam=config.gae_lambda,
+            team=True,
+        )
     )
     assert torch.isfinite(torch.tensor(stats.loss_v))
     for name, param in model.critics.named_parameters():

@@ -1,8 +1,12 @@
 """Turn-based (AEC) games: one mover per step, masks for legal moves, the loser credited on its last move."""
 
-import numpy as np
-from conftest import collect_rollout
+import dataclasses
 
+import numpy as np
+import torch
+from conftest import ROOT, collect_rollout
+
+from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.gae import fold_turns
 from marl_ppo.config import load_config
 from marl_ppo.envs.adapters.aec import TurnBasedAdapter, is_aec
@@ -52,12 +56,49 @@ def test_self_play_rollout_keeps_masks_and_credits_the_loser(tmp_path):
         storage.terminated,
         storage.truncated,
         storage.alive,
+        last_alive=rollout.last_alive["player"],
     )
     decisive = [e for e in rollout.episodes if e.agent_returns.min() < 0]
     assert decisive, "40 random moves in 4 games of tic-tac-toe end some games with a winner"
     # every -1 paid on the winner's move reaches the loser's own last move as a terminal transition
     losses = (storage.rewards == -1) & ~storage.alive
     assert int(losses.sum()) == int(((folded.rewards == -1) & storage.alive & folded.terminated).sum())
+
+
+def _tictactoe_rollout():
+    config = load_config(None, [f"env.id={TICTACTOE}", "share_actor=true", "num_envs=8", "rollout_steps=25"])
+    _, buffer, rollout = collect_rollout(config, seed=1)
+    return buffer, rollout
+
+
+def test_no_return_target_of_a_tictactoe_rollout_uses_a_value_where_the_player_waits():
+    buffer, rollout = _tictactoe_rollout()
+    storage, last_alive = buffer.groups["player"], rollout.last_alive["player"]
+    assert (last_alive.sum(-1) == 1).all(), "after the last step one player moves, the other waits"
+    batch = rollout_batches(buffer, rollout.last_values, rollout.last_alive, gamma=0.99, lam=0.95)["player"]
+    steps, envs, agents = storage.alive.shape
+    live = batch.alive.reshape(steps, envs, agents)
+    ended = storage.terminated | storage.truncated
+    dropped = 0
+    for e in range(envs):
+        for i in range(agents):
+            acting = torch.nonzero(storage.alive[:, e, i]).flatten().tolist()
+            for k, t in enumerate(acting):
+                following = acting[k + 1] if k + 1 < len(acting) else steps
+                # the transition ends at the player's next move, at an episode end, or after the
+                # rollout's last step where the player moves next; else it is left out
+                complete = following < steps or bool(ended[t:, e, i].any()) or bool(last_alive[e, i])
+                assert bool(live[t, e, i]) == complete, (t, e, i)
+                dropped += not complete
+    assert dropped > 0, "some player waits after the last step with its last move unfinished"
+    # the values at waiting positions (in the buffer and after the last step) change no live target
+    waiting_values = {"player": torch.where(last_alive, rollout.last_values["player"], 1e6)}
+    poisoned = dataclasses.replace(storage, values=torch.where(storage.alive, storage.values, -1e6))
+    buffer.groups["player"] = poisoned
+    other = rollout_batches(buffer, waiting_values, rollout.last_alive, gamma=0.99, lam=0.95)["player"]
+    assert torch.equal(other.alive, batch.alive)
+    torch.testing.assert_close(other.returns[batch.alive], batch.returns[batch.alive], rtol=0, atol=0)
+    torch.testing.assert_close(other.advantages[batch.alive], batch.advantages[batch.alive], rtol=0, atol=0)
 
 
 def test_connect_four_trains_one_update(tmp_path):
@@ -74,3 +115,18 @@ def test_connect_four_trains_one_update(tmp_path):
     )
     result = train(config, tmp_path)
     assert result.updates == 1
+
+
+def test_simultaneous_moves_keep_the_bootstrap_after_the_last_step_bit_for_bit():
+    """Every simple_spread agent acts after the last step: the batch is the one of the bootstrap from
+    V(next obs) for everyone, bit for bit."""
+    config = load_config(str(ROOT / "experiments/mpe/simple_spread.yaml"), ["num_envs=4", "rollout_steps=30"])
+    _, buffer, rollout = collect_rollout(config)
+    assert all(alive.all() for alive in rollout.last_alive.values())
+    assert any(g.truncated.any() for g in buffer.groups.values()), "an episode ends inside the rollout"
+    gae = {"gamma": config.gamma, "lam": config.gae_lambda}
+    got = rollout_batches(buffer, rollout.last_values, rollout.last_alive, **gae)
+    everyone_acts = rollout_batches(buffer, rollout.last_values, None, **gae)
+    for name, batch in got.items():
+        for field in ("advantages", "returns", "alive"):
+            assert torch.equal(getattr(batch, field), getattr(everyone_acts[name], field)), (name, field)

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from marl_ppo.algo.gae import compute_gae, fold_turns
-from marl_ppo.rollout.buffer import RolloutBuffer
+from marl_ppo.algo.gae import compute_gae, fold_turns, team_steps
+from marl_ppo.config import ConfigError
+from marl_ppo.rollout.buffer import GroupStorage, RolloutBuffer
 
 
 @dataclass(frozen=True)
@@ -65,10 +66,16 @@ class AgentBatch:
 
 
 def build_batches(
-    buffer: RolloutBuffer, advantages: Mapping[str, torch.Tensor], returns: Mapping[str, torch.Tensor]
+    buffer: RolloutBuffer,
+    advantages: Mapping[str, torch.Tensor],
+    returns: Mapping[str, torch.Tensor],
+    alive: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, AgentBatch]:
-    """Flatten each group's `(T, E, A, ...)` storage to `(T*E, A, ...)`, preserving time-major order."""
+    """Flatten each group's `(T, E, A, ...)` storage to `(T*E, A, ...)`, preserving time-major order.
+
+    `alive` (per group, `(T, E, A)`) replaces the stored alive flags where given."""
     state = buffer.state.reshape(-1, buffer.state.shape[-1])
+    alive = alive or {}
 
     def flat(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.flatten(0, 1)
@@ -81,7 +88,7 @@ def build_batches(
             values_old=flat(storage.values),
             advantages=flat(advantages[name]),
             returns=flat(returns[name]),
-            alive=flat(storage.alive),
+            alive=flat(alive.get(name, storage.alive)),
             state=state,
             action_mask=flat(storage.action_mask),
         )
@@ -104,35 +111,115 @@ def minibatches(
 
 
 def rollout_batches(
-    buffer: RolloutBuffer, last_values: Mapping[str, torch.Tensor], *, gamma: float, lam: float
+    buffer: RolloutBuffer,
+    last_values: Mapping[str, torch.Tensor],
+    last_alive: Mapping[str, torch.Tensor] | None = None,
+    *,
+    gamma: float,
+    lam: float,
+    team: bool = False,
 ) -> dict[str, AgentBatch]:
     """GAE per group over a full buffer, then flatten.
 
     Each acting step's transition runs to the agent's next acting step (`fold_turns`), truncations
-    bootstrap from V(final obs) and terminations from nothing.
+    bootstrap from V(final obs) and terminations from nothing. `last_alive` (per group, `(E, A_g)`):
+    the agents that act after the last step; an agent that waits there has its unfinished last
+    transition left out of the batch (`alive` False) instead of bootstrapping from a waiting position.
+    None: every agent acts after the last step. `team`: the groups have a team critic (one value per
+    env step for all their agents); each group's GAE runs on the group as one learner (`team_steps`:
+    the mean of its agents' rewards) and every agent that acted at a step gets that step's advantage.
     """
     if not buffer.full:
         raise ValueError(f"rollout_batches: buffer holds {buffer.pos} of {buffer.steps} steps; fill it first")
-    advantages, returns = {}, {}
+    gae = _team_gae if team else _agent_gae
+    advantages, returns, alive = {}, {}, {}
     for name, storage in buffer.groups.items():
-        steps = fold_turns(
-            storage.rewards,
-            storage.values,
-            last_values[name],
-            storage.final_values,
-            storage.terminated,
-            storage.truncated,
-            storage.alive,
+        acting_next = (
+            torch.ones_like(storage.alive[0]) if last_alive is None else last_alive[name].to(storage.alive)
         )
-        adv, ret = compute_gae(
-            steps.rewards,
-            storage.values,
-            steps.next_values,
-            steps.terminated,
-            steps.done,
-            gamma=gamma,
-            lam=lam,
-            alive=storage.alive,
+        advantages[name], returns[name], alive[name] = gae(
+            storage, last_values[name], acting_next, gamma=gamma, lam=lam
         )
-        advantages[name], returns[name] = adv, ret
-    return build_batches(buffer, advantages, returns)
+    return build_batches(buffer, advantages, returns, alive)
+
+
+def _agent_gae(
+    storage: GroupStorage, last_values: torch.Tensor, last_alive: torch.Tensor, *, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each agent's advantages, returns and alive flags from its own rewards and values."""
+    steps = fold_turns(
+        storage.rewards,
+        storage.values,
+        last_values,
+        storage.final_values,
+        storage.terminated,
+        storage.truncated,
+        storage.alive,
+        last_alive=last_alive,
+    )
+    adv, ret = compute_gae(
+        steps.rewards,
+        storage.values,
+        steps.next_values,
+        steps.terminated,
+        steps.done,
+        gamma=gamma,
+        lam=lam,
+        alive=steps.alive,
+    )
+    return adv, ret, steps.alive
+
+
+def _team_gae(
+    storage: GroupStorage, last_values: torch.Tensor, last_alive: torch.Tensor, *, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The group's advantages and returns as one learner (`team_steps`), given to each agent that acted."""
+    values = storage.values[..., 0]
+    if not torch.equal(storage.values, values.unsqueeze(-1).expand_as(storage.values)):
+        raise ValueError("rollout_batches: team=True needs one value per env step, equal for every agent")
+    team = team_steps(storage.rewards, storage.terminated, storage.truncated, storage.alive)
+    steps = fold_turns(
+        team.rewards,
+        values,
+        last_values[..., 0],
+        storage.final_values[..., 0],
+        team.terminated,
+        team.truncated,
+        team.alive,
+        last_alive=last_alive.any(-1),
+    )
+    adv, ret = compute_gae(
+        steps.rewards,
+        values,
+        steps.next_values,
+        steps.terminated,
+        steps.done,
+        gamma=gamma,
+        lam=lam,
+        alive=steps.alive,
+    )
+    shape = storage.values.shape
+    alive = storage.alive & steps.alive.unsqueeze(-1)
+    return adv.unsqueeze(-1).expand(shape).contiguous(), ret.unsqueeze(-1).expand(shape).contiguous(), alive
+
+
+def refuse_unshared_rewards(buffer: RolloutBuffer, *, env_steps_before: int) -> None:
+    """Raise ConfigError at the rollout's first step where a group's agents got different rewards
+    (`team_reward: refuse`); `env_steps_before`: the run's env steps before this rollout."""
+    for name, storage in buffer.groups.items():
+        rewards = storage.rewards
+        differs = (rewards != rewards[..., :1]).any(-1)
+        if not bool(differs.any()):
+            continue
+        t, e = (int(i) for i in torch.nonzero(differs)[0])  # time-major: the earliest step, then copy
+        agents = buffer.spec.group(name).agents
+        shown = ", ".join(
+            f"{a} {float(r):g}" for a, r in zip(agents[:4], rewards[t, e, :4].tolist(), strict=False)
+        )
+        more = ", ..." if len(agents) > 4 else ""
+        raise ConfigError(
+            f"critic: team with team_reward: refuse: the agents of group '{name}' got different rewards "
+            f"at step {t + 1} of the rollout after env step {env_steps_before} (copy {e}): {shown}{more}; set "
+            "team_reward: mean to train the team critic on their mean, or use critic: state for a value "
+            "per agent"
+        )

@@ -58,6 +58,9 @@ class Transitions:
     next_values: torch.Tensor
     terminated: torch.Tensor
     done: torch.Tensor
+    alive: torch.Tensor
+    """The acting steps that enter the losses and statistics: the input `alive` without an unfinished
+    last transition that would bootstrap from a waiting position."""
 
 
 def fold_turns(
@@ -68,6 +71,8 @@ def fold_turns(
     terminated: torch.Tensor,
     truncated: torch.Tensor,
     alive: torch.Tensor,
+    *,
+    last_alive: torch.Tensor,
 ) -> Transitions:
     """Transitions for agents that act at some steps only (turn-based games, agents that leave or join).
 
@@ -75,19 +80,25 @@ def fold_turns(
     rewards of steps t..t'-1 and bootstraps from `values[t']`. If the episode ends at some step s in
     between (the agent's `terminated`/`truncated` flag at s), the transition ends there: rewards up to
     s, no bootstrap on termination, `final_values[s]` (V of the final observation) on truncation.
-    After the last acting step of the rollout the bootstrap is `last_values`. When every agent acts
-    at every step this reduces to the usual one-step transitions. All inputs are `(T, ...)` except
-    `last_values` `(...)`.
+    After the last acting step of the rollout the bootstrap is `last_values`, where the agent acts
+    after the last step (`last_alive`). Where it waits there, the critic never trained on that
+    position: the unfinished last transition is dropped from `alive`, and the agent's previous
+    transition, which bootstraps from the last acting step's value, is cut there (`done`) so that no
+    advantage depends on it. When every agent acts at every step this reduces to the usual one-step
+    transitions. All inputs are `(T, ...)` except `last_values` and `last_alive` `(...)`.
     """
     steps = rewards.shape[0]
     out_rewards, out_next = torch.empty_like(rewards), torch.empty_like(rewards)
     out_terminated, out_done = torch.empty_like(alive), torch.empty_like(alive)
+    out_alive = torch.empty_like(alive)
     # what follows the current step up to the agent's next acting step
     pending_reward = torch.zeros_like(rewards[0])
     pending_terminated = torch.zeros_like(alive[0])
     pending_truncated = torch.zeros_like(alive[0])
     pending_final = torch.zeros_like(rewards[0])
     following_value = last_values
+    before_last = torch.ones_like(alive[0])  # no acting step seen yet, walking back from the end
+    cut = torch.zeros_like(alive[0])  # the last acting step was dropped; the next one back ends there
     for t in range(steps - 1, -1, -1):
         ended = terminated[t] | truncated[t]
         # the step's own reward, plus what followed it unless its own flags end the transition here
@@ -95,9 +106,12 @@ def fold_turns(
         step_terminated = torch.where(ended, terminated[t], pending_terminated)
         step_truncated = torch.where(ended, truncated[t], pending_truncated)
         step_final = torch.where(ended, final_values[t], pending_final)
+        step_done = step_terminated | step_truncated
+        dropped = alive[t] & before_last & ~step_done & ~last_alive
         out_rewards[t] = step_reward
         out_terminated[t] = step_terminated
-        out_done[t] = step_terminated | step_truncated
+        out_done[t] = step_done | (alive[t] & cut)
+        out_alive[t] = alive[t] & ~dropped
         out_next[t] = torch.where(
             step_truncated, step_final, torch.where(step_terminated, 0.0, following_value)
         )
@@ -107,4 +121,35 @@ def fold_turns(
         pending_truncated = ~alive[t] & step_truncated
         pending_final = step_final
         following_value = torch.where(alive[t], values[t], following_value)
-    return Transitions(out_rewards, out_next, out_terminated, out_done)
+        cut = torch.where(alive[t], dropped, cut)
+        before_last = before_last & ~alive[t]
+    return Transitions(out_rewards, out_next, out_terminated, out_done, out_alive)
+
+
+@dataclass(frozen=True)
+class TeamSteps:
+    """A group's agents as one learner, for a team critic: per-step inputs without the agent axis."""
+
+    rewards: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    alive: torch.Tensor
+
+
+def team_steps(
+    rewards: torch.Tensor, terminated: torch.Tensor, truncated: torch.Tensor, alive: torch.Tensor
+) -> TeamSteps:
+    """The group of `(T, ..., A)` agents as one learner with `(T, ...)` inputs, for a critic whose value
+    V(state) is the whole group's.
+
+    Its reward is the mean of the agents' rewards (an absent agent's counts as 0), exactly the shared
+    reward where all are equal; it acts where any agent acts; its episode ends at a step that ends
+    every agent acting there (or, at a step where none acts, any agent): truncated if one of them was
+    truncated, else terminated. An agent that leaves while others go on does not end it.
+    """
+    shared = (rewards == rewards[..., :1]).all(-1)
+    team_reward = torch.where(shared, rewards[..., 0], rewards.mean(-1))
+    ended = terminated | truncated
+    team_ended = ended.any(-1) & (ended | ~alive).all(-1)
+    team_truncated = team_ended & truncated.any(-1)
+    return TeamSteps(team_reward, team_ended & ~team_truncated, team_truncated, alive.any(-1))

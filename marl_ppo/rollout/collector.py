@@ -126,6 +126,7 @@ class Collector:
         result.last_values = self.model.values(
             self._to_torch(arrays.state), {name: self._to_torch(g.obs) for name, g in arrays.groups.items()}
         )
+        result.last_alive = {name: self._to_torch(g.alive) for name, g in arrays.groups.items()}
         result.env_steps = buffer.steps * self.venv.num_envs
         return result
 

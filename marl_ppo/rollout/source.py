@@ -49,6 +49,9 @@ class RolloutResult:
     episodes: list[EpisodeRecord] = field(default_factory=list)
     last_values: dict[str, torch.Tensor] = field(default_factory=dict)
     """Per group name `(E, A_g)`: values of the observations after the last step (return units)."""
+    last_alive: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Per group name `(E, A_g)` bool: the agents that act after the last step (a turn-based player
+    that waits there does not; its unfinished last move is left out of the losses)."""
     env_steps: int = 0
     env_seconds: float = 0.0
     """Wall time spent inside the vector env's step (waiting on workers, for the subprocess env)."""

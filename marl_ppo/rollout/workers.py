@@ -54,6 +54,7 @@ class _RolloutSlice:
         shared_weights: dict[str, torch.Tensor],
         shared_buffer: RolloutBuffer,
         shared_last_values: dict[str, torch.Tensor],
+        shared_last_alive: dict[str, torch.Tensor],
     ) -> None:
         torch.set_num_threads(1)
         self.make_adapter = make_adapter
@@ -63,6 +64,7 @@ class _RolloutSlice:
         self.shared_weights = shared_weights
         self.shared_buffer = shared_buffer
         self.shared_last_values = shared_last_values
+        self.shared_last_alive = shared_last_alive
         self.collector: Collector | None = None
 
     def __call__(self, command: str, argument: Any) -> Any:
@@ -109,6 +111,8 @@ class _RolloutSlice:
             target.copy_(local)
         for name, target in self.shared_last_values.items():
             target[envs.start : envs.stop] = result.last_values[name]
+        for name, target in self.shared_last_alive.items():
+            target[envs.start : envs.stop] = result.last_alive[name]
         # rollout step (0-based) at which each episode ended, for the learner's global step count
         episodes = [((e.end_step - steps_before) // len(envs) - 1, e) for e in result.episodes]
         return {"episodes": episodes, "env_s": result.env_seconds, "total_s": time.perf_counter() - started}
@@ -166,12 +170,25 @@ class RolloutWorkers:
         for tensor in self._shared.tensors():
             tensor.share_memory_()
         self._last_values = {g.name: torch.zeros(num_envs, g.num_agents).share_memory_() for g in spec.groups}
+        self._last_alive = {
+            g.name: torch.ones(num_envs, g.num_agents, dtype=torch.bool).share_memory_() for g in spec.groups
+        }
         self._in_flight = False
         self._pending: dict[str, Any] | None = None
-        """A received rollout not yet handed to the learner (buffer tensors, last values, replies)."""
+        """A received rollout not yet handed to the learner (buffer tensors, last values and alive flags,
+        replies)."""
         self._slices = split_envs(num_envs, num_workers)
         args = [
-            (make_adapter, make_model, envs, k, self._weights, self._shared, self._last_values)
+            (
+                make_adapter,
+                make_model,
+                envs,
+                k,
+                self._weights,
+                self._shared,
+                self._last_values,
+                self._last_alive,
+            )
             for k, envs in enumerate(self._slices)
         ]
         self._pool = WorkerPool(
@@ -204,13 +221,16 @@ class RolloutWorkers:
         for target, shared in zip(buffer.tensors(), self._pending["buffer"], strict=True):
             target.copy_(shared)
         buffer.pos = buffer.steps
-        last_values = {
-            name: v.to(buffer.device, copy=True) for name, v in self._pending["last_values"].items()
-        }
+        last_values, last_alive = (
+            {name: v.to(buffer.device, copy=True) for name, v in self._pending[field].items()}
+            for field in ("last_values", "last_alive")
+        )
         self._pending = None
         if self.policy_lag and ahead:
             self._launch()  # the next rollout runs with these weights while the learner updates
-        result = RolloutResult(last_values=last_values, env_steps=buffer.steps * self.num_envs)
+        result = RolloutResult(
+            last_values=last_values, last_alive=last_alive, env_steps=buffer.steps * self.num_envs
+        )
         result.episodes = self._episodes(replies)
         result.env_seconds = max(r["env_s"] for r in replies)
         result.act_seconds = max(r["total_s"] - r["env_s"] for r in replies)
@@ -233,6 +253,7 @@ class RolloutWorkers:
             pending = {
                 "buffer": self._pending["buffer"],
                 "last_values": self._pending["last_values"],
+                "last_alive": self._pending["last_alive"],
                 "episodes": [
                     [_episode_state(t, e) for t, e in r["episodes"]] for r in self._pending["replies"]
                 ],
@@ -255,7 +276,16 @@ class RolloutWorkers:
             last_values = saved["last_values"]
             if isinstance(last_values, list):  # checkpoints before the per-group records: in group order
                 last_values = dict(zip(self._last_values, last_values, strict=True))
-            self._pending = {"buffer": saved["buffer"], "last_values": last_values, "replies": replies}
+            # checkpoints before `last_alive`: every agent acts next, the bootstrap they were saved with
+            last_alive = saved.get("last_alive") or {
+                name: torch.ones_like(v, dtype=torch.bool) for name, v in last_values.items()
+            }
+            self._pending = {
+                "buffer": saved["buffer"],
+                "last_values": last_values,
+                "last_alive": last_alive,
+                "replies": replies,
+            }
 
     def env_states(self) -> list[bytes]:
         """Every env copy's pickled state, in env order (see `marl_ppo.envs.vector.state`); raises
@@ -280,6 +310,7 @@ class RolloutWorkers:
             "replies": replies,
             "buffer": self._shared.tensors(),
             "last_values": self._last_values,
+            "last_alive": self._last_alive,
         }
 
     def _episodes(self, replies: list[dict[str, Any]]) -> list[EpisodeRecord]:

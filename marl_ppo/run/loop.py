@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import yaml
 
-from marl_ppo.algo.batch import rollout_batches
+from marl_ppo.algo.batch import refuse_unshared_rewards, rollout_batches
 from marl_ppo.algo.schedule import LrSchedule
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import ExperimentConfig, config_to_dict
@@ -248,7 +248,12 @@ def _one_update(
     ahead = collector.env_steps + buffer.steps * buffer.num_envs < config.total_steps
     rollout = collector.collect(buffer, ahead=ahead)
     t1 = time.perf_counter()
-    batches = rollout_batches(buffer, rollout.last_values, gamma=config.gamma, lam=config.gae_lambda)
+    team = config.critic == "team"
+    if team and config.team_reward == "refuse":
+        refuse_unshared_rewards(buffer, env_steps_before=collector.env_steps - rollout.env_steps)
+    batches = rollout_batches(
+        buffer, rollout.last_values, rollout.last_alive, gamma=config.gamma, lam=config.gae_lambda, team=team
+    )
     trainer.set_lr_scale(schedule.scale(collector.env_steps - rollout.env_steps))
     stats = trainer.update(batches, lagged=config.policy_lag > 0)
     t2 = time.perf_counter()

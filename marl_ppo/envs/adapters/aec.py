@@ -31,6 +31,7 @@ class TurnBasedAdapter(ParallelEnvAdapter):
     def reset(self, seed: int | None, out: TeamArrays[np.ndarray]) -> None:
         """Reset the env; every agent's observation is written, only the agent to move is alive."""
         self.ended_at, self.step_count = self.step_count, 0
+        self._left_at.clear()
         self._call("reset", self.env.reset, seed=seed)
         if not self.env.agents:
             raise self._error(None, "reset returned no agents; at least one must be live")
@@ -40,6 +41,7 @@ class TurnBasedAdapter(ParallelEnvAdapter):
         """Play the move of the agent to move; True when the game is over."""
         mover = self.env.agent_selection
         group, i = self._slot(mover)
+        present = list(self.env.agents)
         self.step_count += 1
         self._call("step", self.env.step, self._to_env_action(group, actions[group.name][i]))
         self._clear_step(out)
@@ -55,6 +57,10 @@ class TurnBasedAdapter(ParallelEnvAdapter):
         self._write_state(out.final_state, out, "final_obs")
         while self.env.agents and self._done(self.env.agent_selection):
             self._call("step", self.env.step, None)  # finished agents leave through a None step
+        live = set(self.env.agents)
+        silent = [a for a in present if a not in live and not self._flagged(a, out)]
+        if silent or self._left_at:
+            self._check_leavers(silent, live, over=not live)
         if self.env.agents:
             self._next_turn(out)
             return False

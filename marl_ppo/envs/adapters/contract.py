@@ -73,6 +73,11 @@ class ContractChecks:
     """Steps of the episode that the last reset ended."""
     _done_at: dict[str, int]
     """Agents that terminated or were truncated this episode, and the episode step when they did."""
+    _rejoin: bool
+    """The env declares `metadata[REJOIN_KEY]`: its agents may leave and come back."""
+    _left_at: dict[str, int]
+    """In an env whose agents may come back: agents outside env.agents that left with neither flag,
+    and the episode step when they left."""
 
     def _error(self, agent: str | None, problem: str, *, step: int | None = None) -> EnvContractError:
         """A contract error naming the env id, the copy, the episode step and (when known) the agent."""
@@ -113,6 +118,32 @@ class ContractChecks:
                     f"agent is live again after it terminated or was truncated at episode step {step}; "
                     f"an env whose agents may come back sets metadata['{REJOIN_KEY}'] = True",
                 )
+
+    def _check_leavers(self, silent: list[str], live: set[str], over: bool) -> None:
+        """Agents that left env.agents at this step with neither flag (`silent`) break the contract: their
+        last move would bootstrap across the episode's end. An env whose agents may come back
+        (`REJOIN_KEY`) may keep an agent out while the episode goes on, as long as it returns."""
+        if not self._rejoin:
+            if silent:
+                raise self._error(
+                    silent[0],
+                    "agent left env.agents without being terminated or truncated; an env removes an agent "
+                    "by setting its termination or truncation flag at the step it leaves (an env whose "
+                    f"agents may leave and come back sets metadata['{REJOIN_KEY}'] = True)",
+                )
+            return
+        for agent in silent:
+            self._left_at.setdefault(agent, self.step_count)
+        for agent in [a for a in self._left_at if a in live]:
+            del self._left_at[agent]
+        if over and self._left_at:
+            agent, step = next(iter(self._left_at.items()))
+            raise self._error(
+                agent,
+                f"agent left env.agents at episode step {step} without being terminated or truncated and "
+                "the episode ended before it came back; an env ends an agent by setting its termination "
+                "or truncation flag",
+            )
 
     def _write_reward(self, agent: str, rewards: Mapping[str, Any], target: np.ndarray, i: int) -> None:
         try:

@@ -40,11 +40,13 @@ class ParallelEnvAdapter(ContractChecks):
         """Which env copy this adapter steps (the vector env sets it); named in contract errors."""
         self._rejoin = bool((getattr(env, "metadata", None) or {}).get(REJOIN_KEY, False))
         self._done_at: dict[str, int] = {}
+        self._left_at: dict[str, int] = {}
 
     def reset(self, seed: int | None, out: TeamArrays[np.ndarray]) -> None:
         """Reset the env and write the first observations, alive flags, masks and state into `out`."""
         self.ended_at, self.step_count = self.step_count, 0
         self._done_at.clear()
+        self._left_at.clear()
         result = self._call("reset", self.env.reset, seed=seed)
         if not (isinstance(result, tuple) and len(result) == 2):
             raise self._error(None, f"reset returned {describe(result)}; expected (observations, infos)")
@@ -96,6 +98,7 @@ class ParallelEnvAdapter(ContractChecks):
         live = set(self.env.agents)
         if self._done_at:
             self._check_no_rejoin(live)
+        silent = [a for a in action_dict if a not in live and not self._flagged(a, out)]
         for group in self.spec.groups:
             arrays = out.groups[group.name]
             for i, agent in enumerate(group.agents):
@@ -106,12 +109,21 @@ class ParallelEnvAdapter(ContractChecks):
                 arrays.obs[i] = arrays.final_obs[i] if still else 0.0
                 if still and group.mask_source is not None:
                     self._write_mask(agent, observations.get(agent), infos, arrays.action_mask[i])
+        over = not any(arrays.alive.any() for arrays in out.groups.values())
+        if silent or self._left_at:
+            self._check_leavers(silent, live, over)
         self._write_state(out.final_state, out, "final_obs")
         if self.spec.state_from_env:
             out.state[...] = out.final_state
         else:
             self._write_state(out.state, out, "obs")
-        return not any(arrays.alive.any() for arrays in out.groups.values())
+        return over
+
+    def _flagged(self, agent: str, out: TeamArrays[np.ndarray]) -> bool:
+        """Whether this step terminated or truncated `agent`."""
+        group, i = self._slots[agent]
+        arrays = out.groups[group.name]
+        return bool(arrays.terminated[i] or arrays.truncated[i])
 
     def _clear_step(self, out: TeamArrays[np.ndarray]) -> None:
         """Reset what a step reports (rewards, flags, final obs, masks) before the step writes it."""
