@@ -1,0 +1,149 @@
+"""Each hand-written piece of `marl_ppo/fast/` against the library's, in one process: `python -m marl_ppo.bench.pieces`.
+
+The pieces' own work at the sizes the default experiment and VMAS navigation give them, timed in
+turn (ours first in even repeats, the library's first in odd ones) on one thread; medians over the
+repeats. `marl_ppo.bench.library` measures what each piece changes in a whole training run.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+
+def paired(name: str, ours: Callable[[], None], library: Callable[[], None], repeats: int = 9) -> None:
+    """Print the medians of `repeats` timings of each, and the library's over ours."""
+    times: dict[str, list[float]] = {"ours": [], "library": []}
+    for k in range(repeats):
+        for which, fn in (("ours", ours), ("library", library))[:: 1 if k % 2 == 0 else -1]:
+            started = time.perf_counter()
+            fn()
+            times[which].append(time.perf_counter() - started)
+    a, b = statistics.median(times["ours"]), statistics.median(times["library"])
+    print(
+        f"{name:58s} ours {a * 1e3:9.2f} ms  library {b * 1e3:9.2f} ms  library/ours {b / a:6.2f}", flush=True
+    )
+
+
+def distributions() -> None:
+    from marl_ppo.models.distributions import make_distribution
+
+    cases = (
+        ("Discrete(5), acting (16, 3)", gym.spaces.Discrete(5), (16, 3, 5)),
+        ("Discrete(5), minibatch (200, 3)", gym.spaces.Discrete(5), (200, 3, 5)),
+        ("Box(2), VMAS acting (1024, 4)", gym.spaces.Box(-1, 1, (2,)), (1024, 4, 2)),
+        ("Box(2), VMAS minibatch (25600, 4)", gym.spaces.Box(-1, 1, (2,)), (25600, 4, 2)),
+    )
+    for label, space, shape in cases:
+        output = torch.randn(shape)
+        log_std = torch.zeros(1, shape[-1]) if isinstance(space, gym.spaces.Box) else None
+
+        def run(library: bool, output=output, space=space, log_std=log_std) -> Callable[[], None]:
+            def calls() -> None:
+                for _ in range(200):
+                    dist = make_distribution(space, output, log_std, None, library=library)
+                    dist.log_prob(dist.sample())
+                    dist.entropy()
+
+            return calls
+
+        paired(f"distributions, {label}, 200 x sample/log_prob/entropy", run(False), run(True))
+
+
+def event_writers() -> None:
+    from marl_ppo.fast.events import EventWriter
+    from marl_ppo.run.logger import LibraryEventWriter
+
+    tmp = Path(tempfile.mkdtemp())
+    columns = {f"rollout/tag{i}": np.random.randn(1024) for i in range(8)}
+    steps = list(range(1024))
+
+    def log(writer: EventWriter | LibraryEventWriter) -> Callable[[], None]:
+        def one_update() -> None:
+            writer.rows(steps, columns)
+            writer.scalars(5, {f"train/tag{i}": 0.5 for i in range(30)})
+            writer.flush()
+
+        return one_update
+
+    paired(
+        "event writer, a VMAS update's 1,024 episodes x 8 tags + 30",
+        log(EventWriter(tmp / "ours")),
+        log(LibraryEventWriter(tmp / "library")),
+        repeats=7,
+    )
+
+
+def lean_cycle() -> None:
+    from marl_ppo.envs.adapters.check_wrappers import without_check_wrappers
+    from marl_ppo.envs.registry import make_env
+    from marl_ppo.fast.lean_cycle import lean_cycle as lean
+
+    kwargs = {"N": 3, "max_cycles": 25, "continuous_actions": False}
+    ours = lean(without_check_wrappers(make_env("mpe2/simple_spread_v3", **kwargs)))
+    library = without_check_wrappers(make_env("mpe2/simple_spread_v3", **kwargs))
+    rng = np.random.default_rng(0)
+    actions = [{agent: int(rng.integers(5)) for agent in ours.possible_agents} for _ in range(2000)]
+
+    def steps(env: object) -> Callable[[], None]:
+        env.reset(seed=0)
+
+        def run() -> None:
+            for step in actions:
+                if not env.agents:
+                    env.reset()
+                env.step({agent: a for agent, a in step.items() if agent in env.agents})
+
+        return run
+
+    paired("lean cycle, simple_spread, 2,000 raw env steps", steps(ours), steps(library), repeats=7)
+
+
+def optimizers() -> None:
+    from marl_ppo.algo.optim import make_optimizer
+
+    def network() -> nn.Module:
+        torch.manual_seed(0)  # the default experiment's shared actor: 18 inputs + 3 agent ids, 64x64
+        return nn.Sequential(nn.Linear(21, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 5))
+
+    x = torch.randn(600, 21)
+    for kind in ("adam", "adam_foreach", "adam_fused"):
+        nets = {"flat_adam": network(), kind: network()}
+        optimizers = {
+            name: make_optimizer(net.parameters(), lr=1e-3, kind=name) for name, net in nets.items()
+        }
+
+        def steps(name: str, nets=nets, optimizers=optimizers) -> Callable[[], None]:
+            def run() -> None:
+                for _ in range(100):
+                    optimizer = optimizers[name]
+                    optimizer.bind()
+                    optimizer.zero_grad()
+                    nets[name](x).pow(2).mean().backward()
+                    optimizer.clip_grad_norm(10.0)
+                    optimizer.step()
+
+            return run
+
+        paired(f"optimizer, 100 minibatch steps, FlatAdam vs {kind}", steps("flat_adam"), steps(kind))
+
+
+def main() -> int:
+    """Time every piece against the library's."""
+    torch.set_num_threads(1)
+    for measure in (distributions, event_writers, lean_cycle, optimizers):
+        measure()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
