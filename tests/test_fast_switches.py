@@ -12,10 +12,9 @@ from torch import nn
 
 from marl_ppo.algo.optim import LibraryAdam, make_optimizer
 from marl_ppo.config import load_config
-from marl_ppo.fast.events import EventWriter
+from marl_ppo.fast.events import EventWriter, LibraryEventWriter
 from marl_ppo.models.distributions import make_distribution
 from marl_ppo.run.checkpoint import load_checkpoint
-from marl_ppo.run.logger import LibraryEventWriter
 from marl_ppo.run.loop import train
 
 SPREAD = ROOT / "experiments/mpe/simple_spread.yaml"

@@ -60,8 +60,7 @@ def distributions() -> None:
 
 
 def event_writers() -> None:
-    from marl_ppo.fast.events import EventWriter
-    from marl_ppo.run.logger import LibraryEventWriter
+    from marl_ppo.fast.events import EventWriter, LibraryEventWriter
 
     tmp = Path(tempfile.mkdtemp())
     columns = {f"rollout/tag{i}": np.random.randn(1024) for i in range(8)}

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from marl_ppo.algo.trainer import TrainStats
-from marl_ppo.fast.events import EventWriter, wait_for_a_later_event_file_name
+from marl_ppo.fast.events import EventWriter, LibraryEventWriter, wait_for_a_later_event_file_name
 from marl_ppo.rollout.source import EpisodeRecord
 
 
@@ -201,28 +201,3 @@ def _is_terminal(stream: TextIO) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):  # no isatty, or a closed file
         return False
-
-
-class LibraryEventWriter:
-    """torch.utils.tensorboard's SummaryWriter behind EventWriter's interface: one `add_scalar` per value."""
-
-    def __init__(self, log_dir: Path, *, purge_step: int | None = None) -> None:
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.writer = SummaryWriter(str(log_dir), purge_step=purge_step)
-
-    def scalars(self, step: int, values: dict[str, float]) -> None:
-        """Every value at `step`."""
-        for tag, value in values.items():
-            self.writer.add_scalar(tag, float(value), step)
-
-    def rows(self, steps: Sequence[int], columns: dict[str, Sequence[float] | np.ndarray]) -> None:
-        """Row i of every column at `steps[i]`."""
-        for i, step in enumerate(steps):
-            self.scalars(step, {tag: column[i] for tag, column in columns.items()})
-
-    def flush(self) -> None:
-        self.writer.flush()
-
-    def close(self) -> None:
-        self.writer.close()
