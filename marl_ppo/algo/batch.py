@@ -147,7 +147,7 @@ def _agent_gae(
     storage: GroupStorage, last_values: torch.Tensor, last_alive: torch.Tensor, *, gamma: float, lam: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each agent's advantages, returns and alive flags from its own rewards and values."""
-    steps = fold_turns(
+    return _folded_gae(
         storage.rewards,
         storage.values,
         last_values,
@@ -155,11 +155,33 @@ def _agent_gae(
         storage.terminated,
         storage.truncated,
         storage.alive,
-        last_alive=last_alive,
+        last_alive,
+        gamma=gamma,
+        lam=lam,
+    )
+
+
+def _folded_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    last_values: torch.Tensor,
+    final_values: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    alive: torch.Tensor,
+    last_alive: torch.Tensor,
+    *,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`fold_turns`, then `compute_gae` on the folded transitions: advantages, returns and the alive
+    flags of the samples that enter the losses."""
+    steps = fold_turns(
+        rewards, values, last_values, final_values, terminated, truncated, alive, last_alive=last_alive
     )
     adv, ret = compute_gae(
         steps.rewards,
-        storage.values,
+        values,
         steps.next_values,
         steps.terminated,
         steps.done,
@@ -178,7 +200,7 @@ def _team_gae(
     if not torch.equal(storage.values, values.unsqueeze(-1).expand_as(storage.values)):
         raise ValueError("rollout_batches: team=True needs one value per env step, equal for every agent")
     team = team_steps(storage.rewards, storage.terminated, storage.truncated, storage.alive)
-    steps = fold_turns(
+    adv, ret, team_alive = _folded_gae(
         team.rewards,
         values,
         last_values[..., 0],
@@ -186,20 +208,12 @@ def _team_gae(
         team.terminated,
         team.truncated,
         team.alive,
-        last_alive=last_alive.any(-1),
-    )
-    adv, ret = compute_gae(
-        steps.rewards,
-        values,
-        steps.next_values,
-        steps.terminated,
-        steps.done,
+        last_alive.any(-1),
         gamma=gamma,
         lam=lam,
-        alive=steps.alive,
     )
     shape = storage.values.shape
-    alive = storage.alive & steps.alive.unsqueeze(-1)
+    alive = storage.alive & team_alive.unsqueeze(-1)
     return adv.unsqueeze(-1).expand(shape).contiguous(), ret.unsqueeze(-1).expand(shape).contiguous(), alive
 
 
