@@ -223,7 +223,9 @@ def test_auto_vector_probe_tells_a_toy_env_from_simple_spread(tiny_overrides):
 
     spread = probe_step_seconds(load_config(SPREAD_YAML, tiny_overrides))
     toy = probe_step_seconds(load_config(None, [*tiny_overrides, "env.id=envs/matrix_game_v0"]))
-    assert toy < 50e-6 <= spread
+    # A ratio within one process, not a wall-clock bound: a loaded machine slows both probes alike
+    # (about 10x apart on an idle one), while the fixed threshold is tested with a patched probe above.
+    assert spread > 3 * toy
 
 
 @pytest.mark.parametrize(
