@@ -13,3 +13,4 @@ def register() -> None:
     register_env("envs/mixed_actions_v0", "marl_ppo_examples.mixed_actions:parallel_env")
     register_env("envs/masked_guess_v0", "marl_ppo_examples.masked_guess:parallel_env")
     register_env("envs/matrix_game_v0", "marl_ppo_examples.matrix_game:parallel_env")
+    register_env("envs/cue_recall_v0", "marl_ppo_examples.cue_recall:parallel_env")

@@ -88,6 +88,27 @@ class ModelConfig:
     state, action distributions and losses stay float32. Pays off with large batches on CPUs with
     AVX512-BF16 or AMX and on GPUs with bfloat16 tensor cores; elsewhere it is slower. `auto` picks
     `bf16` on such hardware, else `fp32` (the choice is written to the run's config.yaml)."""
+    recurrent: Literal["gru", "lstm"] | None = None
+    """A recurrent layer between each network's MLP trunk and its head (`gru` or `lstm`, torch's cell
+    equations), for tasks that need memory; null: feed-forward networks. Training then runs on
+    sequence chunks of `ppo.chunk_length` steps, each from its stored state."""
+    recurrent_size: PositiveInt = 64
+    """Hidden units of the recurrent layer (an LSTM carries twice as many numbers: h and c)."""
+    recurrent_critic: bool | None = None
+    """Whether the critic is recurrent too; null: true when `recurrent` is set."""
+
+    @property
+    def critic_recurrent(self) -> bool:
+        """Whether the critic has a recurrent layer (`recurrent_critic` resolved)."""
+        if self.recurrent is None:
+            return False
+        return True if self.recurrent_critic is None else self.recurrent_critic
+
+    def __post_init__(self) -> None:
+        if self.recurrent is None and self.recurrent_critic:
+            raise ValueError(
+                "model.recurrent_critic=true needs a recurrent layer; set model.recurrent: gru or lstm"
+            )
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -147,6 +168,11 @@ class PPOConfig:
     importance weights at 1.0: no sample counts more than once, which bounds the variance and biases the
     update slightly towards the acting policy where the start policy favours an action more; null
     leaves the weights untruncated."""
+    chunk_length: PositiveInt | None = 10
+    """With `model.recurrent`: minibatches are sequences of this many consecutive steps of one env
+    copy (every agent of a group together), each unrolled from the recurrent state stored when it was
+    collected; null: the whole rollout is one sequence per env copy. A rollout that does not divide
+    evenly ends in a shorter chunk (padded, left out of the losses). Unused by feed-forward networks."""
     on_nonfinite: Literal["error", "skip"] = "error"
     """A NaN or inf loss, gradient or return: `error` stops the run naming the group, term and update;
     `skip` drops that minibatch step (or the update's value-norm statistics) and counts it in
@@ -267,11 +293,26 @@ class ExperimentConfig:
                 "critic: team is one network per group (one value per env step, for every agent), so "
                 "share_critic=false (one critic per agent) cannot apply; drop it, or use critic: state"
             )
+        chunks = self.sequence_chunks
+        if chunks is not None and self.ppo.num_minibatches > chunks:
+            raise ValueError(
+                f"ppo.num_minibatches={self.ppo.num_minibatches} exceeds the {chunks} sequence chunks of a "
+                f"rollout (num_envs={self.num_envs} x ceil(rollout_steps / ppo.chunk_length)); lower "
+                "ppo.num_minibatches or ppo.chunk_length, or raise num_envs"
+            )
         if self.ppo.num_minibatches > self.batch_steps:
             raise ValueError(
                 f"ppo.num_minibatches={self.ppo.num_minibatches} exceeds the batch of "
                 f"rollout_steps*num_envs={self.batch_steps} env steps; lower ppo.num_minibatches"
             )
+
+    @property
+    def sequence_chunks(self) -> int | None:
+        """Sequence chunks per rollout with a recurrent model (None for feed-forward networks)."""
+        if self.model.recurrent is None:
+            return None
+        length = self.ppo.chunk_length or self.rollout_steps
+        return self.num_envs * -(-self.rollout_steps // length)
 
     @property
     def batch_steps(self) -> int:

@@ -49,6 +49,15 @@ class AgentBatch:
     values_start: torch.Tensor | None = None
     """(N, A) the critic's output at the start of the update (the critic's units), set with logp_prox:
     the value clip's centre"""
+    is_first: torch.Tensor | None = None
+    """(N, A) bool, recurrent networks only: the agent's episode starts at this step (its state resets)"""
+    acted: torch.Tensor | None = None
+    """(N, A) bool, recurrent networks only: the agent acted at this step as collected (where its
+    state advances); `alive` may leave some of these steps out of the losses"""
+    actor_state: torch.Tensor | None = None
+    """(N, A, S) recurrent networks only: the actor's state carried into each step"""
+    critic_state: torch.Tensor | None = None
+    """(N, rows, S) recurrent networks only: the critic's state carried into each step"""
 
     def __len__(self) -> int:
         return self.obs.shape[0]
@@ -80,8 +89,20 @@ def build_batches(
     def flat(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.flatten(0, 1)
 
+    def memory(name: str) -> dict[str, torch.Tensor]:
+        record = buffer.memory.get(name)
+        if record is None:
+            return {}
+        return {
+            "is_first": flat(record.is_first),
+            "acted": flat(buffer.groups[name].alive),
+            "actor_state": flat(record.actor_state),
+            "critic_state": flat(record.critic_state),
+        }
+
     return {
         name: AgentBatch(
+            **memory(name),
             obs=flat(storage.obs),
             actions=flat(storage.actions),
             logp_old=flat(storage.logp),

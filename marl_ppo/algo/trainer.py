@@ -22,9 +22,11 @@ from marl_ppo.algo.losses import (
     value_loss,
 )
 from marl_ppo.algo.optim import Optimizer, make_optimizer
+from marl_ppo.algo.sequences import chunk_batch, chunk_minibatches, diagnostic_chunks
 from marl_ppo.config import PPOConfig
 from marl_ppo.faults import NonFiniteError
-from marl_ppo.models.team import TeamModel
+from marl_ppo.models.distributions import ActionDistribution
+from marl_ppo.models.team import GroupActor, GroupCritic, TeamModel
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,9 @@ class Trainer:
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.generator.set_state(state["generator"])
 
-    def prepare(self, batches: Mapping[str, AgentBatch], *, lagged: bool = False) -> dict[str, AgentBatch]:
+    def prepare(
+        self, batches: Mapping[str, AgentBatch], *, lagged: bool = False, rollout_steps: int | None = None
+    ) -> dict[str, AgentBatch]:
         """Update the value normalizers with the batch's returns and normalize advantages per group.
 
         A `lagged` batch (collected by the policy one update behind) under `ppo.lagged_ratio: decoupled`
@@ -132,8 +136,13 @@ class Trainer:
         outputs (the statistics before the update), `returns` in those the critic learns towards (the
         statistics after it); and the networks' encoded inputs (each computed once here rather than
         at every minibatch step). The losses read only those inputs, so `obs` and `state` are cut to
-        zero width, and minibatch gathers do not copy them.
+        zero width, and minibatch gathers do not copy them. Batches of recurrent networks are then
+        cut into sequence chunks of `ppo.chunk_length` steps (`algo.sequences`), which needs the
+        rollout's `rollout_steps` per env copy.
         """
+        chunked = self.model.recurrent
+        if chunked and rollout_steps is None:
+            raise ValueError("Trainer.prepare: recurrent networks need rollout_steps to cut sequences")
         decoupled = lagged and self.ppo.lagged_ratio == "decoupled"
         prepared = {}
         for name, batch in batches.items():
@@ -160,6 +169,10 @@ class Trainer:
                 obs=batch.obs[..., :0],
                 state=batch.state[..., :0],
             )
+            if chunked:
+                prepared[name] = chunk_batch(
+                    prepared[name], steps=rollout_steps, length=self.ppo.chunk_length
+                )
             if decoupled:
                 prepared[name] = self._start_of_update(name, prepared[name])
         return prepared
@@ -170,7 +183,7 @@ class Trainer:
         advantages' weights start / acting policy truncated at `ppo.behaviour_weight_max`, and the
         critic's start outputs (one forward of each network over the batch)."""
         actor, critic, _ = self.model.group(name)
-        logp_prox = actor.forward_encoded(batch.actor_input, batch.action_mask).log_prob(batch.actions)
+        logp_prox = _policy(actor, batch).log_prob(batch.actions)
         weight = (logp_prox - batch.logp_old).exp()
         if self.ppo.behaviour_weight_max is not None:
             weight = weight.clamp(max=self.ppo.behaviour_weight_max)
@@ -178,21 +191,24 @@ class Trainer:
             batch,
             logp_prox=logp_prox,
             behaviour_weight=torch.where(batch.alive, weight, 1.0),  # absent agents' log-probs mean nothing
-            values_start=critic.forward_encoded(batch.critic_input),
+            values_start=_critic_values(critic, batch),
         )
 
-    def update(self, batches: Mapping[str, AgentBatch], *, lagged: bool = False) -> TrainStats:
+    def update(
+        self, batches: Mapping[str, AgentBatch], *, lagged: bool = False, rollout_steps: int | None = None
+    ) -> TrainStats:
         """One PPO update on the groups' batches (raw advantages, return-unit values).
 
         `lagged`: the batches were collected by the policy one update behind this one (policy lag 1);
         `ppo.lagged_ratio` says how the update treats them. Not lagged, nothing of it is computed.
+        `rollout_steps`: steps per env copy of the rollout (recurrent networks cut it into sequences).
         """
         self.updates += 1
         self._skips = 0
         self.actor_optimizer.bind()
         self.critic_optimizer.bind()
         stats_in = _batch_statistics(batches)
-        batches = self.prepare(batches, lagged=lagged)
+        batches = self.prepare(batches, lagged=lagged, rollout_steps=rollout_steps)
         probe = _diagnostic_rows(batches)  # the same rows before and after, so the deltas compare
         before = self._evaluate(probe)
         lag = _lag_statistics(probe, before) if lagged else {}
@@ -227,7 +243,8 @@ class Trainer:
                 pi_epochs += 1
             elif not train_vf:
                 break
-            for k, minibatch in enumerate(minibatches(batches, ppo.num_minibatches, self.generator)):
+            split = chunk_minibatches if self.model.recurrent else minibatches
+            for k, minibatch in enumerate(split(batches, ppo.num_minibatches, self.generator)):
                 train_pi = policy_active and epoch < ppo.train_pi_iters
                 if not (train_pi or train_vf):
                     break
@@ -246,7 +263,7 @@ class Trainer:
         kls = []
         for name, batch in minibatch.items():
             actor = self.model.group(name).actor
-            logp = actor.forward_encoded(batch.actor_input, batch.action_mask).log_prob(batch.actions)
+            logp = _policy(actor, batch).log_prob(batch.actions)
             kls.append(approx_kl(logp, _ratio_reference(batch), batch.alive))
         return bool(torch.stack(kls).max() > 1.5 * self.ppo.target_kl)
 
@@ -260,7 +277,7 @@ class Trainer:
         diagnostics = {}
         for name, batch in batches.items():
             actor, critic, _ = self.model.group(name)
-            dist = actor.forward_encoded(batch.actor_input, batch.action_mask)
+            dist = _policy(actor, batch)
             count = mask_count(batch.alive)  # one divisor for the group's five means
             terms = policy_loss(
                 dist.log_prob(batch.actions),
@@ -274,7 +291,7 @@ class Trainer:
             entropy = masked_mean(dist.entropy(), batch.alive, count)
             group_pi = terms.loss - ppo.entropy_coef * entropy
             loss_pi = loss_pi + group_pi
-            values = critic.forward_encoded(batch.critic_input)
+            values = _critic_values(critic, batch)
             group_v = value_loss(  # prepared batches hold the clip's centre and returns in the critic's units
                 values,
                 _value_clip_centre(batch),
@@ -363,6 +380,25 @@ class Trainer:
         return _Evaluation(float(loss_pi), float(loss_v), mean("kl"), mean("entropy"), mean("clipfrac"))
 
 
+def _policy(actor: GroupActor, batch: AgentBatch) -> ActionDistribution:
+    """The actor's distributions over a prepared batch: row by row, or for a chunked batch of a
+    recurrent actor, each chunk unrolled from its stored state."""
+    if batch.is_first is None:
+        return actor.forward_encoded(batch.actor_input, batch.action_mask)
+    dist, _ = actor.unroll_encoded(
+        batch.actor_input, batch.action_mask, batch.actor_state, batch.is_first, batch.acted
+    )
+    return dist
+
+
+def _critic_values(critic: GroupCritic, batch: AgentBatch) -> torch.Tensor:
+    """The critic's outputs over a prepared batch (a chunked one unrolled as in `_policy`)."""
+    if batch.is_first is None:
+        return critic.forward_encoded(batch.critic_input)
+    values, _ = critic.unroll_encoded(batch.critic_input, batch.critic_state, batch.is_first, batch.acted)
+    return values
+
+
 def _ratio_reference(batch: AgentBatch) -> torch.Tensor:
     """The log-probabilities the ratio and the KL stop are taken against: the start policy's under
     decoupled lag, else the acting policy's."""
@@ -403,6 +439,8 @@ DIAGNOSTIC_ROWS = 8192
 def _diagnostic_rows(batches: Mapping[str, AgentBatch]) -> Mapping[str, AgentBatch]:
     """The batches, or an even stride of DIAGNOSTIC_ROWS of their rows when they are larger."""
     first = next(iter(batches.values()))
+    if first.is_first is not None:  # sequence chunks: whole chunks, never rows cut out of them
+        return diagnostic_chunks(batches, DIAGNOSTIC_ROWS)
     size = len(first)
     if size <= DIAGNOSTIC_ROWS:
         return batches

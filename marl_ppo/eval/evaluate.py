@@ -21,6 +21,7 @@ from marl_ppo.config import ExperimentConfig, build_config, config_to_dict
 from marl_ppo.envs.spec import TeamArrays
 from marl_ppo.envs.vector.base import VectorEnv
 from marl_ppo.models.team import TeamModel
+from marl_ppo.rollout.memory import RecurrentMemory, make_memory
 
 EVAL_SEED_OFFSET = 1_000_000
 """Eval env copy i is reset with `seed + EVAL_SEED_OFFSET + i`: never a seed a training env copy gets."""
@@ -121,12 +122,22 @@ def _numpy(value: np.ndarray | torch.Tensor) -> np.ndarray:
 
 @torch.no_grad()
 def policy_actions(
-    model: TeamModel, arrays: TeamArrays, device: torch.device, *, deterministic: bool
+    model: TeamModel,
+    arrays: TeamArrays,
+    device: torch.device,
+    *,
+    deterministic: bool,
+    memory: RecurrentMemory | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Per-group actions for the arrays' observations (masks respected): the distribution's mode, or a sample."""
+    """Per-group actions for the arrays' observations (masks respected): the distribution's mode, or a
+    sample. A recurrent policy acts from `memory`'s states; call `memory.advance` after the env step."""
     obs = {name: _tensor(group.obs, device) for name, group in arrays.groups.items()}
     masks = {name: _tensor(group.action_mask, device) for name, group in arrays.groups.items()}
-    dists = model.distributions(obs, masks)
+    if memory is None:
+        dists = model.distributions(obs, masks)
+    else:
+        alive = {name: _tensor(group.alive, device) for name, group in arrays.groups.items()}
+        dists = memory.distributions(obs, masks, alive)
     return {name: d.mode() if deterministic else d.sample() for name, d in dists.items()}
 
 
@@ -150,11 +161,14 @@ def run_episodes(
     with _global_rng_untouched(device):
         torch.manual_seed(seed)  # stochastic evaluations are reproducible and independent of training
         arrays = venv.reset(seed)
+        memory = make_memory(model, copies, device)  # a recurrent policy's states, fresh for every copy
         while any(len(done) < share for done, share in zip(finished, quota, strict=True)):
-            actions = policy_actions(model, arrays, device, deterministic=deterministic)
+            actions = policy_actions(model, arrays, device, deterministic=deterministic, memory=memory)
             arrays = venv.step(
                 actions if tensor_io else {name: a.cpu().numpy() for name, a in actions.items()}
             )
+            if memory is not None:
+                memory.advance(arrays, venv.episode_over)
             for name, group in arrays.groups.items():
                 returns[:, columns[name]] += _numpy(group.reward)
             lengths += 1

@@ -21,6 +21,7 @@ from marl_ppo.envs.registry import EnvError, resolve_factory
 from marl_ppo.envs.spec import TeamArrays, TeamSpec
 from marl_ppo.eval.evaluate import MAX_EPISODE_STEPS, EvalError, eval_config, policy_actions
 from marl_ppo.models.team import TeamModel
+from marl_ppo.rollout.memory import make_memory
 
 VIDEO_FORMATS = ("gif", "mp4")
 DEFAULT_FPS = 10
@@ -114,9 +115,12 @@ def record_episode(
         torch.manual_seed(seed)
         adapter.reset(seed, row)
         frames = [_frame(env, spec.env_id)]
+        memory = make_memory(model, 1, device)  # a recurrent policy's states for the one copy
         for _ in range(MAX_EPISODE_STEPS):
-            actions = policy_actions(model, arrays, device, deterministic=deterministic)
+            actions = policy_actions(model, arrays, device, deterministic=deterministic, memory=memory)
             over = adapter.step({name: a[0].cpu().numpy() for name, a in actions.items()}, row)
+            if memory is not None:
+                memory.advance(arrays, np.array([over]))
             frames.append(_frame(env, spec.env_id))
             if over:
                 break

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
@@ -13,7 +14,8 @@ from marl_ppo.algo.value_norm import ValueNorm
 from marl_ppo.config import ExperimentConfig, ModelConfig
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
 from marl_ppo.models.distributions import ActionDistribution, head_size, make_distribution
-from marl_ppo.models.layers import AgentMLP
+from marl_ppo.models.layers import AgentMLP, StackedLinear
+from marl_ppo.models.recurrent import MemoryLayout, StackedRecurrent
 
 CriticInput = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -39,13 +41,20 @@ CRITIC_INPUTS: dict[str, tuple[CriticInput, Callable[[GroupSpec, int], int]]] = 
 
 
 def _mlp(
-    model: ModelConfig, *, agents: int, in_dim: int, out_dim: int, shared: bool, head_gain: float
+    model: ModelConfig,
+    *,
+    agents: int,
+    in_dim: int,
+    out_dim: int,
+    shared: bool,
+    head_gain: float,
+    hidden_sizes: tuple[int, ...] | None = None,
 ) -> AgentMLP:
     return AgentMLP(
         num_agents=agents,
         in_dim=in_dim,
         out_dim=out_dim,
-        hidden_sizes=model.hidden_sizes,
+        hidden_sizes=model.hidden_sizes if hidden_sizes is None else hidden_sizes,
         activation=model.activation,
         input_layer_norm=model.input_layer_norm,
         shared=shared,
@@ -53,6 +62,41 @@ def _mlp(
         head_gain=head_gain,
         precision=model.precision,
     )
+
+
+class RecurrentParts(NamedTuple):
+    """A recurrent network: the MLP trunk (its last hidden layer as output), the cell and the head."""
+
+    trunk: AgentMLP
+    core: StackedRecurrent
+    head: StackedLinear
+
+
+def _recurrent(
+    model: ModelConfig, *, agents: int, in_dim: int, out_dim: int, shared: bool, head_gain: float
+) -> RecurrentParts:
+    """trunk (the hidden layers, activated) -> recurrent cell (`model.recurrent_size`) -> linear head."""
+    copies = 1 if shared else agents
+    trunk = _mlp(
+        model,
+        agents=agents,
+        in_dim=in_dim,
+        out_dim=model.hidden_sizes[-1],
+        shared=shared,
+        head_gain=math.sqrt(2.0),  # a hidden layer: the trunk's other layers' gain
+        hidden_sizes=model.hidden_sizes[:-1],
+    )
+    core = StackedRecurrent(
+        model.recurrent,
+        copies=copies,
+        in_dim=model.hidden_sizes[-1],
+        hidden=model.recurrent_size,
+        orthogonal_init=model.orthogonal_init,
+    )
+    head = StackedLinear(copies, model.recurrent_size, out_dim)
+    if model.orthogonal_init:
+        head.reset_orthogonal(head_gain)
+    return RecurrentParts(trunk, core, head)
 
 
 class GroupActor(nn.Module):
@@ -65,14 +109,14 @@ class GroupActor(nn.Module):
         self.action_space = group.action_space
         self.library_distributions = library_distributions
         """Build action distributions from torch.distributions instead of ours (`fast.distributions`)."""
-        self.net = _mlp(
-            model,
-            agents=group.num_agents,
-            in_dim=group.obs_dim,
-            out_dim=head_size(group.action_space),
-            shared=shared,
-            head_gain=0.01,
-        )
+        sizes = dict(agents=group.num_agents, in_dim=group.obs_dim, out_dim=head_size(group.action_space))
+        self.core: StackedRecurrent | None = None
+        """The recurrent cell between `net` (then the trunk) and `head`; None: feed-forward."""
+        self.head: StackedLinear | None = None
+        if model.recurrent is None:
+            self.net = _mlp(model, **sizes, shared=shared, head_gain=0.01)
+        else:
+            self.net, self.core, self.head = _recurrent(model, **sizes, shared=shared, head_gain=0.01)
         if isinstance(group.action_space, gym.spaces.Box):
             copies = 1 if shared else group.num_agents
             self.log_std = nn.Parameter(
@@ -93,9 +137,52 @@ class GroupActor(nn.Module):
         self, encoded: torch.Tensor, action_mask: torch.Tensor | None = None
     ) -> ActionDistribution:
         """`forward` on `encode(obs)`."""
+        if self.core is not None:
+            raise TypeError("a recurrent actor needs its state: call unroll_encoded")
+        return self._distribution(self.net(encoded, encoded=True), action_mask)
+
+    @property
+    def state_size(self) -> int:
+        """Numbers in one agent's recurrent state (0 for a feed-forward actor)."""
+        return 0 if self.core is None else self.core.state_size
+
+    def unroll_encoded(
+        self,
+        encoded: torch.Tensor,
+        action_mask: torch.Tensor | None,
+        state: torch.Tensor,
+        is_first: torch.Tensor,
+        acted: torch.Tensor,
+    ) -> tuple[ActionDistribution, torch.Tensor]:
+        """The distributions over a sequence `(L, B, A, in)` of encoded observations, from `state`
+        `(B, A, S)`, and the state after it (see `StackedRecurrent.unroll` for `is_first` and `acted`)."""
+        outputs, state = self._unroll_outputs(encoded, state, is_first, acted)
+        return self._distribution(outputs, action_mask), state
+
+    def step_encoded(
+        self,
+        encoded: torch.Tensor,
+        action_mask: torch.Tensor | None,
+        state: torch.Tensor,
+        is_first: torch.Tensor,
+        acted: torch.Tensor,
+    ) -> tuple[ActionDistribution, torch.Tensor]:
+        """One step of `unroll_encoded` on `(B, A, ...)` inputs: the distributions `(B, A)` and the state."""
+        outputs, state = self._unroll_outputs(
+            encoded.unsqueeze(0), state, is_first.unsqueeze(0), acted.unsqueeze(0)
+        )
+        return self._distribution(outputs[0], action_mask), state
+
+    def _unroll_outputs(
+        self, encoded: torch.Tensor, state: torch.Tensor, is_first: torch.Tensor, acted: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.net.activation(self.net(encoded, encoded=True))
+        outputs, state = self.core.unroll(features, state, is_first, acted)
+        return self.head(outputs), state
+
+    def _distribution(self, output: torch.Tensor, action_mask: torch.Tensor | None) -> ActionDistribution:
         if action_mask is not None and action_mask.shape[-1] == 0:
             action_mask = None
-        output = self.net(encoded, encoded=True)
         return make_distribution(
             self.action_space, output, self.log_std, action_mask, library=self.library_distributions
         )
@@ -115,14 +202,14 @@ class GroupCritic(nn.Module):
         agent id, run once per row."""
         self.common_input = kind in ("state", "team")
         """Every agent's critic sees the same input: its first layer runs once per row (`forward_common`)."""
-        self.net = _mlp(
-            model,
-            agents=1 if self.team else group.num_agents,
-            in_dim=width(group, state_dim),
-            out_dim=1,
-            shared=shared,
-            head_gain=1.0,
-        )
+        sizes = dict(agents=1 if self.team else group.num_agents, in_dim=width(group, state_dim), out_dim=1)
+        self.core: StackedRecurrent | None = None
+        """The recurrent cell between `net` (then the trunk) and `head`; None: feed-forward."""
+        self.head: StackedLinear | None = None
+        if model.critic_recurrent:
+            self.net, self.core, self.head = _recurrent(model, **sizes, shared=shared, head_gain=1.0)
+        else:
+            self.net = _mlp(model, **sizes, shared=shared, head_gain=1.0)
 
     def forward(self, state: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
         """Values in the critic's (possibly normalized) units, `(..., A_g)`."""
@@ -135,9 +222,41 @@ class GroupCritic(nn.Module):
 
     def forward_encoded(self, encoded: torch.Tensor) -> torch.Tensor:
         """`forward` on `encode(state, obs)`."""
+        if self.core is not None:
+            raise TypeError("a recurrent critic needs its state: call unroll_encoded")
+        return self._per_agent(self._trunk(encoded).squeeze(-1))
+
+    @property
+    def state_rows(self) -> int:
+        """Rows of recurrent state per env copy: the group's agents, or 1 for a team critic."""
+        return 1 if self.team else self.num_agents
+
+    @property
+    def state_size(self) -> int:
+        """Numbers in one row's recurrent state (0 for a feed-forward critic)."""
+        return 0 if self.core is None else self.core.state_size
+
+    def unroll_encoded(
+        self, encoded: torch.Tensor, state: torch.Tensor, is_first: torch.Tensor, acted: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Values `(L, B, A)` over a sequence of encoded inputs from `state` `(B, rows, S)`, and the
+        state after it. A team critic's one row starts afresh where every agent's episode starts and
+        advances where any agent acts. A feed-forward critic returns `state` unchanged."""
+        if self.core is None:
+            return self.forward_encoded(encoded), state
+        if self.team:
+            is_first, acted = is_first.all(-1, keepdim=True), acted.any(-1, keepdim=True)
+        features = self.net.activation(self._trunk(encoded))
+        outputs, state = self.core.unroll(features, state, is_first, acted)
+        return self._per_agent(self.head(outputs).squeeze(-1)), state
+
+    def _trunk(self, encoded: torch.Tensor) -> torch.Tensor:
+        """The MLP on the encoded input, `(..., A or 1, out)`."""
         if not self.common_input:
-            return self.net(encoded, encoded=True).squeeze(-1)
-        values = self.net.forward_common(encoded, encoded=True).squeeze(-1)
+            return self.net(encoded, encoded=True)
+        return self.net.forward_common(encoded, encoded=True)
+
+    def _per_agent(self, values: torch.Tensor) -> torch.Tensor:
         # a team value, (..., 1), is broadcast to the agents: their gradients sum into it
         return values.expand(*values.shape[:-1], self.num_agents) if self.team else values
 
@@ -184,6 +303,20 @@ class TeamModel(nn.Module):
             for name, actor, critic, norm in zip(
                 self._names, self.actors, self.critics, self.value_norms, strict=True
             )
+        }
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether the actors (and perhaps the critics) carry a recurrent state."""
+        return any(actor.core is not None for actor in self.actors)
+
+    def memory_layout(self) -> dict[str, MemoryLayout]:
+        """Per group, the sizes of the recurrent states a rollout stores (empty without recurrence)."""
+        if not self.recurrent:
+            return {}
+        return {
+            name: MemoryLayout(nets.actor.state_size, nets.critic.state_rows, nets.critic.state_size)
+            for name, nets in self._groups.items()
         }
 
     def group_names(self) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
+from marl_ppo.models.recurrent import MemoryLayout
 
 
 class BufferFull(RuntimeError):
@@ -84,15 +85,61 @@ class GroupStorage:
         return [getattr(self, f.name) for f in dataclasses.fields(self)]
 
 
+@dataclass(frozen=True)
+class GroupMemory:
+    """One group's recurrent inputs: `(E, ...)` for one step as the collector records it, `(T, E, ...)`
+    stored. Only recurrent networks have them."""
+
+    is_first: ArrayLike
+    """`(..., A_g)` bool: the agent's episode starts at this step (its state is reset before the step:
+    after its own termination or truncation, and for every agent after the copy's episode ended)."""
+    actor_state: ArrayLike
+    """`(..., A_g, S_actor)`: the actor's state carried into the step, before that reset."""
+    critic_state: ArrayLike
+    """`(..., rows, S_critic)`: the critic's state carried into the step (rows: A_g, or 1 for a team
+    critic; S_critic is 0 for a feed-forward critic)."""
+
+    @classmethod
+    def allocate(
+        cls, group: GroupSpec, layout: MemoryLayout, lead: tuple[int, ...], device: torch.device
+    ) -> GroupMemory:
+        """Zeroed memory for one group with leading dims `lead` (`(T, E)` in a buffer)."""
+        agents = (*lead, group.num_agents)
+        return cls(
+            is_first=torch.zeros(agents, dtype=torch.bool, device=device),
+            actor_state=torch.zeros((*agents, layout.actor_size), device=device),
+            critic_state=torch.zeros((*lead, layout.critic_rows, layout.critic_size), device=device),
+        )
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every field's tensor, in field order."""
+        return [getattr(self, f.name) for f in dataclasses.fields(self)]
+
+
 class RolloutBuffer:
     """Per-group storages keyed by group name, plus the per-env global state `(T, E, S)`; `add` raises when full."""
 
-    def __init__(self, spec: TeamSpec, steps: int, num_envs: int, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        spec: TeamSpec,
+        steps: int,
+        num_envs: int,
+        device: torch.device | str = "cpu",
+        memory: Mapping[str, MemoryLayout] | None = None,
+    ) -> None:
+        """`memory` (`TeamModel.memory_layout()`): per group, the recurrent states to store; none for
+        feed-forward networks."""
         self.spec = spec
         self.steps = steps
         self.num_envs = num_envs
         self.device = torch.device(device)
         self.groups = {g.name: GroupStorage.allocate(g, steps, num_envs, self.device) for g in spec.groups}
+        self.memory = {
+            g.name: GroupMemory.allocate(g, memory[g.name], (steps, num_envs), self.device)
+            for g in spec.groups
+            if memory
+        }
+        """Per group, the recurrent inputs of each step (empty for feed-forward networks)."""
         self.state = torch.zeros((steps, num_envs, spec.state_dim), device=self.device)
         self.pos = 0
 
@@ -105,8 +152,18 @@ class RolloutBuffer:
         """Start writing at step 0 again (old contents are overwritten, never read)."""
         self.pos = 0
 
-    def add(self, state: ArrayLike, groups: Mapping[str, GroupStep]) -> None:
-        """Write one step of every env: team `state` `(E, S)` and every group's step record."""
+    def add(
+        self,
+        state: ArrayLike,
+        groups: Mapping[str, GroupStep],
+        memory: Mapping[str, GroupMemory] | None = None,
+    ) -> None:
+        """Write one step of every env: team `state` `(E, S)`, every group's step record and, for
+        recurrent networks, every group's memory record."""
+        if bool(memory) != bool(self.memory):
+            raise ValueError(
+                "RolloutBuffer.add: memory records must be given exactly when the buffer stores them"
+            )
         if self.full:
             raise BufferFull(
                 f"rollout buffer holds {self.steps} steps and is full; call reset() before adding more"
@@ -117,11 +174,17 @@ class RolloutBuffer:
             step = groups[name]
             for field in _STEP_FIELDS:
                 getattr(storage, field)[t].copy_(_tensor(getattr(step, field)))
+        for name, stored in self.memory.items():
+            for target, value in zip(stored.tensors(), memory[name].tensors(), strict=True):
+                target[t].copy_(_tensor(value))
         self.pos += 1
 
     def tensors(self) -> list[torch.Tensor]:
-        """Every `(T, E, ...)` tensor of the buffer, in a fixed order (the state, then group by group)."""
-        return [self.state] + [tensor for storage in self.groups.values() for tensor in storage.tensors()]
+        """Every `(T, E, ...)` tensor of the buffer, in a fixed order (the state, then group by group,
+        then the recurrent memory group by group)."""
+        stored = [tensor for storage in self.groups.values() for tensor in storage.tensors()]
+        memory = [tensor for record in self.memory.values() for tensor in record.tensors()]
+        return [self.state, *stored, *memory]
 
 
 def _tensor(value: ArrayLike) -> torch.Tensor:

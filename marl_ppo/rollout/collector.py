@@ -12,6 +12,7 @@ import torch
 from marl_ppo.envs.spec import TeamArrays
 from marl_ppo.envs.vector.base import VectorEnv
 from marl_ppo.rollout.buffer import GroupStep, RolloutBuffer
+from marl_ppo.rollout.memory import RecurrentMemory
 from marl_ppo.rollout.source import EpisodeRecord, Policy, RolloutResult
 
 
@@ -23,10 +24,14 @@ class Collector:
         venv: VectorEnv,
         model: Policy,
         device: torch.device,
+        memory: RecurrentMemory | None = None,
     ) -> None:
+        """`memory`: the live states of a recurrent policy over the venv's copies (`make_memory`);
+        None for feed-forward networks."""
         self.venv = venv
         self.model = model
         self.device = device
+        self.memory = memory
         spec = venv.spec
         # column of each group's agents in the team's agent order, for per-agent returns
         self._tensor_io = venv.tensor_io
@@ -42,6 +47,8 @@ class Collector:
     def start(self, seed: int) -> None:
         """Reset every env copy (env i gets `seed + i`) and clear episode accounting."""
         self.venv.reset(seed)
+        if self.memory is not None:
+            self.memory.start()
         self._returns[:] = 0.0
         self._lengths[:] = 0
 
@@ -59,12 +66,15 @@ class Collector:
 
     def state_dict(self) -> dict[str, Any]:
         """Counters, the unfinished episodes' returns and lengths, and the env arrays the next step reads."""
-        return {
+        state = {
             "env_steps": self.env_steps,
             "returns": self._returns.cpu().clone(),
             "lengths": self._lengths.cpu().clone(),
             "arrays": _arrays_state(self.venv.arrays),
         }
+        if self.memory is not None:  # the recurrent states the next step reads
+            state["memory"] = self.memory.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any], *, episodes: bool = True) -> None:
         """Restore `state_dict()`; `episodes=False` keeps only the step counter (the envs were reset instead)."""
@@ -74,6 +84,8 @@ class Collector:
         self._returns.copy_(state["returns"])
         self._lengths.copy_(state["lengths"])
         _load_arrays(self.venv.arrays, state["arrays"])
+        if self.memory is not None:
+            self.memory.load_state_dict(state["memory"])
 
     def _to_torch(self, array: np.ndarray | torch.Tensor) -> torch.Tensor:
         """A copy on the learner's device (env arrays are overwritten by the next step)."""
@@ -93,17 +105,29 @@ class Collector:
             alive = {name: self._to_torch(group.alive) for name, group in groups.items()}
             masks = {name: self._to_torch(group.action_mask) for name, group in groups.items()}
             state = self._to_torch(arrays.state)
-            dists = self.model.distributions(obs, masks)
+            memory = self.memory
+            dists = (
+                self.model.distributions(obs, masks)
+                if memory is None
+                else memory.distributions(obs, masks, alive)
+            )
             actions = {name: dist.sample() for name, dist in dists.items()}
             logp = {name: dist.log_prob(actions[name]) for name, dist in dists.items()}
-            values = self.model.values(state, obs)
+            values = self.model.values(state, obs) if memory is None else memory.values(state, obs, alive)
             sent = actions if self._tensor_io else {name: a.cpu().numpy() for name, a in actions.items()}
             started = time.perf_counter()
             self.venv.step(sent)
             result.env_seconds += time.perf_counter() - started
             if any(group.truncated.any() for group in groups.values()):
                 final_obs = {name: self._to_torch(group.final_obs) for name, group in groups.items()}
-                final_values = self.model.values(self._to_torch(arrays.final_state), final_obs)
+                final_state = self._to_torch(arrays.final_state)
+                final_values = (
+                    self.model.values(final_state, final_obs)
+                    if memory is None
+                    else memory.final_values(
+                        final_state, final_obs
+                    )  # from the critics' states after the step
+                )
             else:
                 final_values = {name: torch.zeros_like(v) for name, v in values.items()}
             steps = {
@@ -121,12 +145,17 @@ class Collector:
                 )
                 for name, group in groups.items()
             }
-            buffer.add(state, steps)
+            buffer.add(state, steps, None if memory is None else memory.records())
             self._account(result)
-        result.last_values = self.model.values(
-            self._to_torch(arrays.state), {name: self._to_torch(g.obs) for name, g in arrays.groups.items()}
-        )
+            if memory is not None:
+                memory.advance(arrays, self.venv.episode_over)
+        next_state = self._to_torch(arrays.state)
+        next_obs = {name: self._to_torch(g.obs) for name, g in arrays.groups.items()}
         result.last_alive = {name: self._to_torch(g.alive) for name, g in arrays.groups.items()}
+        if self.memory is None:
+            result.last_values = self.model.values(next_state, next_obs)
+        else:
+            result.last_values = self.memory.values(next_state, next_obs, result.last_alive)
         result.env_steps = buffer.steps * self.venv.num_envs
         return result
 

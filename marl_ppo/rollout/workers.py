@@ -21,15 +21,16 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
 
 from marl_ppo.envs.adapters.pettingzoo import ParallelEnvAdapter
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.envs.vector.pool import WorkerPool, context, split_envs
 from marl_ppo.envs.vector.state import gathered_states, states_or_reason
 from marl_ppo.envs.vector.sync import SyncVectorEnv
+from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.collector import Collector
+from marl_ppo.rollout.memory import make_memory
 from marl_ppo.rollout.source import EpisodeRecord, RolloutResult
 
 
@@ -48,7 +49,7 @@ class _RolloutSlice:
     def __init__(
         self,
         make_adapter: Callable[[], ParallelEnvAdapter],
-        make_model: Callable[[], nn.Module],
+        make_model: Callable[[], TeamModel],
         envs: range,
         worker: int,
         shared_weights: dict[str, torch.Tensor],
@@ -75,8 +76,10 @@ class _RolloutSlice:
             venv = SyncVectorEnv(self.make_adapter, len(envs))
             for i, adapter in zip(envs, venv.adapters, strict=True):
                 adapter.copy_index = i  # the run's copy index, named in contract errors
-            self.buffer = RolloutBuffer(venv.spec, self.shared_buffer.steps, len(envs))
-            self.collector = Collector(venv, self.model, torch.device("cpu"))
+            cpu = torch.device("cpu")
+            layout = self.model.memory_layout()  # the stored states travel in the shared buffer
+            self.buffer = RolloutBuffer(venv.spec, self.shared_buffer.steps, len(envs), memory=layout)
+            self.collector = Collector(venv, self.model, cpu, make_memory(self.model, len(envs), cpu))
             self.targets = [t[:, envs.start : envs.stop] for t in self.shared_buffer.tensors()]
         elif command == "reset":
             collector.start(argument + envs.start)
@@ -142,8 +145,8 @@ class RolloutWorkers:
     def __init__(
         self,
         make_adapter: Callable[[], ParallelEnvAdapter],
-        make_model: Callable[[], nn.Module],
-        model: nn.Module,
+        make_model: Callable[[], TeamModel],
+        model: TeamModel,
         *,
         spec: TeamSpec,
         num_envs: int,
@@ -166,7 +169,7 @@ class RolloutWorkers:
         self.env_steps = 0
         """Env steps of the rollouts handed to the learner so far (one per copy per step)."""
         self._weights = {k: v.detach().cpu().clone().share_memory_() for k, v in model.state_dict().items()}
-        self._shared = RolloutBuffer(spec, steps, num_envs)
+        self._shared = RolloutBuffer(spec, steps, num_envs, memory=model.memory_layout())
         for tensor in self._shared.tensors():
             tensor.share_memory_()
         self._last_values = {g.name: torch.zeros(num_envs, g.num_agents).share_memory_() for g in spec.groups}

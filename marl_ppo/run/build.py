@@ -10,6 +10,7 @@ from marl_ppo.config import ExperimentConfig
 from marl_ppo.envs.factory import build_vector_env, is_batched, make_adapter, resolve_vector, team_spec
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.collector import Collector
+from marl_ppo.rollout.memory import make_memory
 from marl_ppo.rollout.source import RolloutSource
 from marl_ppo.rollout.workers import RolloutWorkers
 
@@ -34,4 +35,4 @@ def build_collector(config: ExperimentConfig, device: torch.device) -> tuple[Rol
         return workers, model
     venv = build_vector_env(config, device)
     model = TeamModel(venv.spec, config).to(device)
-    return Collector(venv, model, device), model
+    return Collector(venv, model, device, make_memory(model, config.num_envs, device)), model

@@ -89,7 +89,7 @@ def train(
         try:
             run = _Run(config, run_dir, model, trainer, collector, logger, evaluation, on_update)
             run.begin(saved)
-            buffer = RolloutBuffer(spec, config.rollout_steps, config.num_envs, device)
+            buffer = RolloutBuffer(spec, config.rollout_steps, config.num_envs, device, model.memory_layout())
             with StopSignals() as stop:  # also covers the last save: a first signal cannot cut it short
                 run.loop(buffer, stop)
                 if stop.received is not None and collector.env_steps < config.total_steps:
@@ -255,7 +255,7 @@ def _one_update(
         buffer, rollout.last_values, rollout.last_alive, gamma=config.gamma, lam=config.gae_lambda, team=team
     )
     trainer.set_lr_scale(schedule.scale(collector.env_steps - rollout.env_steps))
-    stats = trainer.update(batches, lagged=config.policy_lag > 0)
+    stats = trainer.update(batches, lagged=config.policy_lag > 0, rollout_steps=buffer.steps)
     t2 = time.perf_counter()
     logger.episodes_done(rollout.episodes)
     act_s = rollout.act_seconds if rollout.act_seconds is not None else (t1 - t0) - rollout.env_seconds

@@ -1,0 +1,158 @@
+"""The live recurrent states of E env copies while a recurrent policy acts (collector and evaluation).
+
+Per group it keeps the actors' state `(E, A_g, S)`, the critics' `(E, rows, S)` and each agent's
+`is_first` flag. A step reads them (`distributions`, `values`), records them as the step's
+`GroupMemory` for the buffer, and `advance` keeps the stepped states and flags the agents whose
+episode starts next: those that terminated or truncated, and every agent of a copy whose episode
+ended. The reset itself happens in the networks' unroll, from the flag, as it does in training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from marl_ppo.envs.spec import TeamArrays
+from marl_ppo.models.distributions import ActionDistribution
+from marl_ppo.models.team import TeamModel
+from marl_ppo.rollout.buffer import GroupMemory
+
+
+def _on(value: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
+    return torch.as_tensor(value, device=device)
+
+
+class RecurrentMemory:
+    """The recurrent states of `num_envs` env copies for `model`'s groups."""
+
+    def __init__(self, model: TeamModel, num_envs: int, device: torch.device) -> None:
+        self.model, self.num_envs, self.device = model, num_envs, device
+        self.layout = model.memory_layout()
+        spec = model.spec
+        self.live = {
+            g.name: GroupMemory.allocate(g, self.layout[g.name], (num_envs,), device) for g in spec.groups
+        }
+        """Per group the flags and the states carried into the next step."""
+        self._actor_next: dict[str, torch.Tensor] = {}
+        self._critic_next: dict[str, torch.Tensor] = {}
+        self.start()
+
+    def start(self) -> None:
+        """Every copy starts an episode: states zero, every agent's `is_first` set."""
+        for record in self.live.values():
+            record.is_first.fill_(True)
+            record.actor_state.zero_()
+            record.critic_state.zero_()
+        self._actor_next, self._critic_next = {}, {}
+
+    def records(self) -> dict[str, GroupMemory]:
+        """This step's memory records for the buffer (the live tensors; the buffer copies them)."""
+        return dict(self.live)
+
+    def distributions(
+        self,
+        obs: Mapping[str, torch.Tensor],
+        masks: Mapping[str, torch.Tensor],
+        alive: Mapping[str, torch.Tensor],
+    ) -> dict[str, ActionDistribution]:
+        """Per group the action distributions `(E, A_g)` of this step; the stepped actor states are
+        kept for `advance`."""
+        dists = {}
+        for name, record in self.live.items():
+            actor = self.model.group(name).actor
+            dists[name], self._actor_next[name] = actor.step_encoded(
+                actor.encode(obs[name]), masks[name], record.actor_state, record.is_first, alive[name]
+            )
+        return dists
+
+    def values(
+        self, state: torch.Tensor, obs: Mapping[str, torch.Tensor], alive: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """Per group the values `(E, A_g)` of this step in return units; the stepped critic states are
+        kept for `advance` and `final_values`."""
+        values = {}
+        for name, record in self.live.items():
+            raw, self._critic_next[name] = self._critic(
+                name, state, obs[name], record.critic_state, record.is_first, alive[name]
+            )
+            values[name] = self.model.group(name).value_norm.denormalize(raw)
+        return values
+
+    def final_values(
+        self, final_state: torch.Tensor, final_obs: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """V(final state, final obs) of the step just taken, from the critics' states after it (for
+        the truncation bootstrap; the states are not kept)."""
+        values = {}
+        for name, record in self.live.items():
+            acting = torch.ones_like(record.is_first)
+            raw, _ = self._critic(
+                name, final_state, final_obs[name], self._critic_next[name], ~acting, acting
+            )
+            values[name] = self.model.group(name).value_norm.denormalize(raw)
+        return values
+
+    def advance(self, arrays: TeamArrays, episode_over: np.ndarray | torch.Tensor) -> None:
+        """After the env step: keep the stepped states and flag the agents whose episode starts next."""
+        over = _on(episode_over, self.device).reshape(-1, 1)
+        for name, record in self.live.items():
+            group = arrays.groups[name]
+            if name in self._actor_next:
+                record.actor_state.copy_(self._actor_next[name])
+            if name in self._critic_next:
+                record.critic_state.copy_(self._critic_next[name])
+            done = _on(group.terminated, self.device) | _on(group.truncated, self.device)
+            record.is_first.copy_(done | over)
+        self._actor_next, self._critic_next = {}, {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The live flags and states, as CPU tensors keyed by group and field."""
+        return {
+            name: {
+                "is_first": r.is_first.cpu().clone(),
+                "actor": r.actor_state.cpu().clone(),
+                "critic": r.critic_state.cpu().clone(),
+            }
+            for name, r in self.live.items()
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore `state_dict()`."""
+        for name, record in self.live.items():
+            saved = state[name]
+            for target, key in (
+                (record.is_first, "is_first"),
+                (record.actor_state, "actor"),
+                (record.critic_state, "critic"),
+            ):
+                if tuple(saved[key].shape) != tuple(target.shape):
+                    raise ValueError(
+                        f"saved recurrent {key} state of group '{name}' has shape {tuple(saved[key].shape)}, "
+                        f"expected {tuple(target.shape)}"
+                    )
+                target.copy_(saved[key])
+        self._actor_next, self._critic_next = {}, {}
+
+    def _critic(
+        self,
+        name: str,
+        state: torch.Tensor,
+        obs: torch.Tensor,
+        carried: torch.Tensor,
+        is_first: torch.Tensor,
+        alive: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One critic step: raw values `(E, A_g)` and the stepped state."""
+        critic = self.model.group(name).critic
+        raw, stepped = critic.unroll_encoded(
+            critic.encode(state, obs).unsqueeze(0), carried, is_first.unsqueeze(0), alive.unsqueeze(0)
+        )
+        return raw[0], stepped
+
+
+def make_memory(model: TeamModel, num_envs: int, device: torch.device) -> RecurrentMemory | None:
+    """The live states for a recurrent `model`; None for feed-forward networks."""
+    return RecurrentMemory(model, num_envs, device) if model.recurrent else None
