@@ -1,0 +1,285 @@
+"""Recurrent policies: torch's cell equations, sequence chunks that recompute what acted, state resets,
+every collection mode acting alike, and exact resume."""
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from marl_ppo.algo.batch import rollout_batches
+from marl_ppo.algo.losses import approx_kl
+from marl_ppo.algo.sequences import chunk_batch, unchunk
+from marl_ppo.algo.trainer import Trainer, _critic_values, _policy
+from marl_ppo.config import ConfigError, load_config
+from marl_ppo.models.layers import stacked_linear
+from marl_ppo.models.recurrent import StackedRecurrent
+from marl_ppo.rollout.buffer import RolloutBuffer
+from marl_ppo.run.build import build_collector
+from marl_ppo.run.checkpoint import load_checkpoint
+from marl_ppo.run.loop import train
+from tests.conftest import ROOT
+from tests.test_resume import K, _crash_at_update, _Killed, assert_same_run_state
+
+SPREAD_YAML = ROOT / "experiments/mpe/simple_spread.yaml"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Rollout workers compute with one thread; so does everything here, for bit-identical products."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _spread(tiny_overrides, *extra):
+    """simple_spread with 7-step episodes: episode starts fall inside chunks of 5 and of 10."""
+    return load_config(
+        SPREAD_YAML,
+        [
+            *tiny_overrides,
+            "num_envs=3",
+            "rollout_steps=20",
+            "env.kwargs.max_cycles=7",
+            "model.recurrent=gru",
+            "model.recurrent_size=8",
+            "vector=sync",
+            "policy_lag=0",
+            *extra,
+        ],
+    )
+
+
+def _collect(config, seed=0):
+    torch.manual_seed(seed)
+    collector, model = build_collector(config, torch.device("cpu"))
+    try:
+        collector.start(seed)
+        buffer = RolloutBuffer(
+            model.spec, config.rollout_steps, config.num_envs, memory=model.memory_layout()
+        )
+        result = collector.collect(buffer)
+    finally:
+        collector.close()
+    return model, buffer, result
+
+
+@pytest.mark.parametrize("kind", ["gru", "lstm"])
+@pytest.mark.parametrize("copies", [1, 3])
+def test_stacked_cells_compute_torchs_cells(kind, copies):
+    torch.manual_seed(0)
+    layer = StackedRecurrent(kind, copies=copies, in_dim=5, hidden=4, orthogonal_init=True)
+    with torch.no_grad():
+        for parameter in (layer.bias_ih, layer.bias_hh):
+            parameter.uniform_(-0.5, 0.5)
+    x, state = torch.randn(6, 3, 5), torch.randn(6, 3, layer.state_size)
+    got = layer.cell(stacked_linear(x, layer.weight_ih, layer.bias_ih), state)
+    for agent in range(3):
+        w = agent if copies > 1 else 0
+        cell = nn.GRUCell(5, 4) if kind == "gru" else nn.LSTMCell(5, 4)
+        with torch.no_grad():
+            for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+                getattr(cell, name).copy_(getattr(layer, name)[w])
+        if kind == "gru":
+            expected = cell(x[:, agent], state[:, agent])
+        else:
+            h, c = cell(x[:, agent], (state[:, agent, :4], state[:, agent, 4:]))
+            expected = torch.cat([h, c], -1)
+        torch.testing.assert_close(got[:, agent], expected, rtol=0, atol=1e-6)
+
+
+def test_unroll_resets_at_episode_starts_and_holds_the_state_where_an_agent_waits():
+    torch.manual_seed(0)
+    layer = StackedRecurrent("gru", copies=1, in_dim=3, hidden=4, orthogonal_init=False)
+    x = torch.randn(4, 1, 2, 3)
+    state = torch.randn(1, 2, 4)
+    is_first = torch.tensor([[False, False], [False, False], [True, False], [False, False]]).unsqueeze(1)
+    acted = torch.tensor([[True, True], [True, False], [True, False], [True, True]]).unsqueeze(1)
+    outputs, final = layer.unroll(x, state, is_first, acted)
+    projected = nn.functional.linear(x, layer.weight_ih[0], layer.bias_ih[0])
+    h0 = layer.cell(projected[0], state)
+    torch.testing.assert_close(outputs[0], h0, rtol=0, atol=0)
+    # agent 0 acts every step and restarts from zero at step 2
+    torch.testing.assert_close(
+        outputs[2, :, 0], layer.cell(projected[2], torch.zeros(1, 2, 4))[:, 0], rtol=0, atol=0
+    )
+    # agent 1 waits at steps 1 and 2: its state at step 3 is the one after step 0
+    torch.testing.assert_close(outputs[3, :, 1], layer.cell(projected[3], h0)[:, 1], rtol=0, atol=0)
+    assert torch.equal(final[:, 1], outputs[3, :, 1])
+
+
+@pytest.mark.parametrize("critic", ["state", "team", "obs"])
+def test_recomputed_outputs_equal_the_acting_ones_for_every_chunk_length(tiny_overrides, critic):
+    """Before the first update, ratio 1 and KL 0 for chunks of 1, 5 and the whole rollout, with
+    episode starts inside chunks; the per-step outputs do not depend on the chunk length."""
+    config = _spread(tiny_overrides, f"critic={critic}")
+    model, buffer, result = _collect(config)
+    stored = buffer.groups["agent"]
+    first = buffer.memory["agent"].is_first.any(-1)
+    assert first[1:].any() and not first[5::5].all(), "episode starts inside the chunks"
+    outputs = []
+    for length in (1, 5, None):
+        ppo = dataclasses.replace(config.ppo, chunk_length=length)
+        fresh = copy.deepcopy(model)  # prepare moves its value normalizer's statistics; `model`'s acted
+        trainer = Trainer(fresh, ppo, generator=torch.Generator().manual_seed(0))
+        batches = rollout_batches(
+            buffer, result.last_values, result.last_alive, gamma=0.9, lam=0.9, team=critic == "team"
+        )
+        prepared = trainer.prepare(batches, rollout_steps=config.rollout_steps)["agent"]
+        with torch.no_grad():
+            actor, critic_net, norm = model.group("agent")
+            logp = _policy(actor, prepared).log_prob(prepared.actions)
+            values = norm.denormalize(_critic_values(critic_net, prepared))
+        alive = prepared.alive
+        assert float(approx_kl(logp, prepared.logp_old, alive)) < 1e-10
+        ratio = (logp - prepared.logp_old).exp()[alive]
+        torch.testing.assert_close(ratio, torch.ones_like(ratio), rtol=0, atol=1e-5)
+        steps = (unchunk(logp, steps=config.rollout_steps), unchunk(values, steps=config.rollout_steps))
+        torch.testing.assert_close(steps[0], stored.logp, rtol=0, atol=1e-5)
+        torch.testing.assert_close(steps[1], stored.values, rtol=0, atol=1e-5)
+        outputs.append(steps)
+    for logp, values in outputs[1:]:
+        torch.testing.assert_close(logp, outputs[0][0], rtol=0, atol=1e-5)
+        torch.testing.assert_close(values, outputs[0][1], rtol=0, atol=1e-5)
+
+
+def test_an_observation_before_an_episode_start_changes_no_output_after_it(tiny_overrides):
+    config = _spread(tiny_overrides, "ppo.chunk_length=null")
+    model, buffer, result = _collect(config)
+    memory = buffer.memory["agent"]
+    start = int(torch.nonzero(memory.is_first[1:, 0, 0])[0]) + 1  # copy 0's second episode
+    batches = rollout_batches(buffer, result.last_values, result.last_alive, gamma=0.9, lam=0.9)
+
+    def outputs(batch):
+        trainer = Trainer(model, config.ppo, generator=torch.Generator())
+        prepared = trainer.prepare({"agent": batch}, rollout_steps=config.rollout_steps)["agent"]
+        with torch.no_grad():
+            actor, critic, _ = model.group("agent")
+            logits = _policy(actor, prepared).log_prob(prepared.actions)
+            values = _critic_values(critic, prepared)
+        return unchunk(logits, steps=config.rollout_steps), unchunk(values, steps=config.rollout_steps)
+
+    batch = batches["agent"]
+    changed_obs = batch.obs.clone().reshape(config.rollout_steps, config.num_envs, *batch.obs.shape[1:])
+    noise = torch.Generator().manual_seed(1)  # not a constant shift, which the input LayerNorm removes
+    changed_obs[:start, 0] += torch.randn(changed_obs[:start, 0].shape, generator=noise)
+    changed_state = batch.state.clone().reshape(config.rollout_steps, config.num_envs, -1)
+    changed_state[:start, 0] += torch.randn(changed_state[:start, 0].shape, generator=noise)
+    changed = dataclasses.replace(batch, obs=changed_obs.flatten(0, 1), state=changed_state.flatten(0, 1))
+    (logp_a, values_a), (logp_b, values_b) = outputs(batch), outputs(changed)
+    assert torch.equal(logp_a[start:, 0], logp_b[start:, 0]) and torch.equal(
+        values_a[start:, 0], values_b[start:, 0]
+    )
+    assert not torch.equal(logp_a[:start, 0], logp_b[:start, 0])  # the change reached the outputs before
+
+
+@pytest.mark.parametrize("vector", ["subprocess", "workers"])
+def test_the_recurrent_policy_acts_alike_in_every_collection_mode(tiny_overrides, vector):
+    """One rollout worker over every copy samples with its own seed; set the sync collector's alike."""
+    from marl_ppo.rollout.workers import worker_seed
+
+    config = _spread(tiny_overrides, "num_workers=1")
+    reference, _, _ = _collect(config)
+    collected = []
+    for mode in ("sync", vector):
+        torch.manual_seed(0)
+        collector, model = build_collector(dataclasses.replace(config, vector=mode), torch.device("cpu"))
+        model.load_state_dict(reference.state_dict())
+        try:
+            collector.start(1)
+            torch.manual_seed(worker_seed(1, 0))
+            buffers = []
+            for _ in range(2):  # the states carry over from the first rollout into the second
+                buffer = RolloutBuffer(
+                    model.spec, config.rollout_steps, config.num_envs, memory=model.memory_layout()
+                )
+                result = collector.collect(buffer)
+                buffers.append((buffer, result))
+        finally:
+            collector.close()
+        collected.append(buffers)
+    for (a, result_a), (b, result_b) in zip(*collected, strict=True):
+        for position, (x, y) in enumerate(zip(a.tensors(), b.tensors(), strict=True)):
+            assert torch.equal(x, y), f"buffer tensor {position}"
+        assert torch.equal(result_a.last_values["agent"], result_b.last_values["agent"])
+    assert collected[0][1][0].memory["agent"].actor_state.abs().sum() > 0
+
+
+def test_a_recurrent_run_killed_mid_episode_resumes_to_the_uninterrupted_weights(
+    tiny_overrides, tmp_path, monkeypatch
+):
+    config = load_config(
+        SPREAD_YAML,
+        [
+            *tiny_overrides,
+            "rollout_steps=10",
+            f"total_steps={2 * K * 20}",
+            f"log.checkpoint_every={K}",
+            "vector=sync",
+            "policy_lag=0",
+            "model.recurrent=gru",
+            "model.recurrent_size=8",
+            "ppo.chunk_length=4",
+        ],
+    )
+    straight = train(config, tmp_path / "straight")
+    _crash_at_update(monkeypatch, K + 2)
+    with pytest.raises(_Killed):
+        train(config, tmp_path / "resumed")
+    monkeypatch.undo()
+    saved = load_checkpoint(tmp_path / "resumed/checkpoints/latest.pt")
+    assert saved["updates"] == K and saved["env_steps"] % 25 != 0  # 25-step episodes: killed mid-episode
+    assert saved["collector"]["memory"]["agent"]["actor"].abs().sum() > 0
+    resumed = train(config, tmp_path / "resumed", resume=True)
+    assert resumed.team_return_mean == straight.team_return_mean
+    assert_same_run_state(
+        tmp_path / "straight/checkpoints/final.pt", tmp_path / "resumed/checkpoints/final.pt"
+    )
+
+
+def test_recurrent_config_errors_name_the_fix():
+    with pytest.raises(ConfigError, match="model.recurrent_critic=true needs a recurrent layer"):
+        load_config(None, ["model.recurrent_critic=true"])
+    with pytest.raises(ConfigError, match=r"ppo.num_minibatches=4 exceeds the 2 sequence chunks"):
+        load_config(None, ["model.recurrent=gru", "num_envs=2", "rollout_steps=10", "ppo.chunk_length=null"])
+    config = load_config(None, ["model.recurrent=lstm"])
+    assert config.model.critic_recurrent and config.sequence_chunks == 16 * 10
+    assert not load_config(
+        None, ["model.recurrent=gru", "model.recurrent_critic=false"]
+    ).model.critic_recurrent
+
+
+def test_chunks_pad_an_uneven_rollout_with_steps_that_neither_act_nor_count():
+    from marl_ppo.algo.batch import AgentBatch
+
+    steps, envs = 5, 2
+    rows = torch.arange(steps * envs, dtype=torch.float32).reshape(-1, 1)  # row t * E + e
+    alive = torch.ones(steps * envs, 1, dtype=torch.bool)
+    tensors = dict(
+        obs=rows,
+        actions=rows,
+        logp_old=rows,
+        values_old=rows,
+        advantages=rows,
+        returns=rows,
+        alive=alive,
+        state=rows,
+        action_mask=rows[:, :0],
+        is_first=alive,
+        acted=alive,
+        actor_state=rows.unsqueeze(-1),
+        critic_state=rows.unsqueeze(-1),
+    )
+    chunked = chunk_batch(AgentBatch(**tensors), steps=steps, length=3)
+    assert chunked.obs.shape == (3, 4, 1) and chunked.actor_state.shape == (4, 1, 1)
+    # chunk k * E + e starts at step 3k of copy e
+    assert chunked.actor_state.flatten().tolist() == [0.0, 1.0, 6.0, 7.0]
+    assert chunked.obs[:, 2, 0].tolist() == [6.0, 8.0, 0.0] and chunked.alive[:, 2, 0].tolist() == [
+        True,
+        True,
+        False,
+    ]
+    assert not chunked.acted[2, 2:].any()
+    assert torch.equal(unchunk(chunked.obs, steps=steps), rows.reshape(steps, envs, 1))
