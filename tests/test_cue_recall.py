@@ -7,6 +7,7 @@ from marl_ppo_examples.cue_recall import CueRecallEnv
 from pettingzoo.test import parallel_api_test
 
 from marl_ppo.config import load_config
+from marl_ppo.eval.from_checkpoint import evaluate_checkpoint
 from marl_ppo.run.loop import train
 
 EXPERIMENT = ROOT / "experiments/envs/cue_recall.yaml"
@@ -58,3 +59,7 @@ def test_only_the_recurrent_policy_learns_the_cue(tmp_path, recurrent, low, high
     )
     result = train(config, tmp_path)
     assert low <= result.team_return_mean <= high, f"team return {result.team_return_mean:.2f}"
+    # the evaluation carries the states too: its deterministic episodes score as training did
+    evaluated = evaluate_checkpoint(tmp_path, episodes=100, deterministic=True, out=tmp_path / "eval")
+    team = float(evaluated.result.team_returns.mean())
+    assert low <= team <= high, f"evaluated team return {team:.2f}"

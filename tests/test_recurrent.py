@@ -283,3 +283,51 @@ def test_chunks_pad_an_uneven_rollout_with_steps_that_neither_act_nor_count():
     ]
     assert not chunked.acted[2, 2:].any()
     assert torch.equal(unchunk(chunked.obs, steps=steps), rows.reshape(steps, envs, 1))
+
+
+def test_a_players_state_advances_only_on_its_own_moves(tiny_overrides):
+    config = load_config(
+        ROOT / "experiments/classic/tictactoe_v3.yaml",
+        [*tiny_overrides, "vector=sync", "num_envs=3", "rollout_steps=30", "model.recurrent=gru"],
+    )
+    _, buffer, _ = _collect(config)
+    memory, alive = buffer.memory["player"], buffer.groups["player"].alive
+    same_episode = ~memory.is_first[:-1] & ~memory.is_first[1:]  # no reset at t or at t + 1
+    held = ~alive[:-1] & same_episode  # waited at t
+    moved = alive[:-1] & ~memory.is_first[1:]
+    change = (memory.actor_state[1:] - memory.actor_state[:-1]).abs().amax(-1)
+    assert held.sum() > 20 and moved.sum() > 20
+    assert (change[held] == 0).all() and (change[moved] > 0).all()
+    # both players start afresh together, at the step after a game ended
+    over = buffer.groups["player"].terminated.any(-1) | buffer.groups["player"].truncated.any(-1)
+    assert torch.equal(memory.is_first[1:], over[:-1].unsqueeze(-1).expand_as(memory.is_first[1:]))
+
+
+def test_an_agent_that_left_carries_a_fresh_state_until_the_next_episode(tiny_overrides):
+    config = load_config(
+        None,
+        [
+            *tiny_overrides,
+            "env.id=envs/early_leaver_v0",
+            "env.kwargs={leave_at: 2, max_steps: 5}",
+            "vector=sync",
+            "num_envs=2",
+            "rollout_steps=12",
+            "model.recurrent=gru",
+        ],
+    )
+    _, buffer, _ = _collect(config)
+    memory, stored = buffer.memory["agent"], buffer.groups["agent"]
+    leaver = 1
+    left = stored.terminated[:, :, leaver]  # its last step of each episode
+    assert (
+        left.sum() == 6
+        and torch.equal(  # 12 steps of 5-step episodes, 2 copies
+            memory.is_first[1:, :, leaver], (left | stored.truncated[:, :, 0])[:-1]
+        )
+    )
+    absent_after = ~stored.alive[:, :, leaver] & ~memory.is_first[:, :, leaver]
+    assert absent_after.sum() > 0
+    assert (memory.actor_state[:, :, leaver][absent_after] == 0).all()
+    acting = stored.alive[:, :, leaver] & ~memory.is_first[:, :, leaver]  # its second step: a state to carry
+    assert acting.sum() == 6 and (memory.actor_state[:, :, leaver][acting].abs().sum(-1) > 0).all()

@@ -48,6 +48,7 @@ def test_project_envs_come_from_the_entry_point():
         "envs/masked_guess_v0",
         "envs/never_ending_v0",
         "envs/early_leaver_v0",
+        "envs/cue_recall_v0",
     ):
         assert env_id in ids
 
