@@ -4,6 +4,7 @@ every collection mode acting alike, and exact resume."""
 import copy
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -331,3 +332,32 @@ def test_an_agent_that_left_carries_a_fresh_state_until_the_next_episode(tiny_ov
     assert (memory.actor_state[:, :, leaver][absent_after] == 0).all()
     acting = stored.alive[:, :, leaver] & ~memory.is_first[:, :, leaver]  # its second step: a state to carry
     assert acting.sum() == 6 and (memory.actor_state[:, :, leaver][acting].abs().sum(-1) > 0).all()
+
+
+def test_a_recurrent_run_evaluates_deterministic_and_sampled_and_records_a_gif(tiny_overrides, tmp_path):
+    from PIL import Image
+
+    from marl_ppo.eval.from_checkpoint import evaluate_checkpoint
+
+    config = load_config(
+        SPREAD_YAML,
+        [
+            *tiny_overrides,
+            "vector=sync",
+            "policy_lag=0",
+            "model.recurrent=lstm",
+            "eval_every=50",
+            "eval_episodes=2",
+        ],
+    )
+    train(config, tmp_path / "run")
+    runs = [
+        evaluate_checkpoint(
+            tmp_path / "run", episodes=3, deterministic=deterministic, out=tmp_path / name, render=render
+        )
+        for deterministic, name, render in ((True, "a", "gif"), (True, "b", None), (False, "c", None))
+    ]
+    first, again, sampled = (run.result for run in runs)
+    assert len(first.team_returns) == 3 and np.array_equal(first.team_returns, again.team_returns)
+    assert not np.array_equal(first.team_returns, sampled.team_returns)
+    assert Image.open(runs[0].video).n_frames <= 26 and (first.lengths == 25).all()
