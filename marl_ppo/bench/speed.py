@@ -144,6 +144,9 @@ def cases(steps: int, device: str = "cpu") -> list[Case]:
         "spread 1 worker": ["vector=workers", "num_workers=1", "policy_lag=0"],
         "spread 2 workers": ["vector=workers", "num_workers=2", "policy_lag=0"],
         "spread 2 workers lag": ["vector=workers", "num_workers=2", "policy_lag=1"],
+        # recurrent actors and critic (GRU): one cell step per env step, chunks of 10 steps to learn on
+        "spread gru sync": ["vector=sync", "model.recurrent=gru"],
+        "spread gru 2 workers": ["vector=workers", "num_workers=2", "policy_lag=0", "model.recurrent=gru"],
     }
     return [
         *(
