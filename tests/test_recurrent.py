@@ -208,8 +208,9 @@ def test_the_recurrent_policy_acts_alike_in_every_collection_mode(tiny_overrides
     assert collected[0][1][0].memory["agent"].actor_state.abs().sum() > 0
 
 
+@pytest.mark.parametrize(("vector", "lag"), [("sync", 0), ("subprocess", 0), ("workers", 0), ("workers", 1)])
 def test_a_recurrent_run_killed_mid_episode_resumes_to_the_uninterrupted_weights(
-    tiny_overrides, tmp_path, monkeypatch
+    tiny_overrides, tmp_path, monkeypatch, vector, lag
 ):
     config = load_config(
         SPREAD_YAML,
@@ -218,8 +219,9 @@ def test_a_recurrent_run_killed_mid_episode_resumes_to_the_uninterrupted_weights
             "rollout_steps=10",
             f"total_steps={2 * K * 20}",
             f"log.checkpoint_every={K}",
-            "vector=sync",
-            "policy_lag=0",
+            f"vector={vector}",
+            "num_workers=2",
+            f"policy_lag={lag}",
             "model.recurrent=gru",
             "model.recurrent_size=8",
             "ppo.chunk_length=4",
@@ -232,7 +234,11 @@ def test_a_recurrent_run_killed_mid_episode_resumes_to_the_uninterrupted_weights
     monkeypatch.undo()
     saved = load_checkpoint(tmp_path / "resumed/checkpoints/latest.pt")
     assert saved["updates"] == K and saved["env_steps"] % 25 != 0  # 25-step episodes: killed mid-episode
-    assert saved["collector"]["memory"]["agent"]["actor"].abs().sum() > 0
+    if vector == "workers":  # each worker saves its collector's live states
+        memories = [worker["collector"]["memory"] for worker in saved["collector"]["workers"]]
+    else:
+        memories = [saved["collector"]["memory"]]
+    assert all(memory["agent"]["actor"].abs().sum() > 0 for memory in memories)
     resumed = train(config, tmp_path / "resumed", resume=True)
     assert resumed.team_return_mean == straight.team_return_mean
     assert_same_run_state(

@@ -23,14 +23,14 @@ CHUNK_FIELDS = ("actor_state", "critic_state")
 
 def chunk_count(steps: int, length: int | None) -> int:
     """Chunks per env copy for a rollout of `steps` cut into `length` (None: the whole rollout)."""
-    length = length or steps
+    length = min(length or steps, steps)
     return -(-steps // length)
 
 
 def chunk_batch(batch: AgentBatch, *, steps: int, length: int | None) -> AgentBatch:
     """A flat time-major batch `(T * E, A, ...)` of a rollout of `steps` cut into chunks of `length`
-    steps (None: one chunk per env copy)."""
-    length = length or steps
+    steps (None, or more than `steps`: one chunk per env copy)."""
+    length = min(length or steps, steps)
     rows = batch.alive.shape[0]
     if rows % steps:
         raise ValueError(f"chunk_batch: {rows} rows are not a whole number of {steps}-step rollouts")
