@@ -367,3 +367,29 @@ def test_a_recurrent_run_evaluates_deterministic_and_sampled_and_records_a_gif(t
     assert len(first.team_returns) == 3 and np.array_equal(first.team_returns, again.team_returns)
     assert not np.array_equal(first.team_returns, sampled.team_returns)
     assert Image.open(runs[0].video).n_frames <= 26 and (first.lengths == 25).all()
+
+
+def test_a_recurrent_policy_in_vmas_restarts_the_states_of_finished_copies():
+    pytest.importorskip("vmas")
+    from marl_ppo.envs.factory import build_vector_env
+    from marl_ppo.models.team import TeamModel
+    from marl_ppo.rollout.collector import Collector
+    from marl_ppo.rollout.memory import make_memory
+
+    config = load_config(
+        None, ["env.id=vmas/navigation", "env.kwargs={max_steps: 4}", "num_envs=4", "model.recurrent=gru"]
+    )
+    venv = build_vector_env(config)
+    torch.manual_seed(0)
+    model = TeamModel(venv.spec, config)
+    cpu = torch.device("cpu")
+    buffer = RolloutBuffer(venv.spec, 10, config.num_envs, memory=model.memory_layout())
+    collector = Collector(venv, model, cpu, make_memory(model, config.num_envs, cpu))
+    collector.start(0)
+
+    collector.collect(buffer)
+    memory = buffer.memory["agent"]
+    # 4-step episodes: every copy's agents start afresh at steps 0, 4 and 8
+    starts = memory.is_first.all(-1).all(-1).nonzero().flatten().tolist()
+    assert starts == [0, 4, 8] and memory.is_first.sum() == 3 * 4 * 4
+    assert memory.actor_state[1:4].abs().sum(-1).gt(0).all() and memory.critic_state[5:8].abs().sum() > 0
