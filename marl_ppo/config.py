@@ -215,6 +215,10 @@ class FastConfig:
     discards (the same trajectories); false: PettingZoo's aec_to_parallel wrapper as it is."""
     allocator: bool = True
     """Keep freed heap memory mapped for reuse (glibc mallopt, Linux); false: glibc's defaults."""
+    recurrent_cell: bool = True
+    """With `model.recurrent`: our agent-stacked GRU/LSTM step (batched products over the agents'
+    weights, each sequence's input product taken at once); false: torch's nn.GRUCell / nn.LSTMCell
+    on the same weights, called once per agent (per-agent weights) or once (shared)."""
 
 
 @dataclass(frozen=True, config=_STRICT)

@@ -91,6 +91,28 @@ def test_stacked_cells_compute_torchs_cells(kind, copies):
         torch.testing.assert_close(got[:, agent], expected, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("kind", ["gru", "lstm"])
+@pytest.mark.parametrize("copies", [1, 3])
+def test_the_stacked_step_and_torchs_cells_unroll_alike(kind, copies):
+    """`fast.recurrent_cell: false` (torch's cells) computes the same outputs, states and gradients."""
+    torch.manual_seed(0)
+    layer = StackedRecurrent(kind, copies=copies, in_dim=5, hidden=4, orthogonal_init=False)
+    x, state = torch.randn(6, 2, 3, 5), torch.randn(2, 3, layer.state_size)
+    is_first, acted = torch.rand(6, 2, 3) < 0.2, torch.rand(6, 2, 3) < 0.7
+    results = []
+    for library in (False, True):
+        layer.library_cell = library
+        layer.zero_grad()
+        outputs, final = layer.unroll(x, state, is_first, acted)
+        (outputs.sum() + final.pow(2).sum()).backward()
+        results.append((outputs.detach(), final.detach(), [p.grad.clone() for p in layer.parameters()]))
+    (ours, ours_final, ours_grads), (torchs, torchs_final, torchs_grads) = results
+    torch.testing.assert_close(ours, torchs, rtol=0, atol=1e-6)
+    torch.testing.assert_close(ours_final, torchs_final, rtol=0, atol=1e-6)
+    for a, b in zip(ours_grads, torchs_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
 def test_unroll_resets_at_episode_starts_and_holds_the_state_where_an_agent_waits():
     torch.manual_seed(0)
     layer = StackedRecurrent("gru", copies=1, in_dim=3, hidden=4, orthogonal_init=False)

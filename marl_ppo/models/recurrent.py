@@ -23,6 +23,8 @@ from torch import nn
 
 from marl_ppo.models.layers import stacked_linear
 
+_TORCH_CELLS = {"gru": nn.GRUCell, "lstm": nn.LSTMCell}
+
 RECURRENT_GATES = {"gru": 3, "lstm": 4}
 
 
@@ -50,6 +52,11 @@ class StackedRecurrent(nn.Module):
         if kind not in RECURRENT_GATES:
             raise ValueError(f"recurrent kind must be one of {sorted(RECURRENT_GATES)}, got {kind!r}")
         self.kind, self.hidden = kind, hidden
+        self.library_cell = False
+        """Step with torch's own `nn.GRUCell` / `nn.LSTMCell` on these weights, called once per agent
+        (per-agent weights) or once for all (shared), instead of the stacked products
+        (`fast.recurrent_cell: false`); the same numbers up to float rounding."""
+        self._torch_cell = (_TORCH_CELLS[kind](in_dim, hidden),)  # a tuple: not a submodule, no weights saved
         width = RECURRENT_GATES[kind] * hidden
         self.weight_ih = nn.Parameter(torch.empty(copies, width, in_dim))
         self.weight_hh = nn.Parameter(torch.empty(copies, width, hidden))
@@ -96,11 +103,47 @@ class StackedRecurrent(nn.Module):
         and `acted` `(L, B, A)` bools. The output at a step is the cell's on the reset state, also
         where the agent does not act (no loss reads it there).
         """
-        projected = stacked_linear(x, self.weight_ih, self.bias_ih)  # every step's input product at once
+        if self.library_cell:
+            step = self._torch_step
+            inputs = x
+        else:
+            step = self.cell
+            inputs = stacked_linear(x, self.weight_ih, self.bias_ih)  # every step's input product at once
+        # which steps reset or hold any state, read once (one sync) rather than masking every step
+        resets = is_first.flatten(1).any(1).tolist()
+        holds = (~acted).flatten(1).any(1).tolist()
         outputs = []
         for t in range(x.shape[0]):
-            state = torch.where(is_first[t].unsqueeze(-1), 0.0, state)
-            stepped = self.cell(projected[t], state)
+            if resets[t]:
+                state = torch.where(is_first[t].unsqueeze(-1), 0.0, state)
+            stepped = step(inputs[t], state)
             outputs.append(stepped[..., : self.hidden])
-            state = torch.where(acted[t].unsqueeze(-1), stepped, state)
+            state = torch.where(acted[t].unsqueeze(-1), stepped, state) if holds[t] else stepped
         return torch.stack(outputs), state
+
+    def _torch_step(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """One step of torch's cell on `(..., A, in)`: once with shared weights, else once per agent."""
+        (cell,) = self._torch_cell
+        copies = self.weight_ih.shape[0]
+        if copies == 1:
+            return self._torch_cell_on(cell, 0, x, state)
+        agents = [self._torch_cell_on(cell, a, x[..., a, :], state[..., a, :]) for a in range(copies)]
+        return torch.stack(agents, dim=-2)
+
+    def _torch_cell_on(
+        self, cell: nn.Module, copy: int, x: torch.Tensor, state: torch.Tensor
+    ) -> torch.Tensor:
+        """torch's cell with weight set `copy` on inputs `(..., in)` and states `(..., S)`."""
+        lead = x.shape[:-1]
+        weights = {
+            name: getattr(self, name)[copy] for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+        }
+        flat_x, flat_state = x.reshape(-1, x.shape[-1]), state.reshape(-1, state.shape[-1])
+        if self.kind == "gru":
+            stepped = torch.func.functional_call(cell, weights, (flat_x, flat_state))
+        else:
+            h, c = torch.func.functional_call(
+                cell, weights, (flat_x, (flat_state[:, : self.hidden], flat_state[:, self.hidden :]))
+            )
+            stepped = torch.cat([h, c], dim=-1)
+        return stepped.reshape(*lead, -1)

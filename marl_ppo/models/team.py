@@ -295,6 +295,9 @@ class TeamModel(nn.Module):
             ValueNorm(enabled=config.ppo.value_norm, var_floor=config.ppo.value_norm_var_floor)
             for _ in spec.groups
         )
+        for module in self.modules():  # `fast.recurrent_cell`: our stacked step or torch's cells
+            if isinstance(module, StackedRecurrent):
+                module.library_cell = not config.fast.recurrent_cell
         self._names = tuple(g.name for g in spec.groups)
         # plain references to the modules above (not registered twice); the acting and learning
         # loops look groups up by name at every step
