@@ -3,6 +3,7 @@ every collection mode acting alike, and exact resume."""
 
 import copy
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from marl_ppo.run.build import build_collector
 from marl_ppo.run.checkpoint import load_checkpoint
 from marl_ppo.run.loop import train
 from tests.conftest import ROOT
+from tests.test_devices import DEVICES
 from tests.test_resume import K, _crash_at_update, _Killed, assert_same_run_state
 
 SPREAD_YAML = ROOT / "experiments/mpe/simple_spread.yaml"
@@ -415,3 +417,44 @@ def test_a_recurrent_policy_in_vmas_restarts_the_states_of_finished_copies():
     starts = memory.is_first.all(-1).all(-1).nonzero().flatten().tolist()
     assert starts == [0, 4, 8] and memory.is_first.sum() == 3 * 4 * 4
     assert memory.actor_state[1:4].abs().sum(-1).gt(0).all() and memory.critic_state[5:8].abs().sum() > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_recurrent_vmas_rollout_and_update_stay_on_the_device(device):
+    pytest.importorskip("vmas")
+    from marl_ppo.algo.batch import rollout_batches
+    from marl_ppo.envs.factory import build_vector_env
+    from marl_ppo.models.team import TeamModel
+    from marl_ppo.rollout.collector import Collector
+    from marl_ppo.rollout.memory import make_memory
+
+    where = torch.device(device)
+    config = load_config(
+        None,
+        [
+            "env.id=vmas/navigation",
+            "env.kwargs={max_steps: 6}",
+            "num_envs=4",
+            "model.recurrent=gru",
+            f"device={device}",
+            "ppo.num_minibatches=2",
+        ],
+    )
+    venv = build_vector_env(config, where)
+    torch.manual_seed(0)
+    model = TeamModel(venv.spec, config).to(where)
+    buffer = RolloutBuffer(venv.spec, 8, config.num_envs, where, model.memory_layout())
+    collector = Collector(venv, model, where, make_memory(model, config.num_envs, where))
+    collector.start(0)
+    result = collector.collect(buffer)
+    assert all(t.device.type == where.type for t in buffer.tensors())
+    assert all(t.device.type == where.type for t in collector.memory.live["agent"].tensors())
+    batches = rollout_batches(buffer, result.last_values, result.last_alive, gamma=0.99, lam=0.95)
+    before = copy.deepcopy(model.state_dict())
+    stats = Trainer(model, config.ppo, generator=torch.Generator().manual_seed(0)).update(
+        batches, rollout_steps=8
+    )
+    assert stats.pi_steps > 0 and math.isfinite(stats.loss_v)
+    assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    saved = collector.state_dict()["memory"]["agent"]
+    assert saved["actor"].device.type == "cpu" and saved["actor"].abs().sum() > 0
