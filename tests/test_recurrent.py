@@ -200,12 +200,13 @@ def test_an_observation_before_an_episode_start_changes_no_output_after_it(tiny_
     assert not torch.equal(logp_a[:start, 0], logp_b[:start, 0])  # the change reached the outputs before
 
 
-@pytest.mark.parametrize("vector", ["subprocess", "workers"])
-def test_the_recurrent_policy_acts_alike_in_every_collection_mode(tiny_overrides, vector):
-    """One rollout worker over every copy samples with its own seed; set the sync collector's alike."""
+@pytest.mark.parametrize(("vector", "workers"), [("subprocess", 2), ("workers", 1)])
+def test_the_recurrent_policy_acts_alike_in_every_collection_mode(tiny_overrides, vector, workers):
+    """Env worker processes step for the learner, which samples; one rollout worker over every copy
+    samples with its own seed, so the sync collector is seeded alike."""
     from marl_ppo.rollout.workers import worker_seed
 
-    config = _spread(tiny_overrides, "num_workers=1")
+    config = _spread(tiny_overrides, f"num_workers={workers}")
     reference, _, _ = _collect(config)
     collected = []
     for mode in ("sync", vector):
