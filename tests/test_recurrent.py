@@ -459,3 +459,29 @@ def test_a_recurrent_vmas_rollout_and_update_stay_on_the_device(device):
     assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
     saved = collector.state_dict()["memory"]["agent"]
     assert saved["actor"].device.type == "cpu" and saved["actor"].abs().sum() > 0
+
+
+def test_an_agent_that_joins_mid_episode_starts_from_a_fresh_state(tiny_overrides):
+    config = load_config(
+        None,
+        [
+            *tiny_overrides,
+            "env.id=tests.test_adapter:_LateJoinerEnv",
+            "env.kwargs={leave_at: 10, max_steps: 5}",
+            "vector=sync",
+            "num_envs=2",
+            "rollout_steps=10",
+            "model.recurrent=gru",
+            "model.orthogonal_init=false",  # biases: [2, 2] layer-normalizes to zeros
+        ],
+    )
+    _, buffer, _ = _collect(config)
+    memory, alive = buffer.memory["agent"], buffer.groups["agent"].alive
+    joiner = alive[:, 0, 2].tolist()
+    assert joiner == [False, False, True, True, True] * 2  # joins at the third step of each episode
+    first_moves = [2, 7]
+    assert (memory.actor_state[first_moves, :, 2] == 0).all() and (
+        memory.critic_state[first_moves, :, 2] == 0
+    ).all()
+    assert not memory.is_first[first_moves, :, 2].any()  # fresh because its episode began at step 0 or 5
+    assert (memory.actor_state[[3, 8], :, 2].abs().sum(-1) > 0).all()  # then it carries its own state
