@@ -51,9 +51,11 @@ def test_remembering_scores_2_and_guessing_scores_chance():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("recurrent", "low", "high"), [("gru", 1.8, 2.0), ("null", 0.3, 0.75)])
+@pytest.mark.parametrize(
+    ("recurrent", "low", "high"), [("gru", 1.8, 2.0), ("lstm", 1.8, 2.0), ("null", 0.3, 0.75)]
+)
 def test_only_the_recurrent_policy_learns_the_cue(tmp_path, recurrent, low, high):
-    # measured on a 2-core CPU: gru solves it by about 4k env steps; feed-forward stays at chance 0.5
+    # measured on a 2-core CPU: gru solves it by about 4k env steps, lstm too; feed-forward stays at chance 0.5
     config = load_config(
         EXPERIMENT, [f"model.recurrent={recurrent}", "total_steps=12000", "log.progress=false"]
     )
