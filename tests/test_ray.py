@@ -4,11 +4,15 @@ The cluster starts once for the module; tests that remove the worker node add it
 """
 
 import dataclasses
+import json
+import signal
+import subprocess
 import sys
 import threading
 
 import pytest
 import torch
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from marl_ppo.cli import main
@@ -170,6 +174,7 @@ def _when_written(path, then, done):
     then()
 
 
+@pytest.mark.slow  # minutes on a two-core machine: `make test-slow`
 def test_below_min_workers_the_run_checkpoints_stops_and_resumes_on_the_mended_cluster(
     two_nodes, tiny_overrides, tmp_path, capsys
 ):
@@ -231,3 +236,69 @@ def test_min_workers_above_num_workers_is_refused(tiny_overrides, capsys):
         == 2
     )
     assert "ray.min_workers=3 exceeds num_workers=2" in capsys.readouterr().err
+
+
+TINY_MATRIX = {
+    "env": {"id": "envs/matrix_game_v0"},
+    "vector": "sync",
+    "num_envs": 2,
+    "rollout_steps": 4,
+    "ppo": {"num_minibatches": 1, "train_pi_iters": 1, "train_vf_iters": 1},
+    "model": {"hidden_sizes": [8]},
+}
+
+
+def _matrix_experiment(tmp_path, **changes):
+    path = tmp_path / "matrix.yaml"
+    path.write_text(yaml.safe_dump({**TINY_MATRIX, **changes}))
+    return path
+
+
+def test_a_sweep_on_ray_runs_its_seeds_on_both_nodes_in_the_local_layout(two_nodes, tmp_path, capsys):
+    experiment = _matrix_experiment(tmp_path, total_steps=400)
+    out = tmp_path / "runs"
+    args = ["sweep", str(experiment), "--seeds", "2", "--ray", two_nodes.cluster.address, "--out", str(out)]
+    assert main(args) == 0
+    for seed in (0, 1):
+        run_dir = out / "matrix" / f"seed{seed}"
+        assert json.loads((run_dir / "summary.json").read_text())["env_steps"] == 400
+        assert yaml.safe_load((run_dir / "config.yaml").read_text())["seed"] == seed
+        assert "done: 400 env steps" in run_dir.with_name(f"seed{seed}.log").read_text()
+    printed = capsys.readouterr().out
+    nodes = {
+        line.split(" on node ")[1].split(":")[0] for line in printed.splitlines() if " done seed" in line
+    }
+    assert len(nodes) == 2  # one CPU per node, one CPU per run: the two ran side by side
+    assert "sweep matrix: 2 finished, 0 skipped (already finished), 0 failed" in printed
+
+
+@pytest.mark.slow  # minutes on a two-core machine: `make test-slow`
+def test_a_sweep_stopped_midway_and_started_again_resumes_without_rerunning_the_finished_seed(
+    two_nodes, tmp_path, capsys
+):
+    experiment = _matrix_experiment(tmp_path, total_steps=3000, log={"checkpoint_every": 1})
+    out = tmp_path / "runs"
+    args = ["sweep", str(experiment), "--seeds", "2", "--ray", two_nodes.cluster.address, "--out", str(out)]
+    first, second = out / "matrix" / "seed0", out / "matrix" / "seed1"
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "marl_ppo", *args, "--jobs", "1"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        while not (first / "summary.json").exists() or not (second / "checkpoints" / "latest.pt").exists():
+            assert sweep.poll() is None, "the sweep ended before it could be stopped"
+            threading.Event().wait(0.1)
+        sweep.send_signal(signal.SIGINT)
+        sweep.communicate(timeout=180)
+    finally:
+        sweep.kill()
+    assert not (second / "summary.json").exists()
+    stopped = load_checkpoint(second / "checkpoints" / "latest.pt")["env_steps"]
+    assert 0 < stopped < 3000
+    finished = (first / "summary.json").read_bytes(), (first / "summary.json").stat().st_mtime_ns
+
+    assert main(args) == 0
+    assert "sweep matrix: 1 finished, 1 skipped (already finished), 0 failed" in capsys.readouterr().out
+    assert ((first / "summary.json").read_bytes(), (first / "summary.json").stat().st_mtime_ns) == finished
+    assert json.loads((second / "summary.json").read_text())["env_steps"] == 3000
+    log = second.with_name("seed1.log").read_text()
+    assert "stopped by SIGTERM" in log and "done: 3000 env steps" in log  # one log, both parts
