@@ -302,3 +302,16 @@ def test_a_sweep_stopped_midway_and_started_again_resumes_without_rerunning_the_
     assert json.loads((second / "summary.json").read_text())["env_steps"] == 3000
     log = second.with_name("seed1.log").read_text()
     assert "stopped by SIGTERM" in log and "done: 3000 env steps" in log  # one log, both parts
+
+
+def test_with_policy_lag_one_ray_worker_trains_as_one_local_worker(two_nodes, tiny_overrides, tmp_path):
+    """The rollout collected ahead, with the weights before the update, is the same on Ray."""
+    config = _config(tiny_overrides, "num_workers=1", "policy_lag=1", "total_steps=105")
+    final = {}
+    for vector in ("workers", "ray"):
+        train(dataclasses.replace(config, vector=vector), tmp_path / vector)
+        final[vector] = load_checkpoint(tmp_path / vector / "checkpoints/final.pt")
+    assert final["ray"]["collector"]["env_steps"] == final["workers"]["collector"]["env_steps"] == 105
+    assert final["ray"]["collector"]["pending"] is None  # no rollout collected past the last update
+    weights = final["workers"]["model"]
+    assert all(torch.equal(weights[k], final["ray"]["model"][k]) for k in weights)

@@ -63,6 +63,11 @@ def connect_ray(address: str | None) -> bool:
         return False
     try:
         ray.init(address=address, logging_level="warning", include_dashboard=False)
+    except getattr(ray.exceptions, "AuthenticationError", ()) as err:  # token clusters, Ray 2.5x on
+        raise ConfigError(
+            f"ray.address={address}: the Ray cluster refused this process ({one_line(err)}); give it the "
+            "cluster's token (RAY_AUTH_TOKEN, or ~/.ray/auth_token) with RAY_AUTH_MODE=token"
+        ) from None
     except ConnectionError as err:
         raise ConfigError(
             f"ray.address={address}: no Ray cluster answers there ({one_line(err)}); start one with "
