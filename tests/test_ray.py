@@ -315,3 +315,38 @@ def test_with_policy_lag_one_ray_worker_trains_as_one_local_worker(two_nodes, ti
     assert final["ray"]["collector"]["pending"] is None  # no rollout collected past the last update
     weights = final["workers"]["model"]
     assert all(torch.equal(weights[k], final["ray"]["model"][k]) for k in weights)
+
+
+@pytest.mark.slow  # waits for Ray to restart an actor on a re-added node
+def test_a_lost_worker_rejoins_with_the_current_weights_once_its_node_is_back(two_nodes, tiny_overrides):
+    config = _config(tiny_overrides, "num_envs=2", "vector=ray", "num_workers=2", "ray.placement=spread")
+    torch.manual_seed(0)
+    source, model = build_collector(config, torch.device("cpu"))
+    buffer = RolloutBuffer(model.spec, config.rollout_steps, config.num_envs)
+    try:
+        source.start(seed=0)
+        assert source.collect(buffer).perf["perf/ray_live_workers"] == 2.0
+        two_nodes.remove_worker()
+        lost = source.collect(buffer)
+        assert lost.perf["perf/ray_live_workers"] == 1.0 and lost.env_steps == 7
+        gone = source._slices[next(iter(source._lost))]  # the lost worker's env copies
+        assert (
+            not buffer.groups["agent"].alive[:, gone.start : gone.stop].any()
+        )  # the lost copy enters no loss
+        two_nodes.restore_worker()
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(0.1)  # "an update": the rejoined worker must act with these weights
+        for _ in range(120):  # Ray restarts the actor on the new node within seconds
+            result = source.collect(buffer)
+            if result.perf["perf/ray_live_workers"] == 2.0:
+                break
+            threading.Event().wait(0.5)
+        assert result.perf == {"perf/ray_live_workers": 2.0, "perf/ray_worker_rejoins": 1.0}
+        assert result.env_steps == 14 and buffer.groups["agent"].alive[:, gone.start : gone.stop].all()
+        agents = buffer.groups["agent"]
+        with torch.no_grad():
+            logp = model.group("agent").actor(agents.obs, agents.action_mask).log_prob(agents.actions)
+        torch.testing.assert_close(logp, agents.logp, rtol=0, atol=1e-5)
+    finally:
+        source.close()
