@@ -254,6 +254,7 @@ def _matrix_experiment(tmp_path, **changes):
     return path
 
 
+@pytest.mark.slow  # two training processes as Ray tasks: a minute here
 def test_a_sweep_on_ray_runs_its_seeds_on_both_nodes_in_the_local_layout(two_nodes, tmp_path, capsys):
     experiment = _matrix_experiment(tmp_path, total_steps=400)
     out = tmp_path / "runs"
