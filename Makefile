@@ -16,7 +16,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH)"
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[all,test]"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[all,ray,test]"
 	touch $(STAMP)
 
 run: install

@@ -117,6 +117,11 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument(
         "--out", type=Path, default=Path("runs"), help="parent of the sweep directory (default: runs)"
     )
+    sweep.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run each run as a Ray task on the cluster at ADDRESS (auto or host:port); resumes unfinished runs",
+    )
     _debug_after(sweep)
     report = commands.add_parser("report", help="returns across seeds (IQM, 95%% CIs) and learning curves")
     report.add_argument(
@@ -304,12 +309,30 @@ def _eval(options: argparse.Namespace) -> int:
 def _sweep(options: argparse.Namespace) -> int:
     from marl_ppo.analysis.sweep import default_jobs, parse_grid, plan_sweep, run_sweep, summary_line
 
-    runs, config = plan_sweep(options.experiment, parse_grid(options.overrides), options.seeds, options.out)
+    grid = parse_grid(options.overrides)
+    runs, config = plan_sweep(
+        options.experiment, grid, options.seeds, options.out, resume=options.ray is not None
+    )
     resolve_factory(config.env.id)  # unknown ids and missing extras fail here, before any process starts
+    if options.ray is not None:
+        return _sweep_on_ray(options, runs, config)
     jobs = options.jobs if options.jobs is not None else min(default_jobs(config), len(runs))
     name = options.experiment.stem
     print(f"sweep {name}: {len(runs)} runs, {jobs} at a time, in {options.out / name}")
     outcome = run_sweep(options.experiment, runs, jobs)
+    print(summary_line(name, outcome))
+    if not outcome.failed:
+        print(f"compare the seeds with: {shell_command('report', str(options.out / name))}")
+    return 1 if outcome.failed else 0
+
+
+def _sweep_on_ray(options: argparse.Namespace, runs: list[Any], config: ExperimentConfig) -> int:
+    from marl_ppo.analysis.ray_sweep import run_sweep_on_ray
+    from marl_ppo.analysis.sweep import summary_line
+
+    name = options.experiment.stem
+    print(f"sweep {name}: {len(runs)} runs on the Ray cluster at {options.ray}, in {options.out / name}")
+    outcome = run_sweep_on_ray(options.experiment, runs, config, options.ray, options.jobs)
     print(summary_line(name, outcome))
     if not outcome.failed:
         print(f"compare the seeds with: {shell_command('report', str(options.out / name))}")

@@ -222,6 +222,28 @@ class FastConfig:
 
 
 @dataclass(frozen=True, config=_STRICT)
+class RayConfig:
+    """Rollout workers as Ray actors (`vector: ray`), on this machine or across a Ray cluster."""
+
+    address: str | None = None
+    """The Ray cluster to join: null starts a Ray instance on this machine for the run (and stops it
+    after); `auto` joins the cluster started on this machine with `ray start`; `host:port` joins the
+    head node there (its GCS port, 6379 unless `ray start --head --port` set another)."""
+    num_cpus_per_worker: PositiveFloat = 1.0
+    """CPUs Ray reserves for each rollout worker actor (the learner runs in this process, outside them)."""
+    max_worker_restarts: Annotated[int, Field(ge=-1)] = 1000
+    """Times Ray restarts a lost worker actor (its process or node died) before giving it up; -1: no limit.
+    A restarted worker rejoins at the next update with the current weights and fresh episodes."""
+    min_workers: PositiveInt = 1
+    """Workers whose rollouts an update needs: while fewer are lost, updates go on with the rollouts of
+    the others (a smaller batch); when fewer than this answer, the run writes a checkpoint and stops
+    (exit status 1) to be resumed once the cluster is back."""
+    placement: Literal["pack", "spread"] = "pack"
+    """Where the workers go: `pack` fills as few nodes as possible (less traffic), `spread` puts them on
+    as many nodes as possible (a lost node takes fewer workers with it)."""
+
+
+@dataclass(frozen=True, config=_STRICT)
 class ExperimentConfig:
     """One experiment, validated: the env, the run's length and seed, PPO, the networks and logging."""
 
@@ -233,16 +255,17 @@ class ExperimentConfig:
     """Environment steps to train for (one step of one env copy counts once, not once per agent)."""
     num_envs: PositiveInt = 16
     """Environment copies stepped in parallel."""
-    vector: Literal["auto", "sync", "subprocess", "workers"] = "auto"
+    vector: Literal["auto", "sync", "subprocess", "workers", "ray"] = "auto"
     """Where the env copies run: `sync` in this process; `subprocess` in `num_workers` processes that
     step them while this process acts; `workers` in `num_workers` processes that also act, each with a
-    copy of the policy (no per-step round trips; see policy_lag); `auto` picks `workers` when there
+    copy of the policy (no per-step round trips; see policy_lag); `ray` in `num_workers` such workers
+    as Ray actors, on any node of a Ray cluster (see `ray.*`; needs `pip install 'marl-ppo[ray]'`); `auto` picks `workers` when there
     are 2+ cores, 2+ env copies per worker and an env step costs 50 us or more, else `sync` (the
     choice is written to the run's config.yaml). Batched simulators (VMAS) ignore it."""
     num_workers: PositiveInt = 2
-    """Worker processes for `vector: subprocess|workers` (each owns a contiguous slice of the env copies)."""
+    """Worker processes for `vector: subprocess|workers|ray` (each owns a contiguous slice of the env copies)."""
     policy_lag: Literal[0, 1] = 0
-    """With `vector: workers`, 1 collects the next rollout with the pre-update policy while the learner
+    """With `vector: workers|ray`, 1 collects the next rollout with the pre-update policy while the learner
     updates (collection overlaps learning; `ppo.lagged_ratio` says how the update treats such a batch); 0 waits.
     Other vector modes (and `auto` when it picks `sync`) run with 0, and record 0 in config.yaml."""
     worker_timeout_s: PositiveFloat = 60.0
@@ -290,6 +313,8 @@ class ExperimentConfig:
     """Logging and checkpointing."""
     fast: FastConfig = dataclasses.field(default_factory=FastConfig)
     """Switches between our hand-written pieces and the library's."""
+    ray: RayConfig = dataclasses.field(default_factory=RayConfig)
+    """Rollout workers on a Ray cluster (`vector: ray`)."""
 
     def __post_init__(self) -> None:
         if self.critic == "team" and not self.share_critic:
@@ -308,6 +333,12 @@ class ExperimentConfig:
             raise ValueError(
                 f"ppo.num_minibatches={self.ppo.num_minibatches} exceeds the batch of "
                 f"rollout_steps*num_envs={self.batch_steps} env steps; lower ppo.num_minibatches"
+            )
+
+        if self.vector == "ray" and self.ray.min_workers > self.num_workers:
+            raise ValueError(
+                f"ray.min_workers={self.ray.min_workers} exceeds num_workers={self.num_workers}; "
+                "lower ray.min_workers or raise num_workers"
             )
 
     @property

@@ -18,6 +18,11 @@ class WorkerError(RunFault):
     """An env worker process died, hung or failed; the message names the worker."""
 
 
+class WorkersLost(RunFault):
+    """Fewer rollout workers answered than the run needs (`ray.min_workers`): a node or its actors are
+    gone. The run writes its checkpoint and stops; `--resume` continues it once the cluster is back."""
+
+
 class CheckpointWriteError(RunFault):
     """A checkpoint could not be written (full disk, permissions); the previous one is kept."""
 

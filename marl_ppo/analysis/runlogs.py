@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-EXECUTION_KEYS = ("seed", "log", "device", "torch_threads", "num_workers", "vector")
+EXECUTION_KEYS = ("seed", "log", "device", "torch_threads", "num_workers", "vector", "ray")
 """Top-level config keys that do not define a configuration (seeds are its runs; the rest is how it ran)."""
 
 RETURN_TAGS = ("rollout/team_return", "eval/team_return")

@@ -97,9 +97,11 @@ def _dir_name(assignments: Sequence[tuple[str, str]]) -> str:
 
 
 def plan_sweep(
-    experiment: Path, grid: dict[str, list[str]], seeds: int, out: Path
+    experiment: Path, grid: dict[str, list[str]], seeds: int, out: Path, *, resume: bool = False
 ) -> tuple[list[SweepRun], ExperimentConfig]:
-    """Every (grid point, seed) run with its validated overrides and run directory; the first config."""
+    """Every (grid point, seed) run with its validated overrides and run directory; the first config.
+
+    `resume`: the executor continues unfinished runs (a sweep on Ray), so their directories are not refused."""
     if seeds < 1:
         raise SweepError(f"--seeds {seeds} must be at least 1")
     sweep_dir = out / experiment.stem
@@ -118,7 +120,7 @@ def plan_sweep(
             run_dir = config_dir / f"seed{seed}" if varying else sweep_dir / f"seed{seed}"
             name = run_dir.relative_to(sweep_dir).as_posix()
             runs.append(SweepRun(name, (*overrides, f"seed={seed}"), run_dir))
-    for run in runs:
+    for run in [] if resume else runs:
         if (
             run.run_dir.exists()
             and any(run.run_dir.iterdir())

@@ -147,6 +147,8 @@ def cases(steps: int, device: str = "cpu") -> list[Case]:
         # recurrent actors and critic (GRU): one cell step per env step, chunks of 10 steps to learn on
         "spread gru sync": ["vector=sync", "model.recurrent=gru"],
         "spread gru 2 workers": ["vector=workers", "num_workers=2", "policy_lag=0", "model.recurrent=gru"],
+        # the same two workers as Ray actors of a Ray instance the run starts (its start-up not timed)
+        "spread 2 ray workers": ["vector=ray", "num_workers=2", "policy_lag=0"],
     }
     return [
         *(
@@ -233,6 +235,18 @@ def report(done: list[Case]) -> str:
     return "\n".join(lines)
 
 
+def paired_ratio(done: list[Case], case: str, reference: str) -> str | None:
+    """`case` over `reference` in steps/s, per repeat (the two ran one after the other): median and range."""
+    found = {c.name: c for c in done}
+    if case not in found or reference not in found:
+        return None
+    ratios = [a["sps"] / b["sps"] for a, b in zip(found[case].results, found[reference].results, strict=True)]
+    return (
+        f"{case} / {reference}: {_median(ratios):.2f} steps/s ratio (range {min(ratios):.2f}-{max(ratios):.2f}, "
+        f"{len(ratios)} pairs)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every case `--repeats` times, the raw env before and after each training run, and print
     the medians; a case's ratio is the median over its runs of training over the raw rate around it."""
@@ -263,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
             )
     print()
     print(report(selected))
+    ray_line = paired_ratio(selected, "spread 2 ray workers", "spread 2 workers")
+    if ray_line is not None:
+        print(ray_line)
     if any(case.name.startswith("spread") for case in selected):
         bare = [
             raw_pettingzoo_sps("mpe2/simple_spread_v3", SPREAD_KWARGS, bare=True)

@@ -104,7 +104,8 @@ def resolve_vector(config: ExperimentConfig) -> ExperimentConfig:
     config.yaml, so a rerun from that file takes the same path.
     """
     if config.vector != "auto":
-        return config if config.vector == "workers" else dataclasses.replace(config, policy_lag=0)
+        acting = config.vector in ("workers", "ray")  # rollout workers may collect ahead (policy_lag)
+        return config if acting else dataclasses.replace(config, policy_lag=0)
     cores = usable_cores()
     batched = is_batched(config)
     enough = cores >= 2 and config.num_envs >= 2 * min(config.num_workers, cores)

@@ -1,7 +1,7 @@
 """The rollout source boundary: what the training loop calls to get rollouts, and what it gets back.
 
-`Collector` (acting in this process) and `RolloutWorkers` (acting in worker processes) are the
-rollout sources; the loop, checkpoints and resume see only this interface.
+`Collector` (acting in this process), `RolloutWorkers` (acting in worker processes) and
+`RayRolloutWorkers` (acting in Ray actors) are the rollout sources; the loop, checkpoints and resume see only this interface.
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ class RolloutResult:
     """Wall time spent inside the vector env's step (waiting on workers, for the subprocess env)."""
     act_seconds: float | None = None
     """Acting time where it is measured apart (rollout workers); None: the rest of the collect time."""
+    perf: dict[str, float] = field(default_factory=dict)
+    """Further figures of how the rollout was collected, logged as they are named (`perf/...`)."""
 
 
 class RolloutSource(Protocol):

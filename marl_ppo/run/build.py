@@ -11,13 +11,18 @@ from marl_ppo.envs.factory import build_vector_env, is_batched, make_adapter, re
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.collector import Collector
 from marl_ppo.rollout.memory import make_memory
+from marl_ppo.rollout.ray_workers import RayRolloutWorkers
 from marl_ppo.rollout.source import RolloutSource
 from marl_ppo.rollout.workers import RolloutWorkers
 
 
 def build_collector(config: ExperimentConfig, device: torch.device) -> tuple[RolloutSource, TeamModel]:
-    """The rollout collector and the team's networks: acting here, or in rollout workers (`vector: workers`)."""
+    """The rollout collector and the team's networks: acting here, or in rollout workers (`vector: workers`, or Ray actors: `ray`)."""
     config = resolve_vector(config)
+    if config.vector == "ray" and not is_batched(config):
+        spec = team_spec(config)
+        model = TeamModel(spec, config).to(device)
+        return RayRolloutWorkers(config, model, spec), model
     if config.vector == "workers" and not is_batched(config):
         spec = team_spec(config)
         model = TeamModel(spec, config).to(device)

@@ -21,6 +21,7 @@ from marl_ppo.envs.factory import build_vector_env, resolve_vector
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.eval.evaluate import PeriodicEvaluation, eval_config
 from marl_ppo.fast.allocator import keep_freed_memory
+from marl_ppo.faults import WorkersLost
 from marl_ppo.models.layers import resolve_device, resolve_precision
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import RolloutBuffer
@@ -143,6 +144,8 @@ class _Run:
         self.model, self.trainer, self.collector, self.logger = model, trainer, collector, logger
         self.evaluation, self.on_update = evaluation, on_update
         self.updates = 0
+        self.saved_updates: int | None = None
+        """The update count of the last checkpoint written (or resumed from)."""
         self.timing = {"env_s": 0.0, "act_s": 0.0, "learn_s": 0.0}
         self.schedule = LrSchedule(config.ppo.lr_schedule, config.total_steps)
         self.start = time.perf_counter()
@@ -161,7 +164,7 @@ class _Run:
             logger=self.logger,
             seed=self.config.seed,
         )
-        self.updates = int(saved["updates"])
+        self.updates = self.saved_updates = int(saved["updates"])
         self.timing = dict(saved["timing"])
         # a changed total_steps re-spreads the rest of the decay from the rate reached here
         self.schedule = LrSchedule.from_checkpoint(saved).resumed(
@@ -176,9 +179,12 @@ class _Run:
     def loop(self, buffer: RolloutBuffer, stop: StopSignals) -> None:
         """Update until total_steps or a stop signal, checkpointing every `log.checkpoint_every` updates."""
         while self.collector.env_steps < self.config.total_steps and stop.received is None:
-            seconds = _one_update(
-                self.config, self.collector, buffer, self.trainer, self.logger, self.start, self.schedule
-            )
+            try:
+                seconds = _one_update(
+                    self.config, self.collector, buffer, self.trainer, self.logger, self.start, self.schedule
+                )
+            except WorkersLost as lost:
+                raise self._stopped_short(lost) from None
             for name, value in seconds.items():
                 self.timing[name] += value
             self.updates += 1
@@ -187,9 +193,23 @@ class _Run:
                 final = steps >= self.config.total_steps
                 self.logger.scalars(steps, self.evaluation.after_update(steps, final=final))
             if self.updates % self.config.log.checkpoint_every == 0:
-                self.save()
+                try:
+                    self.save()
+                except WorkersLost as lost:  # found receiving the rollout collected ahead
+                    raise self._stopped_short(lost) from None
             if self.on_update is not None:
                 self.on_update(self.updates)
+
+    def _stopped_short(self, lost: WorkersLost) -> WorkersLost:
+        """Checkpoint the state after the last update (unless the last checkpoint holds it already, with
+        its env copies) and say how to continue."""
+        if self.saved_updates != self.updates:
+            self.save()
+        return WorkersLost(
+            f"{lost}; checkpoint {self.run_dir / 'checkpoints' / 'latest.pt'} at env step "
+            f"{self.collector.env_steps}; continue once the cluster is back with "
+            f"`marl-ppo train --resume {self.run_dir}`"
+        )
 
     def save(self, *, final: bool = False) -> Path:
         """Write `update_<N>.pt` and `latest.pt` (and `final.pt`), prune old ones; return the periodic file."""
@@ -198,6 +218,7 @@ class _Run:
         path = periodic_path(directory, self.updates)
         copies = [directory / "latest.pt"] + ([directory / "final.pt"] if final else [])
         save_checkpoint(path, self._payload(), copies)
+        self.saved_updates = self.updates
         prune_checkpoints(directory, self.config.log.keep_last)
         return path
 
@@ -268,6 +289,7 @@ def _one_update(
         "perf/peak_rss_mb": peak_rss_mb(),
         "perf/rss_mb": rss_mb(),
         "train/pi_lr": trainer.actor_optimizer.param_groups[0]["lr"],
+        **rollout.perf,
     }
     logger.update_done(collector.env_steps, stats, extra)
     return {"env_s": extra["perf/env_s"], "act_s": extra["perf/act_s"], "learn_s": extra["perf/learn_s"]}

@@ -42,6 +42,11 @@ RESUMABLE_KEYS = (
     "log.progress",
     "log.checkpoint_every",
     "log.keep_last",
+    "ray.address",
+    "ray.num_cpus_per_worker",
+    "ray.max_worker_restarts",
+    "ray.min_workers",
+    "ray.placement",
 )
 """Config keys that `--resume` may change: none of them changes what the run computes up to the
 resume point (`total_steps` shortens or extends the run; with `ppo.lr_schedule: linear` the learning
@@ -107,7 +112,8 @@ def load_resumable(run_dir: Path, config: ExperimentConfig | None = None) -> dic
         )
     if config is not None:
         used = payload["config"].get("vector")
-        if (used == "workers") != (config.vector == "workers"):  # the collectors' states differ in kind
+        acting = ("workers", "ray")  # rollout workers, local or on Ray, save their state alike
+        if (used in acting) != (config.vector in acting):  # the collectors' states differ in kind
             raise ConfigError(
                 f"--resume: the run in '{run_dir}' used vector={used} and cannot continue with "
                 f"vector={config.vector}; resume it with vector={used}"
