@@ -139,9 +139,9 @@ def test_bad_report_input_is_one_line_and_exit_status_2(tmp_path, capsys, make, 
 
 def test_configs_written_by_an_older_version_get_todays_defaults():
     """A run whose config.yaml predates a key groups with runs that wrote the key's default."""
-    from marl_ppo.analysis.runlogs import _with_defaults
+    from marl_ppo.analysis.runlogs import with_defaults
 
-    filled = _with_defaults({"seed": 3, "env": {"id": "mpe2/simple_spread_v3"}})
+    filled = with_defaults({"seed": 3, "env": {"id": "mpe2/simple_spread_v3"}})
     assert filled["seed"] == 3 and filled["eval_every"] is None and filled["eval_episodes"] == 10
     foreign = {"seed": 3, "no_such_key": 1}
-    assert _with_defaults(foreign) is foreign
+    assert with_defaults(foreign) is foreign
