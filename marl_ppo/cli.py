@@ -320,11 +320,18 @@ def _report(options: argparse.Namespace) -> int:
     from marl_ppo.analysis.report import write_report  # heavy imports (tensorboard, rliable, matplotlib)
 
     files = write_report(options.paths, options.out, reps=options.reps)
-    runs = sum(len(row.configuration.runs) for row in files.rows)
+    seeds = sum(len(row.configuration.runs) for row in files.rows)
+    duplicates = sum(len(row.configuration.duplicates) for row in files.rows)
     print(
-        f"{runs} run(s) in {len(files.rows)} configuration(s): wrote {files.markdown} and "
+        f"{seeds} run(s) in {len(files.rows)} configuration(s): wrote {files.markdown} and "
         f"{len(files.figures)} figure(s) in {options.out}"
     )
+    if duplicates:
+        print(
+            f"warning: {duplicates} run(s) repeat the configuration and seed of another and are not counted "
+            f"(listed in {files.markdown})",
+            file=sys.stderr,
+        )
     return 0
 
 

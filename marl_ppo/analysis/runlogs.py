@@ -48,6 +48,10 @@ class Configuration:
     label: str
     """The config keys that set it apart from the experiment's other configurations (`key=value, ...`)."""
     runs: tuple[RunLog, ...]
+    """One run per seed."""
+    duplicates: tuple[RunLog, ...] = ()
+    """Runs of the same configuration and seed as one of `runs` (a sweep repeated into another
+    directory): not counted, so that each seed is counted once."""
 
 
 def _is_run_dir(path: Path) -> bool:
@@ -133,8 +137,27 @@ def group_configurations(runs: Sequence[RunLog]) -> list[Configuration]:
         varying = [key for key in keys if len({flat.get(key) for flat in flats}) > 1]
         for group, flat in zip(members, flats, strict=True):
             label = ", ".join(f"{key}={_shown(flat.get(key))}" for key in varying)
-            configurations.append(Configuration(experiment, label or _common_name(group), tuple(group)))
+            kept, duplicates = _one_run_per_seed(group)
+            configurations.append(Configuration(experiment, label or _common_name(kept), kept, duplicates))
     return configurations
+
+
+def _one_run_per_seed(runs: Sequence[RunLog]) -> tuple[tuple[RunLog, ...], tuple[RunLog, ...]]:
+    """Per seed, the run that logged the most env steps (the first found among equals), and the others."""
+    by_seed: dict[Any, list[RunLog]] = {}
+    for run in runs:
+        by_seed.setdefault(run.config.get("seed"), []).append(run)
+    kept, duplicates = [], []
+    for same_seed in by_seed.values():
+        best = max(same_seed, key=last_step)  # max keeps the first of equals
+        kept.append(best)
+        duplicates.extend(run for run in same_seed if run is not best)
+    return tuple(kept), tuple(duplicates)
+
+
+def last_step(run: RunLog) -> int:
+    """The last env step at which the run logged a return."""
+    return max((int(steps[-1]) for steps, _ in run.series.values() if len(steps)), default=0)
 
 
 def _shown(value: str | None) -> str:
