@@ -1,4 +1,4 @@
-"""Command line: `marl-ppo train` (with `--resume RUN_DIR`), `eval`, `sweep`, `report` and `envs` (see `marl-ppo -h`).
+"""Command line: `marl-ppo train` (with `--resume RUN_DIR`), `eval`, `sweep`, `reproduce`, `report` and `envs` (see `marl-ppo -h`).
 
 Parses arguments (options and key=value overrides in any order) and calls the library; user errors
 print one line and exit with status 2. A run stopped by Ctrl-C or SIGTERM prints how to resume it
@@ -118,6 +118,19 @@ def _parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=Path("runs"), help="parent of the sweep directory (default: runs)"
     )
     _debug_after(sweep)
+    reproduce = commands.add_parser(
+        "reproduce", help="train an experiment's seeds and check its expected: band (exit 1 outside)"
+    )
+    reproduce.add_argument("experiment", metavar="EXPERIMENT.yaml", type=Path)
+    reproduce.add_argument("--seeds", type=int, help="seeds 0..N-1 (default: the expected: block's seeds)")
+    reproduce.add_argument("--jobs", type=int, help="runs at once (default: available cores / cores per run)")
+    reproduce.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/reproduce"),
+        help="parent of the runs' directory (default: runs/reproduce)",
+    )
+    _debug_after(reproduce)
     report = commands.add_parser("report", help="returns across seeds (IQM, 95%% CIs) and learning curves")
     report.add_argument(
         "paths",
@@ -316,6 +329,20 @@ def _sweep(options: argparse.Namespace) -> int:
     return 1 if outcome.failed else 0
 
 
+def _reproduce(options: argparse.Namespace) -> int:
+    from marl_ppo.analysis.reproduce import reproduce
+    from marl_ppo.analysis.sweep import summary_line
+
+    reproduction, outcome = reproduce(
+        options.experiment, seeds=options.seeds, jobs=options.jobs, out=options.out
+    )
+    if reproduction is None:
+        print(summary_line(options.experiment.stem, outcome))
+        return 1
+    print(reproduction.line())
+    return 0 if reproduction.inside else 1
+
+
 def _report(options: argparse.Namespace) -> int:
     from marl_ppo.analysis.report import write_report  # heavy imports (tensorboard, rliable, matplotlib)
 
@@ -359,6 +386,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return _sweep(options)
         if options.command == "report":
             return _report(options)
+        if options.command == "reproduce":
+            return _reproduce(options)
         return _envs(options)
     except USER_ERRORS as err:
         if options.debug:

@@ -83,6 +83,9 @@ def pettingzoo_aec(name: str, **kwargs: Any) -> Any:
 def gymnasium_team(gym_id: str, package: str, **kwargs: Any) -> Any:
     """An env of a package that registers its ids with Gymnasium (LBF, RWARE), as a team."""
     importlib.import_module(package)  # registers its ids with gymnasium
+    # Gymnasium's passive checker tests the single-agent API and warns on these envs' per-agent reward
+    # lists, which GymnasiumTeamEnv reads as intended (and its adapter checks every step)
+    kwargs.setdefault("disable_env_checker", True)
     return gymnasium_id(gym_id, **kwargs)
 
 
