@@ -311,6 +311,11 @@ def _eval(options: argparse.Namespace) -> int:
         f"{len(output.result.team_returns)} episodes: team return (sum over agents) {team['mean']:.2f} "
         f"[95% CI {low:.2f}, {high:.2f}]; wrote {output.eval_json}{video}"
     )
+    if output.versus is not None:
+        scores = ", ".join(
+            f"{key} {value:.2f}" for key, value in output.versus.to_dict().items() if isinstance(value, float)
+        )
+        print(f"against random opponents ({output.versus.mode}): {scores}")
     return 0
 
 
