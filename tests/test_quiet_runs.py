@@ -39,3 +39,15 @@ def test_an_lbf_run_prints_no_warning(tmp_path):
         result = train(config, tmp_path / "run")
     assert result.env_steps == 100 and np.isfinite(result.team_return_mean)
     assert [f"{w.category.__name__}: {w.message}" for w in caught] == []
+
+
+def test_cooperative_pong_steps_without_its_render_mode_warning():
+    pytest.importorskip("pygame")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        env = make_env("butterfly/cooperative_pong_v6", max_cycles=3)
+        env.reset(seed=0)
+        for _ in range(3):
+            env.step({agent: 0 for agent in env.agents})
+        env.close()
+    assert [str(w.message) for w in caught] == []
