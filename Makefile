@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 EXPERIMENT ?= experiments/mpe/simple_spread.yaml
 ARGS ?=
 
-.PHONY: install run test test-slow bench bench-memory gpu-check lint clean
+.PHONY: install run test test-slow reproduce bench bench-memory gpu-check lint clean
 
 install: $(STAMP)
 
@@ -27,6 +27,11 @@ test: install
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow
+
+# Every experiment file with an expected: block, its seeds trained and checked against its band (hours).
+reproduce: install
+	status=0; for file in $$(grep -l '^expected:' experiments/*/*.yaml); do \
+		$(BIN)/marl-ppo reproduce $$file $(ARGS) || status=1; done; exit $$status
 
 bench: install
 	$(BIN)/python -m marl_ppo.bench $(ARGS)

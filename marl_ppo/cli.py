@@ -1,4 +1,4 @@
-"""Command line: `marl-ppo train` (with `--resume RUN_DIR`), `eval`, `sweep`, `report` and `envs` (see `marl-ppo -h`).
+"""Command line: `marl-ppo train` (with `--resume RUN_DIR`), `eval`, `sweep`, `reproduce`, `report` and `envs` (see `marl-ppo -h`).
 
 Parses arguments (options and key=value overrides in any order) and calls the library; user errors
 print one line and exit with status 2. A run stopped by Ctrl-C or SIGTERM prints how to resume it
@@ -123,6 +123,19 @@ def _parser() -> argparse.ArgumentParser:
         help="run each run as a Ray task on the cluster at ADDRESS (auto or host:port); resumes unfinished runs",
     )
     _debug_after(sweep)
+    reproduce = commands.add_parser(
+        "reproduce", help="train an experiment's seeds and check its expected: band (exit 1 outside)"
+    )
+    reproduce.add_argument("experiment", metavar="EXPERIMENT.yaml", type=Path)
+    reproduce.add_argument("--seeds", type=int, help="seeds 0..N-1 (default: the expected: block's seeds)")
+    reproduce.add_argument("--jobs", type=int, help="runs at once (default: available cores / cores per run)")
+    reproduce.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/reproduce"),
+        help="parent of the runs' directory (default: runs/reproduce)",
+    )
+    _debug_after(reproduce)
     report = commands.add_parser("report", help="returns across seeds (IQM, 95%% CIs) and learning curves")
     report.add_argument(
         "paths",
@@ -303,6 +316,11 @@ def _eval(options: argparse.Namespace) -> int:
         f"{len(output.result.team_returns)} episodes: team return (sum over agents) {team['mean']:.2f} "
         f"[95% CI {low:.2f}, {high:.2f}]; wrote {output.eval_json}{video}"
     )
+    if output.versus is not None:
+        scores = ", ".join(
+            f"{key} {value:.2f}" for key, value in output.versus.to_dict().items() if isinstance(value, float)
+        )
+        print(f"against random opponents ({output.versus.mode}): {scores}")
     return 0
 
 
@@ -339,15 +357,36 @@ def _sweep_on_ray(options: argparse.Namespace, runs: list[Any], config: Experime
     return 1 if outcome.failed else 0
 
 
+def _reproduce(options: argparse.Namespace) -> int:
+    from marl_ppo.analysis.reproduce import reproduce
+    from marl_ppo.analysis.sweep import summary_line
+
+    reproduction, outcome = reproduce(
+        options.experiment, seeds=options.seeds, jobs=options.jobs, out=options.out
+    )
+    if reproduction is None:
+        print(summary_line(options.experiment.stem, outcome))
+        return 1
+    print(reproduction.line())
+    return 0 if reproduction.inside else 1
+
+
 def _report(options: argparse.Namespace) -> int:
     from marl_ppo.analysis.report import write_report  # heavy imports (tensorboard, rliable, matplotlib)
 
     files = write_report(options.paths, options.out, reps=options.reps)
-    runs = sum(len(row.configuration.runs) for row in files.rows)
+    seeds = sum(len(row.configuration.runs) for row in files.rows)
+    duplicates = sum(len(row.configuration.duplicates) for row in files.rows)
     print(
-        f"{runs} run(s) in {len(files.rows)} configuration(s): wrote {files.markdown} and "
+        f"{seeds} run(s) in {len(files.rows)} configuration(s): wrote {files.markdown} and "
         f"{len(files.figures)} figure(s) in {options.out}"
     )
+    if duplicates:
+        print(
+            f"warning: {duplicates} run(s) repeat the configuration and seed of another and are not counted "
+            f"(listed in {files.markdown})",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -375,6 +414,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return _sweep(options)
         if options.command == "report":
             return _report(options)
+        if options.command == "reproduce":
+            return _reproduce(options)
         return _envs(options)
     except USER_ERRORS as err:
         if options.debug:

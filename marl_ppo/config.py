@@ -244,6 +244,27 @@ class RayConfig:
 
 
 @dataclass(frozen=True, config=_STRICT)
+class ExpectedConfig:
+    """The result an experiment file promises, checked by `marl-ppo reproduce` (ignored by `train`)."""
+
+    steps: PositiveInt
+    """Env steps each seed trains for (reproduce runs them with total_steps set to this)."""
+    seeds: PositiveInt
+    """Seeds 0..seeds-1 (reproduce --seeds overrides it)."""
+    team_return: tuple[float, float]
+    """[low, high]: the band the IQM over seeds of the final team return (the mean of each run's last
+    `log.return_window` training episodes) must fall in."""
+
+    def __post_init__(self) -> None:
+        low, high = self.team_return
+        if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+            raise ValueError(
+                f"config key 'expected.team_return' must be [low, high] with finite low <= high, "
+                f"got {list(self.team_return)}"
+            )
+
+
+@dataclass(frozen=True, config=_STRICT)
 class ExperimentConfig:
     """One experiment, validated: the env, the run's length and seed, PPO, the networks and logging."""
 
@@ -305,6 +326,17 @@ class ExperimentConfig:
     each multiple, and at the end), logged under `eval/`; 0 or null disables."""
     eval_episodes: PositiveInt = 10
     """Episodes per periodic evaluation, on their own env copies seeded apart from training's."""
+    eval_vs_random: Literal["seats", "teams"] | None = None
+    """Also score the policy against a uniformly random opponent at each evaluation (periodic, logged
+    under `eval/vs_random/`, and `marl-ppo eval`, in eval.json). `seats`: every agent is a player of a
+    game (classic games); the policy plays each seat in turn for eval_episodes episodes against random
+    moves, scored as win, draw and loss rates (a win: its return above every other seat's). `teams`:
+    agents form teams by their names without the trailing number (simple_tag's adversary and agent,
+    battle's red and blue); the policy plays each team in turn, scored as that team's return and its
+    random opponents'. null: no such score."""
+    expected: ExpectedConfig | None = None
+    """The experiment's measured result, `{steps: N, seeds: K, team_return: [low, high]}`, checked by
+    `marl-ppo reproduce`; training ignores it."""
     ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
     """PPO optimisation settings."""
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -455,13 +487,32 @@ def key_help(cls: type = ExperimentConfig, prefix: str = "") -> dict[str, KeyHel
     keys: dict[str, KeyHelp] = {}
     for name, field in cls.__pydantic_fields__.items():
         key, doc = prefix + name, field.description or ""
-        if dataclasses.is_dataclass(field.annotation):
+        section = _section_type(field.annotation)
+        if section is not None:
             keys[key] = KeyHelp(doc, None, None)
-            keys.update(key_help(field.annotation, key + "."))
+            keys.update(key_help(section, key + "."))
+            continue
+        if field.is_required():  # a key of an optional section (`expected.steps`): no default
+            allowed = _allowed(field.annotation, field.metadata)
+            keys[key] = KeyHelp(f"{doc} Required in the section; allowed: {allowed}.", None, None)
             continue
         default = field.default_factory() if field.default_factory is not None else field.default
         keys[key] = KeyHelp(doc, yaml_value(default), _allowed(field.annotation, field.metadata))
     return keys
+
+
+def _section_type(annotation: Any) -> type | None:
+    """The dataclass of a section of keys (`ppo`, or an optional one such as `expected`), else None."""
+    if dataclasses.is_dataclass(annotation):
+        return annotation
+    inner = [a for a in get_args(annotation) if a is not type(None)]
+    if (
+        get_origin(annotation) in (Union, types.UnionType)
+        and len(inner) == 1
+        and dataclasses.is_dataclass(inner[0])
+    ):
+        return inner[0]
+    return None
 
 
 def yaml_value(value: Any) -> str:

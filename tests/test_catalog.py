@@ -1,23 +1,32 @@
-"""Every catalog id has an experiment file and trains one update (skipped, with the reason, where its extra
-is missing)."""
+"""Every catalog id has an experiment file, steps through whole episodes with auto-reset (terminations and
+truncations) and trains one update (skipped, with the reason, where its extra is missing)."""
 
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 import yaml
 from conftest import ROOT
 
-from marl_ppo.config import load_config
+from marl_ppo.config import load_config, yaml_value
+from marl_ppo.envs.factory import build_vector_env, team_spec
 from marl_ppo.envs.registry import registered_specs
+from marl_ppo.eval.versus import random_actions, sides_of
 from marl_ppo.run.loop import train
 
 CATALOG = [spec for spec in registered_specs() if spec.family != "envs"]
+CATALOG_MPE2, CATALOG_LBF, CATALOG_RWARE, CATALOG_VMAS = (
+    [spec.id.split("/", 1)[1] for spec in CATALOG if spec.family == family]
+    for family in ("mpe2", "lbf", "rware", "vmas")
+)
 ONE_UPDATE = [
     "vector=sync",
     "num_envs=2",
     "rollout_steps=16",
     "total_steps=32",
     "log.progress=false",
+    "eval_every=0",  # the evaluations' scores are tested in test_evaluate.py and test_versus.py
     "ppo.train_pi_iters=1",
     "ppo.train_vf_iters=1",
     "ppo.num_minibatches=1",
@@ -44,6 +53,78 @@ def test_catalog_env_trains_one_update(spec, tmp_path):
             f"{spec.id}: missing {', '.join(spec.missing_modules)} (pip install 'marl-ppo[{spec.extra}]')"
         )
     config = load_config(_experiments()[spec.id], ONE_UPDATE)
+    if load_config(_experiments()[spec.id]).eval_vs_random is not None:  # its sides exist in the env
+        assert len(sides_of(team_spec(config), load_config(_experiments()[spec.id]).eval_vs_random)) >= 2
     result = train(config, tmp_path)
     assert result.updates == 1 and result.env_steps == 32
     assert (tmp_path / "checkpoints/final.pt").is_file()
+
+
+TERM, TRUNC = "terminated", "truncated"
+_LBF = (
+    {"field_size": [5, 5], "max_num_food": 1, "force_coop": False, "max_episode_steps": 50},
+    {TERM, TRUNC},
+)
+EPISODES = {
+    # id: (env kwargs that keep episodes short, how its episodes are seen to end under random actions)
+    **{f"mpe2/{name}": ({"max_cycles": 5}, {TRUNC}) for name in CATALOG_MPE2},
+    "sisl/multiwalker_v9": ({"max_cycles": 40}, {TERM}),  # falls; its time limit is reported as termination
+    "sisl/pursuit_v5": (
+        {"x_size": 5, "y_size": 5, "n_evaders": 1, "n_pursuers": 3, "n_catch": 1, "max_cycles": 60},
+        {TERM, TRUNC},
+    ),
+    "butterfly/pistonball_v6": ({"max_cycles": 5}, {TRUNC}),
+    "butterfly/cooperative_pong_v6": ({"max_cycles": 40}, {TERM, TRUNC}),
+    "butterfly/knights_archers_zombies_v11": ({"max_cycles": 150}, {TERM, TRUNC}),
+    "classic/rps_v2": ({"max_cycles": 3}, {TRUNC}),
+    "classic/connect_four_v3": ({}, {TERM}),
+    "classic/tictactoe_v3": ({}, {TERM}),
+    **{f"lbf/{name}": _LBF for name in CATALOG_LBF},
+    **{f"rware/{name}": ({"max_steps": 10}, {TRUNC}) for name in CATALOG_RWARE},
+    "magent2/battle_v4": ({"max_cycles": 30}, {TRUNC}),
+    **{f"vmas/{name}": ({"max_steps": 5}, {TRUNC}) for name in CATALOG_VMAS},
+}
+
+
+def test_every_catalog_id_says_how_its_episodes_end():
+    assert sorted(EPISODES) == sorted(spec.id for spec in CATALOG)
+
+
+@pytest.mark.parametrize("spec", CATALOG, ids=lambda spec: spec.id)
+def test_catalog_env_runs_whole_episodes_with_auto_reset(spec):
+    """Two or more episodes per env copy under random actions, ending as the env ends them, each followed
+    by an auto-reset with live agents; an env asked for its state after it terminated would fail here."""
+    if not spec.installed:
+        pytest.skip(f"{spec.id}: missing {', '.join(spec.missing_modules)}")
+    kwargs, ends = EPISODES[spec.id]
+    overrides = [f"env.kwargs.{key}={yaml_value(value)}" for key, value in kwargs.items()]
+    config = load_config(
+        _experiments()[spec.id], ["vector=sync", "num_envs=2", "ppo.num_minibatches=1", *overrides]
+    )
+    venv = build_vector_env(config)
+    torch.manual_seed(0)
+    seen, episodes = set(), np.zeros(2, dtype=np.int64)
+    try:
+        arrays = venv.reset(0)
+        for _ in range(2000):
+            actions = random_actions(venv.spec, arrays, torch.device("cpu"))
+            arrays = venv.step(actions if venv.tensor_io else {k: a.numpy() for k, a in actions.items()})
+            over = np.asarray(venv.episode_over)
+            for i in np.flatnonzero(over):
+                flags = [
+                    (np.asarray(g.terminated[i]).any(), np.asarray(g.truncated[i]).any())
+                    for g in arrays.groups.values()
+                ]
+                assert any(term or trunc for term, trunc in flags), "an episode ended without a flag"
+                seen.update(
+                    kind
+                    for kind, on in ((TERM, any(t for t, _ in flags)), (TRUNC, any(u for _, u in flags)))
+                    if on
+                )
+                assert any(np.asarray(g.alive[i]).any() for g in arrays.groups.values())  # reset: live agents
+            episodes += over
+            if episodes.min() >= 2 and ends <= seen:
+                break
+    finally:
+        venv.close()
+    assert episodes.min() >= 2 and seen == ends, f"episodes per copy {episodes.tolist()}, ends seen {seen}"

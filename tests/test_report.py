@@ -139,9 +139,32 @@ def test_bad_report_input_is_one_line_and_exit_status_2(tmp_path, capsys, make, 
 
 def test_configs_written_by_an_older_version_get_todays_defaults():
     """A run whose config.yaml predates a key groups with runs that wrote the key's default."""
-    from marl_ppo.analysis.runlogs import _with_defaults
+    from marl_ppo.analysis.runlogs import with_defaults
 
-    filled = _with_defaults({"seed": 3, "env": {"id": "mpe2/simple_spread_v3"}})
+    filled = with_defaults({"seed": 3, "env": {"id": "mpe2/simple_spread_v3"}})
     assert filled["seed"] == 3 and filled["eval_every"] is None and filled["eval_episodes"] == 10
     foreign = {"seed": 3, "no_such_key": 1}
-    assert _with_defaults(foreign) is foreign
+    assert with_defaults(foreign) is foreign
+
+
+def test_a_report_over_duplicated_runs_counts_each_seed_once(tmp_path, capsys):
+    """A seed sweep and a grid sweep of the default value into one directory: each seed counted once."""
+    root = tmp_path / "runs" / "simple_spread"
+    for seed, final in enumerate((-30.0, -40.0)):
+        write_run(root / f"seed{seed}", [f"seed={seed}"], final, [-50.0, -40.0, final])
+        # the grid sweep's run of the default pi_lr: the same configuration and seed, the same returns
+        write_run(root / "ppo.pi_lr=0.0007" / f"seed{seed}", [f"seed={seed}"], final, [-50.0, -40.0, final])
+    out = tmp_path / "report"
+    assert main(["report", str(root), "--out", str(out), "--reps", "200"]) == 0
+    captured = capsys.readouterr()
+    assert "2 run(s) in 1 configuration(s)" in captured.out
+    assert (
+        "warning: 2 run(s) repeat the configuration and seed of another and are not counted" in captured.err
+    )
+    markdown = (out / "report.md").read_text()
+    assert "| ppo.pi_lr=0.0007 | 2 | 300 | -35.00 [-40.00, -30.00] |" in markdown  # the first found is kept
+    assert f"{root / 'seed0'} (seed 0), {root / 'seed1'} (seed 1)" in markdown.split("Not counted")[1]
+    rows = write_report([root], tmp_path / "again", reps=200).rows
+    final = rows[0].estimates["final_return"]
+    assert len(rows) == 1 and final.seeds == 2 and final.iqm == pytest.approx(-35.0)
+    assert len(rows[0].configuration.duplicates) == 2

@@ -9,7 +9,7 @@ import yaml
 from marl_ppo.analysis import sweep as sweep_module
 from marl_ppo.analysis.sweep import parse_grid, plan_sweep, split_values
 from marl_ppo.cli import main
-from marl_ppo.config import load_config
+from marl_ppo.config import config_to_dict, load_config
 
 TINY_MATRIX = {
     "env": {"id": "envs/matrix_game_v0"},
@@ -167,3 +167,66 @@ def test_default_jobs_divides_the_cores_by_what_one_run_keeps_busy(vector, monke
     monkeypatch.setattr(sweep_module, "usable_cores", lambda: 8)
     config = load_config(None, ["env.id=envs/matrix_game_v0", f"vector={vector}", "num_workers=2"])
     assert sweep_module.default_jobs(config) == (8 if vector == "sync" else 4)  # torch_threads: auto is 1
+
+
+def _fake_train_writing_config(experiment, run):
+    """A stand-in for `marl-ppo train` that writes config.yaml as a run does, and summary.json."""
+    script = (
+        "import json, sys, pathlib, yaml; from marl_ppo.config import config_to_dict, load_config; "
+        "d = pathlib.Path(sys.argv[-1]); d.mkdir(); "
+        "c = load_config(sys.argv[1], sys.argv[2:-1]); "
+        "(d / 'config.yaml').write_text(yaml.safe_dump(config_to_dict(c))); "
+        "(d / 'summary.json').write_text(json.dumps({'gamma': c.gamma}))"
+    )
+    return [sys.executable, "-c", script, str(experiment), *run.overrides, str(run.run_dir)]
+
+
+def test_a_changed_non_grid_value_never_reuses_a_finished_run_of_another_config(
+    experiment, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(sweep_module, "_command", _fake_train_writing_config)
+    monkeypatch.setattr(sweep_module, "_result_line", lambda run: "ok")
+    out = tmp_path / "runs"
+    assert main(["sweep", str(experiment), "--seeds", "2", "gamma=0.95", "--out", str(out)]) == 0
+    assert "2 finished, 0 skipped" in capsys.readouterr().out
+    summaries = {seed: (out / "matrix" / f"seed{seed}" / "summary.json").read_text() for seed in (0, 1)}
+    assert json.loads(summaries[0]) == {"gamma": 0.95}
+
+    # gamma=0.5 lands in the same directories (one value names no directory): refused, nothing touched
+    assert main(["sweep", str(experiment), "--seeds", "2", "gamma=0.5", "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert (
+        f"run directory '{out / 'matrix' / 'seed0'}' holds a finished run of another config "
+        "(gamma 0.95 there, 0.5 here); pass another --out, or remove the run to train it again"
+    ) in captured.err
+    for seed in (0, 1):
+        assert (out / "matrix" / f"seed{seed}" / "summary.json").read_text() == summaries[seed]
+
+    # a changed value in the experiment file itself is refused the same way
+    changed = yaml.safe_load(experiment.read_text())
+    changed["model"]["hidden_sizes"] = [16]
+    experiment.write_text(yaml.safe_dump(changed))
+    assert main(["sweep", str(experiment), "--seeds", "2", "gamma=0.95", "--out", str(out)]) == 2
+    assert "(model.hidden_sizes [8] there, [16] here)" in capsys.readouterr().err
+
+    # the same config as the finished runs (log.progress and an expected band aside) reuses them
+    changed["model"]["hidden_sizes"] = [8]
+    changed["expected"] = {"steps": 8, "seeds": 2, "team_return": [0.0, 20.0]}
+    experiment.write_text(yaml.safe_dump(changed))
+    assert main(["sweep", str(experiment), "--seeds", "3", "gamma=0.95", "--out", str(out)]) == 0
+    assert "1 finished, 2 skipped (already finished)" in capsys.readouterr().out
+
+
+def test_auto_choices_recorded_by_a_finished_run_match_the_auto_it_was_started_with():
+    planned = load_config(None, ["env.id=envs/matrix_game_v0", "policy_lag=1"])
+    recorded = config_to_dict(planned)
+    recorded.update(vector="sync", policy_lag=0, torch_threads=1)
+    recorded["model"]["precision"] = "fp32"
+    assert sweep_module.config_differences(planned, recorded) == []
+    recorded.update(seed=4, gamma=0.5)
+    assert sweep_module.config_differences(planned, recorded) == ["gamma", "seed"]
+    without_lag = load_config(None, ["env.id=envs/matrix_game_v0"])  # auto, policy_lag 0
+    recorded = config_to_dict(without_lag)
+    recorded.update(vector="workers", policy_lag=1)  # auto never turns lag on: that run was started otherwise
+    assert sweep_module.config_differences(without_lag, recorded) == ["policy_lag"]

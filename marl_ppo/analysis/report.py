@@ -1,7 +1,8 @@
 """`marl-ppo report`: returns per configuration across seeds, as a Markdown table and learning curves.
 
 Per run: the final training return, the final and the best evaluation return. Across a
-configuration's seeds: the interquartile mean (IQM) with a 95% stratified-bootstrap confidence
+configuration's seeds, each seed counted once (a run of the same configuration and seed as another,
+e.g. a sweep repeated into another directory, is listed as a duplicate and not counted): the interquartile mean (IQM) with a 95% stratified-bootstrap confidence
 interval, computed with rliable. Curves: the mean over seeds with a 95% bootstrap band over env
 steps, one PNG per experiment, one line per configuration.
 """
@@ -21,6 +22,7 @@ from marl_ppo.analysis.runlogs import (
     file_stem,
     find_run_dirs,
     group_configurations,
+    last_step,
     read_run,
 )
 from marl_ppo.analysis.stats import interval_estimates, iqm, rliable
@@ -90,10 +92,6 @@ def iqm_estimates(scores: dict[str, Sequence[float]], *, reps: int, seed: int) -
     }
 
 
-def _last_step(run: RunLog) -> int:
-    return max((int(steps[-1]) for steps, _ in run.series.values() if len(steps)), default=0)
-
-
 def summarize(configurations: Sequence[Configuration], *, reps: int, seed: int) -> list[ReportRow]:
     """One row per configuration: the IQM and CI across its seeds of each metric its runs logged."""
     per_run = [[run_metrics(run) for run in config.runs] for config in configurations]
@@ -104,7 +102,7 @@ def summarize(configurations: Sequence[Configuration], *, reps: int, seed: int) 
         for key, estimate in found.items():
             estimates[int(key)][metric] = estimate
     return [
-        ReportRow(config, min(_last_step(run) for run in config.runs), estimate)
+        ReportRow(config, min(last_step(run) for run in config.runs), estimate)
         for config, estimate in zip(configurations, estimates, strict=True)
     ]
 
@@ -148,6 +146,14 @@ def markdown_report(rows: Sequence[ReportRow], figures: dict[str, Path], *, reps
             f"- {row.configuration.label}: " + ", ".join(str(r.run_dir) for r in row.configuration.runs)
             for row in group
         ]
+        repeated = [row.configuration for row in group if row.configuration.duplicates]
+        if repeated:
+            lines += ["", "Not counted: runs of the same configuration and seed as a run above:", ""]
+            lines += [
+                f"- {config.label}: "
+                + ", ".join(f"{r.run_dir} (seed {r.config.get('seed')})" for r in config.duplicates)
+                for config in repeated
+            ]
     return "\n".join(lines) + "\n"
 
 

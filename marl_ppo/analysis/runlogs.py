@@ -48,6 +48,10 @@ class Configuration:
     label: str
     """The config keys that set it apart from the experiment's other configurations (`key=value, ...`)."""
     runs: tuple[RunLog, ...]
+    """One run per seed."""
+    duplicates: tuple[RunLog, ...] = ()
+    """Runs of the same configuration and seed as one of `runs` (a sweep repeated into another
+    directory): not counted, so that each seed is counted once."""
 
 
 def _is_run_dir(path: Path) -> bool:
@@ -72,7 +76,7 @@ def read_run(run_dir: Path) -> RunLog:
     """Read a run's config.yaml and every point of its return tags from its TensorBoard event files."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    config = _with_defaults(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
+    config = with_defaults(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
     events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})  # 0 keeps all
     events.Reload()
     tags = set(events.Tags()["scalars"])
@@ -87,7 +91,7 @@ def read_run(run_dir: Path) -> RunLog:
     return RunLog(run_dir, config, series)
 
 
-def _with_defaults(config: dict[str, Any]) -> dict[str, Any]:
+def with_defaults(config: dict[str, Any]) -> dict[str, Any]:
     """The config with today's defaults for keys an older marl_ppo did not write (as is when invalid)."""
     from marl_ppo.config import ConfigError, build_config, config_to_dict
 
@@ -97,11 +101,12 @@ def _with_defaults(config: dict[str, Any]) -> dict[str, Any]:
         return config
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
+def flatten_config(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """Dotted key -> the value as JSON (`{"ppo.pi_lr": "0.001", ...}`), for comparing configs key by key."""
     flat = {}
     for key, value in tree.items():
         if isinstance(value, dict) and value:
-            flat.update(_flatten(value, f"{prefix}{key}."))
+            flat.update(flatten_config(value, f"{prefix}{key}."))
         else:
             flat[prefix + key] = json.dumps(value, sort_keys=True)
     return flat
@@ -125,13 +130,34 @@ def group_configurations(runs: Sequence[RunLog]) -> list[Configuration]:
     configurations = []
     for experiment in dict.fromkeys(name for name, _ in groups):
         members = [group for (name, _), group in groups.items() if name == experiment]
-        flats = [_flatten({k: v for k, v in g[0].config.items() if k not in EXECUTION_KEYS}) for g in members]
+        flats = [
+            flatten_config({k: v for k, v in g[0].config.items() if k not in EXECUTION_KEYS}) for g in members
+        ]
         keys = sorted({key for flat in flats for key in flat})
         varying = [key for key in keys if len({flat.get(key) for flat in flats}) > 1]
         for group, flat in zip(members, flats, strict=True):
             label = ", ".join(f"{key}={_shown(flat.get(key))}" for key in varying)
-            configurations.append(Configuration(experiment, label or _common_name(group), tuple(group)))
+            kept, duplicates = _one_run_per_seed(group)
+            configurations.append(Configuration(experiment, label or _common_name(kept), kept, duplicates))
     return configurations
+
+
+def _one_run_per_seed(runs: Sequence[RunLog]) -> tuple[tuple[RunLog, ...], tuple[RunLog, ...]]:
+    """Per seed, the run that logged the most env steps (the first found among equals), and the others."""
+    by_seed: dict[Any, list[RunLog]] = {}
+    for run in runs:
+        by_seed.setdefault(run.config.get("seed"), []).append(run)
+    kept, duplicates = [], []
+    for same_seed in by_seed.values():
+        best = max(same_seed, key=last_step)  # max keeps the first of equals
+        kept.append(best)
+        duplicates.extend(run for run in same_seed if run is not best)
+    return tuple(kept), tuple(duplicates)
+
+
+def last_step(run: RunLog) -> int:
+    """The last env step at which the run logged a return."""
+    return max((int(steps[-1]) for steps, _ in run.series.values() if len(steps)), default=0)
 
 
 def _shown(value: str | None) -> str:

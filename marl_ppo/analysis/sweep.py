@@ -2,8 +2,11 @@
 
 Run directories are `<out>/<experiment>/<key=value,...>/seed<k>` (only keys with several values name
 a directory), each with its console output beside it in `seed<k>.log`. Every configuration is
-validated before the first process starts; runs that already finished (their directory holds
-`summary.json`) are skipped, so a sweep can be re-run after a failure.
+validated before the first process starts. A run whose directory already holds a finished run
+(`summary.json`) is skipped only when that run's resolved config (its `config.yaml`) is the one the
+sweep would start; a finished run of another config stops the sweep before any process starts,
+with one line naming the keys that differ, so a re-run after a failure reuses exactly its own runs
+and a changed setting never passes off another config's results as its own.
 """
 
 from __future__ import annotations
@@ -17,8 +20,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from marl_ppo.config import ConfigError, ExperimentConfig, load_config
+import yaml
+
+from marl_ppo.analysis.runlogs import flatten_config, with_defaults
+from marl_ppo.config import ConfigError, ExperimentConfig, config_to_dict, load_config
 from marl_ppo.envs.factory import usable_cores
 from marl_ppo.run.host import learner_threads
 
@@ -119,18 +126,72 @@ def plan_sweep(
             first = first or config
             run_dir = config_dir / f"seed{seed}" if varying else sweep_dir / f"seed{seed}"
             name = run_dir.relative_to(sweep_dir).as_posix()
-            runs.append(SweepRun(name, (*overrides, f"seed={seed}"), run_dir))
-    for run in [] if resume else runs:
-        if (
-            run.run_dir.exists()
-            and any(run.run_dir.iterdir())
-            and not (run.run_dir / "summary.json").exists()
-        ):
+            run = SweepRun(name, (*overrides, f"seed={seed}"), run_dir)
+            _check_reusable(run, config, resume=resume)
+            runs.append(run)
+    assert first is not None
+    return runs, first
+
+
+AUTO_KEYS = ("vector", "model.precision", "torch_threads")
+"""Keys whose `auto` a run settles when it starts; a finished run's recorded choice matches `auto`."""
+
+
+def config_differences(planned: ExperimentConfig, recorded: dict[str, Any]) -> list[str]:
+    """The dotted keys in which a finished run's config.yaml differs from the config the sweep would start."""
+    wanted = flatten_config(config_to_dict(planned))
+    found = flatten_config(with_defaults(recorded))
+    settled = {key for key in AUTO_KEYS if wanted.get(key) == '"auto"' and key in found}
+    if "vector" in settled and found["vector"] != '"workers"' and found.get("policy_lag") == "0":
+        settled.add("policy_lag")  # auto that picked sync runs, and records, policy_lag 0
+    return [
+        key
+        for key in sorted(set(wanted) | set(found))
+        if wanted.get(key) != found.get(key) and key not in settled and not _ignored(key)
+    ]
+
+
+def _ignored(key: str) -> bool:
+    """Keys a finished run may differ in and still be reused: the sweep sets `log.progress` itself, and
+    `expected` (the band `reproduce` checks) changes nothing that is trained."""
+    return key == "log.progress" or key == "expected" or key.startswith("expected.")
+
+
+def _check_reusable(run: SweepRun, config: ExperimentConfig, *, resume: bool = False) -> None:
+    """Refuse a run directory that holds a run of another config, or an unfinished run unless `resume`
+    (the executor continues it then)."""
+    if not run.run_dir.exists() or not any(run.run_dir.iterdir()):
+        return
+    saved = run.run_dir / "config.yaml"
+    finished = (run.run_dir / "summary.json").exists()
+    if not finished:
+        if not resume:
             raise SweepError(
                 f"run directory '{run.run_dir}' holds an unfinished run; remove it or pass another --out"
             )
-    assert first is not None
-    return runs, first
+        if not saved.exists():
+            return  # stopped before it wrote its config: the run starts afresh there
+    try:
+        recorded = yaml.safe_load(saved.read_text())
+    except (OSError, yaml.YAMLError):
+        recorded = None
+    if not isinstance(recorded, dict):
+        raise SweepError(
+            f"run directory '{run.run_dir}' holds a run without a readable config.yaml, so it "
+            "cannot be told apart from another config; remove it or pass another --out"
+        )
+    differences = config_differences(config, recorded)
+    if differences:
+        wanted, found = flatten_config(config_to_dict(config)), flatten_config(with_defaults(recorded))
+        shown = [
+            f"{key} {found.get(key, 'unset')} there, {wanted.get(key, 'unset')} here" for key in differences
+        ]
+        more = f" and {len(shown) - 3} more" if len(shown) > 3 else ""
+        raise SweepError(
+            f"run directory '{run.run_dir}' holds {'a finished' if finished else 'an unfinished'} run of another "
+            f"config ({'; '.join(shown[:3])}{more}); "
+            "pass another --out, or remove the run to train it again"
+        )
 
 
 def default_jobs(config: ExperimentConfig) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import warnings
 from typing import Any
 
 from marl_ppo.envs.registry import EnvError, register_env, register_prefix
@@ -73,6 +74,20 @@ def pettingzoo_parallel(name: str, **kwargs: Any) -> Any:
     return pettingzoo.make("parallel", name, **kwargs)
 
 
+def cooperative_pong(**kwargs: Any) -> Any:
+    """Butterfly's cooperative_pong, without the warning it gives on every reset and step of a run.
+
+    The env draws its pixel observations through `render()` whatever its render mode, and that call
+    warns, where no render mode is set, that none is: exactly that warning of that module is ignored.
+    """
+    warnings.filterwarnings(
+        "ignore",
+        message=".*You are calling render method without specifying any render mode",
+        module=r"pettingzoo\.butterfly\.cooperative_pong",
+    )
+    return pettingzoo_parallel("butterfly/cooperative_pong-v6", **kwargs)
+
+
 def pettingzoo_aec(name: str, **kwargs: Any) -> Any:
     """A PettingZoo AEC (turn-based) env from PettingZoo's own registry."""
     import pettingzoo
@@ -83,6 +98,9 @@ def pettingzoo_aec(name: str, **kwargs: Any) -> Any:
 def gymnasium_team(gym_id: str, package: str, **kwargs: Any) -> Any:
     """An env of a package that registers its ids with Gymnasium (LBF, RWARE), as a team."""
     importlib.import_module(package)  # registers its ids with gymnasium
+    # Gymnasium's passive checker tests the single-agent API and warns on these envs' per-agent reward
+    # lists, which GymnasiumTeamEnv reads as intended (and its adapter checks every step)
+    kwargs.setdefault("disable_env_checker", True)
     return gymnasium_id(gym_id, **kwargs)
 
 
@@ -128,7 +146,12 @@ def register_catalog() -> None:
     for name in MPE2_SCENARIOS:
         register_env(f"mpe2/{name}", f"mpe2.{name}:parallel_env", extra="mpe")
     for env_id, (name, extra, modules) in PETTINGZOO_PARALLEL.items():
-        register_env(env_id, functools.partial(pettingzoo_parallel, name), extra=extra, requires=modules)
+        factory = (
+            cooperative_pong
+            if env_id == "butterfly/cooperative_pong_v6"
+            else functools.partial(pettingzoo_parallel, name)
+        )
+        register_env(env_id, factory, extra=extra, requires=modules)
     for env_id, name in PETTINGZOO_AEC.items():
         factory = functools.partial(pettingzoo_aec, name)
         register_env(env_id, factory, extra="classic", requires=("pettingzoo", "pygame"))

@@ -19,6 +19,7 @@ from marl_ppo.config import ExperimentConfig, build_config, merge, parse_overrid
 from marl_ppo.envs.factory import build_vector_env, is_batched
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.eval.evaluate import EvalError, EvalResult, eval_config, eval_seed, run_episodes
+from marl_ppo.eval.versus import PolicyAct, VersusResult, play_vs_random
 from marl_ppo.eval.video import check_video_format, record_episode, render_env, write_video
 from marl_ppo.models.layers import resolve_device
 from marl_ppo.models.team import TeamModel
@@ -70,6 +71,8 @@ class EvalOutput:
     result: EvalResult
     eval_json: Path
     video: Path | None
+    versus: VersusResult | None = None
+    """The scores against random opponents, where the config's `eval_vs_random` asks for them."""
 
 
 def evaluate_checkpoint(
@@ -98,7 +101,7 @@ def evaluate_checkpoint(
         )
     recorded = render_env(config) if render is not None else None  # an env that cannot render stops here
     try:
-        result, frames, fps = _play(payload, config, device, recorded, episodes, seed, deterministic)
+        result, versus, frames, fps = _play(payload, config, device, recorded, episodes, seed, deterministic)
     finally:
         if recorded is not None:
             recorded.close()
@@ -114,11 +117,12 @@ def evaluate_checkpoint(
         "env": {"id": config.env.id, "kwargs": config.env.kwargs},
         "overrides": list(overrides),
         **result.to_dict(),
+        "vs_random": versus.to_dict() if versus is not None else None,
         "video": video.name if video is not None else None,
     }
     eval_json = out_dir / "eval.json"
     eval_json.write_text(json.dumps(summary, indent=2) + "\n")
-    return EvalOutput(result, eval_json, video)
+    return EvalOutput(result, eval_json, video, versus)
 
 
 def _play(
@@ -129,16 +133,22 @@ def _play(
     episodes: int,
     seed: int,
     deterministic: bool,
-) -> tuple[EvalResult, list[np.ndarray], float]:
-    """The evaluation episodes, then, given an env to record (`render_env`), one more episode's frames and fps."""
+) -> tuple[EvalResult, VersusResult | None, list[np.ndarray], float]:
+    """The evaluation episodes (and those against random opponents, where configured), then, given an env to record (`render_env`), one more episode's frames and fps."""
     venv = build_vector_env(eval_config(config, episodes), device)
     try:
         spec = venv.spec
         model = load_policy(payload, spec, config, device)
         result = run_episodes(venv, model, device, episodes=episodes, seed=seed, deterministic=deterministic)
+        versus = None
+        if config.eval_vs_random is not None:
+            act = PolicyAct(model, venv.num_envs, device, deterministic=deterministic)
+            versus = play_vs_random(
+                venv, act, device, mode=config.eval_vs_random, episodes_per_side=episodes, seed=seed
+            )
     finally:
         venv.close()
     if recorded is None:
-        return result, [], 0.0
+        return result, versus, [], 0.0
     frames, fps = record_episode(recorded, spec, model, device, seed=seed, deterministic=deterministic)
-    return result, frames, fps
+    return result, versus, frames, fps

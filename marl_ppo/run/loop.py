@@ -20,6 +20,7 @@ from marl_ppo.config import ExperimentConfig, config_to_dict
 from marl_ppo.envs.factory import build_vector_env, resolve_vector
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.eval.evaluate import PeriodicEvaluation, eval_config
+from marl_ppo.eval.versus import periodic_evaluation
 from marl_ppo.fast.allocator import keep_freed_memory
 from marl_ppo.faults import WorkersLost
 from marl_ppo.models.layers import resolve_device, resolve_precision
@@ -85,7 +86,7 @@ def train(
         trainer = Trainer(model, config.ppo, generator=generator, optimizer=config.fast.optimizer)
         if config.eval_every:  # deterministic episodes on env copies of their own, logged under eval/
             eval_venv = build_vector_env(eval_config(config, config.eval_episodes), device)
-            evaluation = PeriodicEvaluation(config, eval_venv, model, device)
+            evaluation = periodic_evaluation(config, eval_venv, model, device)
         logger = _make_logger(config, run_dir, spec, None if saved is None else saved["env_steps"])
         try:
             run = _Run(config, run_dir, model, trainer, collector, logger, evaluation, on_update)

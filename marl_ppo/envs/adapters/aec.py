@@ -53,8 +53,13 @@ class TurnBasedAdapter(ParallelEnvAdapter):
             arrays = out.groups[group.name]
             arrays.terminated[i] = bool(self.env.terminations[agent])
             arrays.truncated[i] = bool(self.env.truncations[agent]) and not arrays.terminated[i]
-        self._observe_all(out, "final_obs")
-        self._write_state(out.final_state, out, "final_obs")
+        ended = all(self._done(agent) for agent in self.env.agents)
+        if ended and not any(arrays.truncated.any() for arrays in out.groups.values()):
+            out.final_state.fill(0.0)  # a game over by termination: no bootstrap reads these, so the
+            # finished env is not asked for observations or its state
+        else:
+            self._observe_all(out, "final_obs")
+            self._write_state(out.final_state, out, "final_obs")
         while self.env.agents and self._done(self.env.agent_selection):
             self._call("step", self.env.step, None)  # finished agents leave through a None step
         live = set(self.env.agents)

@@ -112,6 +112,12 @@ class ParallelEnvAdapter(ContractChecks):
         over = not any(arrays.alive.any() for arrays in out.groups.values())
         if silent or self._left_at:
             self._check_leavers(silent, live, over)
+        if over and self.spec.state_from_env and not any(a.truncated.any() for a in out.groups.values()):
+            # ended by termination: no bootstrap reads the final state, and an env may have freed what
+            # state() reads (multiwalker destroys a fallen walker's body), so state() is not called
+            out.final_state.fill(0.0)
+            out.state.fill(0.0)
+            return over
         self._write_state(out.final_state, out, "final_obs")
         if self.spec.state_from_env:
             out.state[...] = out.final_state

@@ -1,0 +1,82 @@
+"""`marl-ppo reproduce`: train an experiment's seeds through the sweep runner, check the band it promises.
+
+The experiment file's `expected: {steps: N, seeds: K, team_return: [low, high]}` says what its
+result is: the interquartile mean over seeds 0..K-1 of the final team return (each run's mean over
+its last `log.return_window` training episodes, as `summary.json` and `report` give it) after N env
+steps lies in [low, high]. Runs go to `<out>/<experiment>/seed<k>` as sweep runs do, so finished
+runs of the same config are reused and runs of another config are refused.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from marl_ppo.analysis.report import Estimate, iqm_estimates
+from marl_ppo.analysis.stats import rliable
+from marl_ppo.analysis.sweep import SweepError, SweepOutcome, default_jobs, plan_sweep, run_sweep
+from marl_ppo.config import load_config
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    """The measured figure beside the band the experiment file promises."""
+
+    name: str
+    steps: int
+    band: tuple[float, float]
+    returns: tuple[float, ...]
+    """Each seed's final team return, seed 0 first."""
+    estimate: Estimate
+
+    @property
+    def inside(self) -> bool:
+        """Whether the IQM over seeds lies in the band (bounds included)."""
+        return self.band[0] <= self.estimate.iqm <= self.band[1]
+
+    def line(self) -> str:
+        """One line: the figure with its 95% CI, the band, and the verdict."""
+        e, (low, high) = self.estimate, self.band
+        ci = f" [95% CI {e.low:.2f}, {e.high:.2f}]" if e.seeds > 1 else ""
+        return (
+            f"reproduce {self.name}: team return IQM {e.iqm:.2f}{ci} over {e.seeds} seed(s) at "
+            f"{self.steps:,} env steps; expected [{low:.2f}, {high:.2f}]: {'inside' if self.inside else 'OUTSIDE'}"
+        )
+
+
+def reproduce(
+    experiment: Path,
+    *,
+    seeds: int | None = None,
+    jobs: int | None = None,
+    out: Path = Path("runs/reproduce"),
+    echo: Callable[[str], None] = print,
+) -> tuple[Reproduction | None, SweepOutcome]:
+    """Train the seeds the experiment's `expected:` block names (or `seeds`), then measure them against it.
+
+    Returns no Reproduction when a run failed (the outcome names it and its log).
+    """
+    expected = load_config(experiment).expected
+    if expected is None:
+        raise SweepError(
+            f"experiment file '{experiment}' has no expected: block; add one, e.g. "
+            "expected: {steps: 1_000_000, seeds: 3, team_return: [-36, -29]}"
+        )
+    rliable()  # a missing extra fails before hours of training
+    runs, config = plan_sweep(
+        experiment, {"total_steps": [str(expected.steps)]}, seeds or expected.seeds, out
+    )
+    jobs = jobs if jobs is not None else min(default_jobs(config), len(runs))
+    echo(
+        f"reproduce {experiment.stem}: {len(runs)} seed(s) of {expected.steps:,} env steps, {jobs} at a time, in {out / experiment.stem}"
+    )
+    outcome = run_sweep(experiment, runs, jobs, echo)
+    if outcome.failed:
+        return None, outcome
+    returns = tuple(
+        float(json.loads((run.run_dir / "summary.json").read_text())["team_return_mean"]) for run in runs
+    )
+    estimate = iqm_estimates({"seeds": returns}, reps=2000, seed=0)["seeds"]
+    return Reproduction(experiment.stem, expected.steps, expected.team_return, returns, estimate), outcome

@@ -1,0 +1,257 @@
+"""Scores against a uniformly random opponent: a game's win, draw and loss rates, or each team's return.
+
+A zero-sum game's team return summed over its seats is always 0, so self-play shows no progress in
+it. Here the policy plays one side of each episode and a random policy (uniform over the allowed
+actions) plays every other agent. Sides (`eval_vs_random`): `seats`, every agent is a side (classic
+games); `teams`, agents are sides by their names without the trailing number (`adversary_0` and
+`adversary_1` are the team `adversary`). Each side is played for the same number of episodes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from marl_ppo.config import ExperimentConfig
+from marl_ppo.envs.spec import GroupSpec, TeamArrays, TeamSpec
+from marl_ppo.envs.vector.base import VectorEnv
+from marl_ppo.eval.evaluate import (
+    MAX_EPISODE_STEPS,
+    EvalError,
+    PeriodicEvaluation,
+    _global_rng_untouched,
+    _numpy,
+    _tensor,
+    mean_ci95,
+    policy_actions,
+)
+from marl_ppo.models.team import TeamModel
+from marl_ppo.rollout.memory import make_memory
+
+Act = Callable[[TeamArrays], dict[str, torch.Tensor]]
+"""Per-group actions for the arrays' observations. An act that also has `advance(arrays, episode_over)`
+(a recurrent policy's `PolicyAct`) is told each step's outcome."""
+
+
+class PolicyAct:
+    """The model's actions, with a recurrent policy's states carried from step to step (fresh per copy)."""
+
+    def __init__(self, model: TeamModel, copies: int, device: torch.device, *, deterministic: bool) -> None:
+        self.model, self.device, self.deterministic = model, device, deterministic
+        self.memory = make_memory(model, copies, device)
+
+    def __call__(self, arrays: TeamArrays) -> dict[str, torch.Tensor]:
+        return policy_actions(
+            self.model, arrays, self.device, deterministic=self.deterministic, memory=self.memory
+        )
+
+    def advance(self, arrays: TeamArrays, episode_over: np.ndarray | torch.Tensor) -> None:
+        if self.memory is not None:
+            self.memory.advance(arrays, episode_over)
+
+
+"""Per-group actions `(E, A_g, ...)` of the policy being scored, for the arrays' observations."""
+
+
+def sides_of(spec: TeamSpec, mode: str) -> dict[str, tuple[str, ...]]:
+    """The sides the policy plays in turn: each agent (`seats`) or agents by name without its number (`teams`)."""
+    if mode not in ("seats", "teams"):
+        raise EvalError(f"eval_vs_random '{mode}' is not a scoring mode; use seats or teams")
+    sides: dict[str, list[str]] = {}
+    for agent in spec.agents:
+        sides.setdefault(agent if mode == "seats" else re.sub(r"_?\d+$", "", agent) or agent, []).append(
+            agent
+        )
+    if len(sides) < 2:
+        raise EvalError(
+            f"eval_vs_random: {mode} needs two or more sides, but env '{spec.env_id}' has agents "
+            f"{list(spec.agents)} ({'one team' if mode == 'teams' else 'one seat'}); use the other mode or null"
+        )
+    return {name: tuple(agents) for name, agents in sides.items()}
+
+
+def random_actions(spec: TeamSpec, arrays: TeamArrays, device: torch.device) -> dict[str, torch.Tensor]:
+    """Per group, an action for every agent drawn uniformly among its allowed ones (Box: uniform in its bounds)."""
+    return {
+        group.name: _random_group(group, _tensor(arrays.groups[group.name].action_mask, device), device)
+        for group in spec.groups
+    }
+
+
+def _uniform_index(mask: torch.Tensor) -> torch.Tensor:
+    """One index per row of a `(..., n)` boolean mask, uniform over its True entries (all, where none is)."""
+    weights = mask.float()
+    weights = torch.where(weights.sum(-1, keepdim=True) > 0, weights, torch.ones_like(weights))
+    flat = torch.multinomial(weights.reshape(-1, weights.shape[-1]), 1)
+    return flat.reshape(mask.shape[:-1])
+
+
+def _random_group(group: GroupSpec, mask: torch.Tensor, device: torch.device) -> torch.Tensor:
+    space, lead = group.action_space, mask.shape[:-1]
+    if isinstance(space, gym.spaces.Discrete):
+        full = mask if group.mask_dim else torch.ones((*lead, int(space.n)), dtype=torch.bool, device=device)
+        return _uniform_index(full)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        sizes = [int(n) for n in space.nvec.reshape(-1)]
+        if not group.mask_dim:
+            mask = torch.ones((*lead, sum(sizes)), dtype=torch.bool, device=device)
+        return torch.stack([_uniform_index(part) for part in torch.split(mask, sizes, dim=-1)], -1)
+    low = torch.as_tensor(np.clip(space.low, -1.0, 1.0).reshape(-1), device=device)  # unbounded: [-1, 1]
+    high = torch.as_tensor(np.clip(space.high, -1.0, 1.0).reshape(-1), device=device)
+    return (low + (high - low) * torch.rand((*lead, low.numel()), device=device)).float()
+
+
+@dataclass(frozen=True)
+class VersusResult:
+    """Episodes of the policy playing one side against random others, in a fixed order."""
+
+    mode: str
+    sides: dict[str, tuple[str, ...]]
+    agents: tuple[str, ...]
+    played: np.ndarray
+    """`(N,)`: the index (in `sides`) of the side the policy played in each episode."""
+    agent_returns: np.ndarray
+    """`(N, num_agents)`: each agent's return in each episode."""
+
+    def side_returns(self) -> np.ndarray:
+        """`(N, sides)`: each side's return (the sum over its agents) in each episode."""
+        columns = [[self.agents.index(a) for a in agents] for agents in self.sides.values()]
+        return np.stack([self.agent_returns[:, c].sum(axis=1) for c in columns], axis=1)
+
+    def outcomes(self) -> np.ndarray:
+        """`(N,)`: 1 a win (the policy's side above every other), 0 a draw (tied at the top), -1 a loss."""
+        returns = self.side_returns()
+        own = returns[np.arange(len(self.played)), self.played]
+        others = np.where(np.eye(len(self.sides), dtype=bool)[self.played], -np.inf, returns).max(axis=1)
+        return np.sign(own - others).astype(np.int64)
+
+    def scalars(self) -> dict[str, float]:
+        """TensorBoard tags under `eval/vs_random/`: rates of a game, or each team's return and its opponents'."""
+        prefix, names = "eval/vs_random", list(self.sides)
+        returns = self.side_returns()
+        if self.mode == "seats":
+            outcomes = self.outcomes()
+            scalars = {f"{prefix}/{k}_rate": float((outcomes == v).mean()) for k, v in RATES}
+            for i, seat in enumerate(names):
+                scalars[f"{prefix}/{seat}/win_rate"] = float((outcomes[self.played == i] == 1).mean())
+            return scalars
+        scalars = {}
+        for i, team in enumerate(names):
+            mine = self.played == i
+            scalars[f"{prefix}/{team}/team_return"] = float(returns[mine, i].mean())
+            scalars[f"{prefix}/{team}/opponent_return"] = float(
+                np.delete(returns[mine], i, axis=1).sum(1).mean()
+            )
+        return scalars
+
+    def to_dict(self) -> dict[str, Any]:
+        """For eval.json: the mode, sides, the scores with 95% CIs, and every episode's values."""
+        names, returns = list(self.sides), self.side_returns()
+        summary: dict[str, Any] = {"mode": self.mode, "sides": {k: list(v) for k, v in self.sides.items()}}
+        summary.update({key.removeprefix("eval/vs_random/"): value for key, value in self.scalars().items()})
+        summary["return_of_the_side_played"] = {
+            name: mean_ci95(returns[self.played == i, i]) for i, name in enumerate(names)
+        }
+        summary["per_episode"] = {
+            "side_played": [names[i] for i in self.played],
+            "side_returns": returns.tolist(),
+            **({"outcome": self.outcomes().tolist()} if self.mode == "seats" else {}),
+        }
+        return summary
+
+
+RATES = (("win", 1), ("draw", 0), ("loss", -1))
+
+
+def play_vs_random(
+    venv: VectorEnv, act: Act, device: torch.device, *, mode: str, episodes_per_side: int, seed: int
+) -> VersusResult:
+    """Play every side for `episodes_per_side` episodes with `act`, the other agents acting at random."""
+    spec, copies = venv.spec, venv.num_envs
+    sides = sides_of(spec, mode)
+    total = episodes_per_side * len(sides)
+    schedule = [[k // episodes_per_side for k in range(i, total, copies)] for i in range(copies)]
+    members = {
+        group.name: torch.tensor(
+            [[agent in agents for agent in group.agents] for agents in sides.values()], device=device
+        )
+        for group in spec.groups
+    }  # per group, (sides, A_g): whether each of its agents is on each side
+    columns = {g.name: [spec.agents.index(a) for a in g.agents] for g in spec.groups}
+    returns = np.zeros((copies, spec.num_agents))
+    lengths = np.zeros(copies, dtype=np.int64)
+    done = np.zeros(copies, dtype=np.int64)
+    played: list[int] = []
+    kept: list[np.ndarray] = []
+    with _global_rng_untouched(device):
+        torch.manual_seed(seed)
+        arrays = venv.reset(seed)
+        while any(done[i] < len(schedule[i]) for i in range(copies)):
+            side = torch.tensor(
+                [s[min(d, len(s) - 1)] if s else 0 for s, d in zip(schedule, done, strict=True)]
+            )
+            policy, noise = act(arrays), random_actions(spec, arrays, device)
+            actions = {}
+            for name, chosen in policy.items():
+                mine = members[name][side.to(device)]  # (E, A_g)
+                mine = mine.reshape(*mine.shape, *([1] * (chosen.dim() - 2)))
+                actions[name] = torch.where(mine, chosen, noise[name].to(chosen.dtype))
+            arrays = venv.step(
+                actions if venv.tensor_io else {n: a.cpu().numpy() for n, a in actions.items()}
+            )
+            if hasattr(act, "advance"):
+                act.advance(arrays, venv.episode_over)
+            for name, group in arrays.groups.items():
+                returns[:, columns[name]] += _numpy(group.reward)
+            lengths += 1
+            for i in np.flatnonzero(_numpy(venv.episode_over)):
+                if done[i] < len(schedule[i]):
+                    played.append(schedule[i][done[i]])
+                    kept.append(returns[i].copy())
+                done[i] += 1
+                returns[i], lengths[i] = 0.0, 0
+            if lengths.max() >= MAX_EPISODE_STEPS:
+                raise EvalError(
+                    f"env '{spec.env_id}' ran {MAX_EPISODE_STEPS} steps without ending an episode"
+                )
+    order = np.argsort(played, kind="stable")  # side by side, each side's episodes in the order played
+    return VersusResult(mode, sides, tuple(spec.agents), np.array(played)[order], np.stack(kept)[order])
+
+
+class PeriodicEvaluationVsRandom(PeriodicEvaluation):
+    """The periodic evaluation, and at each of its evaluations the policy's scores against random opponents."""
+
+    def __init__(
+        self, config: ExperimentConfig, venv: VectorEnv, model: TeamModel, device: torch.device
+    ) -> None:
+        super().__init__(config, venv, model, device)
+        if config.eval_vs_random is None:
+            raise ValueError("PeriodicEvaluationVsRandom needs eval_vs_random: seats or teams")
+        self.mode = config.eval_vs_random
+        sides_of(venv.spec, self.mode)  # fewer than two sides stops the run before its first update
+
+    def after_update(self, env_steps: int, *, final: bool) -> dict[str, float]:
+        """The periodic evaluation's tags, with `eval/vs_random/...` whenever it evaluated."""
+        scalars = super().after_update(env_steps, final=final)
+        if not scalars:
+            return scalars
+        act = PolicyAct(self.model, self.venv.num_envs, self.device, deterministic=True)
+        versus = play_vs_random(
+            self.venv, act, self.device, mode=self.mode, episodes_per_side=self.episodes, seed=self.seed
+        )
+        return {**scalars, **versus.scalars()}
+
+
+def periodic_evaluation(
+    config: ExperimentConfig, venv: VectorEnv, model: TeamModel, device: torch.device
+) -> PeriodicEvaluation:
+    """The periodic evaluation the config asks for: with scores against random opponents where `eval_vs_random` is set."""
+    if config.eval_vs_random is None:
+        return PeriodicEvaluation(config, venv, model, device)
+    return PeriodicEvaluationVsRandom(config, venv, model, device)

@@ -1,0 +1,88 @@
+"""`marl-ppo reproduce`: the seeds' IQM against the experiment file's expected band, exit 1 outside."""
+
+import pytest
+import yaml
+from conftest import ROOT
+
+from marl_ppo.cli import main
+
+pytest.importorskip("rliable")
+
+TINY_MATRIX = {
+    "env": {"id": "envs/matrix_game_v0"},
+    "num_envs": 2,
+    "rollout_steps": 4,
+    "total_steps": 1000,
+    "ppo": {"num_minibatches": 1, "train_pi_iters": 1, "train_vf_iters": 1},
+    "model": {"hidden_sizes": [8]},
+}
+
+
+def _experiment(tmp_path, band):
+    path = tmp_path / "matrix.yaml"
+    path.write_text(
+        yaml.safe_dump({**TINY_MATRIX, "expected": {"steps": 8, "seeds": 1, "team_return": band}})
+    )
+    return path
+
+
+def test_a_band_out_of_reach_exits_1_with_the_figure_against_the_band(tmp_path, capsys):
+    out = tmp_path / "runs"
+    experiment = _experiment(tmp_path, [1000.0, 2000.0])  # the matrix game pays at most 20
+    assert main(["reproduce", str(experiment), "--out", str(out)]) == 1
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("reproduce matrix: team return IQM ")
+    assert last.endswith(" over 1 seed(s) at 8 env steps; expected [1000.00, 2000.00]: OUTSIDE")
+    figure = float(last.split("IQM ")[1].split(" ")[0])
+    assert -20.0 <= figure <= 20.0
+    assert yaml.safe_load((out / "matrix" / "seed0" / "config.yaml").read_text())["total_steps"] == 8
+
+    # a band around the figure passes, reusing the finished run (the band changes nothing trained)
+    _experiment(tmp_path, [figure - 0.01, figure + 0.01])
+    assert main(["reproduce", str(experiment), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "0 finished, 1 skipped" not in printed and "[1/" not in printed  # nothing was trained again
+    assert printed.strip().splitlines()[-1].endswith(": inside")
+
+
+def test_reproduce_without_an_expected_block_is_one_line_and_exit_2(tmp_path, capsys):
+    path = tmp_path / "plain.yaml"
+    path.write_text(yaml.safe_dump(TINY_MATRIX))
+    assert main(["reproduce", str(path), "--out", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert "has no expected: block; add one, e.g. expected: {steps:" in err and err.count("\n") == 1
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("band", "message"),
+    [
+        ("[3, 2]", "config key 'expected.team_return' must be [low, high] with finite low <= high"),
+        ("[1]", "config key 'expected.team_return'"),
+    ],
+)
+def test_a_bad_expected_block_is_a_config_error(tmp_path, capsys, band, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(TINY_MATRIX) + f"expected: {{steps: 8, seeds: 1, team_return: {band}}}\n")
+    assert main(["train", str(path), "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_every_expected_block_in_the_experiments_is_valid():
+    from marl_ppo.config import load_config
+
+    found = [
+        path for path in sorted((ROOT / "experiments").rglob("*.yaml")) if "expected:" in path.read_text()
+    ]
+    assert len(found) >= 4
+    for path in found:
+        expected = load_config(path).expected
+        assert expected is not None and expected.team_return[0] <= expected.team_return[1], path
+
+
+@pytest.mark.slow
+def test_the_matrix_game_reproduces_its_band(tmp_path, capsys):
+    experiment = ROOT / "experiments/examples/matrix_game_v0.yaml"
+    assert main(["reproduce", str(experiment), "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].endswith("expected [19.00, 20.00]: inside")
