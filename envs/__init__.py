@@ -13,3 +13,5 @@ def register() -> None:
     register_env("envs/mixed_actions_v0", "marl_ppo_examples.mixed_actions:parallel_env")
     register_env("envs/masked_guess_v0", "marl_ppo_examples.masked_guess:parallel_env")
     register_env("envs/matrix_game_v0", "marl_ppo_examples.matrix_game:parallel_env")
+    register_env("envs/pixel_signal_v0", "marl_ppo_examples.pixel_signal:parallel_env")
+    register_env("envs/pixel_compass_v0", "marl_ppo_examples.pixel_compass:parallel_env")

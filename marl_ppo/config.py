@@ -61,8 +61,10 @@ class EnvConfig:
     state: Literal["auto", "env", "concat"] = "auto"
     """Global state for the critic: `env` calls env.state(), `concat` concatenates all observations,
     `auto` uses env.state() when the env declares a state_space."""
-    image_pool: PositiveInt = 1
-    """Average-pool (H, W, C) image observations and states over k x k pixel blocks (uint8 scaled to [0, 1])."""
+    image_pool: PositiveInt | Literal["auto"] = "auto"
+    """Average-pool image observations and states (Boxes of rank 3, HWC or CHW) over k x k pixel blocks;
+    `auto` picks the smallest k that brings every image observation's longer side to at most 64 pixels
+    (1 without images). For a CNN (model.encoder) uint8 frames stay uint8; for an MLP they become floats in [0, 1]."""
     skip_check_wrappers: bool = True
     """Step an AEC-converted env without PettingZoo's OrderEnforcing/AssertOutOfBounds wrappers, which
     only assert what the adapter already guarantees, and without the observations the parallel
@@ -88,6 +90,28 @@ class ModelConfig:
     state, action distributions and losses stay float32. Pays off with large batches on CPUs with
     AVX512-BF16 or AMX and on GPUs with bfloat16 tensor cores; elsewhere it is slower. `auto` picks
     `bf16` on such hardware, else `fp32` (the choice is written to the run's config.yaml)."""
+    encoder: Literal["auto", "mlp", "cnn"] = "auto"
+    """What reads an image observation or state (a Box of rank 3, HWC or CHW; also an image inside a
+    Dict observation, whose other keys join as vectors) before the MLP: `auto` and `cnn`, a CNN per
+    image input (its own for the critic's state), its uint8 frames stored as uint8 and scaled to
+    [0, 1] inside the model; `mlp`, the image flattened into the MLP's input. `cnn` refuses an env
+    without images; envs without images are unchanged by `auto`."""
+    cnn_channels: tuple[PositiveInt, ...] = (16, 32, 32)
+    """Output channels of the CNN's convolutions, one per layer (ReLU after each)."""
+    cnn_kernels: tuple[PositiveInt, ...] = (8, 4, 3)
+    """Kernel size of each convolution (padded by half the kernel, so small frames keep a pixel)."""
+    cnn_strides: tuple[PositiveInt, ...] = (4, 2, 1)
+    """Stride of each convolution."""
+    cnn_features: PositiveInt = 128
+    """Width of the linear layer (ReLU) after the convolutions: each image's feature vector for the MLP."""
+
+    def __post_init__(self) -> None:
+        layers = {len(self.cnn_channels), len(self.cnn_kernels), len(self.cnn_strides)}
+        if len(layers) != 1:
+            raise ValueError(
+                f"model.cnn_channels, model.cnn_kernels and model.cnn_strides give {len(self.cnn_channels)}, "
+                f"{len(self.cnn_kernels)} and {len(self.cnn_strides)} layers; give each one value per layer"
+            )
 
 
 @dataclass(frozen=True, config=_STRICT)

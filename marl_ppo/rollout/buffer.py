@@ -18,7 +18,7 @@ class BufferFull(RuntimeError):
 
 ArrayLike = torch.Tensor | np.ndarray
 
-_DTYPES = {"float32": torch.float32, "int64": torch.int64}
+_DTYPES = {"float32": torch.float32, "int64": torch.int64, "uint8": torch.uint8}
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class GroupStorage:
             return torch.zeros(lead + tail, dtype=dtype, device=device)
 
         return cls(
-            obs=zeros(group.obs_dim),
+            obs=zeros(group.obs_dim, dtype=_DTYPES[group.obs_dtype.name]),
             actions=zeros(*group.action_shape, dtype=_DTYPES[group.action_dtype.name]),
             logp=zeros(),
             values=zeros(),
@@ -93,7 +93,9 @@ class RolloutBuffer:
         self.num_envs = num_envs
         self.device = torch.device(device)
         self.groups = {g.name: GroupStorage.allocate(g, steps, num_envs, self.device) for g in spec.groups}
-        self.state = torch.zeros((steps, num_envs, spec.state_dim), device=self.device)
+        self.state = torch.zeros(
+            (steps, num_envs, spec.state_dim), dtype=_DTYPES[spec.state_dtype.name], device=self.device
+        )
         self.pos = 0
 
     @property
