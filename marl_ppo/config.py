@@ -271,6 +271,9 @@ class ExperimentConfig:
     torch_threads: PositiveInt | Literal["auto"] = "auto"
     """torch.set_num_threads for the learner; `auto`: every core with a batched simulator (VMAS), else 1
     (the small networks gain nothing from more, and threads contending with busy cores slow them down)."""
+    memory_check: bool = True
+    """Before allocating, estimate the memory the run holds (rollout buffer, networks and optimizer
+    state, the update's copies) and stop (exit 2) when it exceeds the memory available; false runs anyway."""
     eval_every: Annotated[int, Field(ge=0)] | None = None
     """Evaluate the policy deterministically every this many env steps (at the first update that reaches
     each multiple, and at the end), logged under `eval/`; 0 or null disables."""
