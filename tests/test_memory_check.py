@@ -74,3 +74,14 @@ def test_memory_check_false_runs_anyway_and_the_summary_logs_the_estimate(tmp_pa
     expected = memory.estimate_memory(team_spec(config), config).total / 2**20
     assert summary["memory_estimate_mb"] == pytest.approx(expected)
     assert summary["peak_rss_mb"] > 0
+
+
+def test_pistonball_without_an_experiment_file_is_estimated_under_2_gb():
+    pytest.importorskip("pymunk")
+    pistons = ["env.id=butterfly/pistonball_v6", "num_envs=2", "vector=sync"]
+    config = load_config(None, pistons)
+    estimate = memory.estimate_memory(team_spec(config), config)
+    assert estimate.total < 2 * 2**30
+    # the flat-vector networks of full frames that the CNN and pooling replace: over 10 GB
+    flat = load_config(None, [*pistons, "model.encoder=mlp", "env.image_pool=1"])
+    assert memory.estimate_memory(team_spec(flat), flat).total > 10 * 2**30
