@@ -14,3 +14,5 @@ def register() -> None:
     register_env("envs/masked_guess_v0", "marl_ppo_examples.masked_guess:parallel_env")
     register_env("envs/matrix_game_v0", "marl_ppo_examples.matrix_game:parallel_env")
     register_env("envs/cue_recall_v0", "marl_ppo_examples.cue_recall:parallel_env")
+    register_env("envs/pixel_signal_v0", "marl_ppo_examples.pixel_signal:parallel_env")
+    register_env("envs/pixel_compass_v0", "marl_ppo_examples.pixel_compass:parallel_env")

@@ -61,8 +61,10 @@ class EnvConfig:
     state: Literal["auto", "env", "concat"] = "auto"
     """Global state for the critic: `env` calls env.state(), `concat` concatenates all observations,
     `auto` uses env.state() when the env declares a state_space."""
-    image_pool: PositiveInt = 1
-    """Average-pool (H, W, C) image observations and states over k x k pixel blocks (uint8 scaled to [0, 1])."""
+    image_pool: PositiveInt | Literal["auto"] = "auto"
+    """Average-pool image observations and states (Boxes of rank 3, HWC or CHW) over k x k pixel blocks;
+    `auto` picks the smallest k that brings every image observation's longer side to at most 64 pixels
+    (1 without images). For a CNN (model.encoder) uint8 frames stay uint8; for an MLP they become floats in [0, 1]."""
     skip_check_wrappers: bool = True
     """Step an AEC-converted env without PettingZoo's OrderEnforcing/AssertOutOfBounds wrappers, which
     only assert what the adapter already guarantees, and without the observations the parallel
@@ -97,6 +99,21 @@ class ModelConfig:
     recurrent_critic: bool | None = None
     """Whether the critic is recurrent too; null: true when `recurrent` is set."""
 
+    encoder: Literal["auto", "mlp", "cnn"] = "auto"
+    """What reads an image observation or state (a Box of rank 3, HWC or CHW; also an image inside a
+    Dict observation, whose other keys join as vectors) before the MLP: `auto` and `cnn`, a CNN per
+    image input (its own for the critic's state), its uint8 frames stored as uint8 and scaled to
+    [0, 1] inside the model; `mlp`, the image flattened into the MLP's input. `cnn` refuses an env
+    without images; envs without images are unchanged by `auto`."""
+    cnn_channels: tuple[PositiveInt, ...] = (16, 32, 32)
+    """Output channels of the CNN's convolutions, one per layer (ReLU after each)."""
+    cnn_kernels: tuple[PositiveInt, ...] = (8, 4, 3)
+    """Kernel size of each convolution (padded by half the kernel, so small frames keep a pixel)."""
+    cnn_strides: tuple[PositiveInt, ...] = (4, 2, 1)
+    """Stride of each convolution."""
+    cnn_features: PositiveInt = 128
+    """Width of the linear layer (ReLU) after the convolutions: each image's feature vector for the MLP."""
+
     @property
     def critic_recurrent(self) -> bool:
         """Whether the critic has a recurrent layer (`recurrent_critic` resolved)."""
@@ -108,6 +125,12 @@ class ModelConfig:
         if self.recurrent is None and self.recurrent_critic:
             raise ValueError(
                 "model.recurrent_critic=true needs a recurrent layer; set model.recurrent: gru or lstm"
+            )
+        layers = {len(self.cnn_channels), len(self.cnn_kernels), len(self.cnn_strides)}
+        if len(layers) != 1:
+            raise ValueError(
+                f"model.cnn_channels, model.cnn_kernels and model.cnn_strides give {len(self.cnn_channels)}, "
+                f"{len(self.cnn_kernels)} and {len(self.cnn_strides)} layers; give each one value per layer"
             )
 
 
@@ -321,6 +344,9 @@ class ExperimentConfig:
     torch_threads: PositiveInt | Literal["auto"] = "auto"
     """torch.set_num_threads for the learner; `auto`: every core with a batched simulator (VMAS), else 1
     (the small networks gain nothing from more, and threads contending with busy cores slow them down)."""
+    memory_check: bool = True
+    """Before allocating, estimate the memory the run holds (rollout buffer, networks and optimizer
+    state, the update's copies) and stop (exit 2) when it exceeds the memory available; false runs anyway."""
     eval_every: Annotated[int, Field(ge=0)] | None = None
     """Evaluate the policy deterministically every this many env steps (at the first update that reaches
     each multiple, and at the end), logged under `eval/`; 0 or null disables."""

@@ -202,6 +202,22 @@ def cases(steps: int, device: str = "cpu") -> list[Case]:
             )
             for size, agents, total in ((12, 4, 4000), (23, 28, 800), (62, 288, 400))
         ),
+        # image observations through the CNN encoder, frames stored as uint8 (a cheap env: the
+        # encoder's and the frames' cost per agent-step)
+        Case(
+            "pixels 2 agents",
+            functools.partial(raw_pettingzoo_sps, "envs/pixel_signal_v0", {}),
+            None,
+            [
+                "env.id=envs/pixel_signal_v0",
+                "model.encoder=cnn",
+                "vector=sync",
+                "num_envs=16",
+                "rollout_steps=16",
+                "total_steps=4096",
+            ],
+            2,
+        ),
     ]
 
 

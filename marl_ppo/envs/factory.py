@@ -84,7 +84,12 @@ def team_spec(config: ExperimentConfig) -> TeamSpec:
     """The team layout (groups, spaces, state) of the configured env, from one probe copy."""
     probe = make_team_env(config)
     spec = build_team_spec(
-        probe, config.env.id, config.env.groups, image_pool=config.env.image_pool, state=config.env.state
+        probe,
+        config.env.id,
+        config.env.groups,
+        image_pool=config.env.image_pool,
+        state=config.env.state,
+        encoder=config.model.encoder,
     )
     probe.close()
     return spec

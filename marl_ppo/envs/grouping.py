@@ -7,47 +7,22 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 
+from marl_ppo.config import ConfigError
 from marl_ppo.envs.adapters.contract import EnvContractError
+from marl_ppo.envs.layout import (
+    InputLayout,
+    auto_pool,
+    feature_space,
+    has_mask_in_obs,
+    is_image,
+    layout_of,
+    pool_image,
+)
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
 from marl_ppo.faults import one_line
 
-
-def has_mask_in_obs(space: gym.Space) -> bool:
-    """True for PettingZoo's masked observations: a Dict with `observation` and `action_mask` keys."""
-    return isinstance(space, gym.spaces.Dict) and {"observation", "action_mask"} <= set(space.spaces)
-
-
-def feature_space(space: gym.Space) -> gym.Space:
-    """The part of an observation space the networks see (a masked Dict's `observation`)."""
-    return space["observation"] if has_mask_in_obs(space) else space
-
-
-def is_image(space: gym.Space) -> bool:
-    """A Box shaped (height, width, channels), the layout PettingZoo's pixel observations use."""
-    return isinstance(space, gym.spaces.Box) and len(space.shape) == 3
-
-
-def pool_image(image: np.ndarray, factor: int) -> np.ndarray:
-    """Average-pool an (H, W, C) image over factor x factor blocks (edges cropped); uint8 scaled to [0, 1]."""
-    height, width, channels = image.shape
-    h, w = height // factor, width // factor
-    blocks = np.asarray(image[: h * factor, : w * factor], dtype=np.float32).reshape(
-        h, factor, w, factor, channels
-    )
-    pooled = blocks.mean(axis=(1, 3))
-    return pooled / 255.0 if image.dtype == np.uint8 else pooled
-
-
-def _flat_dim(space: gym.Space, image_pool: int = 1) -> int:
-    space = feature_space(space)
-    if is_image(space) and image_pool > 1:
-        height, width, channels = space.shape
-        return (height // image_pool) * (width // image_pool) * channels
-    if isinstance(space, gym.spaces.Box):
-        return int(np.prod(space.shape))
-    return int(gym.spaces.flatdim(space))
+__all__ = ["build_team_spec", "feature_space", "group_members", "has_mask_in_obs", "is_image", "pool_image"]
 
 
 def _group_name(agents: Sequence[str], taken: set[str]) -> str:
@@ -113,14 +88,28 @@ def build_team_spec(
     env_id: str,
     groups: Mapping[str, Sequence[str]] | None = None,
     *,
-    image_pool: int = 1,
+    image_pool: int | str = 1,
     state: str = "auto",
+    encoder: str = "mlp",
 ) -> TeamSpec:
-    """Group the env's agents (by identical spaces, or by the `groups` mapping), find masks, size the state."""
+    """Group the env's agents (by identical spaces, or by the `groups` mapping), find masks, size the state.
+
+    `image_pool` is a factor or `auto` (see `layout.auto_pool`); `encoder` (`model.encoder`) other
+    than `mlp` lays out images as frames for a CNN (see `envs/layout.py`).
+    """
     agents = tuple(env.possible_agents)
     if not agents:
         raise EnvContractError(f"env '{env_id}': possible_agents is empty; the env must declare its agents")
     info_masks = _info_mask_agents(env, env_id)
+    state_space = getattr(env, "state_space", None)
+    if state == "env" and not isinstance(state_space, gym.spaces.Space):
+        raise EnvContractError(
+            f"env.state=env but env '{env_id}' declares no state_space; use env.state=auto"
+        )
+    from_env = state != "concat" and isinstance(state_space, gym.spaces.Space)
+    if image_pool == "auto":
+        image_pool = auto_pool((env.observation_space(a) for a in agents), state_space if from_env else None)
+    frames = encoder != "mlp"
     specs = []
     for name, members in group_members(env, agents, groups):
         obs_space, act_space = env.observation_space(members[0]), env.action_space(members[0])
@@ -140,15 +129,24 @@ def build_team_spec(
             mask_source = "info"
         else:
             mask_source = None
-        obs_dim = _flat_dim(obs_space, image_pool)
-        specs.append(GroupSpec(name, members, obs_space, act_space, obs_dim, mask_source))
-    state_space = getattr(env, "state_space", None)
-    if state == "env" and not isinstance(state_space, gym.spaces.Space):
-        raise EnvContractError(
-            f"env.state=env but env '{env_id}' declares no state_space; use env.state=auto"
-        )
-    if state != "concat" and isinstance(state_space, gym.spaces.Space):
-        state_dim, from_env = _flat_dim(state_space, image_pool), True
+        layout = _layout(obs_space, image_pool, frames)
+        specs.append(GroupSpec(name, members, obs_space, act_space, layout.size, mask_source, layout))
+    if from_env:
+        state_layout = _layout(state_space, image_pool, frames)
     else:
-        state_dim, from_env = sum(_flat_dim(env.observation_space(a), image_pool) for a in agents), False
-    return TeamSpec(env_id, agents, tuple(specs), state_dim, from_env, image_pool)
+        state_layout = InputLayout(())
+        for agent in agents:
+            state_layout = state_layout.then(_layout(env.observation_space(agent), image_pool, frames))
+    if encoder == "cnn" and not (state_layout.has_image or any(g.obs_layout.has_image for g in specs)):
+        raise ConfigError(
+            f"model.encoder=cnn but no observation or state of env '{env_id}' is an image (a Box of rank 3); "
+            "use model.encoder=auto or mlp"
+        )
+    return TeamSpec(env_id, agents, tuple(specs), state_layout.size, from_env, image_pool, state_layout)
+
+
+def _layout(space: gym.Space, image_pool: int, frames: bool) -> InputLayout:
+    try:
+        return layout_of(space, pool=image_pool, frames=frames)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None

@@ -10,6 +10,8 @@ from typing import Any, Generic, TypeVar
 import gymnasium as gym
 import numpy as np
 
+from marl_ppo.envs.layout import InputLayout
+
 
 @dataclass(frozen=True)
 class GroupSpec:
@@ -24,6 +26,13 @@ class GroupSpec:
     mask_source: str | None = None
     """Where the agents' action masks come from: `obs` (a Dict observation with an `action_mask` key,
     PettingZoo's classic convention), `info` (`infos[agent]["action_mask"]`) or None (no masks)."""
+    obs_layout: InputLayout | None = None
+    """Where the images lie in the flat observation and how it is stored; None: one float32 vector."""
+
+    @property
+    def obs_dtype(self) -> np.dtype:
+        """How observations are stored: uint8 frames (see `envs/layout.py`) or float32."""
+        return np.dtype(np.float32) if self.obs_layout is None else self.obs_layout.dtype
 
     @property
     def num_agents(self) -> int:
@@ -70,6 +79,13 @@ class TeamSpec:
     """True when the global state is the env's own `state()`; else concatenated observations."""
     image_pool: int = 1
     """Image observations (and an image state) are average-pooled over blocks of this many pixels."""
+    state_layout: InputLayout | None = None
+    """Where the images lie in the flat global state and how it is stored; None: one float32 vector."""
+
+    @property
+    def state_dtype(self) -> np.dtype:
+        """How the global state is stored: uint8 frames or float32."""
+        return np.dtype(np.float32) if self.state_layout is None else self.state_layout.dtype
 
     @property
     def num_agents(self) -> int:
@@ -119,13 +135,13 @@ class GroupArrays(Generic[Array]):
         """Zero arrays (masks all True) for `group` with leading dims `lead`."""
         shape = (*lead, group.num_agents)
         return GroupArrays(
-            obs=np.zeros((*shape, group.obs_dim), np.float32),
+            obs=np.zeros((*shape, group.obs_dim), group.obs_dtype),
             alive=np.zeros(shape, bool),
             action_mask=np.ones((*shape, group.mask_dim), bool),
             reward=np.zeros(shape, np.float32),
             terminated=np.zeros(shape, bool),
             truncated=np.zeros(shape, bool),
-            final_obs=np.zeros((*shape, group.obs_dim), np.float32),
+            final_obs=np.zeros((*shape, group.obs_dim), group.obs_dtype),
         )
 
     def map(self, fn: Callable[[Array], Any]) -> GroupArrays[Any]:
@@ -148,8 +164,8 @@ class TeamArrays(Generic[Array]):
         """Zero arrays (masks all True) for `spec` with leading dims `lead`."""
         return TeamArrays(
             groups={g.name: GroupArrays.allocate(g, lead) for g in spec.groups},
-            state=np.zeros((*lead, spec.state_dim), np.float32),
-            final_state=np.zeros((*lead, spec.state_dim), np.float32),
+            state=np.zeros((*lead, spec.state_dim), spec.state_dtype),
+            final_state=np.zeros((*lead, spec.state_dim), spec.state_dtype),
         )
 
     def map(self, fn: Callable[[Array], Any]) -> TeamArrays[Any]:

@@ -12,8 +12,10 @@ from torch import nn
 
 from marl_ppo.algo.value_norm import ValueNorm
 from marl_ppo.config import ExperimentConfig, ModelConfig
+from marl_ppo.envs.layout import InputLayout, InputPart
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
 from marl_ppo.models.distributions import ActionDistribution, head_size, make_distribution
+from marl_ppo.models.encoders import FeatureEncoder
 from marl_ppo.models.layers import AgentMLP, StackedLinear
 from marl_ppo.models.recurrent import MemoryLayout, StackedRecurrent
 
@@ -99,6 +101,21 @@ def _recurrent(
     return RecurrentParts(trunk, core, head)
 
 
+def _encoder(model: ModelConfig, layout: InputLayout | None, *, copies: int) -> FeatureEncoder | None:
+    """A CNN encoder for an input whose layout has images (None otherwise: the MLP reads the row)."""
+    if layout is None or not layout.has_image:
+        return None
+    return FeatureEncoder(
+        layout,
+        copies=copies,
+        channels=model.cnn_channels,
+        kernels=model.cnn_kernels,
+        strides=model.cnn_strides,
+        features=model.cnn_features,
+        orthogonal_init=model.orthogonal_init,
+    )
+
+
 class GroupActor(nn.Module):
     """The policies of one group's agents, evaluated together on `(..., A_g, obs_dim)`."""
 
@@ -109,7 +126,10 @@ class GroupActor(nn.Module):
         self.action_space = group.action_space
         self.library_distributions = library_distributions
         """Build action distributions from torch.distributions instead of ours (`fast.distributions`)."""
-        sizes = dict(agents=group.num_agents, in_dim=group.obs_dim, out_dim=head_size(group.action_space))
+        self.features = _encoder(model, group.obs_layout, copies=1 if shared else group.num_agents)
+        """The CNN encoder of an image observation, in front of the MLP; None for a vector."""
+        in_dim = group.obs_dim if self.features is None else self.features.out_dim
+        sizes = dict(agents=group.num_agents, in_dim=in_dim, out_dim=head_size(group.action_space))
         self.core: StackedRecurrent | None = None
         """The recurrent cell between `net` (then the trunk) and `head`; None: feed-forward."""
         self.head: StackedLinear | None = None
@@ -130,8 +150,9 @@ class GroupActor(nn.Module):
         return self.forward_encoded(self.encode(obs), action_mask)
 
     def encode(self, obs: torch.Tensor) -> torch.Tensor:
-        """The network's input for `obs` (parameter-free: see `AgentMLP.encode`)."""
-        return self.net.encode(obs)
+        """The network's input for `obs` (parameter-free: see `AgentMLP.encode`); with a CNN encoder,
+        whose parameters learn, `obs` itself (the encoder runs in `forward_encoded`)."""
+        return obs if self.features is not None else self.net.encode(obs)
 
     def forward_encoded(
         self, encoded: torch.Tensor, action_mask: torch.Tensor | None = None
@@ -139,7 +160,11 @@ class GroupActor(nn.Module):
         """`forward` on `encode(obs)`."""
         if self.core is not None:
             raise TypeError("a recurrent actor needs its state: call unroll_encoded")
-        return self._distribution(self.net(encoded, encoded=True), action_mask)
+        return self._distribution(self.net(self._mlp_input(encoded), encoded=True), action_mask)
+
+    def _mlp_input(self, encoded: torch.Tensor) -> torch.Tensor:
+        """The MLP's encoded input: `encoded` itself, or the CNN encoder's features of the raw rows."""
+        return encoded if self.features is None else self.net.encode(self.features(encoded))
 
     @property
     def state_size(self) -> int:
@@ -176,7 +201,7 @@ class GroupActor(nn.Module):
     def _unroll_outputs(
         self, encoded: torch.Tensor, state: torch.Tensor, is_first: torch.Tensor, acted: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        features = self.net.activation(self.net(encoded, encoded=True))
+        features = self.net.activation(self.net(self._mlp_input(encoded), encoded=True))
         outputs, state = self.core.unroll(features, state, is_first, acted)
         return self.head(outputs), state
 
@@ -192,7 +217,14 @@ class GroupCritic(nn.Module):
     """Per-agent values of one group from the configured input (`state`, `state+obs`, `obs` or `team`)."""
 
     def __init__(
-        self, group: GroupSpec, state_dim: int, kind: str, model: ModelConfig, *, shared: bool
+        self,
+        group: GroupSpec,
+        state_dim: int,
+        kind: str,
+        model: ModelConfig,
+        *,
+        shared: bool,
+        state_layout: InputLayout | None = None,
     ) -> None:
         super().__init__()
         self.build_input, width = CRITIC_INPUTS[kind]
@@ -202,7 +234,11 @@ class GroupCritic(nn.Module):
         agent id, run once per row."""
         self.common_input = kind in ("state", "team")
         """Every agent's critic sees the same input: its first layer runs once per row (`forward_common`)."""
-        sizes = dict(agents=1 if self.team else group.num_agents, in_dim=width(group, state_dim), out_dim=1)
+        self.state_dim = state_dim
+        self.images = CriticImages.build(kind, group, state_layout, model, shared=shared or self.team)
+        """The CNN encoders of the critic's image inputs; None where its inputs hold no image."""
+        in_dim = width(group, state_dim) if self.images is None else self.images.out_dim
+        sizes = dict(agents=1 if self.team else group.num_agents, in_dim=in_dim, out_dim=1)
         self.core: StackedRecurrent | None = None
         """The recurrent cell between `net` (then the trunk) and `head`; None: feed-forward."""
         self.head: StackedLinear | None = None
@@ -217,7 +253,10 @@ class GroupCritic(nn.Module):
 
     def encode(self, state: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
         """The network's input (parameter-free: see `AgentMLP.encode`): `(..., state_dim)` for a
-        `state` or `team` critic, whose first layer runs once per row, else `(..., A_g, in)`."""
+        `state` or `team` critic, whose first layer runs once per row, else `(..., A_g, in)`. With CNN
+        encoders, the raw inputs in one tensor (see `CriticImages.join`)."""
+        if self.images is not None:
+            return self.images.join(state, obs)
         return self.net.encode(state if self.common_input else self.build_input(state, obs))
 
     def forward_encoded(self, encoded: torch.Tensor) -> torch.Tensor:
@@ -251,7 +290,13 @@ class GroupCritic(nn.Module):
         return self._per_agent(self.head(outputs).squeeze(-1)), state
 
     def _trunk(self, encoded: torch.Tensor) -> torch.Tensor:
-        """The MLP on the encoded input, `(..., A or 1, out)`."""
+        """The MLP on the encoded input (through the CNN encoders first, where there are images),
+        `(..., A or 1, out)`."""
+        if self.images is not None:
+            features = self.net.encode(self.images(encoded))
+            if self.images.common:
+                return self.net.forward_common(features.squeeze(-2), encoded=True)
+            return self.net(features, encoded=True)
         if not self.common_input:
             return self.net(encoded, encoded=True)
         return self.net.forward_common(encoded, encoded=True)
@@ -259,6 +304,98 @@ class GroupCritic(nn.Module):
     def _per_agent(self, values: torch.Tensor) -> torch.Tensor:
         # a team value, (..., 1), is broadcast to the agents: their gradients sum into it
         return values.expand(*values.shape[:-1], self.num_agents) if self.team else values
+
+
+class CriticImages(nn.Module):
+    """The critic's CNN encoders: the state's and the observation's, as its input kind reads them.
+
+    Its input travels through the update as one tensor (`join`): the state `(..., S)` for a `state`
+    or `team` critic, the observations `(..., A, D)` for `obs`, and for `state+obs` the state followed
+    by the A observations in one row `(..., S + A * D)` (the state is not copied per agent).
+    """
+
+    def __init__(
+        self,
+        state: FeatureEncoder | None,
+        obs: FeatureEncoder | None,
+        *,
+        state_dim: int,
+        agents: int,
+        common: bool,
+    ) -> None:
+        super().__init__()
+        self.state, self.obs = state, obs
+        self.state_dim, self.agents = state_dim, agents
+        self.common = common
+        """The features are one row shared by every agent (`(..., 1, F)`, first layer run once)."""
+        self.out_dim = (0 if state is None else state.out_dim) + (0 if obs is None else obs.out_dim)
+
+    @classmethod
+    def build(
+        cls, kind: str, group: GroupSpec, layout: InputLayout | None, model: ModelConfig, *, shared: bool
+    ) -> CriticImages | None:
+        """The encoders of a critic of `kind`, or None where none of its inputs is an image."""
+        reads_state, reads_obs = kind != "obs", kind in ("obs", "state+obs")
+        images = (reads_state and layout is not None and layout.has_image) or (
+            reads_obs and group.obs_layout is not None and group.obs_layout.has_image
+        )
+        if not images:
+            return None
+        copies = 1 if shared else group.num_agents
+
+        def encoder(part_layout: InputLayout | None, size: int, copies: int) -> FeatureEncoder:
+            return FeatureEncoder(
+                part_layout if part_layout is not None else _one_vector(size),
+                copies=copies,
+                channels=model.cnn_channels,
+                kernels=model.cnn_kernels,
+                strides=model.cnn_strides,
+                features=model.cnn_features,
+                orthogonal_init=model.orthogonal_init,
+            )
+
+        state_dim = 0 if layout is None else layout.size
+        common = kind in ("state", "team") and copies == 1
+        return cls(
+            encoder(layout, state_dim, copies) if reads_state else None,
+            encoder(group.obs_layout, group.obs_dim, copies) if reads_obs else None,
+            state_dim=state_dim,
+            agents=group.num_agents,
+            common=common,
+        )
+
+    def join(self, state: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        """The critic's raw inputs as one tensor with a leading row axis (see the class)."""
+        if self.obs is None:
+            return state
+        if self.state is None:
+            return obs
+        flat = obs.flatten(-2)
+        if state.dtype != flat.dtype:
+            state, flat = state.float(), flat.float()
+        return torch.cat([state, flat], dim=-1)
+
+    def forward(self, joined: torch.Tensor) -> torch.Tensor:
+        """Features `(..., A, out_dim)`, or `(..., 1, out_dim)` where `common`."""
+        if self.obs is None:
+            state = joined.unsqueeze(-2)
+            if not self.common:
+                state = state.expand(*joined.shape[:-1], self.agents, joined.shape[-1])
+            return self.state(state)
+        if self.state is None:
+            return self.obs(joined)
+        state, obs = joined[..., : self.state_dim].unsqueeze(-2), joined[..., self.state_dim :]
+        obs = obs.unflatten(-1, (self.agents, -1))
+        if self.state.copies > 1:  # per-agent weights: each agent's encoder reads the state
+            state = state.expand(*obs.shape[:-1], state.shape[-1])
+        state_features = self.state(state)  # shared weights: once per row, then given to every agent
+        state_features = state_features.expand(*obs.shape[:-1], state_features.shape[-1])
+        return torch.cat([state_features, self.obs(obs)], dim=-1)
+
+
+def _one_vector(size: int) -> InputLayout:
+    """The layout of an input without images: one vector part."""
+    return InputLayout((InputPart(0, size),))
 
 
 class GroupNetworks(NamedTuple):
@@ -288,7 +425,14 @@ class TeamModel(nn.Module):
             for g in spec.groups
         )
         self.critics = nn.ModuleList(
-            GroupCritic(g, spec.state_dim, config.critic, config.model, shared=config.share_critic)
+            GroupCritic(
+                g,
+                spec.state_dim,
+                config.critic,
+                config.model,
+                shared=config.share_critic,
+                state_layout=spec.state_layout,
+            )
             for g in spec.groups
         )
         self.value_norms = nn.ModuleList(

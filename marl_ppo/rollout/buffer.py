@@ -19,7 +19,7 @@ class BufferFull(RuntimeError):
 
 ArrayLike = torch.Tensor | np.ndarray
 
-_DTYPES = {"float32": torch.float32, "int64": torch.int64}
+_DTYPES = {"float32": torch.float32, "int64": torch.int64, "uint8": torch.uint8}
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class GroupStorage:
             return torch.zeros(lead + tail, dtype=dtype, device=device)
 
         return cls(
-            obs=zeros(group.obs_dim),
+            obs=zeros(group.obs_dim, dtype=_DTYPES[group.obs_dtype.name]),
             actions=zeros(*group.action_shape, dtype=_DTYPES[group.action_dtype.name]),
             logp=zeros(),
             values=zeros(),
@@ -140,7 +140,9 @@ class RolloutBuffer:
             if memory
         }
         """Per group, the recurrent inputs of each step (empty for feed-forward networks)."""
-        self.state = torch.zeros((steps, num_envs, spec.state_dim), device=self.device)
+        self.state = torch.zeros(
+            (steps, num_envs, spec.state_dim), dtype=_DTYPES[spec.state_dtype.name], device=self.device
+        )
         self.pos = 0
 
     @property

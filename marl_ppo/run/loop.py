@@ -17,7 +17,7 @@ from marl_ppo.algo.batch import refuse_unshared_rewards, rollout_batches
 from marl_ppo.algo.schedule import LrSchedule
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import ExperimentConfig, config_to_dict
-from marl_ppo.envs.factory import build_vector_env, resolve_vector
+from marl_ppo.envs.factory import build_vector_env, is_batched, resolve_vector, team_spec
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.eval.evaluate import PeriodicEvaluation, eval_config
 from marl_ppo.eval.versus import periodic_evaluation
@@ -31,6 +31,7 @@ from marl_ppo.run.build import build_collector
 from marl_ppo.run.checkpoint import FORMAT, periodic_path, prune_checkpoints, save_checkpoint
 from marl_ppo.run.host import cpu_seconds, learner_threads, peak_rss_mb, rss_mb
 from marl_ppo.run.logger import RunLogger
+from marl_ppo.run.memory import check_memory
 from marl_ppo.run.resume import load_resumable, restore_run_state, run_state
 from marl_ppo.run.seeding import seed_everything
 from marl_ppo.run.signals import Interrupted, StopSignals
@@ -75,6 +76,8 @@ def train(
     torch.set_num_threads(learner_threads(config))
     if config.fast.allocator:
         keep_freed_memory()
+    # before any allocation (and before touching run_dir): a run that cannot fit stops here
+    estimate = None if is_batched(config) else check_memory(team_spec(config), config)
     generator = seed_everything(config.seed)
     # before touching run_dir: a bad env leaves nothing behind
     collector, model = build_collector(config, device)
@@ -107,7 +110,7 @@ def train(
         if evaluation is not None:
             evaluation.close()
     result = run.result()
-    _write_summary(result)
+    _write_summary(result, None if estimate is None else estimate.total)
     return result
 
 
@@ -296,7 +299,7 @@ def _one_update(
     return {"env_s": extra["perf/env_s"], "act_s": extra["perf/act_s"], "learn_s": extra["perf/learn_s"]}
 
 
-def _write_summary(result: TrainResult) -> None:
+def _write_summary(result: TrainResult, memory_estimate: int | None) -> None:
     summary = {
         "env_steps": result.env_steps,
         "updates": result.updates,
@@ -306,6 +309,8 @@ def _write_summary(result: TrainResult) -> None:
         "sps": result.sps,
         "wall_s": result.wall_s,
         "peak_rss_mb": peak_rss_mb(),
+        # the pre-run memory check's estimate, to compare with the measured peak (learner and workers)
+        "memory_estimate_mb": None if memory_estimate is None else memory_estimate / 2**20,
         "cpu_s": cpu_seconds(),
         **result.timing,
     }

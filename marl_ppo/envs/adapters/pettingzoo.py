@@ -22,7 +22,7 @@ from marl_ppo.envs.adapters.contract import (
     box_mismatch,
     describe,
 )
-from marl_ppo.envs.grouping import has_mask_in_obs, is_image, pool_image
+from marl_ppo.envs.layout import InputLayout, InputPart, flatten_value, has_mask_in_obs
 from marl_ppo.envs.spec import GroupSpec, TeamArrays, TeamSpec
 
 
@@ -151,19 +151,17 @@ class ParallelEnvAdapter(ContractChecks):
             raise self._error(agent, f"agent is not in possible_agents {list(self.spec.agents)}") from None
 
     def _flatten(self, agent: str, observation: Any) -> np.ndarray:
-        space = self._slots[agent][0].observation_space
+        group = self._slots[agent][0]
+        space = group.observation_space
         try:
             if has_mask_in_obs(space):
                 space, observation = space["observation"], observation["observation"]
             if isinstance(space, gym.spaces.Box):
-                array = np.asarray(observation)
-                problem = box_mismatch(array, space)
+                observation = np.asarray(observation)
+                problem = box_mismatch(observation, space)
                 if problem is not None:
                     raise self._error(agent, problem)
-                if is_image(space) and self.spec.image_pool > 1:
-                    return pool_image(array, self.spec.image_pool).reshape(-1)
-                return array.astype(np.float32, copy=False).reshape(-1)
-            return np.asarray(gym.spaces.flatten(space, observation), dtype=np.float32)
+            return flatten_value(group.obs_layout or _one_vector(group.obs_dim), space, observation)
         except EnvContractError:
             raise
         except Exception:
@@ -198,8 +196,9 @@ class ParallelEnvAdapter(ContractChecks):
         """The env's `state()` into `target`, or the groups' `obs_field` arrays concatenated."""
         if self.spec.state_from_env:
             state = np.asarray(self._call("state", self.env.state))
-            if state.ndim == 3 and self.spec.image_pool > 1:
-                state = pool_image(state, self.spec.image_pool)
+            layout = self.spec.state_layout
+            if layout is not None and state.ndim == 3 and (self.spec.image_pool > 1 or layout.has_image):
+                state = flatten_value(layout, self.env.state_space, state)  # pooled, or kept as frames
             if state.size != target.size:
                 raise self._error(None, f"state() returned {state.size} values; expected {target.size}")
             target[...] = state.reshape(-1)
@@ -209,3 +208,8 @@ class ParallelEnvAdapter(ContractChecks):
             size = group.num_agents * group.obs_dim
             target[position : position + size] = getattr(out.groups[group.name], obs_field).reshape(-1)
             position += size
+
+
+def _one_vector(size: int) -> InputLayout:
+    """The layout of a spec built without one (a flat float vector)."""
+    return InputLayout((InputPart(0, size),))

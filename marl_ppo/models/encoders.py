@@ -1,0 +1,172 @@
+"""Feature encoders in front of the MLP trunk: a flat input row `(..., A, D)` to features `(..., A, F)`.
+
+The row's `InputLayout` (`envs/layout.py`) says where its images lie. Each image part goes through a
+CNN of its own (convolutions with ReLU, then a linear layer with ReLU); vector parts pass through as
+they are; the outputs are concatenated in row order. uint8 frames are scaled to [0, 1] here, so the
+buffers keep one byte per pixel.
+
+Per-agent weights (`copies == A`) are one grouped convolution per layer: the A agents' images are
+stacked on the channel axis and each agent's filters see only its own image, one call for all of
+them, as `layers.StackedLinear` does for the MLP. With `copies == 1` every agent's image is one more
+row of the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from marl_ppo.envs.layout import InputLayout, InputPart
+from marl_ppo.models.layers import StackedLinear
+
+NO_GRAD_CHUNK = 1024
+"""Rows of images a CNN evaluates at once without gradients (acting, diagnostics): bounds the
+activations' memory whatever the batch; with gradients the minibatch is evaluated whole."""
+
+
+def conv_output_side(side: int, kernel: int, stride: int) -> int:
+    """A spatial side after a convolution padded by `kernel // 2` (never below 1 pixel)."""
+    return (side + 2 * (kernel // 2) - kernel) // stride + 1
+
+
+class ImageEncoder(nn.Module):
+    """A CNN over one image part of the row, `copies` weight sets: `(B, copies, D_part) -> (B, copies, F)`."""
+
+    def __init__(
+        self,
+        part: InputPart,
+        *,
+        copies: int,
+        channels: Sequence[int],
+        kernels: Sequence[int],
+        strides: Sequence[int],
+        features: int,
+        orthogonal_init: bool,
+    ) -> None:
+        super().__init__()
+        self.part = part
+        self.copies = copies
+        self.scale = 1.0 / 255.0 if part.frames else 1.0
+        in_channels, height, width = part.chw
+        self.convs = nn.ModuleList()
+        for out_channels, kernel, stride in zip(channels, kernels, strides, strict=True):
+            conv = nn.Conv2d(
+                in_channels * copies,
+                out_channels * copies,
+                kernel,
+                stride,
+                padding=kernel // 2,
+                groups=copies,
+            )
+            self.convs.append(conv)
+            in_channels = out_channels
+            height, width = conv_output_side(height, kernel, stride), conv_output_side(width, kernel, stride)
+        self.flat_dim = in_channels * height * width
+        self.linear = StackedLinear(copies, self.flat_dim, features)
+        self.out_dim = features
+        if orthogonal_init:
+            for conv in self.convs:
+                _orthogonal_per_copy(conv, copies, math.sqrt(2.0))
+            self.linear.reset_orthogonal(math.sqrt(2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """`(B, copies, D_part)` stored pixels (HWC or CHW) -> `(B, copies, F)` features."""
+        rows = x.shape[0]
+        image = x.unflatten(-1, self.part.shape)
+        if self.part.shape != self.part.chw:  # HWC as stored -> CHW as convolutions read
+            image = image.permute(0, 1, 4, 2, 3)
+        h = image.reshape(rows, -1, *self.part.chw[1:]).float() * self.scale
+        for conv in self.convs:
+            h = F.relu(conv(h))
+        h = h.reshape(rows, self.copies, -1)
+        return F.relu(self.linear(h))
+
+
+def _orthogonal_per_copy(conv: nn.Conv2d, copies: int, gain: float) -> None:
+    """Orthogonal filters with `gain` for each copy's block of output channels, zero bias."""
+    with torch.no_grad():
+        for block in conv.weight.chunk(copies, dim=0):
+            nn.init.orthogonal_(block, gain)
+        conv.bias.zero_()
+
+
+class FeatureEncoder(nn.Module):
+    """Each image part of a row through its CNN, vector parts as they are, concatenated in row order.
+
+    `forward` takes `(..., A, D)` rows, where `A == copies` (per-agent weights) or `copies == 1`
+    (one set for every row), and returns `(..., A, out_dim)` float32 features.
+    """
+
+    def __init__(
+        self,
+        layout: InputLayout,
+        *,
+        copies: int,
+        channels: Sequence[int],
+        kernels: Sequence[int],
+        strides: Sequence[int],
+        features: int,
+        orthogonal_init: bool,
+    ) -> None:
+        super().__init__()
+        self.layout = layout
+        self.copies = copies
+        self.images = nn.ModuleDict()
+        out_dim = 0
+        for index, part in enumerate(layout.parts):
+            if part.is_image:
+                encoder = ImageEncoder(
+                    part,
+                    copies=copies,
+                    channels=channels,
+                    kernels=kernels,
+                    strides=strides,
+                    features=features,
+                    orthogonal_init=orthogonal_init,
+                )
+                self.images[str(index)] = encoder
+                out_dim += encoder.out_dim
+            else:
+                out_dim += part.size
+        self.out_dim = out_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """`(..., A, D) -> (..., A, out_dim)`."""
+        lead, agents = x.shape[:-2], x.shape[-2]
+        rows = x.reshape(-1, agents, x.shape[-1]) if self.copies > 1 else x.reshape(-1, 1, x.shape[-1])
+        outputs = []
+        for index, part in enumerate(self.layout.parts):
+            piece = rows[..., part.offset : part.offset + part.size]
+            if part.is_image:
+                outputs.append(self._images(self.images[str(index)], piece))
+            else:
+                outputs.append(piece.float())
+        features = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
+        return features.reshape(*lead, agents, self.out_dim)
+
+    @staticmethod
+    def _images(encoder: ImageEncoder, piece: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() or piece.shape[0] <= NO_GRAD_CHUNK:
+            return encoder(piece)
+        return torch.cat([encoder(chunk) for chunk in piece.split(NO_GRAD_CHUNK)])
+
+
+def conv_activation_floats(
+    layout: InputLayout, channels: Sequence[int], kernels: Sequence[int], strides: Sequence[int]
+) -> int:
+    """Floats one row's image parts produce across the convolutions (the input as float, each layer's
+    output): what a batch keeps per row for the backward pass, for the memory estimate."""
+    total = 0
+    for part in layout.parts:
+        if not part.is_image:
+            continue
+        in_channels, height, width = part.chw
+        total += in_channels * height * width
+        for out_channels, kernel, stride in zip(channels, kernels, strides, strict=True):
+            height, width = conv_output_side(height, kernel, stride), conv_output_side(width, kernel, stride)
+            total += 2 * out_channels * height * width  # the convolution's output and its ReLU's
+    return total

@@ -1,0 +1,285 @@
+"""Image and Dict observations: layouts, uint8 frames end to end, the CNN encoders, and learning."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from conftest import collect_rollout
+
+from marl_ppo.config import ConfigError, load_config
+from marl_ppo.envs.factory import build_vector_env, team_spec
+from marl_ppo.envs.layout import InputLayout, InputPart, auto_pool, channels_last, layout_of, pool_frame
+from marl_ppo.models.encoders import FeatureEncoder
+from marl_ppo.models.team import TeamModel
+from marl_ppo.rollout.buffer import RolloutBuffer
+from marl_ppo.run.build import build_collector
+from marl_ppo.run.loop import train
+
+SIGNAL, COMPASS = "envs/pixel_signal_v0", "envs/pixel_compass_v0"
+FAST = [
+    "num_envs=4",
+    "rollout_steps=4",
+    "total_steps=32",
+    "log.progress=false",
+    "ppo.train_pi_iters=2",
+    "ppo.train_vf_iters=2",
+    "ppo.num_minibatches=2",
+    "model.hidden_sizes=[16,16]",
+]
+
+
+def _config(env_id: str, *extra: str):
+    return load_config(None, [f"env.id={env_id}", *FAST, *extra])
+
+
+def test_auto_pool_brings_the_longest_image_side_to_64_pixels():
+    pistons = gym.spaces.Box(0, 255, (457, 120, 3), np.uint8)
+    screen = gym.spaces.Box(0, 255, (560, 880, 3), np.uint8)
+    assert auto_pool([pistons] * 20, screen) == 8  # ceil(457 / 64); the observations decide
+    assert auto_pool([gym.spaces.Box(0, 1, (18,), np.float32)], screen) == 14  # ceil(880 / 64): the state
+    assert auto_pool([gym.spaces.Box(0, 255, (3, 64, 64), np.uint8)], None) == 1
+    assert auto_pool([gym.spaces.Box(0, 1, (18,), np.float32)], None) == 1
+
+
+def test_axis_order_and_pooled_frames_stay_uint8():
+    assert channels_last((457, 120, 3)) and channels_last((84, 84, 4)) and not channels_last((4, 84, 84))
+    image = np.arange(4 * 6 * 2, dtype=np.uint8).reshape(4, 6, 2) * 5
+    pooled = pool_frame(image, 2, last=True)
+    assert pooled.dtype == np.uint8 and pooled.shape == (2, 3, 2)
+    assert pooled[1, 2, 1] == np.rint(image[2:4, 4:6, 1].mean())
+    chw = pool_frame(np.moveaxis(image, -1, 0), 2, last=False)
+    np.testing.assert_array_equal(chw, np.moveaxis(pooled, -1, 0))
+
+
+def test_layout_of_an_image_a_dict_and_a_vector():
+    pixels = gym.spaces.Box(0, 255, (457, 120, 3), np.uint8)
+    (part,) = layout_of(pixels, pool=8, frames=True).parts
+    assert (part.shape, part.chw, part.size, part.frames) == ((57, 15, 3), (3, 57, 15), 2565, True)
+    assert layout_of(pixels, pool=8, frames=True).dtype == np.uint8
+    assert layout_of(pixels, pool=8, frames=False) == InputLayout((InputPart(0, 2565, pool=8),))
+    from marl_ppo_examples.pixel_compass import PixelCompassEnv
+
+    layout = layout_of(PixelCompassEnv().observation_space("scout_0"), pool=1, frames=True)
+    assert [(p.key, p.offset, p.size, p.is_image) for p in layout.parts] == [  # gymnasium sorts the keys
+        ("flip", 0, 2, False),
+        ("image", 2, 64, True),
+    ]
+    assert layout.dtype == np.float32  # a float vector beside the frame
+
+
+def test_image_env_frames_are_stored_as_uint8_pixels_end_to_end():
+    config = _config(SIGNAL)
+    spec = team_spec(config)
+    (group,) = spec.groups
+    assert group.obs_dtype == np.uint8 and group.obs_dim == 144
+    assert spec.state_dtype == np.uint8 and spec.state_layout.parts[0].chw == (2, 12, 12)
+    model, buffer, _ = collect_rollout(config)
+    assert buffer.groups["seer"].obs.dtype == torch.uint8 and buffer.state.dtype == torch.uint8
+    # the stored pixels are the env's grey levels: 20 background, 230 for the quadrant's square
+    assert set(torch.unique(buffer.groups["seer"].obs).tolist()) == {20, 230}
+    assert int((buffer.groups["seer"].obs == 230).sum(-1).unique().item()) == 36  # a 6 x 6 square
+    assert isinstance(model.group("seer").actor.features, FeatureEncoder)
+
+
+def test_subprocess_shared_memory_carries_the_frames_bit_for_bit():
+    arrays = {}
+    for vector in ("sync", "subprocess"):
+        venv = build_vector_env(_config(SIGNAL, f"vector={vector}"))
+        try:
+            venv.reset(seed=5)
+            venv.step({"seer": np.array([[0, 1]] * 4)})
+            arrays[vector] = (venv.arrays.groups["seer"].obs.copy(), venv.arrays.state.copy())
+        finally:
+            venv.close()
+    for sync, shared in zip(arrays["sync"], arrays["subprocess"], strict=True):
+        assert shared.dtype == np.uint8
+        np.testing.assert_array_equal(sync, shared)
+
+
+def test_training_on_frames_gives_the_same_weights_in_sync_and_subprocess_envs(tmp_path):
+    weights = {}
+    for mode in ("sync", "subprocess"):
+        train(_config(SIGNAL, f"vector={mode}", "num_workers=2"), tmp_path / mode)
+        weights[mode] = torch.load(tmp_path / mode / "checkpoints/final.pt", weights_only=False)["model"]
+    assert weights["sync"].keys() == weights["subprocess"].keys()
+    for key, value in weights["sync"].items():
+        assert torch.equal(value, weights["subprocess"][key]), key
+
+
+def test_rollout_workers_fill_the_buffer_with_frames_their_policy_acted_on():
+    config = _config(SIGNAL, "vector=workers", "num_workers=2")
+    collector, model = build_collector(config, torch.device("cpu"))
+    try:
+        collector.start(seed=1)
+        buffer = RolloutBuffer(model.spec, config.rollout_steps, config.num_envs)
+        collector.collect(buffer)
+    finally:
+        collector.close()
+    storage = buffer.groups["seer"]
+    assert storage.obs.dtype == torch.uint8 and set(torch.unique(storage.obs).tolist()) == {20, 230}
+    with (
+        torch.no_grad()
+    ):  # the learner's copy of the policy, on the stored frames, gives the acting log-probs
+        logp = model.group("seer").actor(storage.obs, storage.action_mask).log_prob(storage.actions)
+    torch.testing.assert_close(logp, storage.logp)
+
+
+def test_mlp_encoder_keeps_the_flat_float_input():
+    config = _config(SIGNAL, "model.encoder=mlp")
+    spec = team_spec(config)
+    assert spec.groups[0].obs_dtype == np.float32 and spec.state_dtype == np.float32
+    model = TeamModel(spec, config)
+    assert model.group("seer").actor.features is None and model.group("seer").critic.images is None
+    assert model.group("seer").actor.net.in_dim == 144
+
+
+def test_cnn_encoder_refuses_an_env_without_images():
+    with pytest.raises(ConfigError, match="model.encoder=cnn but no observation or state .* is an image"):
+        team_spec(load_config(None, ["env.id=envs/matrix_game_v0", "model.encoder=cnn"]))
+
+
+def test_cnn_layer_lists_must_have_one_value_per_layer():
+    with pytest.raises(ConfigError, match="give each one value per layer"):
+        load_config(None, ["model.cnn_channels=[8,8]", "model.cnn_kernels=[3]", "model.cnn_strides=[1]"])
+
+
+def _encoder(layout: InputLayout, copies: int) -> FeatureEncoder:
+    torch.manual_seed(0)
+    return FeatureEncoder(
+        layout,
+        copies=copies,
+        channels=(4, 8),
+        kernels=(3, 3),
+        strides=(2, 1),
+        features=5,
+        orthogonal_init=True,
+    )
+
+
+def test_per_agent_cnns_are_each_agents_own_network():
+    layout = InputLayout((InputPart(0, 2 * 6 * 6, shape=(6, 6, 2), frames=True), InputPart(72, 3)))
+    stacked = _encoder(layout, copies=3)
+    rows = torch.randint(0, 256, (7, 3, 75)).float()
+    rows[..., 72:] = torch.randn(7, 3, 3)
+    out = stacked(rows)
+    assert out.shape == (7, 3, 5 + 3)
+    torch.testing.assert_close(out[..., 5:], rows[..., 72:])  # the vector part passes through
+    image = rows[..., :72].unflatten(-1, (6, 6, 2)).permute(0, 1, 4, 2, 3) / 255.0
+    encoder = stacked.images["0"]
+    for agent in range(3):
+        h = image[:, agent]
+        for conv in encoder.convs:
+            w = conv.weight.chunk(3)[agent]
+            b = conv.bias.chunk(3)[agent]
+            h = torch.relu(torch.nn.functional.conv2d(h, w, b, conv.stride, conv.padding))
+        h = torch.relu(h.flatten(1) @ encoder.linear.weight[agent].T + encoder.linear.bias[agent])
+        torch.testing.assert_close(out[:, agent, :5], h)
+
+
+def test_frames_are_scaled_inside_the_model_and_chw_equals_hwc():
+    hwc = InputLayout((InputPart(0, 48, shape=(4, 4, 3), frames=True),))
+    chw = InputLayout((InputPart(0, 48, shape=(3, 4, 4), frames=False),))
+    pixels = torch.randint(0, 256, (5, 1, 4, 4, 3), dtype=torch.uint8)
+    from_frames = _encoder(hwc, copies=1)(pixels.flatten(-3))
+    as_floats = _encoder(chw, copies=1)(pixels.permute(0, 1, 4, 2, 3).flatten(-3).float() / 255.0)
+    torch.testing.assert_close(from_frames, as_floats)
+
+
+def test_state_critic_reads_the_image_state():
+    config = _config(SIGNAL)
+    spec = team_spec(config)
+    model = TeamModel(spec, config)
+    state = torch.full((2, spec.state_dim), 20, dtype=torch.uint8)
+    obs = torch.full((2, 2, spec.groups[0].obs_dim), 20, dtype=torch.uint8)
+    before = model.values(state, {"seer": obs})["seer"]
+    state[1, :72] = 230  # the first channel's top half: another quadrant for agent 0
+    after = model.values(state, {"seer": obs})["seer"]
+    assert torch.equal(before[0], after[0]) and not torch.equal(before[1], after[1])
+    assert after.shape == (2, 2)
+
+
+@pytest.mark.parametrize("critic", ["state+obs", "obs", "team"])
+def test_every_critic_input_kind_takes_frames(critic):
+    config = _config(SIGNAL, f"critic={critic}", "share_critic=true")
+    model, buffer, _ = collect_rollout(config)
+    storage = buffer.groups["seer"]
+    critic_net = model.group("seer").critic
+    joined = critic_net.encode(buffer.state, storage.obs)
+    values = critic_net.forward_encoded(joined)
+    torch.testing.assert_close(values, critic_net(buffer.state, storage.obs))
+    assert values.shape == storage.values.shape
+    torch.testing.assert_close(model.group("seer").value_norm.denormalize(values), storage.values)
+
+
+def test_dict_observation_masks_and_stores_its_image_beside_the_vector():
+    config = _config(COMPASS)
+    spec = team_spec(config)
+    (group,) = spec.groups
+    assert group.mask_source == "obs" and group.mask_dim == 3 and group.obs_dim == 66
+    model, buffer, _ = collect_rollout(config)
+    storage = buffer.groups["scout"]
+    assert not bool((storage.actions == 2).any())  # the masked action is never taken
+    assert set(torch.unique(storage.obs[..., 2:]).tolist()) == {0.0, 255.0}
+    assert torch.equal(storage.obs[..., :2].sum(-1), torch.ones(storage.obs.shape[:-1]))
+    actor = model.group("scout").actor
+    assert actor.net.in_dim == 2 + 128  # the vector, then the image's CNN features
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env_id", [SIGNAL, COMPASS])
+def test_cnn_encoder_learns_the_pixel_envs_to_their_optimum(tmp_path, env_id):
+    # random: 0.5 (pixel_signal, 4 quadrants) and 1.0 (pixel_compass, 2 allowed actions); optimum 2
+    config = load_config(
+        None,
+        [
+            f"env.id={env_id}",
+            "num_envs=16",
+            "rollout_steps=8",
+            "total_steps=30000",
+            "log.progress=false",
+            "log.return_window=200",
+        ],
+    )
+    result = train(config, tmp_path)
+    assert result.team_return_mean > 1.9, f"team return {result.team_return_mean:.2f}, optimum 2"
+
+
+@pytest.mark.parametrize("env_id", [SIGNAL, COMPASS])
+def test_a_recurrent_policy_behind_the_cnn_recomputes_its_acting_log_probs(env_id):
+    """Encoder -> MLP trunk -> GRU: before the first update the chunked replay of a rollout gives the
+    log-probabilities it acted with (ratio 1), frames and all."""
+    from marl_ppo.algo.batch import rollout_batches
+    from marl_ppo.algo.sequences import unchunk
+    from marl_ppo.algo.trainer import Trainer, _policy
+
+    config = _config(
+        env_id,
+        "model.recurrent=gru",
+        "model.recurrent_size=8",
+        "rollout_steps=6",
+        "vector=sync",
+        "ppo.chunk_length=3",
+    )
+    torch.manual_seed(0)
+    collector, model = build_collector(config, torch.device("cpu"))
+    try:
+        collector.start(0)
+        buffer = RolloutBuffer(
+            model.spec, config.rollout_steps, config.num_envs, memory=model.memory_layout()
+        )
+        result = collector.collect(buffer)
+    finally:
+        collector.close()
+    group = model.spec.groups[0].name
+    assert model.group(group).actor.features is not None  # the CNN reads the frames
+    batches = rollout_batches(buffer, result.last_values, result.last_alive, gamma=0.9, lam=0.9)
+    prepared = Trainer(model, config.ppo, generator=torch.Generator()).prepare(
+        batches, rollout_steps=config.rollout_steps
+    )[group]
+    with torch.no_grad():
+        actor = model.group(group).actor
+        logp = unchunk(_policy(actor, prepared).log_prob(prepared.actions), steps=config.rollout_steps)
+    stored = buffer.groups[group]
+    torch.testing.assert_close(logp, stored.logp, rtol=0, atol=1e-5)
