@@ -35,7 +35,7 @@ from marl_ppo.faults import WorkerError, WorkersLost, one_line
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.source import EpisodeRecord, RolloutResult
-from marl_ppo.rollout.workers import _episode_from_state, _episode_state, _RolloutSlice
+from marl_ppo.rollout.workers import _episode_from_state, _pending_state, _RolloutSlice
 
 RAY_INSTALL = "pip install 'marl-ppo[ray]'"
 
@@ -258,14 +258,7 @@ class RayRolloutWorkers:
             workers = None
         pending = None
         if self._pending is not None and workers is not None:
-            pending = {
-                "buffer": self._pending["buffer"],
-                "last_values": self._pending["last_values"],
-                "last_alive": self._pending["last_alive"],
-                "episodes": [
-                    [_episode_state(t, e) for t, e in r["episodes"]] for r in self._pending["replies"]
-                ],
-            }
+            pending = _pending_state(self._pending)
         return {"env_steps": self.env_steps, "workers": workers, "pending": pending}
 
     def load_state_dict(self, state: dict[str, Any], *, episodes: bool = True) -> None:

@@ -121,6 +121,16 @@ class _RolloutSlice:
         return {"episodes": episodes, "env_s": result.env_seconds, "total_s": time.perf_counter() - started}
 
 
+def _pending_state(pending: dict[str, Any]) -> dict[str, Any]:
+    """A rollout received ahead of its update (policy lag), as a checkpoint holds it."""
+    return {
+        "buffer": pending["buffer"],
+        "last_values": pending["last_values"],
+        "last_alive": pending["last_alive"],
+        "episodes": [[_episode_state(t, e) for t, e in r["episodes"]] for r in pending["replies"]],
+    }
+
+
 def _episode_state(step: int, episode: EpisodeRecord) -> dict[str, Any]:
     """An episode record as primitives and a tensor (checkpoints load with weights_only)."""
     return {
@@ -253,14 +263,7 @@ class RolloutWorkers:
         workers = self._command("get_state", None)  # receives a rollout in flight first
         pending = None
         if self._pending is not None:
-            pending = {
-                "buffer": self._pending["buffer"],
-                "last_values": self._pending["last_values"],
-                "last_alive": self._pending["last_alive"],
-                "episodes": [
-                    [_episode_state(t, e) for t, e in r["episodes"]] for r in self._pending["replies"]
-                ],
-            }
+            pending = _pending_state(self._pending)
         return {"env_steps": self.env_steps, "workers": workers, "pending": pending}
 
     def load_state_dict(self, state: dict[str, Any], *, episodes: bool = True) -> None:
