@@ -68,7 +68,7 @@ _LBF = (
 EPISODES = {
     # id: (env kwargs that keep episodes short, how its episodes are seen to end under random actions)
     **{f"mpe2/{name}": ({"max_cycles": 5}, {TRUNC}) for name in CATALOG_MPE2},
-    "sisl/multiwalker_v9": ({"max_cycles": 40}, {TERM}),  # falls; its time limit is reported as termination
+    "sisl/multiwalker_v9": ({"max_cycles": 100}, {TERM, TRUNC}),  # falls, and the time limit
     "sisl/pursuit_v5": (
         {"x_size": 5, "y_size": 5, "n_evaders": 1, "n_pursuers": 3, "n_catch": 1, "max_cycles": 60},
         {TERM, TRUNC},

@@ -99,3 +99,29 @@ def test_multiwalker_steps_through_a_walkers_fall_and_auto_resets():
     finally:
         venv.close()
     assert falls >= 4
+
+
+def test_multiwalker_reports_its_time_limit_as_truncation_with_the_state_to_bootstrap_from():
+    """PettingZoo's multiwalker marks its walkers terminated at `max_cycles`; the catalog's multiwalker
+    truncates them there (a fall still terminates, the test above)."""
+    pytest.importorskip("Box2D")
+    config = load_config(
+        "experiments/sisl/multiwalker_v9.yaml",
+        ["vector=sync", "num_envs=1", "ppo.num_minibatches=1", "env.kwargs.max_cycles=5"],
+    )
+    venv = build_vector_env(config)
+    try:
+        arrays = venv.reset(0)
+        zeros = {
+            name: np.zeros(g.final_obs.shape[:2] + (4,), np.float32) for name, g in arrays.groups.items()
+        }
+        for step in range(1, 6):  # standing still, nobody falls within 5 frames
+            arrays = venv.step(zeros)
+            walker = arrays.groups["walker"]
+            assert bool(venv.episode_over[0]) == (step == 5)
+            assert not walker.terminated.any()
+            assert walker.truncated[0].all() == (step == 5)
+        assert np.abs(arrays.final_state[0]).sum() > 0  # the state at the limit, for the bootstrap
+        assert walker.alive[0].all()  # auto-reset
+    finally:
+        venv.close()

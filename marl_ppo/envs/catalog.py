@@ -3,7 +3,8 @@
 Registering imports nothing: every factory imports its package when an env is built. Families and
 their extras (`pip install 'marl-ppo[EXTRA]'`):
 - `mpe2/*` (mpe): every mpe2 scenario;
-- `sisl/*` (sisl): multiwalker, pursuit (PettingZoo 1.27 no longer ships waterworld);
+- `sisl/*` (sisl): multiwalker (its time limit reported as truncation), pursuit (PettingZoo 1.27 no
+  longer ships waterworld);
 - `butterfly/*` (butterfly): pistonball, cooperative_pong, knights_archers_zombies;
 - `classic/*` (classic): rock-paper-scissors (parallel), connect four and tic-tac-toe (turn-based);
   both seats share one policy (self-play);
@@ -88,6 +89,31 @@ def cooperative_pong(**kwargs: Any) -> Any:
     return pettingzoo_parallel("butterfly/cooperative_pong-v6", **kwargs)
 
 
+def multiwalker(**kwargs: Any) -> Any:
+    """SISL's multiwalker, whose time limit ends an episode by truncation rather than termination.
+
+    PettingZoo's multiwalker marks every walker terminated once `max_cycles` frames have passed, so a
+    walker still carrying the package at the limit would get no bootstrap. The AEC core's `step` is
+    wrapped on the instance, which leaves PettingZoo's wrappers (and the parallel cycle's fast path,
+    `fast.lean_cycle`) as they are; a walker whose own step ended it (a fall, the package dropped or
+    delivered: the core's `last_dones`) stays terminated.
+    """
+    env = pettingzoo_parallel("sisl/multiwalker-v9", **kwargs)
+    core = env.aec_env.unwrapped
+    core_step = core.step
+
+    def step(action: Any) -> None:
+        core_step(action)
+        if core.env.frames >= core.env.max_cycles:
+            for agent in core.agents:
+                if not core.env.last_dones[core.possible_agents.index(agent)]:
+                    core.terminations[agent] = False
+                    core.truncations[agent] = True
+
+    core.step = step
+    return env
+
+
 def pettingzoo_aec(name: str, **kwargs: Any) -> Any:
     """A PettingZoo AEC (turn-based) env from PettingZoo's own registry."""
     import pettingzoo
@@ -146,10 +172,8 @@ def register_catalog() -> None:
     for name in MPE2_SCENARIOS:
         register_env(f"mpe2/{name}", f"mpe2.{name}:parallel_env", extra="mpe")
     for env_id, (name, extra, modules) in PETTINGZOO_PARALLEL.items():
-        factory = (
-            cooperative_pong
-            if env_id == "butterfly/cooperative_pong_v6"
-            else functools.partial(pettingzoo_parallel, name)
+        factory = {"butterfly/cooperative_pong_v6": cooperative_pong, "sisl/multiwalker_v9": multiwalker}.get(
+            env_id, functools.partial(pettingzoo_parallel, name)
         )
         register_env(env_id, factory, extra=extra, requires=modules)
     for env_id, name in PETTINGZOO_AEC.items():
