@@ -146,6 +146,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
     report.add_argument("--reps", type=int, default=5000, help="bootstrap resamples (default: 5000)")
+    report.add_argument(
+        "--merge-code",
+        action="store_true",
+        help="count runs of different marl_ppo code (version, commit: code.json) as one configuration",
+    )
     _debug_after(report)
     envs = commands.add_parser("envs", help="list registered environment ids, or check one")
     envs.add_argument("--json", action="store_true", help="print the list as JSON objects")
@@ -374,7 +379,7 @@ def _reproduce(options: argparse.Namespace) -> int:
 def _report(options: argparse.Namespace) -> int:
     from marl_ppo.analysis.report import write_report  # heavy imports (tensorboard, rliable, matplotlib)
 
-    files = write_report(options.paths, options.out, reps=options.reps)
+    files = write_report(options.paths, options.out, reps=options.reps, by_code=not options.merge_code)
     seeds = sum(len(row.configuration.runs) for row in files.rows)
     duplicates = sum(len(row.configuration.duplicates) for row in files.rows)
     print(

@@ -1,10 +1,13 @@
 """Reports from TensorBoard logs of known values: IQM, confidence intervals, seed counts, tables, figures."""
 
+import json
+
 import numpy as np
 import pytest
 import yaml
 from torch.utils.tensorboard import SummaryWriter
 
+import marl_ppo
 from marl_ppo.analysis.curves import binned_curve
 from marl_ppo.analysis.report import iqm_estimates, write_report
 from marl_ppo.analysis.runlogs import find_run_dirs, group_configurations, read_run
@@ -168,3 +171,53 @@ def test_a_report_over_duplicated_runs_counts_each_seed_once(tmp_path, capsys):
     final = rows[0].estimates["final_return"]
     assert len(rows) == 1 and final.seeds == 2 and final.iqm == pytest.approx(-35.0)
     assert len(rows[0].configuration.duplicates) == 2
+
+
+def test_runs_of_other_code_are_another_configuration_unless_merged(tmp_path, capsys):
+    """Before/after runs of one config by two versions of marl_ppo: two rows, labelled by the code,
+    and one row of 4 seeds with --merge-code."""
+    root = tmp_path / "runs"
+    for code, finals in (("before", (-40.0, -42.0)), ("after", (-30.0, -32.0))):
+        for seed, final in enumerate(finals):
+            run_dir = root / code / f"seed{seed}"
+            write_run(run_dir, [f"seed={seed}"], final, [-50.0, -40.0, final])
+            tree = ("a" if code == "before" else "b") * 40
+            record = {"version": "0.1.0", "commit": "c" * 40, "tree": tree, "dirty": False}
+            (run_dir / "code.json").write_text(json.dumps(record))
+    write_run(root / "old" / "seed0", ["seed=0"], -50.0, [-50.0, -50.0, -50.0])  # before code.json existed
+    rows = write_report([root], tmp_path / "split", reps=200).rows
+    labels = {row.configuration.label: row.estimates["final_return"] for row in rows}
+    assert sorted(labels) == ["code=0.1.0@aaaaaaaa", "code=0.1.0@bbbbbbbb", "code=unknown"]
+    assert (
+        labels["code=0.1.0@bbbbbbbb"].iqm == pytest.approx(-31.0) and labels["code=0.1.0@bbbbbbbb"].seeds == 2
+    )
+    assert (
+        main(["report", str(root), "--out", str(tmp_path / "merged"), "--reps", "200", "--merge-code"]) == 0
+    )
+    assert "2 run(s) in 1 configuration(s)" in capsys.readouterr().out  # seeds 0 and 1, the rest repeats
+
+
+def test_a_run_records_the_code_that_trained_it_and_a_resume_by_other_code(tmp_path, monkeypatch):
+    from marl_ppo.run import code_record
+
+    today = {"version": "0.1.0", "commit": "1" * 40, "tree": "2" * 40, "dirty": False}
+    monkeypatch.setattr(code_record, "current_code", lambda: dict(today))
+    code_record.write_code_record(tmp_path, resume=False)
+    assert json.loads((tmp_path / "code.json").read_text()) == today
+    assert code_record.code_label(tmp_path) == "0.1.0@22222222"
+    code_record.write_code_record(tmp_path, resume=True)  # resumed by the same code: unchanged
+    assert code_record.code_label(tmp_path) == "0.1.0@22222222"
+    today.update(tree="3" * 40, dirty=True)
+    code_record.write_code_record(tmp_path, resume=True)
+    record = json.loads((tmp_path / "code.json").read_text())
+    assert record["tree"] == "2" * 40 and record["resumes"] == [today]
+    assert code_record.code_label(tmp_path) == "0.1.0@22222222+resumed"
+
+
+def test_the_running_code_is_this_checkout():
+    from marl_ppo.run.code_record import current_code
+
+    code = current_code()
+    assert code["version"] == marl_ppo.__version__
+    if code["commit"] is not None:  # a git checkout: a 40-digit commit and the package's tree
+        assert len(code["commit"]) == 40 and len(code["tree"]) == 40 and isinstance(code["dirty"], bool)

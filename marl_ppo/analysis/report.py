@@ -158,9 +158,13 @@ def markdown_report(rows: Sequence[ReportRow], figures: dict[str, Path], *, reps
 
 
 def write_report(
-    paths: Iterable[Path | str], out: Path | str, *, reps: int = 5000, seed: int = 0
+    paths: Iterable[Path | str], out: Path | str, *, reps: int = 5000, seed: int = 0, by_code: bool = True
 ) -> ReportFiles:
-    """Read the runs under `paths`, write `report.md` and one `curves_<experiment>.png` per experiment into `out`."""
+    """Read the runs under `paths`, write `report.md` and one `curves_<experiment>.png` per experiment into `out`.
+
+    Runs trained by different code (package version and tree, see `code.json`) are different
+    configurations unless `by_code=False`.
+    """
     from marl_ppo.analysis.curves import plot_experiment
 
     if reps < 1:
@@ -170,7 +174,7 @@ def write_report(
     logged = [run for run in runs if run.series]
     if not logged:
         raise ReportError("none of the runs logged rollout/team_return or eval/team_return yet")
-    configurations = group_configurations(logged)
+    configurations = group_configurations(logged, by_code=by_code)
     rows = summarize(configurations, reps=reps, seed=seed)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

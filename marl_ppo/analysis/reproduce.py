@@ -18,6 +18,7 @@ from marl_ppo.analysis.report import Estimate, iqm_estimates
 from marl_ppo.analysis.stats import rliable
 from marl_ppo.analysis.sweep import SweepError, SweepOutcome, default_jobs, plan_sweep, run_sweep
 from marl_ppo.config import load_config
+from marl_ppo.run.code_record import code_label
 
 
 @dataclass(frozen=True)
@@ -78,5 +79,12 @@ def reproduce(
     returns = tuple(
         float(json.loads((run.run_dir / "summary.json").read_text())["team_return_mean"]) for run in runs
     )
+    codes = [code_label(run.run_dir) for run in runs]
+    if len(set(codes)) > 1:  # finished runs of older code were reused beside new ones
+        echo(
+            "warning: the seeds were trained by different code ("
+            + ", ".join(f"{run.name} {code}" for run, code in zip(runs, codes, strict=True))
+            + "); `marl-ppo report` keeps them apart, and a new --out trains every seed with today's"
+        )
     estimate = iqm_estimates({"seeds": returns}, reps=2000, seed=0)["seeds"]
     return Reproduction(experiment.stem, expected.steps, expected.team_return, returns, estimate), outcome

@@ -1,7 +1,9 @@
 """Finished runs read back from disk: resolved config and TensorBoard return series, grouped by configuration.
 
 A configuration is a run's resolved config without the keys that say how it was executed, not
-what it trained (`EXECUTION_KEYS`); its runs are the seeds. An experiment is the env id the
+what it trained (`EXECUTION_KEYS`), and the code that trained it (the run's `code.json`: runs of
+another package version or commit are another configuration, unless the caller merges them); its
+runs are the seeds. An experiment is the env id the
 configurations were trained on.
 """
 
@@ -34,6 +36,8 @@ class RunLog:
     run_dir: Path
     config: dict[str, Any]
     series: dict[str, tuple[np.ndarray, np.ndarray]]
+    code: str = "unknown"
+    """The code that trained it (`marl_ppo.run.code_record.code_label`)."""
 
     def has(self, tag: str) -> bool:
         """True when the run logged at least one point of `tag`."""
@@ -76,6 +80,8 @@ def read_run(run_dir: Path) -> RunLog:
     """Read a run's config.yaml and every point of its return tags from its TensorBoard event files."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from marl_ppo.run.code_record import code_label
+
     config = with_defaults(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
     events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})  # 0 keeps all
     events.Reload()
@@ -88,7 +94,7 @@ def read_run(run_dir: Path) -> RunLog:
                 np.array([p.step for p in points], dtype=np.int64),
                 np.array([p.value for p in points], dtype=np.float64),
             )
-    return RunLog(run_dir, config, series)
+    return RunLog(run_dir, config, series, code_label(run_dir))
 
 
 def with_defaults(config: dict[str, Any]) -> dict[str, Any]:
@@ -117,22 +123,23 @@ def experiment_name(config: dict[str, Any]) -> str:
     return str((config.get("env") or {}).get("id", "unknown env"))
 
 
-def _configuration_key(config: dict[str, Any]) -> str:
-    trained = {key: value for key, value in config.items() if key not in EXECUTION_KEYS}
-    return json.dumps(trained, sort_keys=True)
+def _trained(run: RunLog, by_code: bool) -> dict[str, Any]:
+    """What defines the run's configuration: its config without the execution keys, and its code."""
+    trained = {key: value for key, value in run.config.items() if key not in EXECUTION_KEYS}
+    return {**trained, "code": run.code} if by_code else trained
 
 
-def group_configurations(runs: Sequence[RunLog]) -> list[Configuration]:
-    """Runs grouped into configurations (same config but seed), per experiment, in first-seen order."""
+def group_configurations(runs: Sequence[RunLog], *, by_code: bool = True) -> list[Configuration]:
+    """Runs grouped into configurations (same config but seed; same code unless `by_code=False`), per
+    experiment, in first-seen order."""
     groups: dict[tuple[str, str], list[RunLog]] = {}
     for run in runs:
-        groups.setdefault((experiment_name(run.config), _configuration_key(run.config)), []).append(run)
+        key = json.dumps(_trained(run, by_code), sort_keys=True)
+        groups.setdefault((experiment_name(run.config), key), []).append(run)
     configurations = []
     for experiment in dict.fromkeys(name for name, _ in groups):
         members = [group for (name, _), group in groups.items() if name == experiment]
-        flats = [
-            flatten_config({k: v for k, v in g[0].config.items() if k not in EXECUTION_KEYS}) for g in members
-        ]
+        flats = [flatten_config(_trained(g[0], by_code)) for g in members]
         keys = sorted({key for flat in flats for key in flat})
         varying = [key for key in keys if len({flat.get(key) for flat in flats}) > 1]
         for group, flat in zip(members, flats, strict=True):

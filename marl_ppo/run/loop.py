@@ -29,6 +29,7 @@ from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.source import RolloutSource
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.checkpoint import FORMAT, periodic_path, prune_checkpoints, save_checkpoint
+from marl_ppo.run.code_record import write_code_record
 from marl_ppo.run.host import cpu_seconds, learner_threads, peak_rss_mb, rss_mb
 from marl_ppo.run.logger import RunLogger
 from marl_ppo.run.memory import check_memory
@@ -86,6 +87,7 @@ def train(
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
+        write_code_record(run_dir, resume=resume)
         trainer = Trainer(model, config.ppo, generator=generator, optimizer=config.fast.optimizer)
         if config.eval_every:  # deterministic episodes on env copies of their own, logged under eval/
             eval_venv = build_vector_env(eval_config(config, config.eval_episodes), device)
