@@ -95,7 +95,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     _debug_after(train)
     evaluate = commands.add_parser("eval", help="evaluate a run's checkpoint; writes eval.json (and a video)")
-    evaluate.add_argument("target", metavar="RUN_DIR|CHECKPOINT", type=Path)
+    evaluate.add_argument("target", metavar="RUN_DIR|CHECKPOINT|EXPERIMENT.yaml", type=Path)
+    evaluate.add_argument(
+        "--random",
+        action="store_true",
+        help="play the uniform random policy on the experiment file's env instead (the floor to read results against)",
+    )
     evaluate.add_argument(
         "overrides", nargs="*", metavar="key=value", help="config overrides, e.g. env.kwargs.max_cycles=50"
     )
@@ -305,6 +310,9 @@ def _envs(options: argparse.Namespace) -> int:
 def _eval(options: argparse.Namespace) -> int:
     from marl_ppo.eval.from_checkpoint import evaluate_checkpoint  # heavy imports (torch, envs)
 
+    if options.random:
+        return _eval_random(options)
+
     output = evaluate_checkpoint(
         options.target,
         episodes=options.episodes,
@@ -326,6 +334,32 @@ def _eval(options: argparse.Namespace) -> int:
             f"{key} {value:.2f}" for key, value in output.versus.to_dict().items() if isinstance(value, float)
         )
         print(f"against random opponents ({output.versus.mode}): {scores}")
+    return 0
+
+
+def _eval_random(options: argparse.Namespace) -> int:
+    from marl_ppo.eval.from_checkpoint import evaluate_random
+
+    if options.render or options.deterministic:
+        raise EvalError("--random plays a uniform random policy: drop --render and --deterministic")
+    if options.target.suffix not in (".yaml", ".yml") or not options.target.is_file():
+        raise EvalError(
+            f"--random needs an experiment file, not '{options.target}'; e.g. experiments/mpe/simple_spread.yaml"
+        )
+    result, eval_json = evaluate_random(
+        options.target,
+        episodes=options.episodes,
+        overrides=options.overrides,
+        out=options.out,
+        seed=options.seed,
+    )
+    team = result.to_dict()["team_return"]
+    low, high = team["ci95"]
+    wrote = f"; wrote {eval_json}" if eval_json is not None else ""
+    print(
+        f"{len(result.team_returns)} episodes of the uniform random policy: team return (sum over agents) "
+        f"{team['mean']:.2f} [95% CI {low:.2f}, {high:.2f}]{wrote}"
+    )
     return 0
 
 

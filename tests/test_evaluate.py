@@ -228,3 +228,37 @@ def test_eval_config_steps_at_most_one_copy_per_episode_in_process():
     assert (evaluated.vector, evaluated.policy_lag, evaluated.num_envs) == ("sync", 0, 10)
     assert evaluated.env.kwargs == {**config.env.kwargs, "render_mode": "rgb_array"}
     assert evaluated.model == config.model and evaluated.seed == config.seed
+
+
+def test_the_random_policy_scores_the_mean_payoff_of_the_matrix_game(tmp_path, capsys):
+    """Uniform rows and columns: team return 2 x the mean of the payoff matrix, (10 + 5 + 2) x 2 / 9."""
+    expected = 2 * 17.0 / 9
+    args = ["eval", "experiments/examples/matrix_game_v0.yaml", "--random", "--episodes", "3000"]
+    assert main([*args, "--out", str(tmp_path)]) == 0
+    assert "3000 episodes of the uniform random policy: team return" in capsys.readouterr().out
+    record = json.loads((tmp_path / "eval.json").read_text())
+    team = record["team_return"]
+    assert record["policy"] == "uniform random" and abs(team["mean"] - expected) < 0.25
+    assert team["ci95"][0] < expected < team["ci95"][1]
+
+
+def test_the_random_policy_draws_only_allowed_actions():
+    """The masked guessing game refuses a masked action, so these episodes drew none; each agent's
+    chance of the paid action is E[1 / allowed actions] over the env's masks: team return 6.2 over 8 steps."""
+    from marl_ppo.eval.from_checkpoint import evaluate_random
+
+    result, _ = evaluate_random(ROOT / "experiments/examples/masked_guess_v0.yaml", episodes=400)
+    assert len(result.team_returns) == 400 and abs(result.team_returns.mean() - 6.2) < 0.3
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["runs", "--random"], "--random needs an experiment file, not 'runs'"),
+        (["experiments/examples/matrix_game_v0.yaml", "--random", "--render", "gif"], "drop --render"),
+    ],
+)
+def test_bad_random_eval_input_is_one_line(args, message, capsys):
+    assert main(["eval", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err

@@ -143,14 +143,18 @@ def policy_actions(
 
 def run_episodes(
     venv: VectorEnv,
-    model: TeamModel,
+    model: TeamModel | None,
     device: torch.device,
     *,
     episodes: int,
     seed: int,
     deterministic: bool,
 ) -> EvalResult:
-    """Play `episodes` whole episodes, each env copy a fixed share of them (so short episodes are not favoured)."""
+    """Play `episodes` whole episodes, each env copy a fixed share of them (so short episodes are not
+    favoured). `model=None` plays the uniform random policy (each agent's allowed actions equally
+    likely; Box actions uniform in their bounds, clipped to [-1, 1])."""
+    from marl_ppo.eval.versus import random_actions
+
     copies, spec = venv.num_envs, venv.spec
     quota = np.array([episodes // copies + (i < episodes % copies) for i in range(copies)])
     columns = {g.name: [spec.agents.index(a) for a in g.agents] for g in spec.groups}
@@ -161,9 +165,13 @@ def run_episodes(
     with _global_rng_untouched(device):
         torch.manual_seed(seed)  # stochastic evaluations are reproducible and independent of training
         arrays = venv.reset(seed)
-        memory = make_memory(model, copies, device)  # a recurrent policy's states, fresh for every copy
+        # a recurrent policy's states, fresh for every copy
+        memory = None if model is None else make_memory(model, copies, device)
         while any(len(done) < share for done, share in zip(finished, quota, strict=True)):
-            actions = policy_actions(model, arrays, device, deterministic=deterministic, memory=memory)
+            if model is None:
+                actions = random_actions(spec, arrays, device)
+            else:
+                actions = policy_actions(model, arrays, device, deterministic=deterministic, memory=memory)
             arrays = venv.step(
                 actions if tensor_io else {name: a.cpu().numpy() for name, a in actions.items()}
             )

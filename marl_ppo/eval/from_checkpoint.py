@@ -125,6 +125,44 @@ def evaluate_checkpoint(
     return EvalOutput(result, eval_json, video, versus)
 
 
+def evaluate_random(
+    experiment: Path | str | None,
+    *,
+    episodes: int = 100,
+    overrides: Sequence[str] = (),
+    out: Path | str | None = None,
+    seed: int | None = None,
+) -> tuple[EvalResult, Path | None]:
+    """The uniform random policy's returns on an experiment's env (the floor a result is read against);
+    writes eval.json into `out` when given."""
+    from marl_ppo.config import load_config
+
+    if episodes < 1:
+        raise EvalError(f"--episodes {episodes} must be at least 1")
+    config = load_config(experiment, overrides)
+    device = resolve_device(config.device)
+    seed = eval_seed(config) if seed is None else seed
+    venv = build_vector_env(eval_config(config, episodes), device)
+    try:
+        result = run_episodes(venv, None, device, episodes=episodes, seed=seed, deterministic=False)
+    finally:
+        venv.close()
+    if out is None:
+        return result, None
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = {
+        "policy": "uniform random",
+        "experiment": None if experiment is None else str(experiment),
+        "env": {"id": config.env.id, "kwargs": config.env.kwargs},
+        "overrides": list(overrides),
+        **result.to_dict(),
+    }
+    eval_json = out_dir / "eval.json"
+    eval_json.write_text(json.dumps(summary, indent=2) + "\n")
+    return result, eval_json
+
+
 def _play(
     payload: dict[str, Any],
     config: ExperimentConfig,
