@@ -283,3 +283,23 @@ def test_a_recurrent_policy_behind_the_cnn_recomputes_its_acting_log_probs(env_i
         logp = unchunk(_policy(actor, prepared).log_prob(prepared.actions), steps=config.rollout_steps)
     stored = buffer.groups[group]
     torch.testing.assert_close(logp, stored.logp, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("shape", "factor"), [((457, 120, 3), 8), ((560, 880, 3), 14), ((3, 64, 64), 2), ((7, 9, 1), 3)]
+)
+def test_pooled_frames_equal_the_rounded_float_mean_of_each_block(shape, factor):
+    """The integer pooling equals rint(mean) of each block exactly, ties (x.5) rounded to even included."""
+    rng = np.random.default_rng(0)
+    last = channels_last(shape)
+    image = rng.integers(0, 256, shape, dtype=np.uint8)
+    hwc = image if last else np.moveaxis(image, 0, -1)
+    h, w = hwc.shape[0] // factor, hwc.shape[1] // factor
+    blocks = hwc[: h * factor, : w * factor].reshape(h, factor, w, factor, -1).astype(np.float64)
+    expected = np.rint(blocks.mean(axis=(1, 3))).astype(np.uint8)
+    pooled = pool_frame(image, factor, last)
+    np.testing.assert_array_equal(pooled if last else np.moveaxis(pooled, 0, -1), expected)
+    ties = np.zeros((2, 2, 1), np.uint8)
+    for value in range(255):  # blocks of mean value + 0.5: even neighbour chosen
+        ties[0], ties[1] = value, value + 1
+        assert pool_frame(ties, 2, True)[0, 0, 0] == np.rint(value + 0.5)

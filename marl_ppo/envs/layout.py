@@ -56,12 +56,23 @@ def pool_image(image: np.ndarray, factor: int) -> np.ndarray:
 
 
 def pool_frame(image: np.ndarray, factor: int, last: bool) -> np.ndarray:
-    """Average-pool a uint8 image (HWC when `last`, else CHW) over factor x factor blocks, rounded to uint8."""
+    """Average-pool a uint8 image (HWC when `last`, else CHW) over factor x factor blocks, rounded to uint8
+    (to nearest, ties to even, as `np.rint` of the mean).
+
+    Sums in integers, rows of each block first: several times faster than a float mean over the
+    block axes on Butterfly's frames (that mean was most of pistonball's step), and exactly equal to it.
+    """
     hwc = image if last else np.moveaxis(image, 0, -1)
     height, width, channels = hwc.shape
     h, w = height // factor, width // factor
-    blocks = hwc[: h * factor, : w * factor].reshape(h, factor, w, factor, channels)
-    pooled = np.rint(blocks.mean(axis=(1, 3), dtype=np.float32)).astype(np.uint8)
+    rows = (
+        hwc[: h * factor, : w * factor].reshape(h, factor, w * factor, channels).sum(axis=1, dtype=np.uint32)
+    )
+    sums = np.add.reduceat(rows, np.arange(0, w * factor, factor), axis=1)  # then each block's columns
+    n = factor * factor
+    mean, rest = np.divmod(sums, n)
+    up = (2 * rest > n) | ((2 * rest == n) & (mean % 2 == 1))
+    pooled = (mean + up).astype(np.uint8)
     return pooled if last else np.moveaxis(pooled, -1, 0)
 
 
