@@ -82,7 +82,30 @@ def test_every_expected_block_in_the_experiments_is_valid():
 
 
 @pytest.mark.slow
-def test_the_matrix_game_reproduces_its_band(tmp_path, capsys):
-    experiment = ROOT / "experiments/examples/matrix_game_v0.yaml"
-    assert main(["reproduce", str(experiment), "--out", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.strip().splitlines()[-1].endswith("expected [19.00, 20.00]: inside")
+@pytest.mark.parametrize(
+    ("experiment", "band"),
+    [
+        ("experiments/examples/matrix_game_v0.yaml", "[19.00, 20.00]"),
+        ("experiments/examples/masked_guess_v0.yaml", "[15.50, 16.00]"),
+    ],
+)
+def test_the_example_games_reproduce_their_bands(experiment, band, tmp_path, capsys):
+    assert main(["reproduce", str(ROOT / experiment), "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].endswith(f"expected {band}: inside")
+
+
+@pytest.mark.slow
+def test_the_default_experiment_reproduces_a_short_band(tmp_path, capsys):
+    """simple_spread at 100k env steps, seeds 0 and 1 (a few minutes each on 2 cores): a random policy
+    scores about -81, and a learner that stalls stays near it."""
+    text = (ROOT / "experiments/mpe/simple_spread.yaml").read_text()
+    short = tmp_path / "simple_spread_100k.yaml"
+    short.write_text(
+        text.replace(
+            "expected: {steps: 1_000_000, seeds: 3, team_return: [-35.0, -30.0]}",
+            "expected: {steps: 100_000, seeds: 2, team_return: [-60.0, -50.0]}",
+        )
+    )
+    assert "steps: 100_000" in short.read_text()
+    assert main(["reproduce", str(short), "--out", str(tmp_path / "runs")]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].endswith("expected [-60.00, -50.00]: inside")
