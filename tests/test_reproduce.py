@@ -109,3 +109,11 @@ def test_the_default_experiment_reproduces_a_short_band(tmp_path, capsys):
     assert "steps: 100_000" in short.read_text()
     assert main(["reproduce", str(short), "--out", str(tmp_path / "runs")]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1].endswith("expected [-60.00, -50.00]: inside")
+
+
+def test_every_experiment_file_has_a_row_in_the_results_table():
+    results = (ROOT / "docs/results.md").read_text()
+    files = sorted(
+        path.relative_to(ROOT / "experiments").as_posix() for path in (ROOT / "experiments").glob("*/*.yaml")
+    )
+    assert files and [f for f in files if f"| `{f}` |" not in results] == []
