@@ -186,11 +186,12 @@ class PPOConfig:
     value clip is centred on the critic's output at the start of the update, and the KL stop measures
     the update's own movement. `behaviour`: ratio, value clip and KL stop use the acting policy's
     log-probabilities and values, as for an on-policy batch. Without policy lag neither applies."""
-    behaviour_weight_max: PositiveFloat | None = 1.0
-    """Truncation of decoupled PPO's weight pi_start(a|s) / pi_acting(a|s), as V-trace truncates its
-    importance weights at 1.0: no sample counts more than once, which bounds the variance and biases the
-    update slightly towards the acting policy where the start policy favours an action more; null
-    leaves the weights untruncated."""
+    behaviour_weight_max: PositiveFloat | None = None
+    """Truncation of decoupled PPO's weight pi_start(a|s) / pi_acting(a|s). null (the default, as in
+    the paper) leaves the weights untruncated: the update's objective stays the start policy's. A
+    ceiling such as V-trace's 1.0 lets no sample count more than once, which bounds the variance and
+    biases the update slightly towards the acting policy where the start policy favours an action
+    more; on the default experiment it learnt a little slower (docs/design.md)."""
     chunk_length: PositiveInt | None = 10
     """With `model.recurrent`: minibatches are sequences of this many consecutive steps of one env
     copy (every agent of a group together), each unrolled from the recurrent state stored when it was
