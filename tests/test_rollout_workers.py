@@ -201,6 +201,8 @@ def test_a_killed_worker_stops_the_run_with_a_clear_error(tiny_overrides):
         (2, 32, 10e-6, "sync"),  # a toy env: bookkeeping would dominate
         (1, 32, 300e-6, "sync"),  # nothing to overlap on one core
         (2, 3, 300e-6, "sync"),  # too few copies to split
+        (2, 2, 30e-3, "workers"),  # a pistonball-like step: one copy per worker pays
+        (1, 2, 30e-3, "sync"),
     ],
 )
 def test_auto_vector_picks_by_cores_copies_and_step_cost(
@@ -216,6 +218,8 @@ def test_auto_vector_picks_by_cores_copies_and_step_cost(
     resolved = factory.resolve_vector(config)
     assert resolved.vector == expected
     assert resolved.policy_lag == (1 if expected == "workers" else 0)
+    if expected == "workers":  # two workers, whether the copies are split in halves or one each
+        assert resolved.num_workers == 2
 
 
 def test_auto_vector_probe_tells_a_toy_env_from_simple_spread(tiny_overrides):

@@ -98,27 +98,33 @@ def team_spec(config: ExperimentConfig) -> TeamSpec:
 AUTO_WORKERS_MIN_STEP_S = 50e-6
 """`vector: auto` runs env copies in rollout workers when one env step costs at least this long."""
 
+AUTO_SLOW_STEP_S = 2e-3
+"""An env step this slow (pistonball's is about 30 ms) keeps a worker busy with a single env copy:
+`vector: auto` then gives each copy its own worker, up to `num_workers` and the cores."""
+
 
 def resolve_vector(config: ExperimentConfig) -> ExperimentConfig:
     """Replace `vector: auto` by `sync` or `workers`, from the cores available and the env's step cost
     (and set policy_lag to 0 unless the envs run in rollout workers).
 
     Workers pay for themselves when there are at least two cores, enough env copies to split
-    (two per worker) and an env step that costs more than the per-step bookkeeping (50 us);
-    toy envs and single-core machines run in this process. The choice is recorded in the run's
+    (two per worker) and an env step that costs more than the per-step bookkeeping (50 us); an env
+    whose step costs milliseconds gets a worker per copy even with fewer copies. Toy envs and
+    single-core machines run in this process. The choice (and `num_workers`) is recorded in the run's
     config.yaml, so a rerun from that file takes the same path.
     """
     if config.vector != "auto":
         acting = config.vector in ("workers", "ray")  # rollout workers may collect ahead (policy_lag)
         return config if acting else dataclasses.replace(config, policy_lag=0)
     cores = usable_cores()
-    batched = is_batched(config)
-    enough = cores >= 2 and config.num_envs >= 2 * min(config.num_workers, cores)
-    if batched or not enough:
+    workers = min(config.num_workers, cores)
+    if is_batched(config) or cores < 2 or config.num_envs < 2:
         return dataclasses.replace(config, vector="sync", policy_lag=0)
     seconds = probe_step_seconds(config)
-    if seconds >= AUTO_WORKERS_MIN_STEP_S:
+    if seconds >= AUTO_WORKERS_MIN_STEP_S and config.num_envs >= 2 * workers:
         return dataclasses.replace(config, vector="workers")
+    if seconds >= AUTO_SLOW_STEP_S:
+        return dataclasses.replace(config, vector="workers", num_workers=min(workers, config.num_envs))
     return dataclasses.replace(config, vector="sync", policy_lag=0)
 
 
