@@ -305,8 +305,9 @@ class ExperimentConfig:
     step them while this process acts; `workers` in `num_workers` processes that also act, each with a
     copy of the policy (no per-step round trips; see policy_lag); `ray` in `num_workers` such workers
     as Ray actors, on any node of a Ray cluster (see `ray.*`; needs `pip install 'marl-ppo[ray]'`); `auto` picks `workers` when there
-    are 2+ cores, 2+ env copies per worker and an env step costs 50 us or more, else `sync` (the
-    choice is written to the run's config.yaml). Batched simulators (VMAS) ignore it."""
+    are 2+ cores, 2+ env copies per worker and an env step costs 50 us or more, or a worker per copy
+    when a step costs 2 ms or more (pistonball), else `sync` (the choice is written to the run's
+    config.yaml). Batched simulators (VMAS) ignore it."""
     num_workers: PositiveInt = 2
     """Worker processes for `vector: subprocess|workers|ray` (each owns a contiguous slice of the env copies)."""
     policy_lag: Literal[0, 1] = 0
