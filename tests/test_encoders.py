@@ -303,3 +303,15 @@ def test_pooled_frames_equal_the_rounded_float_mean_of_each_block(shape, factor)
     for value in range(255):  # blocks of mean value + 0.5: even neighbour chosen
         ties[0], ties[1] = value, value + 1
         assert pool_frame(ties, 2, True)[0, 0, 0] == np.rint(value + 0.5)
+
+
+def test_a_column_major_frame_pools_as_its_contiguous_copy():
+    """Pistonball's state is a transposed view; pooling it in memory order gives the same frame."""
+    rng = np.random.default_rng(1)
+    stored = rng.integers(0, 256, (880, 560, 3), dtype=np.uint8)
+    view = stored.transpose(1, 0, 2)  # (560, 880, 3), column-major
+    np.testing.assert_array_equal(
+        pool_frame(view, 14, True), pool_frame(np.ascontiguousarray(view), 14, True)
+    )
+    chw = np.moveaxis(view, -1, 0)
+    np.testing.assert_array_equal(pool_frame(chw, 14, False), np.moveaxis(pool_frame(view, 14, True), -1, 0))

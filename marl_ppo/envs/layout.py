@@ -61,8 +61,19 @@ def pool_frame(image: np.ndarray, factor: int, last: bool) -> np.ndarray:
 
     Sums in integers, rows of each block first: several times faster than a float mean over the
     block axes on Butterfly's frames (that mean was most of pistonball's step), and exactly equal to it.
+    An image stored column-major (pistonball's state is a transposed view) is pooled in its memory
+    order, 20 times faster than across it.
     """
     hwc = image if last else np.moveaxis(image, 0, -1)
+    pooled = (
+        _pool_hwc(hwc.transpose(1, 0, 2), factor).transpose(1, 0, 2)
+        if hwc.strides[0] < hwc.strides[1]
+        else _pool_hwc(hwc, factor)
+    )
+    return pooled if last else np.moveaxis(pooled, -1, 0)
+
+
+def _pool_hwc(hwc: np.ndarray, factor: int) -> np.ndarray:
     height, width, channels = hwc.shape
     h, w = height // factor, width // factor
     rows = (
@@ -72,8 +83,7 @@ def pool_frame(image: np.ndarray, factor: int, last: bool) -> np.ndarray:
     n = factor * factor
     mean, rest = np.divmod(sums, n)
     up = (2 * rest > n) | ((2 * rest == n) & (mean % 2 == 1))
-    pooled = (mean + up).astype(np.uint8)
-    return pooled if last else np.moveaxis(pooled, -1, 0)
+    return (mean + up).astype(np.uint8)
 
 
 def pooled_shape(shape: tuple[int, ...], factor: int) -> tuple[int, int, int]:
