@@ -19,6 +19,7 @@ import torch
 from marl_ppo.config import ExperimentConfig
 from marl_ppo.envs.adapters.aec import TurnBasedAdapter, is_aec
 from marl_ppo.envs.adapters.check_wrappers import without_check_wrappers
+from marl_ppo.envs.adapters.contract import EnvContractError
 from marl_ppo.envs.adapters.gymnasium import GymnasiumTeamEnv
 from marl_ppo.envs.adapters.pettingzoo import ParallelEnvAdapter
 from marl_ppo.envs.grouping import build_team_spec
@@ -120,7 +121,10 @@ def resolve_vector(config: ExperimentConfig) -> ExperimentConfig:
     workers = min(config.num_workers, cores)
     if is_batched(config) or cores < 2 or config.num_envs < 2:
         return dataclasses.replace(config, vector="sync", policy_lag=0)
-    seconds = probe_step_seconds(config)
+    try:
+        seconds = probe_step_seconds(config)
+    except EnvContractError:  # the run meets it too, and reports it where it happens, after its updates
+        return dataclasses.replace(config, vector="sync", policy_lag=0)
     if seconds >= AUTO_WORKERS_MIN_STEP_S and config.num_envs >= 2 * workers:
         return dataclasses.replace(config, vector="workers")
     if seconds >= AUTO_SLOW_STEP_S:
