@@ -12,7 +12,8 @@ from conftest import ROOT
 from marl_ppo.config import load_config, yaml_value
 from marl_ppo.envs.factory import build_vector_env, team_spec
 from marl_ppo.envs.registry import registered_specs
-from marl_ppo.eval.versus import random_actions, sides_of
+from marl_ppo.eval.random_policy import random_actions
+from marl_ppo.eval.versus import sides_of
 from marl_ppo.run.loop import train
 
 CATALOG = [spec for spec in registered_specs() if spec.family != "envs"]

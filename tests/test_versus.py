@@ -12,7 +12,8 @@ from marl_ppo.cli import main
 from marl_ppo.config import load_config
 from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.eval.evaluate import EvalError
-from marl_ppo.eval.versus import play_vs_random, random_actions, sides_of
+from marl_ppo.eval.random_policy import random_actions
+from marl_ppo.eval.versus import play_vs_random, sides_of
 from marl_ppo.run.loop import train
 
 CPU = torch.device("cpu")

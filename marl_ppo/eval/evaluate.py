@@ -20,6 +20,7 @@ import torch
 from marl_ppo.config import ExperimentConfig, build_config, config_to_dict
 from marl_ppo.envs.spec import TeamArrays
 from marl_ppo.envs.vector.base import VectorEnv
+from marl_ppo.eval.random_policy import random_actions
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.memory import RecurrentMemory, make_memory
 
@@ -153,7 +154,6 @@ def run_episodes(
     """Play `episodes` whole episodes, each env copy a fixed share of them (so short episodes are not
     favoured). `model=None` plays the uniform random policy (each agent's allowed actions equally
     likely; Box actions uniform in their bounds, clipped to [-1, 1])."""
-    from marl_ppo.eval.versus import random_actions
 
     copies, spec = venv.num_envs, venv.spec
     quota = np.array([episodes // copies + (i < episodes % copies) for i in range(copies)])
