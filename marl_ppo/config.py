@@ -151,10 +151,11 @@ class PPOConfig:
     num_minibatches: PositiveInt = 4
     """Minibatches per epoch; the batch (rollout_steps * num_envs env steps) is split evenly."""
     target_kl: PositiveFloat | None = 0.05
-    """Stop the actors at once when, after a minibatch step, the approximate KL of the updated policy
-    from the policy at the start of the update, on that minibatch, exceeds 1.5 * target_kl in any
-    group (the largest over groups decides: the groups' actors step together, and none may pass the
-    bound); the critic finishes its epochs. Costs one more forward of the actors per step; null disables."""
+    """Stop the actors at once when, after an actor step, the approximate KL of the updated policy from
+    the policy at the start of the update exceeds 1.5 * target_kl in any group (the largest over groups
+    decides: the groups' actors step together, and none may pass the bound); the critic finishes its
+    epochs. The KL is read on the next minibatch, from the forward its loss needs anyway, before the
+    actors step on it; null disables."""
     entropy_coef: Annotated[float, Field(ge=0)] = 0.01
     """Weight of the entropy bonus in the actor loss."""
     max_grad_norm: PositiveFloat | None = 10.0

@@ -155,25 +155,36 @@ def test_the_value_clip_is_centred_on_the_critics_output_at_the_first_step(monke
 
 
 def _run_recording_kl(model, config, batches):
-    """One update; after each actor step, the KL the stop reads (largest over groups) and the actors' weights."""
+    """One update. At each KL check (before every actor step but the first): the KL the stop reads,
+    recomputed here from the minibatch about to be stepped on (largest over groups); the actors'
+    weights after each actor step; and the number of critic steps."""
     trainer = Trainer(model, config.ppo, generator=torch.Generator().manual_seed(0))
-    kls, weights, critic_steps = [], [], []
-    check = trainer._kl_exceeded
+    kls, weights, critic_steps, seen = [], [], [], []
+    check, losses = trainer._kl_exceeded, trainer._losses
 
-    def recording(minibatch):
+    def recording_losses(minibatch):
+        seen.append(minibatch)
+        return losses(minibatch)
+
+    def recording_check(diagnostics):
         with torch.no_grad():
-            kls.append(
-                max(
-                    float(approx_kl(_logp(model, name, batch), batch.logp_old, batch.alive))
-                    for name, batch in minibatch.items()
-                )
+            own = max(
+                float(approx_kl(_logp(model, name, batch), batch.logp_old, batch.alive))
+                for name, batch in seen[-1].items()
             )
-        weights.append({k: v.clone() for k, v in model.actors.state_dict().items()})
-        return check(minibatch)
+        assert own == pytest.approx(max(float(d["kl"]) for d in diagnostics.values()), rel=1e-5, abs=1e-9)
+        kls.append(own)
+        return check(diagnostics)
 
-    trainer._kl_exceeded = recording
-    step = trainer.critic_optimizer.step
-    trainer.critic_optimizer.step = lambda: (critic_steps.append(1), step())
+    trainer._losses, trainer._kl_exceeded = recording_losses, recording_check
+    actor_step, critic_step = trainer.actor_optimizer.step, trainer.critic_optimizer.step
+
+    def recording_actor_step():
+        actor_step()
+        weights.append({k: v.clone() for k, v in model.actors.state_dict().items()})
+
+    trainer.actor_optimizer.step = recording_actor_step
+    trainer.critic_optimizer.step = lambda: (critic_steps.append(1), critic_step())
     stats = trainer.update(batches)
     return stats, kls, weights, len(critic_steps)
 
@@ -184,24 +195,25 @@ def _logp(model, name, batch):
 
 
 def test_the_kl_stop_ends_the_actors_at_the_step_that_crosses_the_bound():
-    """Unbounded, the update's six actor steps reach KLs k_1..k_6 from the start policy. With the bound
-    1.5 * target_kl between the largest KL before step j and k_j, the actors take exactly j steps and
-    end with the weights step j left; the critic still takes all its six steps."""
+    """Unbounded, the update's six actor steps are checked before steps 2..6, at KLs c_1..c_5 from the
+    start policy (c_i: after i steps, on the minibatch of step i + 1). With the bound 1.5 * target_kl
+    between the largest KL before check j and c_j, the actors take exactly j steps, the last one being
+    the step that crossed the bound, and end with the weights it left; the critic takes all six steps."""
     config = _config("ppo.train_pi_iters=3", "ppo.train_vf_iters=3", "ppo.target_kl=1e9")
     model, _, batches = _rollout(config)
     start = copy.deepcopy(model)
     stats, kls, weights, critic_steps = _run_recording_kl(model, config, batches)
-    assert (stats.pi_steps, stats.stop_iter, len(kls), critic_steps) == (6, 3, 6, 6)
-    j = max(i for i in range(1, 5) if kls[i] > max(kls[:i]))  # a step that raises the KL, not the last
-    bound = (max(kls[:j]) + kls[j]) / 2
+    assert (stats.pi_steps, stats.stop_iter, len(kls), len(weights), critic_steps) == (6, 3, 5, 6, 6)
+    j = max(i for i in range(2, 5) if kls[i - 1] > max(kls[: i - 1]))  # a check that sees the KL rise
+    bound = (max(kls[: j - 1]) + kls[j - 1]) / 2
     stopped = copy.deepcopy(start)
     limited = dataclasses.replace(config, ppo=dataclasses.replace(config.ppo, target_kl=bound / 1.5))
-    stats, kls_stopped, _, critic_steps = _run_recording_kl(stopped, limited, batches)
-    assert stats.pi_steps == j + 1 and stats.stop_iter == j // 2 + 1 and critic_steps == 6
-    assert kls_stopped == kls[: j + 1]
+    stats, kls_stopped, weights_stopped, critic_steps = _run_recording_kl(stopped, limited, batches)
+    assert stats.pi_steps == j and stats.stop_iter == (j + 1) // 2 and critic_steps == 6
+    assert kls_stopped == kls[:j]
     final = stopped.actors.state_dict()
-    assert all(torch.equal(final[k], weights[j][k]) for k in final)
-    assert not all(torch.equal(final[k], weights[j + 1][k]) for k in final)
+    assert all(torch.equal(final[k], weights[j - 1][k]) for k in final)
+    assert not all(torch.equal(final[k], weights[j][k]) for k in final)
 
 
 def test_a_tiny_target_kl_stops_the_actors_after_their_first_step():

@@ -230,42 +230,39 @@ class Trainer:
         )
 
     def _epochs(self, batches: Mapping[str, AgentBatch]) -> tuple[int, int]:
-        """The actor and critic epochs over prepared batches; the actor epochs started and steps taken.
+        """The actor and critic epochs over prepared batches; the actor epochs begun and steps taken.
 
-        The actors stop at once when a step takes them past the KL bound (`_kl_exceeded`), the critic
-        finishes its epochs.
+        The actors stop at once when their KL from the start policy passes the bound (`_step`); the
+        critic finishes its epochs.
         """
         ppo = self.ppo
         policy_active, pi_epochs, pi_steps = True, 0, 0
         for epoch in range(max(ppo.train_pi_iters, ppo.train_vf_iters)):
             train_vf = epoch < ppo.train_vf_iters
-            if policy_active and epoch < ppo.train_pi_iters:
-                pi_epochs += 1
-            elif not train_vf:
+            if not (train_vf or (policy_active and epoch < ppo.train_pi_iters)):
                 break
+            begun = False
             split = chunk_minibatches if self.model.recurrent else minibatches
             for k, minibatch in enumerate(split(batches, ppo.num_minibatches, self.generator)):
                 train_pi = policy_active and epoch < ppo.train_pi_iters
                 if not (train_pi or train_vf):
                     break
-                stepped = self._step(minibatch, train_pi=train_pi, train_vf=train_vf, where=(epoch, k))
-                if train_pi and stepped:
-                    pi_steps += 1
-                    policy_active = not self._kl_exceeded(minibatch)
+                trained_pi, stepped = self._step(
+                    minibatch, train_pi=train_pi, train_vf=train_vf, check_kl=pi_steps > 0, where=(epoch, k)
+                )
+                policy_active = policy_active and (trained_pi or not train_pi)
+                if trained_pi and not begun:
+                    begun, pi_epochs = True, pi_epochs + 1
+                pi_steps += int(trained_pi and stepped)
         return pi_epochs, pi_steps
 
-    @torch.no_grad()
-    def _kl_exceeded(self, minibatch: Mapping[str, AgentBatch]) -> bool:
-        """Whether, on the minibatch just stepped on, the updated actors' approximate KL from the
-        policy at the start of the update exceeds 1.5 * target_kl in any group (one more forward)."""
+    def _kl_exceeded(self, diagnostics: Mapping[str, dict[str, torch.Tensor]]) -> bool:
+        """Whether the actors' approximate KL from the policy at the start of the update, on the
+        minibatch about to be stepped on, exceeds 1.5 * target_kl in any group."""
         if self.ppo.target_kl is None:
             return False
-        kls = []
-        for name, batch in minibatch.items():
-            actor = self.model.group(name).actor
-            logp = _policy(actor, batch).log_prob(batch.actions)
-            kls.append(approx_kl(logp, _ratio_reference(batch), batch.alive))
-        return bool(torch.stack(kls).max() > 1.5 * self.ppo.target_kl)
+        kls = torch.stack([terms["kl"] for terms in diagnostics.values()])
+        return bool(kls.max() > 1.5 * self.ppo.target_kl)
 
     def _losses(
         self, batches: Mapping[str, AgentBatch]
@@ -312,10 +309,26 @@ class Trainer:
         return loss_pi, loss_v, diagnostics
 
     def _step(
-        self, minibatch: Mapping[str, AgentBatch], *, train_pi: bool, train_vf: bool, where: tuple[int, int]
-    ) -> bool:
-        """One optimizer step; False when it was skipped for a non-finite loss or gradient."""
+        self,
+        minibatch: Mapping[str, AgentBatch],
+        *,
+        train_pi: bool,
+        train_vf: bool,
+        check_kl: bool,
+        where: tuple[int, int],
+    ) -> tuple[bool, bool]:
+        """One optimizer step: whether the actors were in it, and whether it was taken (False when it
+        was skipped for a non-finite loss or gradient).
+
+        `check_kl`: the actors have stepped in this update, so before they step again the KL of the
+        minibatch's forward (computed for the loss anyway) is checked against the bound; past it, the
+        actors leave this step and every later one.
+        """
         loss_pi, loss_v, diagnostics = self._losses(minibatch)
+        if train_pi and check_kl and self._kl_exceeded(diagnostics):
+            train_pi = False
+        if not (train_pi or train_vf):
+            return False, False
         self.actor_optimizer.zero_grad()
         self.critic_optimizer.zero_grad()
         total = (loss_pi if train_pi else 0.0) + (loss_v if train_vf else 0.0)
@@ -329,12 +342,12 @@ class Trainer:
             self._nonfinite(
                 self._culprit(diagnostics, train_pi, train_vf), f"epoch {where[0]}, minibatch {where[1]}"
             )
-            return False
+            return train_pi, False
         if train_pi:
             self.actor_optimizer.step()
         if train_vf:
             self.critic_optimizer.step()
-        return True
+        return train_pi, True
 
     def _clip(self, optimizer: Optimizer) -> torch.Tensor:
         """Clip the optimizer's gradients as `ppo.grad_clip` says; the norms before (1-D)."""
