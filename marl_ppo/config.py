@@ -238,6 +238,9 @@ class FastConfig:
     lean_cycle: bool = True
     """Step AEC-converted PettingZoo envs without the observations the parallel wrapper computes and
     discards (the same trajectories); false: PettingZoo's aec_to_parallel wrapper as it is."""
+    screen_copy: bool = True
+    """Pistonball: every piston's observation and the state are views of one copy of the screen per
+    frame (the same arrays); false: the env's own observe() and state(), one copy each."""
     allocator: bool = True
     """Keep freed heap memory mapped for reuse (glibc mallopt, Linux); false: glibc's defaults."""
     recurrent_cell: bool = True

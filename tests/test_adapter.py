@@ -271,6 +271,40 @@ def test_lean_cycle_step_keeps_every_catalog_trajectory(env_id):
     np.testing.assert_equal(outputs[id(lean)], outputs[id(stock)])
 
 
+def test_pistonball_read_from_one_screen_copy_gives_the_envs_own_observations_and_states():
+    """Over two short episodes (a reset between, a render in the middle), every piston's observation and
+    the state equal what the env's own observe() and state() give, and an observation kept from an
+    earlier frame is not changed by later ones."""
+    for module in ("pymunk", "pygame"):
+        pytest.importorskip(module)
+    from marl_ppo.fast.lean_cycle import lean_cycle
+    from marl_ppo.fast.screen_copy import one_screen_copy
+
+    stock = lean_cycle(make_env("butterfly/pistonball_v6", max_cycles=15))
+    fast = one_screen_copy(lean_cycle(make_env("butterfly/pistonball_v6", max_cycles=15)))
+    assert fast.aec_env.unwrapped.observe.__qualname__ == "ScreenCopy.observe"
+    kept = None
+    for env in (stock, fast):
+        env.reset(seed=3)
+        for agent in env.possible_agents:
+            env.action_space(agent).seed(11)
+    for t in range(40):
+        if not stock.agents:
+            stock.reset()
+            fast.reset()
+        actions = {agent: stock.action_space(agent).sample() for agent in stock.agents}
+        (obs_stock, *rest_stock), (obs_fast, *rest_fast) = stock.step(actions), fast.step(actions)
+        np.testing.assert_equal(obs_fast, obs_stock)
+        np.testing.assert_equal(rest_fast, rest_stock)
+        np.testing.assert_array_equal(fast.state(), stock.state())
+        if t == 5:
+            kept, kept_copy = obs_fast["piston_3"], obs_fast["piston_3"].copy()
+        if t == 20:
+            np.testing.assert_array_equal(fast.render(), stock.render())
+    assert kept is not None
+    np.testing.assert_array_equal(kept, kept_copy)
+
+
 @pytest.mark.parametrize("continuous", [False, True])
 def test_stepping_without_check_wrappers_keeps_every_trajectory(continuous):
     """The assertion-only wrappers go; behaviour-changing ones (action clipping) stay; data is identical."""

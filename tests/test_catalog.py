@@ -94,7 +94,9 @@ def test_every_catalog_id_says_how_its_episodes_end():
 @pytest.mark.parametrize("spec", CATALOG, ids=lambda spec: spec.id)
 def test_catalog_env_runs_whole_episodes_with_auto_reset(spec):
     """Two or more episodes per env copy under random actions, ending as the env ends them, each followed
-    by an auto-reset with live agents; an env asked for its state after it terminated would fail here."""
+    by an auto-reset with live agents; an env asked for its state after it terminated would fail here.
+    The observations change from step to step (an env that draws its frames only under a render mode
+    would show the first frame all episode)."""
     if not spec.installed:
         pytest.skip(f"{spec.id}: missing {', '.join(spec.missing_modules)}")
     kwargs, ends = EPISODES[spec.id]
@@ -104,12 +106,16 @@ def test_catalog_env_runs_whole_episodes_with_auto_reset(spec):
     )
     venv = build_vector_env(config)
     torch.manual_seed(0)
-    seen, episodes = set(), np.zeros(2, dtype=np.int64)
+    seen, episodes, observations_changed = set(), np.zeros(2, dtype=np.int64), False
     try:
         arrays = venv.reset(0)
         for _ in range(2000):
             actions = random_actions(venv.spec, arrays, torch.device("cpu"))
+            before = {name: _snapshot(g.obs) for name, g in arrays.groups.items()}
             arrays = venv.step(actions if venv.tensor_io else {k: a.numpy() for k, a in actions.items()})
+            observations_changed = observations_changed or any(
+                not np.array_equal(before[name], _snapshot(g.obs)) for name, g in arrays.groups.items()
+            )
             over = np.asarray(venv.episode_over)
             for i in np.flatnonzero(over):
                 flags = [
@@ -129,3 +135,20 @@ def test_catalog_env_runs_whole_episodes_with_auto_reset(spec):
     finally:
         venv.close()
     assert episodes.min() >= 2 and seen == ends, f"episodes per copy {episodes.tolist()}, ends seen {seen}"
+    assert observations_changed
+
+
+def _snapshot(x):
+    return x.detach().cpu().numpy().copy() if torch.is_tensor(x) else np.array(x)
+
+
+def test_a_butterfly_pixel_env_refuses_no_render_mode_with_one_line():
+    """Pistonball draws its frames only under a render mode: asked for none, the run would learn from a
+    frozen first frame, so building it says so in one line."""
+    from marl_ppo.envs.registry import EnvError, make_env
+
+    pytest.importorskip("pymunk")
+    with pytest.raises(EnvError) as caught:
+        make_env("butterfly/pistonball_v6", render_mode=None)
+    message = str(caught.value)
+    assert "\n" not in message and "freeze every frame" in message and "render_mode" in message

@@ -22,6 +22,7 @@ LIBRARY_EXCEPT_SAMPLING = [
     "fast.optimizer=adam",
     "fast.event_writer=false",
     "fast.lean_cycle=false",
+    "fast.screen_copy=false",
     "fast.allocator=false",
 ]
 """Every switch whose library piece computes the same numbers (torch's single-tensor Adam, TensorBoard's

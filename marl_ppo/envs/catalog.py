@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import warnings
 from typing import Any
 
 from marl_ppo.envs.registry import EnvError, register_env, register_prefix
@@ -63,6 +62,8 @@ LBF_TASKS = {
     "Foraging-15x15-4p-3f-v3": ("Foraging-15x15-4p-3f-v3", {}),
     "Foraging-15x15-4p-5f-v3": ("Foraging-15x15-4p-4f-v3", {"max_num_food": 5}),
 }
+DRAWN_BUTTERFLY = ("butterfly/pistonball_v6", "butterfly/cooperative_pong_v6")
+"""Butterfly envs whose observations are drawn only under a render mode (see `drawn_butterfly`)."""
 VMAS_SCENARIOS = ("navigation", "balance", "sampling", "transport", "wheel", "dispersion", "give_way")
 
 RWARE_TASKS = ("rware-tiny-2ag-v2", "rware-tiny-4ag-v2", "rware-small-4ag-v2")
@@ -75,18 +76,20 @@ def pettingzoo_parallel(name: str, **kwargs: Any) -> Any:
     return pettingzoo.make("parallel", name, **kwargs)
 
 
-def cooperative_pong(**kwargs: Any) -> Any:
-    """Butterfly's cooperative_pong, without the warning it gives on every reset and step of a run.
+def drawn_butterfly(name: str, env_id: str, **kwargs: Any) -> Any:
+    """A Butterfly pixel env (pistonball, cooperative_pong) that draws its frames every step.
 
-    The env draws its pixel observations through `render()` whatever its render mode, and that call
-    warns, where no render mode is set, that none is: exactly that warning of that module is ignored.
+    These envs draw their screen, which their observations and state are read from, only when a render
+    mode is set: without one every observation stays the first frame of the episode. `rgb_array` is
+    the default here (the user's `render_mode` wins, unless it is None).
     """
-    warnings.filterwarnings(
-        "ignore",
-        message=".*You are calling render method without specifying any render mode",
-        module=r"pettingzoo\.butterfly\.cooperative_pong",
-    )
-    return pettingzoo_parallel("butterfly/cooperative_pong-v6", **kwargs)
+    if "render_mode" in kwargs and kwargs["render_mode"] is None:
+        raise EnvError(
+            f"env '{env_id}' draws its observations only with a render mode, so render_mode=None would "
+            "freeze every frame; drop env.kwargs.render_mode (rgb_array is the default) or set 'human'"
+        )
+    kwargs.setdefault("render_mode", "rgb_array")
+    return pettingzoo_parallel(name, **kwargs)
 
 
 def multiwalker(**kwargs: Any) -> Any:
@@ -172,9 +175,12 @@ def register_catalog() -> None:
     for name in MPE2_SCENARIOS:
         register_env(f"mpe2/{name}", f"mpe2.{name}:parallel_env", extra="mpe")
     for env_id, (name, extra, modules) in PETTINGZOO_PARALLEL.items():
-        factory = {"butterfly/cooperative_pong_v6": cooperative_pong, "sisl/multiwalker_v9": multiwalker}.get(
-            env_id, functools.partial(pettingzoo_parallel, name)
-        )
+        if env_id in DRAWN_BUTTERFLY:
+            factory = functools.partial(drawn_butterfly, name, env_id)
+        elif env_id == "sisl/multiwalker_v9":
+            factory = multiwalker
+        else:
+            factory = functools.partial(pettingzoo_parallel, name)
         register_env(env_id, factory, extra=extra, requires=modules)
     for env_id, name in PETTINGZOO_AEC.items():
         factory = functools.partial(pettingzoo_aec, name)

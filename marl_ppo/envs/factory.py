@@ -30,6 +30,7 @@ from marl_ppo.envs.vector.subprocess import SubprocessVectorEnv
 from marl_ppo.envs.vector.sync import SyncVectorEnv
 from marl_ppo.envs.vmas.adapter import VmasVectorEnv
 from marl_ppo.fast.lean_cycle import lean_cycle
+from marl_ppo.fast.screen_copy import one_screen_copy
 
 
 def is_batched(config: ExperimentConfig) -> bool:
@@ -60,6 +61,8 @@ def make_adapter(config: ExperimentConfig, spec: TeamSpec) -> ParallelEnvAdapter
         env = without_check_wrappers(env)
     if config.fast.lean_cycle:
         env = lean_cycle(env)
+    if config.fast.screen_copy:
+        env = one_screen_copy(env)
     return ParallelEnvAdapter(env, spec)
 
 

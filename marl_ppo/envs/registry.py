@@ -208,6 +208,8 @@ def make_env(env_id: str, **kwargs: Any) -> Any:
     factory, defaults = resolve_factory(env_id)
     try:
         return factory(**{**defaults, **kwargs})
+    except EnvError:  # a factory's own one-line refusal
+        raise
     except TypeError as err:
         raise EnvError(f"env '{env_id}' rejected its kwargs: {err}; check env.kwargs") from None
     except ModuleNotFoundError as err:
