@@ -251,6 +251,22 @@ def test_learner_threads_are_one_except_for_batched_simulators(
     assert host.learner_threads(config) == expected
 
 
+@pytest.mark.parametrize(("encoder", "expected"), [("cnn", 2), ("mlp", 1)])
+def test_a_cnn_learner_gets_every_core(monkeypatch, encoder, expected):
+    """Convolutions over many frames per minibatch use the cores the env copies leave idle while a
+    synchronous run learns; the same image env through an MLP stays on one thread."""
+    import marl_ppo.run.host as host
+    from marl_ppo.run.build import build_collector
+
+    monkeypatch.setattr(host, "usable_cores", lambda: 2)
+    config = load_config(
+        None, ["env.id=envs/pixel_signal_v0", "vector=sync", "num_envs=2", f"model.encoder={encoder}"]
+    )
+    _, model = build_collector(config, torch.device("cpu"))
+    assert host.learner_threads(config) == 1
+    assert host.learner_threads(config, model) == expected
+
+
 def test_a_command_between_rollouts_keeps_the_rollout_in_flight(tiny_overrides):
     """With policy lag, asking the workers anything (here their env states) must not drop the next rollout."""
     config = _config(tiny_overrides)

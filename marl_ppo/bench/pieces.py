@@ -107,6 +107,41 @@ def lean_cycle() -> None:
     paired("lean cycle, simple_spread, 2,000 raw env steps", steps(ours), steps(library), repeats=7)
 
 
+def screen_copy() -> None:
+    """Pistonball's observations and state per step, from one screen copy and from the env's own calls."""
+    from marl_ppo.envs.registry import make_env
+    from marl_ppo.fast.lean_cycle import lean_cycle as lean
+    from marl_ppo.fast.screen_copy import one_screen_copy
+
+    try:
+        ours = one_screen_copy(lean(make_env("butterfly/pistonball_v6")))
+        library = lean(make_env("butterfly/pistonball_v6"))
+    except Exception as err:  # the butterfly extra is optional
+        print(f"{'screen copy, pistonball':58s} skipped: {err}", flush=True)
+        return
+    rng = np.random.default_rng(0)
+    actions = [  # pistonball's pistons move continuously, one number in [-1, 1] each
+        {agent: rng.uniform(-1, 1, size=1).astype(np.float32) for agent in ours.possible_agents}
+        for _ in range(100)
+    ]
+
+    def steps(env: object) -> Callable[[], None]:
+        env.reset(seed=0)
+
+        def run() -> None:
+            for step in actions:
+                if not env.agents:
+                    env.reset()
+                env.step({agent: a for agent, a in step.items() if agent in env.agents})
+                env.state()
+
+        return run
+
+    paired(
+        "screen copy, pistonball, 100 raw env steps with the state", steps(ours), steps(library), repeats=5
+    )
+
+
 def optimizers() -> None:
     from marl_ppo.algo.optim import make_optimizer
 
@@ -139,7 +174,7 @@ def optimizers() -> None:
 def main() -> int:
     """Time every piece against the library's."""
     torch.set_num_threads(1)
-    for measure in (distributions, event_writers, lean_cycle, optimizers):
+    for measure in (distributions, event_writers, lean_cycle, screen_copy, optimizers):
         measure()
     return 0
 

@@ -5,21 +5,25 @@ from __future__ import annotations
 import os
 import resource
 
+from torch import nn
+
 from marl_ppo.config import ExperimentConfig
 from marl_ppo.envs.factory import is_batched, usable_cores
 
 
-def learner_threads(config: ExperimentConfig) -> int:
+def learner_threads(config: ExperimentConfig, model: nn.Module | None = None) -> int:
     """Torch threads of the learner: `torch_threads`, or for `auto` every core with a batched simulator
-    (large tensors, nothing else running) and 1 otherwise.
+    (large tensors, nothing else running) or a CNN encoder in `model` (convolutions over many frames
+    per minibatch; a synchronous run's env workers wait while it learns), and 1 otherwise.
 
-    The networks here are small: a second thread buys nothing on their matrices, and where env
+    Other networks here are small: a second thread buys nothing on their matrices, and where env
     workers or other processes keep the cores busy, threads that wait for each other slow a small
     run down several times over.
     """
     if config.torch_threads != "auto":
         return config.torch_threads
-    return usable_cores() if is_batched(config) else 1
+    convolutional = model is not None and any(isinstance(m, nn.Conv2d) for m in model.modules())
+    return usable_cores() if is_batched(config) or convolutional else 1
 
 
 def rss_mb(pid: int | str = "self") -> float:

@@ -82,6 +82,7 @@ def train(
     generator = seed_everything(config.seed)
     # before touching run_dir: a bad env leaves nothing behind
     collector, model = build_collector(config, device)
+    torch.set_num_threads(learner_threads(config, model))  # `auto` gives a CNN every core
     spec = model.spec
     evaluation = None
     try:
