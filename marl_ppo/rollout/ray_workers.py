@@ -35,7 +35,7 @@ from marl_ppo.faults import WorkerError, WorkersLost, one_line
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.source import EpisodeRecord, RolloutResult
-from marl_ppo.rollout.workers import _episode_from_state, _pending_state, _RolloutSlice
+from marl_ppo.rollout.workers import _pending_from_state, _pending_state, _RolloutSlice
 
 RAY_INSTALL = "pip install 'marl-ppo[ray]'"
 
@@ -267,14 +267,7 @@ class RayRolloutWorkers:
         if not episodes:
             return
         self._ask("set_state", state["workers"])
-        saved, self._pending = state["pending"], None
-        if saved is not None:
-            replies = [  # its timings were the stopped process's wall clock: not carried over
-                {"episodes": [_episode_from_state(e) for e in episodes], "env_s": 0.0, "total_s": 0.0}
-                for episodes in saved["episodes"]
-            ]
-            self._pending = {key: saved[key] for key in ("buffer", "last_values", "last_alive")}
-            self._pending["replies"] = replies
+        self._pending = _pending_from_state(state["pending"])
 
     def env_states(self) -> list[bytes]:
         """Every env copy's pickled state, in env order; raises EnvStateError when an env cannot be
