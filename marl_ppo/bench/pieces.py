@@ -13,6 +13,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -93,18 +94,28 @@ def lean_cycle() -> None:
     rng = np.random.default_rng(0)
     actions = [{agent: int(rng.integers(5)) for agent in ours.possible_agents} for _ in range(2000)]
 
-    def steps(env: object) -> Callable[[], None]:
-        env.reset(seed=0)
+    paired(
+        "lean cycle, simple_spread, 2,000 raw env steps",
+        _raw_steps(ours, actions),
+        _raw_steps(library, actions),
+        repeats=7,
+    )
 
-        def run() -> None:
-            for step in actions:
-                if not env.agents:
-                    env.reset()
-                env.step({agent: a for agent, a in step.items() if agent in env.agents})
 
-        return run
+def _raw_steps(env: Any, actions: list[dict[str, Any]], *, state: bool = False) -> Callable[[], None]:
+    """A timed body: `actions` stepped through the reset parallel env (its live agents' entries), with
+    the state read after each step where `state`."""
+    env.reset(seed=0)
 
-    paired("lean cycle, simple_spread, 2,000 raw env steps", steps(ours), steps(library), repeats=7)
+    def run() -> None:
+        for step in actions:
+            if not env.agents:
+                env.reset()
+            env.step({agent: a for agent, a in step.items() if agent in env.agents})
+            if state:
+                env.state()
+
+    return run
 
 
 def screen_copy() -> None:
@@ -124,21 +135,11 @@ def screen_copy() -> None:
         {agent: rng.uniform(-1, 1, size=1).astype(np.float32) for agent in ours.possible_agents}
         for _ in range(100)
     ]
-
-    def steps(env: object) -> Callable[[], None]:
-        env.reset(seed=0)
-
-        def run() -> None:
-            for step in actions:
-                if not env.agents:
-                    env.reset()
-                env.step({agent: a for agent, a in step.items() if agent in env.agents})
-                env.state()
-
-        return run
-
     paired(
-        "screen copy, pistonball, 100 raw env steps with the state", steps(ours), steps(library), repeats=5
+        "screen copy, pistonball, 100 raw env steps with the state",
+        _raw_steps(ours, actions, state=True),
+        _raw_steps(library, actions, state=True),
+        repeats=5,
     )
 
 
