@@ -152,3 +152,44 @@ def test_a_butterfly_pixel_env_refuses_no_render_mode_with_one_line():
         make_env("butterfly/pistonball_v6", render_mode=None)
     message = str(caught.value)
     assert "\n" not in message and "freeze every frame" in message and "render_mode" in message
+
+
+def test_battle_agents_that_die_leave_mid_episode_and_return_at_the_reset():
+    """Random play never kills in battle, so both armies are scripted to meet and fight: red steps right
+    and blue left until they stand side by side, then all attack at random. A killed agent is seen
+    terminated while its episode goes on, is absent for the rest of it, and is alive again after the
+    auto-reset that follows the time limit."""
+    pytest.importorskip("magent2")
+    config = load_config(
+        _experiments()["magent2/battle_v4"],
+        ["vector=sync", "num_envs=1", "env.kwargs.map_size=12", "env.kwargs.max_cycles=100"],
+    )
+    venv = build_vector_env(config)
+    (group,) = venv.spec.groups
+    red = np.array([agent.startswith("red") for agent in group.agents])
+    rng = np.random.default_rng(0)
+    deaths, gone, episodes, t = 0, np.zeros(len(red), dtype=bool), 0, 0
+    try:
+        arrays = venv.reset(0)
+        while episodes < 2:
+            if t < 2:  # both sides close in (blue's first move lands a step late), then red takes one more
+                moves = np.where(red, 8, 4)
+            elif t == 2:
+                moves = np.where(red, 7, 6)
+            else:
+                moves = rng.integers(13, 21, size=len(red))  # the eight attack directions
+            arrays = venv.step({group.name: moves[None]})
+            flags = arrays.groups[group.name]
+            terminated, alive = np.asarray(flags.terminated)[0], np.asarray(flags.alive)[0]
+            if venv.episode_over[0]:
+                assert np.asarray(flags.truncated)[0][~gone].all()  # the time limit ends it
+                assert alive.all()  # the reset brings every agent back
+                episodes, t, gone = episodes + 1, 0, np.zeros(len(red), dtype=bool)
+                continue
+            assert not alive[gone].any()  # the dead stay out
+            deaths += int(terminated.sum())
+            gone |= terminated
+            t += 1
+    finally:
+        venv.close()
+    assert deaths >= 2, deaths
