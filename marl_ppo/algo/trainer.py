@@ -52,7 +52,8 @@ class TrainStats:
     clipfrac: float
     """Fraction of live samples whose ratio (as for kl) is outside the clip range after the update."""
     stop_iter: int
-    """Actor epochs started (fewer than train_pi_iters when the KL early stop fired)."""
+    """Actor epochs begun, an epoch counting once the actors enter one of its steps (fewer than
+    train_pi_iters when the KL early stop fired)."""
     pi_steps: int
     """Actor minibatch steps taken: train_pi_iters * num_minibatches, fewer when the KL early stop
     fired (the step that crossed the bound is the last) or non-finite steps were skipped."""
