@@ -251,7 +251,8 @@ class Trainer:
                 trained_pi, stepped = self._step(
                     minibatch, train_pi=train_pi, train_vf=train_vf, check_kl=pi_steps > 0, where=(epoch, k)
                 )
-                policy_active = policy_active and (trained_pi or not train_pi)
+                if train_pi and not trained_pi:  # the KL stop: the actors sit out the rest
+                    policy_active = False
                 if trained_pi and not begun:
                     begun, pi_epochs = True, pi_epochs + 1
                 pi_steps += int(trained_pi and stepped)
