@@ -162,9 +162,9 @@ def _run_recording_kl(model, config, batches):
     kls, weights, critic_steps, seen = [], [], [], []
     check, losses = trainer._kl_exceeded, trainer._losses
 
-    def recording_losses(minibatch):
+    def recording_losses(minibatch, **kwargs):
         seen.append(minibatch)
-        return losses(minibatch)
+        return losses(minibatch, **kwargs)
 
     def recording_check(diagnostics):
         with torch.no_grad():
@@ -220,6 +220,27 @@ def test_a_tiny_target_kl_stops_the_actors_after_their_first_step():
     model, trainer, batches = _rollout(_config("ppo.target_kl=1e-9"))
     stats = trainer.update(batches)
     assert (stats.pi_steps, stats.stop_iter) == (1, 1)
+
+
+def test_critic_only_steps_skip_the_actors_forward_and_train_the_critic_as_before():
+    """With 1 actor epoch and 3 critic epochs (2 minibatches), the actors' forward runs in the two
+    actor steps and the two diagnostic evaluations only; the weights after the update equal those of
+    a trainer whose every step also computes the (unused) actor loss."""
+    config = _config("ppo.train_pi_iters=1", "ppo.train_vf_iters=3")
+    model, trainer, batches = _rollout(config)
+    reference_model = copy.deepcopy(model)
+    reference = Trainer(reference_model, config.ppo, generator=torch.Generator().manual_seed(0))
+    losses = reference._losses
+    reference._losses = lambda minibatch, **kwargs: losses(minibatch)  # actors in every step
+    actor = model.group(model.group_names()[0]).actor
+    calls = []
+    forward = actor.forward_encoded
+    actor.forward_encoded = lambda *args, **kwargs: (calls.append(1), forward(*args, **kwargs))[1]
+    stats = trainer.update(batches)
+    reference.update(batches)
+    assert (stats.pi_steps, len(calls)) == (2, 4)
+    ours, theirs = model.state_dict(), reference_model.state_dict()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
 def _lagged(batches, seed=1):

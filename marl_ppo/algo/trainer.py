@@ -267,29 +267,41 @@ class Trainer:
         return bool(kls.max() > 1.5 * self.ppo.target_kl)
 
     def _losses(
-        self, batches: Mapping[str, AgentBatch]
+        self, batches: Mapping[str, AgentBatch], *, actors: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, dict[str, torch.Tensor]]]:
-        """Summed actor and critic losses over groups, plus per-group diagnostics."""
+        """Summed actor and critic losses over groups, plus per-group diagnostics.
+
+        `actors=False` (a critic-only step): the actors' forward is skipped, the actor loss is 0 and
+        the diagnostics hold only `loss_v`.
+        """
         ppo = self.ppo
         loss_pi = torch.zeros(())
         loss_v = torch.zeros(())
         diagnostics = {}
         for name, batch in batches.items():
             actor, critic, _ = self.model.group(name)
-            dist = _policy(actor, batch)
             count = mask_count(batch.alive)  # one divisor for the group's five means
-            terms = policy_loss(
-                dist.log_prob(batch.actions),
-                _ratio_reference(batch),
-                batch.advantages,
-                batch.alive,
-                clip_ratio=ppo.clip_ratio,
-                weights=batch.behaviour_weight,
-                count=count,
-            )
-            entropy = masked_mean(dist.entropy(), batch.alive, count)
-            group_pi = terms.loss - ppo.entropy_coef * entropy
-            loss_pi = loss_pi + group_pi
+            diagnostics[name] = {}
+            if actors:
+                dist = _policy(actor, batch)
+                terms = policy_loss(
+                    dist.log_prob(batch.actions),
+                    _ratio_reference(batch),
+                    batch.advantages,
+                    batch.alive,
+                    clip_ratio=ppo.clip_ratio,
+                    weights=batch.behaviour_weight,
+                    count=count,
+                )
+                entropy = masked_mean(dist.entropy(), batch.alive, count)
+                group_pi = terms.loss - ppo.entropy_coef * entropy
+                loss_pi = loss_pi + group_pi
+                diagnostics[name] = {
+                    "kl": terms.approx_kl,
+                    "clipfrac": terms.clipfrac,
+                    "entropy": entropy.detach(),
+                    "loss_pi": group_pi.detach(),
+                }
             values = _critic_values(critic, batch)
             group_v = value_loss(  # prepared batches hold the clip's centre and returns in the critic's units
                 values,
@@ -301,13 +313,7 @@ class Trainer:
                 count=count,
             )
             loss_v = loss_v + group_v
-            diagnostics[name] = {
-                "kl": terms.approx_kl,
-                "clipfrac": terms.clipfrac,
-                "entropy": entropy.detach(),
-                "loss_pi": group_pi.detach(),
-                "loss_v": group_v.detach(),
-            }
+            diagnostics[name]["loss_v"] = group_v.detach()
         return loss_pi, loss_v, diagnostics
 
     def _step(
@@ -326,7 +332,7 @@ class Trainer:
         minibatch's forward (computed for the loss anyway) is checked against the bound; past it, the
         actors leave this step and every later one.
         """
-        loss_pi, loss_v, diagnostics = self._losses(minibatch)
+        loss_pi, loss_v, diagnostics = self._losses(minibatch, actors=train_pi)
         if train_pi and check_kl and self._kl_exceeded(diagnostics):
             train_pi = False
         if not (train_pi or train_vf):
