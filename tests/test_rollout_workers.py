@@ -264,7 +264,30 @@ def test_a_cnn_learner_gets_every_core(monkeypatch, encoder, expected):
     )
     _, model = build_collector(config, torch.device("cpu"))
     assert host.learner_threads(config) == 1
-    assert host.learner_threads(config, model) == expected
+    assert host.learner_threads(config, convolutional=host.has_convolutions(model)) == expected
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["vector=sync"], 8),  # a CNN learner on every core
+        (["vector=sync", "model.encoder=mlp"], 1),
+        (["vector=subprocess", "num_workers=3"], 8),  # its workers wait while the CNN learns
+        (["vector=subprocess", "num_workers=3", "model.encoder=mlp"], 3),
+        (["vector=sync", "torch_threads=2"], 2),
+        (["vector=ray"], 1),  # Ray workers reserve their own CPUs
+    ],
+)
+def test_a_run_keeps_busy_its_workers_or_its_learner_threads_whichever_are_more(
+    monkeypatch, overrides, expected
+):
+    """What a sweep divides the cores by: an image env's CNN learner counts every core, before any
+    model is built."""
+    import marl_ppo.run.host as host
+
+    monkeypatch.setattr(host, "usable_cores", lambda: 8)
+    config = load_config(None, ["env.id=envs/pixel_signal_v0", "num_envs=2", *overrides])
+    assert host.run_cores(config) == expected
 
 
 def test_a_command_between_rollouts_keeps_the_rollout_in_flight(tiny_overrides):

@@ -26,20 +26,12 @@ from typing import Any
 from marl_ppo.analysis.sweep import SweepError, SweepOutcome, SweepRun, _command, _result_line
 from marl_ppo.config import ExperimentConfig
 from marl_ppo.rollout.ray_workers import connect_ray, import_ray
-from marl_ppo.run.host import learner_threads
+from marl_ppo.run.host import run_cores
 
 TASK_RETRIES = 3
 """Times Ray runs a run's task again after its node or process died (each time resuming the run)."""
 _STOP_WAIT_S = 120.0
 """How long a stopped sweep waits for its running trainings to write their checkpoints."""
-
-
-def run_cpus(config: ExperimentConfig) -> int:
-    """CPUs one run keeps busy: its env or rollout worker processes, else its learner threads
-    (with `vector: ray` its workers reserve their own, as actors)."""
-    if config.vector in ("subprocess", "workers", "auto"):  # auto may pick workers
-        return config.num_workers
-    return 1 if config.vector == "ray" else learner_threads(config)
 
 
 def run_finished(run: SweepRun) -> bool:
@@ -99,7 +91,7 @@ def run_sweep_on_ray(
         else:
             pending.append(run)
     disconnect = connect_ray(address)
-    task = ray.remote(train_run).options(num_cpus=run_cpus(config), max_retries=TASK_RETRIES)
+    task = ray.remote(train_run).options(num_cpus=run_cores(config), max_retries=TASK_RETRIES)
     total, running = len(pending), {}
     previous = signal.signal(signal.SIGTERM, _interrupt) if _main_thread() else None
     try:

@@ -27,7 +27,7 @@ import yaml
 from marl_ppo.analysis.runlogs import flatten_config, with_defaults
 from marl_ppo.config import ConfigError, ExperimentConfig, config_to_dict, load_config
 from marl_ppo.envs.factory import usable_cores
-from marl_ppo.run.host import learner_threads
+from marl_ppo.run.host import run_cores
 
 
 class SweepError(ValueError):
@@ -196,10 +196,7 @@ def _check_reusable(run: SweepRun, config: ExperimentConfig, *, resume: bool = F
 
 def default_jobs(config: ExperimentConfig) -> int:
     """Runs at once: the cores available divided by the cores one run keeps busy."""
-    cores = usable_cores()
-    in_workers = config.vector in ("subprocess", "workers", "auto")  # auto may pick workers
-    per_run = config.num_workers if in_workers else learner_threads(config)  # torch_threads may be 'auto'
-    return max(1, cores // per_run)
+    return max(1, usable_cores() // run_cores(config))
 
 
 def _command(experiment: Path, run: SweepRun) -> list[str]:

@@ -88,6 +88,12 @@ class TeamSpec:
         return np.dtype(np.float32) if self.state_layout is None else self.state_layout.dtype
 
     @property
+    def has_image(self) -> bool:
+        """Whether an observation or the state holds an image laid out for a CNN encoder."""
+        state_image = self.state_layout is not None and self.state_layout.has_image
+        return state_image or any(g.obs_layout is not None and g.obs_layout.has_image for g in self.groups)
+
+    @property
     def num_agents(self) -> int:
         """Agents in the team, over all groups."""
         return len(self.agents)

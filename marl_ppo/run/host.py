@@ -8,13 +8,13 @@ import resource
 from torch import nn
 
 from marl_ppo.config import ExperimentConfig
-from marl_ppo.envs.factory import is_batched, usable_cores
+from marl_ppo.envs.factory import is_batched, team_spec, usable_cores
 
 
-def learner_threads(config: ExperimentConfig, model: nn.Module | None = None) -> int:
+def learner_threads(config: ExperimentConfig, *, convolutional: bool = False) -> int:
     """Torch threads of the learner: `torch_threads`, or for `auto` every core with a batched simulator
-    (large tensors, nothing else running) or a CNN encoder in `model` (convolutions over many frames
-    per minibatch; a synchronous run's env workers wait while it learns), and 1 otherwise.
+    (large tensors, nothing else running) or a CNN encoder (`convolutional`: convolutions over many
+    frames per minibatch; a synchronous run's env workers wait while it learns), and 1 otherwise.
 
     Other networks here are small: a second thread buys nothing on their matrices, and where env
     workers or other processes keep the cores busy, threads that wait for each other slow a small
@@ -22,8 +22,31 @@ def learner_threads(config: ExperimentConfig, model: nn.Module | None = None) ->
     """
     if config.torch_threads != "auto":
         return config.torch_threads
-    convolutional = model is not None and any(isinstance(m, nn.Conv2d) for m in model.modules())
     return usable_cores() if is_batched(config) or convolutional else 1
+
+
+def has_convolutions(model: nn.Module) -> bool:
+    """Whether `model` holds a CNN encoder."""
+    return any(isinstance(module, nn.Conv2d) for module in model.modules())
+
+
+def run_cores(config: ExperimentConfig) -> int:
+    """Cores one training process keeps busy: its env or rollout worker processes while it collects
+    or its learner threads while it learns, whichever are more (`vector: ray`: 1, its workers reserve
+    their own as Ray actors). With `torch_threads: auto` one env copy is built to see whether the
+    model will have a CNN encoder."""
+    if config.vector == "ray":
+        return 1
+    workers = (
+        config.num_workers if config.vector in ("subprocess", "workers", "auto") else 0
+    )  # auto may pick workers
+    images = (
+        config.torch_threads == "auto"
+        and config.model.encoder != "mlp"
+        and not is_batched(config)
+        and team_spec(config).has_image
+    )
+    return max(workers, learner_threads(config, convolutional=images))
 
 
 def rss_mb(pid: int | str = "self") -> float:

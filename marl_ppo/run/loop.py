@@ -30,7 +30,7 @@ from marl_ppo.rollout.source import RolloutSource
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.checkpoint import FORMAT, periodic_path, prune_checkpoints, save_checkpoint
 from marl_ppo.run.code_record import write_code_record
-from marl_ppo.run.host import cpu_seconds, learner_threads, peak_rss_mb, rss_mb
+from marl_ppo.run.host import cpu_seconds, has_convolutions, learner_threads, peak_rss_mb, rss_mb
 from marl_ppo.run.logger import RunLogger
 from marl_ppo.run.memory import check_memory
 from marl_ppo.run.resume import load_resumable, restore_run_state, run_state
@@ -82,7 +82,7 @@ def train(
     generator = seed_everything(config.seed)
     # before touching run_dir: a bad env leaves nothing behind
     collector, model = build_collector(config, device)
-    torch.set_num_threads(learner_threads(config, model))  # `auto` gives a CNN every core
+    torch.set_num_threads(learner_threads(config, convolutional=has_convolutions(model)))
     spec = model.spec
     evaluation = None
     try:
