@@ -239,8 +239,9 @@ class FastConfig:
     """Step AEC-converted PettingZoo envs without the observations the parallel wrapper computes and
     discards (the same trajectories); false: PettingZoo's aec_to_parallel wrapper as it is."""
     screen_copy: bool = True
-    """Pistonball: every piston's observation and the state are views of one copy of the screen per
-    frame (the same arrays); false: the env's own observe() and state(), one copy each."""
+    """Pistonball and cooperative_pong: every agent's observation and the state are views of one copy
+    of the screen per frame (the same arrays), and cooperative_pong's step draws without the copies
+    its renders throw away; false: the envs' own observe(), state() and render(), one copy each."""
     allocator: bool = True
     """Keep freed heap memory mapped for reuse (glibc mallopt, Linux); false: glibc's defaults."""
     recurrent_cell: bool = True

@@ -271,37 +271,43 @@ def test_lean_cycle_step_keeps_every_catalog_trajectory(env_id):
     np.testing.assert_equal(outputs[id(lean)], outputs[id(stock)])
 
 
-def test_pistonball_read_from_one_screen_copy_gives_the_envs_own_observations_and_states():
-    """Over two short episodes (a reset between, a render in the middle), every piston's observation and
-    the state equal what the env's own observe() and state() give, and an observation kept from an
-    earlier frame is not changed by later ones."""
+@pytest.mark.parametrize(
+    ("env_id", "kept_agent"),
+    [("butterfly/pistonball_v6", "piston_3"), ("butterfly/cooperative_pong_v6", "paddle_1")],
+)
+def test_butterfly_read_from_one_screen_copy_gives_the_envs_own_observations_and_states(env_id, kept_agent):
+    """Over short episodes (seeded and unseeded resets between, a render in the middle), every agent's
+    observation, the rewards and ends, and the state equal what the env's own calls give, and an
+    observation kept from an earlier frame is not changed by later ones."""
     for module in ("pymunk", "pygame"):
         pytest.importorskip(module)
     from marl_ppo.fast.lean_cycle import lean_cycle
     from marl_ppo.fast.screen_copy import one_screen_copy
 
-    stock = lean_cycle(make_env("butterfly/pistonball_v6", max_cycles=15))
-    fast = one_screen_copy(lean_cycle(make_env("butterfly/pistonball_v6", max_cycles=15)))
-    assert fast.aec_env.unwrapped.observe.__qualname__ == "ScreenCopy.observe"
+    stock = lean_cycle(make_env(env_id, max_cycles=15))
+    fast = one_screen_copy(lean_cycle(make_env(env_id, max_cycles=15)))
+    assert fast.aec_env.unwrapped.observe.__func__.__module__ == "marl_ppo.fast.screen_copy"
     kept = None
     for env in (stock, fast):
         env.reset(seed=3)
         for agent in env.possible_agents:
             env.action_space(agent).seed(11)
-    for t in range(40):
+    episodes = 0
+    for t in range(60):
         if not stock.agents:
-            stock.reset()
-            fast.reset()
+            episodes += 1
+            seed = 5 if episodes == 2 else None
+            np.testing.assert_equal(fast.reset(seed=seed), stock.reset(seed=seed))
         actions = {agent: stock.action_space(agent).sample() for agent in stock.agents}
         (obs_stock, *rest_stock), (obs_fast, *rest_fast) = stock.step(actions), fast.step(actions)
         np.testing.assert_equal(obs_fast, obs_stock)
         np.testing.assert_equal(rest_fast, rest_stock)
         np.testing.assert_array_equal(fast.state(), stock.state())
         if t == 5:
-            kept, kept_copy = obs_fast["piston_3"], obs_fast["piston_3"].copy()
+            kept, kept_copy = obs_fast[kept_agent], obs_fast[kept_agent].copy()
         if t == 20:
             np.testing.assert_array_equal(fast.render(), stock.render())
-    assert kept is not None
+    assert kept is not None and episodes >= 2
     np.testing.assert_array_equal(kept, kept_copy)
 
 

@@ -47,6 +47,27 @@ def test_mpe2_env_continues_identically_after_a_round_trip():
             assert np.array_equal(obs, observed_copy[agent])
 
 
+def test_cooperative_pong_read_from_one_screen_copy_continues_identically_after_a_round_trip():
+    """The screen copy's patches travel with the env: the restored copy still reads one screen copy
+    per frame and steps, through an episode end and auto-reset, as the original does."""
+    pytest.importorskip("pygame")
+    from marl_ppo.fast.lean_cycle import lean_cycle
+    from marl_ppo.fast.screen_copy import one_screen_copy
+
+    env = one_screen_copy(lean_cycle(make_env("butterfly/cooperative_pong_v6", max_cycles=20)))
+    env.reset(seed=4)
+    for t in range(7):
+        env.step({agent: t % 3 for agent in env.agents})
+    copy = load_env_state(dump_env_state(env))
+    assert type(copy.aec_env.unwrapped.env.__dict__["render"]).__name__ == "_Drawing"
+    for t in range(40):
+        if not env.agents:
+            np.testing.assert_equal(copy.reset(), env.reset())
+        actions = {agent: (t + i) % 3 for i, agent in enumerate(env.agents)}
+        np.testing.assert_equal(copy.step(actions), env.step(actions))
+        np.testing.assert_array_equal(copy.state(), env.state())
+
+
 def test_unpicklable_and_inexactly_pickled_objects_are_refused():
     import threading
 

@@ -119,28 +119,33 @@ def _raw_steps(env: Any, actions: list[dict[str, Any]], *, state: bool = False) 
 
 
 def screen_copy() -> None:
-    """Pistonball's observations and state per step, from one screen copy and from the env's own calls."""
+    """Pistonball's and cooperative_pong's observations and state per step, from one screen copy and
+    from the envs' own calls."""
     from marl_ppo.envs.registry import make_env
     from marl_ppo.fast.lean_cycle import lean_cycle as lean
     from marl_ppo.fast.screen_copy import one_screen_copy
 
-    try:
-        ours = one_screen_copy(lean(make_env("butterfly/pistonball_v6")))
-        library = lean(make_env("butterfly/pistonball_v6"))
-    except Exception as err:  # the butterfly extra is optional
-        print(f"{'screen copy, pistonball':58s} skipped: {err}", flush=True)
-        return
-    rng = np.random.default_rng(0)
-    actions = [  # pistonball's pistons move continuously, one number in [-1, 1] each
-        {agent: rng.uniform(-1, 1, size=1).astype(np.float32) for agent in ours.possible_agents}
-        for _ in range(100)
-    ]
-    paired(
-        "screen copy, pistonball, 100 raw env steps with the state",
-        _raw_steps(ours, actions, state=True),
-        _raw_steps(library, actions, state=True),
-        repeats=5,
-    )
+    for env_id, short in (
+        ("butterfly/pistonball_v6", "pistonball"),
+        ("butterfly/cooperative_pong_v6", "pong"),
+    ):
+        try:
+            ours = one_screen_copy(lean(make_env(env_id)))
+            library = lean(make_env(env_id))
+        except Exception as err:  # the butterfly extra is optional
+            print(f"{'screen copy, ' + short:58s} skipped: {err}", flush=True)
+            return
+        for agent in ours.possible_agents:
+            ours.action_space(agent).seed(0)
+        actions = [  # the same random actions for both: pistons move continuously, paddles in 3 moves
+            {agent: ours.action_space(agent).sample() for agent in ours.possible_agents} for _ in range(100)
+        ]
+        paired(
+            f"screen copy, {short}, 100 raw env steps with the state",
+            _raw_steps(ours, actions, state=True),
+            _raw_steps(library, actions, state=True),
+            repeats=5,
+        )
 
 
 def optimizers() -> None:
