@@ -11,7 +11,7 @@ from conftest import collect_rollout
 from marl_ppo.config import ConfigError, load_config
 from marl_ppo.envs.factory import build_vector_env, team_spec
 from marl_ppo.envs.layout import InputLayout, InputPart, auto_pool, channels_last, layout_of, pool_frame
-from marl_ppo.models.encoders import FeatureEncoder
+from marl_ppo.models.encoders import CnnShape, FeatureEncoder
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.run.build import build_collector
@@ -148,13 +148,7 @@ def test_cnn_layer_lists_must_have_one_value_per_layer():
 def _encoder(layout: InputLayout, copies: int) -> FeatureEncoder:
     torch.manual_seed(0)
     return FeatureEncoder(
-        layout,
-        copies=copies,
-        channels=(4, 8),
-        kernels=(3, 3),
-        strides=(2, 1),
-        features=5,
-        orthogonal_init=True,
+        layout, copies=copies, cnn=CnnShape(channels=(4, 8), kernels=(3, 3), strides=(2, 1), features=5)
     )
 
 

@@ -15,17 +15,46 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from marl_ppo.config import ModelConfig
 from marl_ppo.envs.layout import InputLayout, InputPart
 from marl_ppo.models.layers import StackedLinear
 
 NO_GRAD_CHUNK = 1024
 """Rows of images a CNN evaluates at once without gradients (acting, diagnostics): bounds the
 activations' memory whatever the batch; with gradients the minibatch is evaluated whole."""
+
+
+@dataclass(frozen=True)
+class CnnShape:
+    """An image CNN's layers (`model.cnn_*`): each layer's output channels, kernel and stride, the
+    features of the linear layer after them, and whether the weights start orthogonal."""
+
+    channels: Sequence[int]
+    kernels: Sequence[int]
+    strides: Sequence[int]
+    features: int
+    orthogonal_init: bool = True
+
+    @classmethod
+    def of(cls, model: ModelConfig) -> CnnShape:
+        """The CNN `model` configures."""
+        return cls(
+            model.cnn_channels,
+            model.cnn_kernels,
+            model.cnn_strides,
+            model.cnn_features,
+            model.orthogonal_init,
+        )
+
+    def layers(self) -> zip[tuple[int, int, int]]:
+        """(out_channels, kernel, stride) of each convolution, in order."""
+        return zip(self.channels, self.kernels, self.strides, strict=True)
 
 
 def conv_output_side(side: int, kernel: int, stride: int) -> int:
@@ -36,24 +65,14 @@ def conv_output_side(side: int, kernel: int, stride: int) -> int:
 class ImageEncoder(nn.Module):
     """A CNN over one image part of the row, `copies` weight sets: `(B, copies, D_part) -> (B, copies, F)`."""
 
-    def __init__(
-        self,
-        part: InputPart,
-        *,
-        copies: int,
-        channels: Sequence[int],
-        kernels: Sequence[int],
-        strides: Sequence[int],
-        features: int,
-        orthogonal_init: bool,
-    ) -> None:
+    def __init__(self, part: InputPart, *, copies: int, cnn: CnnShape) -> None:
         super().__init__()
         self.part = part
         self.copies = copies
         self.scale = 1.0 / 255.0 if part.frames else 1.0
         in_channels, height, width = part.chw
         self.convs = nn.ModuleList()
-        for out_channels, kernel, stride in zip(channels, kernels, strides, strict=True):
+        for out_channels, kernel, stride in cnn.layers():
             conv = nn.Conv2d(
                 in_channels * copies,
                 out_channels * copies,
@@ -66,9 +85,9 @@ class ImageEncoder(nn.Module):
             in_channels = out_channels
             height, width = conv_output_side(height, kernel, stride), conv_output_side(width, kernel, stride)
         self.flat_dim = in_channels * height * width
-        self.linear = StackedLinear(copies, self.flat_dim, features)
-        self.out_dim = features
-        if orthogonal_init:
+        self.linear = StackedLinear(copies, self.flat_dim, cnn.features)
+        self.out_dim = cnn.features
+        if cnn.orthogonal_init:
             for conv in self.convs:
                 _orthogonal_per_copy(conv, copies, math.sqrt(2.0))
             self.linear.reset_orthogonal(math.sqrt(2.0))
@@ -101,17 +120,7 @@ class FeatureEncoder(nn.Module):
     (one set for every row), and returns `(..., A, out_dim)` float32 features.
     """
 
-    def __init__(
-        self,
-        layout: InputLayout,
-        *,
-        copies: int,
-        channels: Sequence[int],
-        kernels: Sequence[int],
-        strides: Sequence[int],
-        features: int,
-        orthogonal_init: bool,
-    ) -> None:
+    def __init__(self, layout: InputLayout, *, copies: int, cnn: CnnShape) -> None:
         super().__init__()
         self.layout = layout
         self.copies = copies
@@ -119,15 +128,7 @@ class FeatureEncoder(nn.Module):
         out_dim = 0
         for index, part in enumerate(layout.parts):
             if part.is_image:
-                encoder = ImageEncoder(
-                    part,
-                    copies=copies,
-                    channels=channels,
-                    kernels=kernels,
-                    strides=strides,
-                    features=features,
-                    orthogonal_init=orthogonal_init,
-                )
+                encoder = ImageEncoder(part, copies=copies, cnn=cnn)
                 self.images[str(index)] = encoder
                 out_dim += encoder.out_dim
             else:
@@ -155,9 +156,7 @@ class FeatureEncoder(nn.Module):
         return torch.cat([encoder(chunk) for chunk in piece.split(NO_GRAD_CHUNK)])
 
 
-def conv_activation_floats(
-    layout: InputLayout, channels: Sequence[int], kernels: Sequence[int], strides: Sequence[int]
-) -> int:
+def conv_activation_floats(layout: InputLayout, cnn: CnnShape) -> int:
     """Floats one row's image parts produce across the convolutions (the input as float, each layer's
     output): what a batch keeps per row for the backward pass, for the memory estimate."""
     total = 0
@@ -166,7 +165,7 @@ def conv_activation_floats(
             continue
         in_channels, height, width = part.chw
         total += in_channels * height * width
-        for out_channels, kernel, stride in zip(channels, kernels, strides, strict=True):
+        for out_channels, kernel, stride in cnn.layers():
             height, width = conv_output_side(height, kernel, stride), conv_output_side(width, kernel, stride)
             total += 2 * out_channels * height * width  # the convolution's output and its ReLU's
     return total

@@ -15,7 +15,7 @@ from marl_ppo.config import ExperimentConfig, ModelConfig
 from marl_ppo.envs.layout import InputLayout, InputPart
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
 from marl_ppo.models.distributions import ActionDistribution, head_size, make_distribution
-from marl_ppo.models.encoders import FeatureEncoder
+from marl_ppo.models.encoders import CnnShape, FeatureEncoder
 from marl_ppo.models.layers import AgentMLP, StackedLinear
 from marl_ppo.models.recurrent import MemoryLayout, StackedRecurrent
 
@@ -105,15 +105,7 @@ def _encoder(model: ModelConfig, layout: InputLayout | None, *, copies: int) -> 
     """A CNN encoder for an input whose layout has images (None otherwise: the MLP reads the row)."""
     if layout is None or not layout.has_image:
         return None
-    return FeatureEncoder(
-        layout,
-        copies=copies,
-        channels=model.cnn_channels,
-        kernels=model.cnn_kernels,
-        strides=model.cnn_strides,
-        features=model.cnn_features,
-        orthogonal_init=model.orthogonal_init,
-    )
+    return FeatureEncoder(layout, copies=copies, cnn=CnnShape.of(model))
 
 
 class GroupActor(nn.Module):
@@ -344,15 +336,8 @@ class CriticImages(nn.Module):
         copies = 1 if shared else group.num_agents
 
         def encoder(part_layout: InputLayout | None, size: int, copies: int) -> FeatureEncoder:
-            return FeatureEncoder(
-                part_layout if part_layout is not None else _one_vector(size),
-                copies=copies,
-                channels=model.cnn_channels,
-                kernels=model.cnn_kernels,
-                strides=model.cnn_strides,
-                features=model.cnn_features,
-                orthogonal_init=model.orthogonal_init,
-            )
+            layout = part_layout if part_layout is not None else _one_vector(size)
+            return FeatureEncoder(layout, copies=copies, cnn=CnnShape.of(model))
 
         state_dim = 0 if layout is None else layout.size
         common = kind in ("state", "team") and copies == 1

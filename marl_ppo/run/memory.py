@@ -17,8 +17,9 @@ import numpy as np
 import torch
 
 from marl_ppo.config import ConfigError, ExperimentConfig
+from marl_ppo.envs.layout import InputLayout
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
-from marl_ppo.models.encoders import NO_GRAD_CHUNK, conv_activation_floats
+from marl_ppo.models.encoders import NO_GRAD_CHUNK, CnnShape, conv_activation_floats
 from marl_ppo.models.team import TeamModel
 
 PROCESS_BYTES = 300 * 2**20
@@ -85,7 +86,7 @@ def _update_bytes(spec: TeamSpec, config: ExperimentConfig, model: TeamModel, st
     """The update's copies: encoded MLP inputs (float32, the whole batch), a gathered minibatch of
     them, and the activations one minibatch keeps for its backward pass (doubled for the gradients)."""
     rows = math.ceil(steps / config.ppo.num_minibatches)
-    channels, kernels, strides = config.model.cnn_channels, config.model.cnn_kernels, config.model.cnn_strides
+    cnn = CnnShape.of(config.model)
     width = max(config.model.hidden_sizes, default=0)
     total = 0
     for group in spec.groups:
@@ -95,8 +96,8 @@ def _update_bytes(spec: TeamSpec, config: ExperimentConfig, model: TeamModel, st
         )
         critic_in = spec.state_dim * (4 if critic.images is None else spec.state_dtype.itemsize)
         batch = steps * (obs_bytes + critic_in)
-        maps = group.num_agents * _maps(group.obs_layout, channels, kernels, strides)
-        maps += _maps(spec.state_layout, channels, kernels, strides)
+        maps = group.num_agents * _maps(group.obs_layout, cnn)
+        maps += _maps(spec.state_layout, cnn)
         mlp = 2 * group.num_agents * width * len(config.model.hidden_sizes)
         activations = 2 * 4 * rows * (maps + mlp)
         acting = 4 * min(steps, NO_GRAD_CHUNK) * maps  # a no-gradient forward, chunked
@@ -104,8 +105,8 @@ def _update_bytes(spec: TeamSpec, config: ExperimentConfig, model: TeamModel, st
     return total
 
 
-def _maps(layout, channels, kernels, strides) -> int:
-    return 0 if layout is None else conv_activation_floats(layout, channels, kernels, strides)
+def _maps(layout: InputLayout | None, cnn: CnnShape) -> int:
+    return 0 if layout is None else conv_activation_floats(layout, cnn)
 
 
 def available_memory() -> int | None:
