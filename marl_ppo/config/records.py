@@ -1,26 +1,14 @@
-"""Experiment configuration: the one home of every default, documented at the field.
-
-An experiment is a YAML file of nested keys plus ``key=value`` overrides on the command line
-(``ppo.pi_lr=1e-3``). Both are merged into plain dicts and validated once into frozen
-dataclasses; any unknown key, wrong type or out-of-range value raises ``ConfigError`` with a
-single line that names the key and the fix.
-"""
+"""The configuration records: one frozen, validated dataclass per section, every default documented
+at its field, and `ConfigError`, the one-line error a bad value raises."""
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
-import re
-import types
-from collections.abc import Iterable, Mapping
-from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass
-from pydantic.fields import FieldInfo
 
 _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -31,23 +19,7 @@ PositiveFloat = Annotated[float, Field(gt=0)]
 class ConfigError(ValueError):
     """A user-facing configuration problem; its message is one line naming the key and the fix."""
 
-
-class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader that also reads `1e6` and `2.5e-4` as numbers, as YAML 1.2 does.
-
-    (YAML 1.1 reads them as strings: it wants a dot and a signed exponent, `1.0e+6`.)
-    """
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."),
-)
-
-
-def _load_yaml_text(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)  # a SafeLoader: plain data only
+    __module__ = "marl_ppo.config"  # where users import it from, as tracebacks name it
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -432,213 +404,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_plain(item) for item in value]
     return value
-
-
-def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
-    """Turn `a.b=value` strings into a nested dict; values are parsed as YAML scalars/lists
-    (`1e6` is a number, as in the experiment files)."""
-    tree: dict[str, Any] = {}
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"override '{item}' is not key=value; write e.g. seed=3 or ppo.pi_lr=1e-3")
-        try:
-            value = _load_yaml_text(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            value = raw
-        node = tree
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"override '{item}' conflicts with an earlier override of '{part}'")
-            node = child
-        node[parts[-1]] = value
-    return tree
-
-
-def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    """Recursive dict merge; `update` wins. `env.kwargs` merges key by key like any dict."""
-    merged = dict(base)
-    for key, value in update.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read an experiment YAML file into a dict (an empty file is an empty dict)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"experiment file '{path}' does not exist; pass a path to a YAML file")
-    try:
-        data = _load_yaml_text(path.read_text()) or {}
-    except UnicodeDecodeError:
-        raise ConfigError(f"experiment file '{path}' is not UTF-8 text; pass a YAML file") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"experiment file '{path}' is not valid YAML{where}; fix its syntax") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"experiment file '{path}' must hold a mapping of keys, not {type(data).__name__}")
-    return data
-
-
-def build_config(data: Mapping[str, Any]) -> ExperimentConfig:
-    """Validate a nested dict into an ExperimentConfig, or raise a one-line ConfigError."""
-    try:
-        return TypeAdapter(ExperimentConfig).validate_python(dict(data))
-    except ValidationError as err:
-        raise ConfigError(_describe(err.errors()[0])) from None
-
-
-def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> ExperimentConfig:
-    """Experiment file (optional) plus `key=value` overrides -> validated ExperimentConfig."""
-    data = load_yaml(path) if path is not None else {}
-    return build_config(merge(data, parse_overrides(overrides)))
-
-
-def config_keys(cls: type = ExperimentConfig, prefix: str = "") -> dict[str, str]:
-    """Every dotted key of the config with its documentation, for help and close matches."""
-    return {key: entry.doc for key, entry in key_help(cls, prefix).items()}
-
-
-@dataclasses.dataclass(frozen=True)
-class KeyHelp:
-    """What `--help-config` shows for one dotted key."""
-
-    doc: str
-    default: str | None
-    """The default as YAML (`0.99`, `null`, `[64, 64]`); None for a section (`ppo`, `log`, ...)."""
-    allowed: str | None
-    """The values the key accepts (`number in (0, 1]`, `constant, linear`); None for a section."""
-
-
-def key_help(cls: type = ExperimentConfig, prefix: str = "") -> dict[str, KeyHelp]:
-    """Every dotted key with its documentation, default and allowed values, sections before their keys."""
-    keys: dict[str, KeyHelp] = {}
-    for name, field in cls.__pydantic_fields__.items():
-        key, doc = prefix + name, field.description or ""
-        section = _section_type(field.annotation)
-        if section is not None:
-            keys[key] = KeyHelp(doc, None, None)
-            keys.update(key_help(section, key + "."))
-            continue
-        if field.is_required():  # a key of an optional section (`expected.steps`): no default
-            allowed = _allowed(field.annotation, field.metadata)
-            keys[key] = KeyHelp(f"{doc} Required in the section; allowed: {allowed}.", None, None)
-            continue
-        default = field.default_factory() if field.default_factory is not None else field.default
-        keys[key] = KeyHelp(doc, yaml_value(default), _allowed(field.annotation, field.metadata))
-    return keys
-
-
-def _section_type(annotation: Any) -> type | None:
-    """The dataclass of a section of keys (`ppo`, or an optional one such as `expected`), else None."""
-    if dataclasses.is_dataclass(annotation):
-        return annotation
-    inner = [a for a in get_args(annotation) if a is not type(None)]
-    if (
-        get_origin(annotation) in (Union, types.UnionType)
-        and len(inner) == 1
-        and dataclasses.is_dataclass(inner[0])
-    ):
-        return inner[0]
-    return None
-
-
-def yaml_value(value: Any) -> str:
-    """One value as it is written in YAML or in a key=value override."""
-    text = yaml.safe_dump(_plain(value), default_flow_style=True, width=math.inf)
-    return text.removesuffix("...\n").strip()
-
-
-def _allowed(annotation: Any, bounds: Iterable[Any] = ()) -> str:
-    """The values a field's type accepts, in words: `integer > 0`, `number in (0, 1]`, `a, b`, `... or null`."""
-    origin, args = get_origin(annotation), get_args(annotation)
-    if origin is Annotated:
-        extra = [m for a in args[1:] for m in (a.metadata if isinstance(a, FieldInfo) else [a])]
-        return _allowed(args[0], [*bounds, *extra])
-    if origin in (Union, types.UnionType):
-        words = [_allowed(a) for a in args if a is not type(None)]
-        return " or ".join([*words, "null"] if type(None) in args else words)
-    if origin is Literal:
-        return ", ".join(yaml_value(a) for a in args)
-    if origin is tuple or origin is list:
-        item = _allowed(args[0])
-        noun, _, rest = item.partition(" ")
-        return f"list of {noun}s {rest}".rstrip() if noun in ("integer", "number", "string") else "list"
-    if origin is dict or annotation is dict:
-        return "mapping"
-    names = {bool: "true, false", int: "integer", float: "number", str: "string"}
-    noun = names.get(annotation, getattr(annotation, "__name__", str(annotation)))
-    return f"{noun} {_range(bounds)}".strip()
-
-
-def _range(bounds: Iterable[Any]) -> str:
-    """`> 0`, `>= 0`, `in (0, 1]` from annotated-types bounds (Gt, Ge, Lt, Le)."""
-    limits = {kind: getattr(b, kind) for b in bounds for kind in ("gt", "ge", "lt", "le") if hasattr(b, kind)}
-    low = ("(", limits["gt"]) if "gt" in limits else ("[", limits["ge"]) if "ge" in limits else None
-    high = (")", limits["lt"]) if "lt" in limits else ("]", limits["le"]) if "le" in limits else None
-    if low and high:
-        return f"in {low[0]}{low[1]}, {high[1]}{high[0]}"
-    if low:
-        return f"{'>' if low[0] == '(' else '>='} {low[1]}"
-    if high:
-        return f"{'<' if high[0] == ')' else '<='} {high[1]}"
-    return ""
-
-
-def close_keys(key: str, known: Iterable[str]) -> list[str]:
-    """Known keys a mistyped dotted key may mean, best first (at most 3).
-
-    A key matches when each `_`-part of the typed last name starts a part of its last name, in the
-    same section first, then in any (`ppo.clip` -> `ppo.clip_ratio`, `ppo.value_clip`; `clip_ratio`
-    -> `ppo.clip_ratio`); otherwise the closest spellings at the same depth (`ppo.pi_lrr` -> `ppo.pi_lr`).
-    """
-    known = list(known)
-    section, _, name = key.rpartition(".")
-    typed = [part for part in name.lower().split("_") if part]
-
-    def parts_match(candidate: str) -> bool:
-        words = candidate.rpartition(".")[2].split("_")
-        return bool(typed) and all(any(w.startswith(t) for w in words) for t in typed)
-
-    def rank(candidate: str) -> tuple[bool, float]:
-        leaf = candidate.rpartition(".")[2]
-        starts = leaf.startswith(typed[0])  # `clip` is rather clip_ratio than value_clip
-        return (not starts, -difflib.SequenceMatcher(None, name, leaf).ratio())
-
-    same_section = [k for k in known if k.rpartition(".")[0] == section]
-    for pool in (same_section, known):
-        matches = sorted((k for k in pool if k != key and parts_match(k)), key=rank)
-        if matches:
-            return matches[:3]
-    depth = [k for k in known if k.count(".") == key.count(".")]
-    return difflib.get_close_matches(key, depth, n=1, cutoff=0.6)
-
-
-def _describe(error: Mapping[str, Any]) -> str:
-    loc = [str(part) for part in error["loc"] if not isinstance(part, int)]
-    key = ".".join(loc) or "<root>"
-    kind = error["type"]
-    if kind == "unexpected_keyword_argument":
-        close = [f"'{k}'" for k in close_keys(key, config_keys())]
-        options = " or ".join([", ".join(close[:-1]), close[-1]] if len(close) > 1 else close)
-        hint = f"did you mean {options}?" if close else "see `marl-ppo train --help-config` for the keys"
-        return f"unknown config key '{key}'; {hint}"
-    if kind == "int_from_float":
-        doc = config_keys().get(key, "")
-        hint = f" ({' '.join(doc.split())})" if doc else ""
-        return (
-            f"config key '{key}' takes a whole number, got {error.get('input')!r}; write it as 1000000, "
-            f"1_000_000 or 1e6{hint}"
-        )
-    if kind == "value_error":
-        return str(error["msg"]).removeprefix("Value error, ")
-    got = error.get("input")
-    docs = config_keys()
-    hint = f" ({' '.join(docs[key].split())})" if key in docs and docs[key] else ""  # docs may span lines
-    return f"config key '{key}': {error['msg'].lower()}, got {got!r}{hint}"
