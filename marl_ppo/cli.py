@@ -12,25 +12,15 @@ import json
 import shutil
 import signal
 import sys
-import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from marl_ppo.analysis.runlogs import ReportError
 from marl_ppo.analysis.sweep import SweepError
-from marl_ppo.config import (
-    ConfigError,
-    ExperimentConfig,
-    config_to_dict,
-    key_help,
-    load_config,
-    parse_overrides,
-    yaml_value,
-)
-from marl_ppo.console import as_invoked, quiet_closed_outputs, shell_command, shown_path
+from marl_ppo.config import ConfigError, ExperimentConfig, load_config, parse_overrides
+from marl_ppo.config.keys import config_yaml, defaults_notice, help_config_lines
+from marl_ppo.console import as_invoked, quiet_closed_outputs, shell_command
 from marl_ppo.envs.adapters.contract import EnvContractError
 from marl_ppo.envs.registry import EnvError, registered_specs, resolve_factory
 from marl_ppo.eval.evaluate import EvalError
@@ -74,6 +64,13 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="marl-ppo", description="Multi-agent PPO (MAPPO / IPPO).")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks for errors")
     commands = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_train, _add_eval, _add_sweep, _add_reproduce, _add_report, _add_envs):
+        _debug_after(add(commands))
+    return parser
+
+
+def _add_train(commands: Any) -> argparse.ArgumentParser:
+    """`train`: an experiment file with overrides, or --resume, --help-config, --print-config."""
     train = commands.add_parser("train", help="train on an experiment file with key=value overrides")
     train.add_argument("args", nargs="*", metavar="[EXPERIMENT.yaml] [key=value ...]")
     train.add_argument(
@@ -93,7 +90,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the resolved config (experiment file and overrides applied) as YAML and exit",
     )
-    _debug_after(train)
+    return train
+
+
+def _add_eval(commands: Any) -> argparse.ArgumentParser:
+    """`eval`: a run's checkpoint, or the random policy on an experiment's env."""
     evaluate = commands.add_parser("eval", help="evaluate a run's checkpoint; writes eval.json (and a video)")
     evaluate.add_argument("target", metavar="RUN_DIR|CHECKPOINT|EXPERIMENT.yaml", type=Path)
     evaluate.add_argument(
@@ -113,7 +114,11 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--out", type=Path, help="where to write eval.json and the video (default: the run)"
     )
-    _debug_after(evaluate)
+    return evaluate
+
+
+def _add_sweep(commands: Any) -> argparse.ArgumentParser:
+    """`sweep`: a grid of values x seeds, one training process per run."""
     sweep = commands.add_parser("sweep", help="train a grid of key=v1,v2 values x seeds, one process per run")
     sweep.add_argument("experiment", metavar="EXPERIMENT.yaml", type=Path)
     sweep.add_argument("overrides", nargs="*", metavar="key=v1,v2", help="grid values (or one fixed value)")
@@ -127,7 +132,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="ADDRESS",
         help="run each run as a Ray task on the cluster at ADDRESS (auto or host:port); resumes unfinished runs",
     )
-    _debug_after(sweep)
+    return sweep
+
+
+def _add_reproduce(commands: Any) -> argparse.ArgumentParser:
+    """`reproduce`: an experiment's seeds checked against its expected: band."""
     reproduce = commands.add_parser(
         "reproduce", help="train an experiment's seeds and check its expected: band (exit 1 outside)"
     )
@@ -140,7 +149,11 @@ def _parser() -> argparse.ArgumentParser:
         default=Path("runs/reproduce"),
         help="parent of the runs' directory (default: runs/reproduce)",
     )
-    _debug_after(reproduce)
+    return reproduce
+
+
+def _add_report(commands: Any) -> argparse.ArgumentParser:
+    """`report`: returns across seeds and learning curves."""
     report = commands.add_parser("report", help="returns across seeds (IQM, 95%% CIs) and learning curves")
     report.add_argument(
         "paths",
@@ -156,10 +169,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="count runs of different marl_ppo code (version, commit: code.json) as one configuration",
     )
-    _debug_after(report)
+    return report
+
+
+def _add_envs(commands: Any) -> argparse.ArgumentParser:
+    """`envs`: the registered ids, and `envs check ID`."""
     envs = commands.add_parser("envs", help="list registered environment ids, or check one")
     envs.add_argument("--json", action="store_true", help="print the list as JSON objects")
-    _debug_after(envs)
     env_commands = envs.add_subparsers(dest="env_command")
     check = env_commands.add_parser("check", help="conformance check of an env id (exit status 1 on failure)")
     check.add_argument(
@@ -167,7 +183,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("kwargs", nargs="*", metavar="key=value", help="keyword arguments for the env factory")
     _debug_after(check)
-    return parser
+    return envs
 
 
 def _split(args: Sequence[str]) -> tuple[str | None, list[str]]:
@@ -200,7 +216,7 @@ def _train(options: argparse.Namespace) -> int:
             _check_run_dir(run_dir)
     resolve_factory(config.env.id)  # unknown ids and missing extras fail here, before any run directory
     if options.print_config:  # reads the experiment file (or the run's checkpoint) and writes nothing
-        print(_config_yaml(config), end="")
+        print(config_yaml(config), end="")
         return 0
     if options.resume is None and experiment is None:
         print(defaults_notice(config, overrides), flush=True)
@@ -217,58 +233,6 @@ def _train(options: argparse.Namespace) -> int:
         f"{result.wall_s / 60:.1f} min; run directory {run_dir}"
     )
     return 0
-
-
-def _config_yaml(config: ExperimentConfig) -> str:
-    """The config as the run's config.yaml holds it; `auto` choices are made when the run starts."""
-    text = yaml.safe_dump(config_to_dict(config), sort_keys=False)
-    choices = (("vector", config.vector), ("model.precision", config.model.precision))
-    auto = [key for key, value in choices if value == "auto"]
-    if auto:
-        text += f"# {' and '.join(auto)}: auto is chosen when the run starts; its config.yaml records the choice\n"
-    return text
-
-
-DEFAULT_EXPERIMENT = Path("experiments/mpe/simple_spread.yaml")
-"""The experiment `make run` trains, in the project's repository."""
-NOTICE_KEYS = ("gamma", "rollout_steps", "num_envs", "share_actor", "ppo.lr_schedule")
-"""Keys in which the library defaults and the default experiment differ, shown by a bare `train`."""
-
-
-def defaults_notice(config: ExperimentConfig, overrides: Sequence[str]) -> str:
-    """The first line of a `train` without an experiment file: the defaults it runs with, and the way to
-    the default experiment."""
-    values = []
-    for key in NOTICE_KEYS:
-        value: Any = config
-        for part in key.split("."):
-            value = getattr(value, part)
-        values.append(f"{key} {yaml_value(value)}")
-    source = "library defaults and overrides" if overrides else "library defaults"
-    repository_file = Path(__file__).resolve().parent.parent / DEFAULT_EXPERIMENT
-    experiment = shown_path(str(repository_file)) if repository_file.is_file() else str(DEFAULT_EXPERIMENT)
-    return f"no experiment file: {source} ({', '.join(values)}, ...); the default experiment is {experiment}"
-
-
-KEY_COLUMN = 29
-"""Where the text of `--help-config` starts, after the key."""
-
-
-def help_config_lines(width: int = 100) -> list[str]:
-    """`--help-config`: each key with its meaning, default and allowed values; the text wraps under itself."""
-    width = max(KEY_COLUMN + 30, min(width, 120))
-    indent = " " * KEY_COLUMN
-    lines = ["Config keys, set in an experiment file (YAML) or as key=value (which wins over the file)."]
-    for key, entry in key_help().items():
-        if "." not in key and entry.default is None:
-            lines.append("")  # a section: env, ppo, model, log
-        text = textwrap.wrap(" ".join(entry.doc.split()), width - KEY_COLUMN)
-        if entry.default is not None:
-            text += textwrap.wrap(f"default: {entry.default}; allowed: {entry.allowed}", width - KEY_COLUMN)
-        head = f"{key:{KEY_COLUMN - 1}s} " if len(key) < KEY_COLUMN else f"{key}\n{indent}"
-        lines.append(head + text[0])
-        lines.extend(indent + line for line in text[1:])
-    return lines
 
 
 def _resumed(

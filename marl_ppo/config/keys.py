@@ -1,19 +1,23 @@
 """The config's dotted keys: their documentation and defaults for `--help-config`, close matches
-for a mistyped key, and the one-line message for a validation error."""
+for a mistyped key, the one-line message for a validation error, and the config as `train` shows it
+(`--print-config`, and the notice of a run without an experiment file)."""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
 import math
+import textwrap
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic.fields import FieldInfo
 
-from marl_ppo.config.records import ExperimentConfig, _plain
+from marl_ppo.config.records import ExperimentConfig, _plain, config_to_dict
+from marl_ppo.console import shown_path
 
 
 def config_keys(cls: type = ExperimentConfig, prefix: str = "") -> dict[str, str]:
@@ -158,3 +162,55 @@ def describe_error(error: Mapping[str, Any]) -> str:
     docs = config_keys()
     hint = f" ({' '.join(docs[key].split())})" if key in docs and docs[key] else ""  # docs may span lines
     return f"config key '{key}': {error['msg'].lower()}, got {got!r}{hint}"
+
+
+def config_yaml(config: ExperimentConfig) -> str:
+    """The config as the run's config.yaml holds it; `auto` choices are made when the run starts."""
+    text = yaml.safe_dump(config_to_dict(config), sort_keys=False)
+    choices = (("vector", config.vector), ("model.precision", config.model.precision))
+    auto = [key for key, value in choices if value == "auto"]
+    if auto:
+        text += f"# {' and '.join(auto)}: auto is chosen when the run starts; its config.yaml records the choice\n"
+    return text
+
+
+DEFAULT_EXPERIMENT = Path("experiments/mpe/simple_spread.yaml")
+"""The experiment `make run` trains, in the project's repository."""
+NOTICE_KEYS = ("gamma", "rollout_steps", "num_envs", "share_actor", "ppo.lr_schedule")
+"""Keys in which the library defaults and the default experiment differ, shown by a bare `train`."""
+
+
+def defaults_notice(config: ExperimentConfig, overrides: Sequence[str]) -> str:
+    """The first line of a `train` without an experiment file: the defaults it runs with, and the way to
+    the default experiment."""
+    values = []
+    for key in NOTICE_KEYS:
+        value: Any = config
+        for part in key.split("."):
+            value = getattr(value, part)
+        values.append(f"{key} {yaml_value(value)}")
+    source = "library defaults and overrides" if overrides else "library defaults"
+    repository_file = Path(__file__).resolve().parents[2] / DEFAULT_EXPERIMENT
+    experiment = shown_path(str(repository_file)) if repository_file.is_file() else str(DEFAULT_EXPERIMENT)
+    return f"no experiment file: {source} ({', '.join(values)}, ...); the default experiment is {experiment}"
+
+
+KEY_COLUMN = 29
+"""Where the text of `--help-config` starts, after the key."""
+
+
+def help_config_lines(width: int = 100) -> list[str]:
+    """`--help-config`: each key with its meaning, default and allowed values; the text wraps under itself."""
+    width = max(KEY_COLUMN + 30, min(width, 120))
+    indent = " " * KEY_COLUMN
+    lines = ["Config keys, set in an experiment file (YAML) or as key=value (which wins over the file)."]
+    for key, entry in key_help().items():
+        if "." not in key and entry.default is None:
+            lines.append("")  # a section: env, ppo, model, log
+        text = textwrap.wrap(" ".join(entry.doc.split()), width - KEY_COLUMN)
+        if entry.default is not None:
+            text += textwrap.wrap(f"default: {entry.default}; allowed: {entry.allowed}", width - KEY_COLUMN)
+        head = f"{key:{KEY_COLUMN - 1}s} " if len(key) < KEY_COLUMN else f"{key}\n{indent}"
+        lines.append(head + text[0])
+        lines.extend(indent + line for line in text[1:])
+    return lines
