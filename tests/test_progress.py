@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 
-from marl_ppo.algo.trainer import TrainStats
+from marl_ppo.algo.stats import TrainStats
 from marl_ppo.rollout.source import EpisodeRecord
 from marl_ppo.run.logger import ProgressLines, RunLogger
 

@@ -2,7 +2,7 @@
 
 import torch
 
-import marl_ppo.algo.trainer as trainer_module
+import marl_ppo.algo.stats as stats_module
 from marl_ppo.run.checkpoint import load_checkpoint
 from marl_ppo.run.loop import train
 from tests.conftest import collect_rollout
@@ -13,12 +13,12 @@ def test_diagnostic_rows_are_an_even_stride_with_both_ends(spread_config):
 
     _, buffer, result = collect_rollout(spread_config)
     batches = rollout_batches(buffer, result.last_values, gamma=0.95, lam=0.95)
-    assert trainer_module._diagnostic_rows(batches) is batches  # 50 rows: all of them
-    trainer_module.DIAGNOSTIC_ROWS = 8
+    assert stats_module.diagnostic_rows(batches) is batches  # 50 rows: all of them
+    stats_module.DIAGNOSTIC_ROWS = 8
     try:
-        subset = trainer_module._diagnostic_rows(batches)
+        subset = stats_module.diagnostic_rows(batches)
     finally:
-        trainer_module.DIAGNOSTIC_ROWS = 8192
+        stats_module.DIAGNOSTIC_ROWS = 8192
     rows = [0, 7, 14, 21, 28, 35, 42, 49]
     assert list(subset) == list(batches)
     assert torch.equal(subset["agent"].obs, batches["agent"].obs[rows])
@@ -27,7 +27,7 @@ def test_diagnostic_rows_are_an_even_stride_with_both_ends(spread_config):
 
 def test_the_diagnostic_subset_leaves_learning_unchanged(spread_config, tmp_path, monkeypatch):
     train(spread_config, tmp_path / "all")
-    monkeypatch.setattr(trainer_module, "DIAGNOSTIC_ROWS", 5)
+    monkeypatch.setattr(stats_module, "DIAGNOSTIC_ROWS", 5)
     train(spread_config, tmp_path / "subset")
     a = load_checkpoint(tmp_path / "all/checkpoints/final.pt")["model"]
     b = load_checkpoint(tmp_path / "subset/checkpoints/final.pt")["model"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -12,8 +11,6 @@ from torch import nn
 
 from marl_ppo.algo.batch import AgentBatch, minibatches
 from marl_ppo.algo.losses import (
-    approx_kl,
-    explained_variance,
     mask_count,
     masked_mean,
     normalize_advantages,
@@ -22,64 +19,12 @@ from marl_ppo.algo.losses import (
     value_loss,
 )
 from marl_ppo.algo.optim import Optimizer, make_optimizer
-from marl_ppo.algo.sequences import chunk_batch, chunk_minibatches, diagnostic_chunks
+from marl_ppo.algo.sequences import chunk_batch, chunk_minibatches
+from marl_ppo.algo.stats import Evaluation, TrainStats, batch_statistics, diagnostic_rows, lag_statistics
 from marl_ppo.config import PPOConfig
 from marl_ppo.faults import NonFiniteError
 from marl_ppo.models.distributions import ActionDistribution
 from marl_ppo.models.team import GroupActor, GroupCritic, TeamModel
-
-
-@dataclass(frozen=True)
-class TrainStats:
-    """Per-update metrics (logged under `train/`). Losses are summed over groups, diagnostics averaged."""
-
-    loss_pi: float
-    """Actor loss over the batch after the update (clipped surrogate minus entropy bonus). This and the
-    other after-update diagnostics use the whole batch up to DIAGNOSTIC_ROWS env steps, else an even
-    stride of that many rows."""
-    delta_loss_pi: float
-    """loss_pi after minus before the update."""
-    loss_v: float
-    """Value loss over the batch after the update (critic units)."""
-    delta_loss_v: float
-    """loss_v after minus before the update."""
-    kl: float
-    """Approximate KL(old || new) over the batch after the update, from the policy the ratio is taken
-    against: the acting policy, or with decoupled policy lag the policy at the start of the update (the
-    update's own movement)."""
-    entropy: float
-    """Exact entropy of the updated policies, mean over live agent-steps."""
-    clipfrac: float
-    """Fraction of live samples whose ratio (as for kl) is outside the clip range after the update."""
-    stop_iter: int
-    """Actor epochs begun, an epoch counting once the actors enter one of its steps (fewer than
-    train_pi_iters when the KL early stop fired)."""
-    pi_steps: int
-    """Actor minibatch steps taken: train_pi_iters * num_minibatches, fewer when the KL early stop
-    fired (the step that crossed the bound is the last) or non-finite steps were skipped."""
-    explained_variance: float
-    """1 - Var(return - value) / Var(return), with the acting-time values."""
-    value_mean: float
-    """Mean critic value over the batch's live samples, in return units."""
-    return_mean: float
-    """Mean GAE return target over the batch's live samples."""
-    nonfinite_skips: int = 0
-    """Steps dropped this update for a NaN or inf loss, gradient or return (`ppo.on_nonfinite: skip`)."""
-    kl_behaviour_start: float | None = None
-    """With policy lag: approximate KL(acting policy || policy at the start of the update) over the
-    diagnostic rows, how far the lag put the two apart; None (not logged) without lag."""
-    behaviour_weight_mean: float | None = None
-    """With policy lag and `ppo.lagged_ratio: decoupled`: the mean over live samples of the advantages'
-    truncated weights start policy / acting policy; None (not logged) otherwise."""
-
-
-@dataclass(frozen=True)
-class _Evaluation:
-    loss_pi: float
-    loss_v: float
-    kl: float
-    entropy: float
-    clipfrac: float
 
 
 class Trainer:
@@ -208,11 +153,11 @@ class Trainer:
         self._skips = 0
         self.actor_optimizer.bind()
         self.critic_optimizer.bind()
-        stats_in = _batch_statistics(batches)
+        stats_in = batch_statistics(batches)
         batches = self.prepare(batches, lagged=lagged, rollout_steps=rollout_steps)
-        probe = _diagnostic_rows(batches)  # the same rows before and after, so the deltas compare
+        probe = diagnostic_rows(batches)  # the same rows before and after, so the deltas compare
         before = self._evaluate(probe)
-        lag = _lag_statistics(probe, before) if lagged else {}
+        lag = lag_statistics(probe, before) if lagged else {}
         pi_epochs, pi_steps = self._epochs(batches)
         after = self._evaluate(probe)
         return TrainStats(
@@ -392,13 +337,13 @@ class Trainer:
         )
 
     @torch.no_grad()
-    def _evaluate(self, batches: Mapping[str, AgentBatch]) -> _Evaluation:
+    def _evaluate(self, batches: Mapping[str, AgentBatch]) -> Evaluation:
         loss_pi, loss_v, diagnostics = self._losses(batches)
 
         def mean(key: str) -> float:
             return float(sum(d[key] for d in diagnostics.values()) / len(diagnostics))
 
-        return _Evaluation(float(loss_pi), float(loss_v), mean("kl"), mean("entropy"), mean("clipfrac"))
+        return Evaluation(float(loss_pi), float(loss_v), mean("kl"), mean("entropy"), mean("clipfrac"))
 
 
 def _policy(actor: GroupActor, batch: AgentBatch) -> ActionDistribution:
@@ -432,18 +377,6 @@ def _value_clip_centre(batch: AgentBatch) -> torch.Tensor:
     return batch.values_old if batch.values_start is None else batch.values_start
 
 
-def _lag_statistics(probe: Mapping[str, AgentBatch], before: _Evaluation) -> dict[str, float]:
-    """KL(acting || start policy) and, under decoupled lag, the mean advantage weight, over the probe rows."""
-    if all(batch.logp_prox is None for batch in probe.values()):  # lagged_ratio: behaviour
-        return {"kl_behaviour_start": before.kl}  # the start policy's KL from the ratio's reference
-    kls = [approx_kl(b.logp_prox, b.logp_old, b.alive) for b in probe.values()]
-    weights = [masked_mean(b.behaviour_weight, b.alive) for b in probe.values()]
-    return {
-        "kl_behaviour_start": float(sum(kls) / len(kls)),
-        "behaviour_weight_mean": float(sum(weights) / len(weights)),
-    }
-
-
 _ADVANTAGE_NORMS = {"group": normalize_advantages, "agent": normalize_advantages_per_agent}
 """`ppo.advantage_norm`: over a group's live samples, or over each agent's."""
 
@@ -451,30 +384,3 @@ _ADVANTAGE_NORMS = {"group": normalize_advantages, "agent": normalize_advantages
 def _sizes(networks: nn.ModuleList) -> list[int]:
     """Parameters per group's network, in order: the parts that `grad_clip: per_group` clips apart."""
     return [len(list(network.parameters())) for network in networks]
-
-
-DIAGNOSTIC_ROWS = 8192
-"""Env steps the before/after-update diagnostics are computed on; more would only cost learner time."""
-
-
-def _diagnostic_rows(batches: Mapping[str, AgentBatch]) -> Mapping[str, AgentBatch]:
-    """The batches, or an even stride of DIAGNOSTIC_ROWS of their rows when they are larger."""
-    first = next(iter(batches.values()))
-    if first.is_first is not None:  # sequence chunks: whole chunks, never rows cut out of them
-        return diagnostic_chunks(batches, DIAGNOSTIC_ROWS)
-    size = len(first)
-    if size <= DIAGNOSTIC_ROWS:
-        return batches
-    rows = torch.linspace(0, size - 1, DIAGNOSTIC_ROWS, device=first.obs.device).long()
-    return {name: batch.select(rows) for name, batch in batches.items()}
-
-
-def _batch_statistics(batches: Mapping[str, AgentBatch]) -> dict[str, float]:
-    values = torch.cat([b.values_old[b.alive] for b in batches.values()])
-    returns = torch.cat([b.returns[b.alive] for b in batches.values()])
-    mask = torch.ones_like(values, dtype=torch.bool)
-    return {
-        "explained_variance": explained_variance(values, returns, mask),
-        "value_mean": float(values.mean()) if values.numel() else 0.0,
-        "return_mean": float(returns.mean()) if returns.numel() else 0.0,
-    }

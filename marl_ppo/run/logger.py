@@ -13,7 +13,7 @@ from typing import Any, TextIO
 import numpy as np
 import torch
 
-from marl_ppo.algo.trainer import TrainStats
+from marl_ppo.algo.stats import TrainStats
 from marl_ppo.fast.events import EventWriter, LibraryEventWriter, wait_for_a_later_event_file_name
 from marl_ppo.rollout.source import EpisodeRecord
 
