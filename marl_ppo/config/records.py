@@ -292,9 +292,10 @@ class ExperimentConfig:
     updates (collection overlaps learning; `ppo.lagged_ratio` says how the update treats such a batch); 0 waits.
     Other vector modes (and `auto` when it picks `sync`) run with 0, and record 0 in config.yaml."""
     worker_timeout_s: PositiveFloat = 60.0
-    """Seconds a worker process (`vector: subprocess|workers`) may take to answer (build, reset or step
-    its envs; rollout workers get this per step of a rollout) before it is reported as hung and every
-    worker is stopped."""
+    """Seconds a worker process (`vector: subprocess|workers|ray`) may take to answer (build, reset or
+    step its envs; rollout workers get this per step of a rollout) before it is reported as hung and
+    every worker is stopped. A Ray worker's start (Ray starting its process on a node) gets at least
+    300 s."""
     rollout_steps: PositiveInt = 100
     """Steps per env copy collected before each update (batch = rollout_steps * num_envs)."""
     gamma: Annotated[float, Field(gt=0, le=1)] = 0.99

@@ -41,6 +41,10 @@ RAY_INSTALL = "pip install 'marl-ppo[ray]'"
 
 _PLACEMENT_STRATEGY = {"pack": "PACK", "spread": "SPREAD"}
 _REJOIN_SEED_STRIDE = 1_000_003
+START_TIMEOUT_S = 300.0
+"""The least time a Ray worker has for its first answer: Ray starts its process (on any node), which
+imports torch and builds its envs; on a busy machine that alone can pass a minute. Later answers get
+`worker_timeout_s`."""
 """A rejoining worker resets its envs with the run's seed plus this times its rejoin count: fresh episodes."""
 
 
@@ -203,7 +207,8 @@ class RayRolloutWorkers:
             ).remote(plain, (envs.start, envs.stop), k)
             for k, envs in enumerate(self._slices)
         ]
-        self._wait_all({k: actor.ping.remote() for k, actor in enumerate(self._actors)}, "start")
+        pings = {k: actor.ping.remote() for k, actor in enumerate(self._actors)}
+        self._wait_all(pings, "start", timeout_s=max(self.timeout_s, START_TIMEOUT_S))
 
     @property
     def live_workers(self) -> int:
@@ -416,17 +421,20 @@ class RayRolloutWorkers:
         }
         return self._wait_all(refs, command)
 
-    def _wait_all(self, refs: dict[int, Any], command: str) -> list[Any]:
-        """The replies to `refs` in worker order; a worker that died meanwhile is marked lost (None)."""
+    def _wait_all(self, refs: dict[int, Any], command: str, *, timeout_s: float | None = None) -> list[Any]:
+        """The replies to `refs` in worker order, waiting `timeout_s` (`worker_timeout_s` by default); a
+        worker that died meanwhile is marked lost (None)."""
         ray = self._ray
-        ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.timeout_s)
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        limit = "worker_timeout_s" if timeout_s == self.timeout_s else "a Ray worker's start"
         replies: list[Any] = [None] * len(self._actors)
         for k, ref in refs.items():
             try:
                 replies[k] = ray.get(ref, timeout=0)
             except ray.exceptions.GetTimeoutError:
                 raise WorkerError(
-                    f"Ray rollout worker {k} did not answer '{command}' within worker_timeout_s={self.timeout_s:g}"
+                    f"Ray rollout worker {k} did not answer '{command}' within {timeout_s:g} s ({limit})"
                 ) from None
             except ray.exceptions.RayActorError as err:
                 self._lose(k, f"{type(err).__name__} during '{command}'")
