@@ -370,7 +370,8 @@ def _reproduce(options: argparse.Namespace) -> int:
     if reproduction is None:
         print(summary_line(options.experiment.stem, outcome))
         return 1
-    print(reproduction.line())
+    for line in reproduction.lines():
+        print(line)
     return 0 if reproduction.inside else 1
 
 

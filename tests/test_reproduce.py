@@ -69,6 +69,84 @@ def test_a_bad_expected_block_is_a_config_error(tmp_path, capsys, band, message)
     assert message in err and err.count("\n") == 1
 
 
+def _evaluated(tmp_path, expected):
+    path = tmp_path / "matrix.yaml"
+    path.write_text(
+        yaml.safe_dump({**TINY_MATRIX, "eval_every": 8, "eval_episodes": 2, "expected": expected})
+    )
+    return path
+
+
+def test_an_eval_band_checks_the_last_evaluation_of_each_seed(tmp_path, capsys):
+    """A game's team return is 0 whatever it learned, so its band is on the last evaluation's tag."""
+    from marl_ppo.analysis.runlogs import last_values
+
+    out = tmp_path / "runs"
+    experiment = _evaluated(tmp_path, {"steps": 16, "seeds": 2, "eval": {"team_return": [1000.0, 2000.0]}})
+    assert main(["reproduce", str(experiment), "--out", str(out)]) == 1
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("reproduce matrix: eval/team_return IQM ")
+    assert last.endswith(" over 2 seed(s) at 16 env steps; expected [1000.00, 2000.00]: OUTSIDE")
+    figure = float(last.split("IQM ")[1].split(" ")[0])
+    seeds = [
+        last_values(out / "matrix" / f"seed{k}", ["eval/team_return"])["eval/team_return"] for k in (0, 1)
+    ]
+    assert figure == pytest.approx(sum(seeds) / 2, abs=0.005)  # fewer than 4 seeds: the IQM is the mean
+
+    # both bands are checked, the team return's first; one outside fails the whole
+    _evaluated(
+        tmp_path,
+        {
+            "steps": 16,
+            "seeds": 2,
+            "team_return": [-100.0, 100.0],
+            "eval": {"team_return": [figure - 0.01, figure + 0.01]},
+        },
+    )
+    assert main(["reproduce", str(experiment), "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-2].startswith("reproduce matrix: team return IQM ") and lines[-2].endswith(": inside")
+    assert lines[-1].startswith("reproduce matrix: eval/team_return IQM ") and lines[-1].endswith(": inside")
+    _evaluated(
+        tmp_path,
+        {"steps": 16, "seeds": 2, "team_return": [1000.0, 2000.0], "eval": {"team_return": [-100.0, 100.0]}},
+    )
+    assert main(["reproduce", str(experiment), "--out", str(out)]) == 1
+
+    # a tag the evaluation never wrote is one line, naming the seeds and the fix
+    _evaluated(tmp_path, {"steps": 16, "seeds": 2, "eval": {"vs_random/win_rate": [0.5, 1.0]}})
+    assert main(["reproduce", str(experiment), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "expected.eval names 'eval/vs_random/win_rate', which seed0, seed1 never logged" in err
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("expected", "message"),
+    [
+        ("{steps: 8, seeds: 1}", "config key 'expected' needs a band: team_return: [low, high], or eval:"),
+        (
+            "{steps: 8, seeds: 1, eval: {eval/team_return: [0, 1]}}",
+            "names tags under eval/ without the prefix",
+        ),
+        (
+            "{steps: 8, seeds: 1, eval: {team_return: [2, 1]}}",
+            "config key 'expected.eval.team_return' must be [low, high]",
+        ),
+        (
+            "{steps: 8, seeds: 1, eval: {team_return: [0, 1]}}",
+            "bands the last periodic evaluation, but eval_every is not set",
+        ),
+    ],
+)
+def test_a_bad_eval_band_is_a_config_error(tmp_path, capsys, expected, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(TINY_MATRIX) + f"expected: {expected}\n")
+    assert main(["train", str(path), "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
 def test_every_expected_block_in_the_experiments_is_valid():
     from marl_ppo.config import load_config
 
@@ -78,7 +156,9 @@ def test_every_expected_block_in_the_experiments_is_valid():
     assert len(found) >= 4
     for path in found:
         expected = load_config(path).expected
-        assert expected is not None and expected.team_return[0] <= expected.team_return[1], path
+        assert expected is not None, path
+        for low, high in [expected.team_return or (0, 0), *(expected.eval or {}).values()]:
+            assert low <= high, path
 
 
 @pytest.mark.slow

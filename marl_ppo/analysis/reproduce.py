@@ -3,7 +3,8 @@
 The experiment file's `expected: {steps: N, seeds: K, team_return: [low, high]}` says what its
 result is: the interquartile mean over seeds 0..K-1 of the final team return (each run's mean over
 its last `log.return_window` training episodes, as `summary.json` and `report` give it) after N env
-steps lies in [low, high]. Runs go to `<out>/<experiment>/seed<k>` as sweep runs do, so finished
+steps lies in [low, high]. `eval: {TAG: [low, high]}` bands the last periodic evaluation's value of
+`eval/TAG` the same way: a game's win rate against random opponents, where the team return is 0. Runs go to `<out>/<experiment>/seed<k>` as sweep runs do, so finished
 runs of the same config are reused and runs of another config are refused.
 """
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from marl_ppo.analysis.report import Estimate, iqm_estimates
+from marl_ppo.analysis.runlogs import last_values
 from marl_ppo.analysis.stats import rliable
 from marl_ppo.analysis.sweep import SweepError, SweepOutcome, default_jobs, plan_sweep, run_sweep
 from marl_ppo.config import load_config
@@ -22,14 +24,14 @@ from marl_ppo.run.code_record import code_label
 
 
 @dataclass(frozen=True)
-class Reproduction:
-    """The measured figure beside the band the experiment file promises."""
+class Check:
+    """One promised figure: its name, band, each seed's value and their IQM with its 95% CI."""
 
-    name: str
-    steps: int
+    metric: str
+    """`team_return` (training episodes), or `eval/TAG` for a band on the last evaluation."""
     band: tuple[float, float]
-    returns: tuple[float, ...]
-    """Each seed's final team return, seed 0 first."""
+    values: tuple[float, ...]
+    """Each seed's value, seed 0 first."""
     estimate: Estimate
 
     @property
@@ -37,14 +39,34 @@ class Reproduction:
         """Whether the IQM over seeds lies in the band (bounds included)."""
         return self.band[0] <= self.estimate.iqm <= self.band[1]
 
-    def line(self) -> str:
-        """One line: the figure with its 95% CI, the band, and the verdict."""
-        e, (low, high) = self.estimate, self.band
-        ci = f" [95% CI {e.low:.2f}, {e.high:.2f}]" if e.seeds > 1 else ""
-        return (
-            f"reproduce {self.name}: team return IQM {e.iqm:.2f}{ci} over {e.seeds} seed(s) at "
-            f"{self.steps:,} env steps; expected [{low:.2f}, {high:.2f}]: {'inside' if self.inside else 'OUTSIDE'}"
-        )
+
+@dataclass(frozen=True)
+class Reproduction:
+    """The measured figures beside the bands the experiment file promises."""
+
+    name: str
+    steps: int
+    checks: tuple[Check, ...]
+    """The team return's band first (where the file has one), then the evaluation's, in file order."""
+
+    @property
+    def inside(self) -> bool:
+        """Whether every figure lies in its band."""
+        return all(check.inside for check in self.checks)
+
+    def lines(self) -> list[str]:
+        """One line per figure: the IQM with its 95% CI, the band, and the verdict."""
+        out = []
+        for check in self.checks:
+            e, (low, high) = check.estimate, check.band
+            ci = f" [95% CI {e.low:.2f}, {e.high:.2f}]" if e.seeds > 1 else ""
+            what = "team return" if check.metric == "team_return" else check.metric
+            out.append(
+                f"reproduce {self.name}: {what} IQM {e.iqm:.2f}{ci} over {e.seeds} seed(s) at "
+                f"{self.steps:,} env steps; expected [{low:.2f}, {high:.2f}]: "
+                + ("inside" if check.inside else "OUTSIDE")
+            )
+        return out
 
 
 def reproduce(
@@ -76,9 +98,23 @@ def reproduce(
     outcome = run_sweep(experiment, runs, jobs, echo)
     if outcome.failed:
         return None, outcome
-    returns = tuple(
-        float(json.loads((run.run_dir / "summary.json").read_text())["team_return_mean"]) for run in runs
-    )
+    figures: dict[str, tuple[tuple[float, float], tuple[float, ...]]] = {}
+    if expected.team_return is not None:
+        returns = tuple(
+            float(json.loads((run.run_dir / "summary.json").read_text())["team_return_mean"]) for run in runs
+        )
+        figures["team_return"] = (expected.team_return, returns)
+    if expected.eval:
+        last = [last_values(run.run_dir, [f"eval/{tag}" for tag in expected.eval]) for run in runs]
+        for tag, band in expected.eval.items():
+            values = [values[f"eval/{tag}"] for values in last]
+            missing = [run.name for run, value in zip(runs, values, strict=True) if value is None]
+            if missing:
+                raise SweepError(
+                    f"expected.eval names 'eval/{tag}', which {', '.join(missing)} never logged; name a tag "
+                    "the periodic evaluation writes (see the run's TensorBoard), e.g. vs_random/win_rate"
+                )
+            figures[f"eval/{tag}"] = (band, tuple(float(v) for v in values if v is not None))
     codes = [code_label(run.run_dir) for run in runs]
     if len(set(codes)) > 1:  # finished runs of older code were reused beside new ones
         echo(
@@ -86,5 +122,8 @@ def reproduce(
             + ", ".join(f"{run.name} {code}" for run, code in zip(runs, codes, strict=True))
             + "); `marl-ppo report` keeps them apart, and a new --out trains every seed with today's"
         )
-    estimate = iqm_estimates({"seeds": returns}, reps=2000, seed=0)["seeds"]
-    return Reproduction(experiment.stem, expected.steps, expected.team_return, returns, estimate), outcome
+    estimates = iqm_estimates({metric: values for metric, (_, values) in figures.items()}, reps=2000, seed=0)
+    checks = tuple(
+        Check(metric, band, values, estimates[metric]) for metric, (band, values) in figures.items()
+    )
+    return Reproduction(experiment.stem, expected.steps, checks), outcome

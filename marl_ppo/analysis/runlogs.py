@@ -97,6 +97,23 @@ def read_run(run_dir: Path) -> RunLog:
     return RunLog(run_dir, config, series, code_label(run_dir))
 
 
+def last_values(run_dir: Path, tags: Iterable[str]) -> dict[str, float | None]:
+    """The last logged value of each of `tags` in a run's TensorBoard event files (None where never logged)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    logged = set(events.Tags()["scalars"])
+
+    def last(tag: str) -> float:
+        points = events.Scalars(tag)
+        return float(
+            max(enumerate(points), key=lambda p: (p[1].step, p[0]))[1].value
+        )  # latest write wins a tie
+
+    return {tag: last(tag) if tag in logged else None for tag in tags}
+
+
 def with_defaults(config: dict[str, Any]) -> dict[str, Any]:
     """The config with today's defaults for keys an older marl_ppo did not write (as is when invalid)."""
     from marl_ppo.config import ConfigError, build_config, config_to_dict

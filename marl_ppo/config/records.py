@@ -252,17 +252,33 @@ class ExpectedConfig:
     """Env steps each seed trains for (reproduce runs them with total_steps set to this)."""
     seeds: PositiveInt
     """Seeds 0..seeds-1 (reproduce --seeds overrides it)."""
-    team_return: tuple[float, float]
+    team_return: tuple[float, float] | None = None
     """[low, high]: the band the IQM over seeds of the final team return (the mean of each run's last
     `log.return_window` training episodes) must fall in."""
+    eval: dict[str, tuple[float, float]] | None = None
+    """Bands for the last periodic evaluation (`eval_every`): a tag under `eval/` to the [low, high]
+    band the IQM over seeds of its last value must fall in, e.g. `{vs_random/win_rate: [0.8, 1.0]}`
+    for a game, where the team return says nothing."""
 
     def __post_init__(self) -> None:
-        low, high = self.team_return
-        if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+        if self.team_return is None and not self.eval:
             raise ValueError(
-                f"config key 'expected.team_return' must be [low, high] with finite low <= high, "
-                f"got {list(self.team_return)}"
+                "config key 'expected' needs a band: team_return: [low, high], or eval: {TAG: [low, high]} "
+                "for a tag under eval/ (e.g. vs_random/win_rate)"
             )
+        bands = {"expected.team_return": self.team_return} if self.team_return is not None else {}
+        for tag, band in (self.eval or {}).items():
+            if not tag or tag.startswith("eval/"):
+                raise ValueError(
+                    f"config key 'expected.eval' names tags under eval/ without the prefix "
+                    f"(vs_random/win_rate, not eval/vs_random/win_rate), got '{tag}'"
+                )
+            bands[f"expected.eval.{tag}"] = band
+        for key, (low, high) in bands.items():
+            if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+                raise ValueError(
+                    f"config key '{key}' must be [low, high] with finite low <= high, got {[low, high]}"
+                )
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -342,8 +358,9 @@ class ExperimentConfig:
     battle's red and blue); the policy plays each team in turn, scored as that team's return and its
     random opponents'. null: no such score."""
     expected: ExpectedConfig | None = None
-    """The experiment's measured result, `{steps: N, seeds: K, team_return: [low, high]}`, checked by
-    `marl-ppo reproduce`; training ignores it."""
+    """The experiment's measured result, `{steps: N, seeds: K, team_return: [low, high]}` (or bands on
+    the last evaluation, `eval: {vs_random/win_rate: [low, high]}`), checked by `marl-ppo reproduce`;
+    training ignores it."""
     ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
     """PPO optimisation settings."""
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -374,6 +391,11 @@ class ExperimentConfig:
                 f"rollout_steps*num_envs={self.batch_steps} env steps; lower ppo.num_minibatches"
             )
 
+        if self.expected is not None and self.expected.eval and not self.eval_every:
+            raise ValueError(
+                "config key 'expected.eval' bands the last periodic evaluation, but eval_every is not set; "
+                "set eval_every (env steps between evaluations) or drop expected.eval"
+            )
         if self.vector == "ray" and self.ray.min_workers > self.num_workers:
             raise ValueError(
                 f"ray.min_workers={self.ray.min_workers} exceeds num_workers={self.num_workers}; "
