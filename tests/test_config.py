@@ -201,6 +201,8 @@ def test_key_help_gives_each_default_and_its_allowed_values():
 
 
 def test_every_default_shown_is_the_default_when_written_back():
+    # a key of the optional `expected` section has its default within the section, which cannot be
+    # written alone: it needs its required keys and a band
     for key, entry in key_help().items():
-        if entry.default is not None:
+        if entry.default is not None and not key.startswith("expected."):
             assert load_config(None, [f"{key}={entry.default}"]) == ExperimentConfig(), key
