@@ -133,10 +133,6 @@ def test_an_eval_band_checks_the_last_evaluation_of_each_seed(tmp_path, capsys):
             "{steps: 8, seeds: 1, eval: {team_return: [2, 1]}}",
             "config key 'expected.eval.team_return' must be [low, high]",
         ),
-        (
-            "{steps: 8, seeds: 1, eval: {team_return: [0, 1]}}",
-            "bands the last periodic evaluation, but eval_every is not set",
-        ),
     ],
 )
 def test_a_bad_eval_band_is_a_config_error(tmp_path, capsys, expected, message):
@@ -145,6 +141,20 @@ def test_a_bad_eval_band_is_a_config_error(tmp_path, capsys, expected, message):
     assert main(["train", str(path), "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_an_eval_band_without_evaluations_stops_reproduce_in_one_line_but_not_train(tmp_path, capsys):
+    path = tmp_path / "plain.yaml"
+    path.write_text(
+        yaml.safe_dump({**TINY_MATRIX, "expected": {"steps": 8, "seeds": 1, "eval": {"team_return": [0, 1]}}})
+    )
+    assert main(["reproduce", str(path), "--out", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert "expected.eval bands the last periodic evaluation, but eval_every is not set" in err
+    assert err.count("\n") == 1 and not (tmp_path / "runs").exists()
+    assert (
+        main(["train", str(path), "total_steps=8", "--run-dir", str(tmp_path / "run")]) == 0
+    )  # train ignores it
 
 
 def test_every_expected_block_in_the_experiments_is_valid():

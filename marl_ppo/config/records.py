@@ -391,11 +391,6 @@ class ExperimentConfig:
                 f"rollout_steps*num_envs={self.batch_steps} env steps; lower ppo.num_minibatches"
             )
 
-        if self.expected is not None and self.expected.eval and not self.eval_every:
-            raise ValueError(
-                "config key 'expected.eval' bands the last periodic evaluation, but eval_every is not set; "
-                "set eval_every (env steps between evaluations) or drop expected.eval"
-            )
         if self.vector == "ray" and self.ray.min_workers > self.num_workers:
             raise ValueError(
                 f"ray.min_workers={self.ray.min_workers} exceeds num_workers={self.num_workers}; "
