@@ -55,15 +55,27 @@ def test_reproduce_without_an_expected_block_is_one_line_and_exit_2(tmp_path, ca
 
 
 @pytest.mark.parametrize(
-    ("band", "message"),
+    ("expected", "message"),
     [
-        ("[3, 2]", "config key 'expected.team_return' must be [low, high] with finite low <= high"),
-        ("[1]", "config key 'expected.team_return'"),
+        (
+            "{steps: 8, seeds: 1, team_return: [3, 2]}",
+            "config key 'expected.team_return' must be [low, high] with finite low <= high",
+        ),
+        ("{steps: 8, seeds: 1, team_return: [1]}", "config key 'expected.team_return'"),
+        ("{steps: 8, seeds: 1}", "config key 'expected' needs a band: team_return: [low, high], or eval:"),
+        (
+            "{steps: 8, seeds: 1, eval: {eval/team_return: [0, 1]}}",
+            "names tags under eval/ without the prefix",
+        ),
+        (
+            "{steps: 8, seeds: 1, eval: {team_return: [2, 1]}}",
+            "config key 'expected.eval.team_return' must be [low, high]",
+        ),
     ],
 )
-def test_a_bad_expected_block_is_a_config_error(tmp_path, capsys, band, message):
+def test_a_bad_expected_block_is_a_config_error(tmp_path, capsys, expected, message):
     path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(TINY_MATRIX) + f"expected: {{steps: 8, seeds: 1, team_return: {band}}}\n")
+    path.write_text(yaml.safe_dump(TINY_MATRIX) + f"expected: {expected}\n")
     assert main(["train", str(path), "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
@@ -119,28 +131,6 @@ def test_an_eval_band_checks_the_last_evaluation_of_each_seed(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "expected.eval names 'eval/vs_random/win_rate', which seed0, seed1 never logged" in err
     assert err.count("\n") == 1
-
-
-@pytest.mark.parametrize(
-    ("expected", "message"),
-    [
-        ("{steps: 8, seeds: 1}", "config key 'expected' needs a band: team_return: [low, high], or eval:"),
-        (
-            "{steps: 8, seeds: 1, eval: {eval/team_return: [0, 1]}}",
-            "names tags under eval/ without the prefix",
-        ),
-        (
-            "{steps: 8, seeds: 1, eval: {team_return: [2, 1]}}",
-            "config key 'expected.eval.team_return' must be [low, high]",
-        ),
-    ],
-)
-def test_a_bad_eval_band_is_a_config_error(tmp_path, capsys, expected, message):
-    path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(TINY_MATRIX) + f"expected: {expected}\n")
-    assert main(["train", str(path), "--run-dir", str(tmp_path / "run")]) == 2
-    err = capsys.readouterr().err
-    assert message in err and err.count("\n") == 1
 
 
 def test_an_eval_band_without_evaluations_stops_reproduce_in_one_line_but_not_train(tmp_path, capsys):
