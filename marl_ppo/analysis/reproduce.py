@@ -111,9 +111,9 @@ def reproduce(
         )
         figures["team_return"] = (expected.team_return, returns)
     if expected.eval:
-        last = [last_values(run.run_dir, [f"eval/{tag}" for tag in expected.eval]) for run in runs]
+        per_run = [last_values(run.run_dir, [f"eval/{tag}" for tag in expected.eval]) for run in runs]
         for tag, band in expected.eval.items():
-            values = [values[f"eval/{tag}"] for values in last]
+            values = [logged[f"eval/{tag}"] for logged in per_run]
             missing = [run.name for run, value in zip(runs, values, strict=True) if value is None]
             if missing:
                 raise SweepError(
