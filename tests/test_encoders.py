@@ -6,9 +6,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+import yaml
 from conftest import collect_rollout
 
-from marl_ppo.config import ConfigError, load_config
+from marl_ppo.algo.trainer import Trainer
+from marl_ppo.config import ConfigError, PPOConfig, load_config
 from marl_ppo.envs.factory import build_vector_env, team_spec
 from marl_ppo.envs.layout import InputLayout, InputPart, auto_pool, channels_last, layout_of, pool_frame
 from marl_ppo.models.encoders import CnnShape, FeatureEncoder
@@ -34,13 +36,44 @@ def _config(env_id: str, *extra: str):
     return load_config(None, [f"env.id={env_id}", *FAST, *extra])
 
 
-def test_auto_pool_brings_the_longest_image_side_to_64_pixels():
+def test_auto_pool_bounds_each_side_and_the_pixels_of_a_step():
     pistons = gym.spaces.Box(0, 255, (457, 120, 3), np.uint8)
     screen = gym.spaces.Box(0, 255, (560, 880, 3), np.uint8)
-    assert auto_pool([pistons] * 20, screen) == 8  # ceil(457 / 64); the observations decide
-    assert auto_pool([gym.spaces.Box(0, 1, (18,), np.float32)], screen) == 14  # ceil(880 / 64): the state
+    # 20 pistons: 15 leaves 20 x 30 x 8 = 4,800 pixels a step, 16 leaves 20 x 28 x 7 = 3,920 <= 64 x 64
+    assert auto_pool([pistons] * 20, screen) == 16
+    # one piston: ceil(457 / 64) = 8 bounds the side, and 57 x 15 pixels are within the budget
+    assert auto_pool([pistons], screen) == 8
+    # cooperative_pong's two 280 x 480 screens: 8 leaves 2 x 35 x 60 = 4,200 pixels, 9 leaves 3,286
+    assert auto_pool([gym.spaces.Box(0, 255, (280, 480, 3), np.uint8)] * 2, None) == 9
+    # no image observation: the state's side alone, ceil(880 / 64)
+    assert auto_pool([gym.spaces.Box(0, 1, (18,), np.float32)], screen) == 14
     assert auto_pool([gym.spaces.Box(0, 255, (3, 64, 64), np.uint8)], None) == 1
+    # 81 agents' 13 x 13 views exceed the budget, but pooling would take their side below 16 pixels
+    assert auto_pool([gym.spaces.Box(0, 1, (13, 13, 5), np.float32)] * 81, None) == 1
+    # 50 agents' 100 x 100 views: the budget stops at a 16-pixel side (factor 6), not at 64 x 64 pixels
+    assert auto_pool([gym.spaces.Box(0, 255, (100, 100, 3), np.uint8)] * 50, None) == 6
     assert auto_pool([gym.spaces.Box(0, 1, (18,), np.float32)], None) == 1
+
+
+def test_auto_epochs_are_4_for_a_cnn_model_and_10_without_and_the_run_records_them(tmp_path):
+    assert PPOConfig().settled(convolutional=True).train_pi_iters == 4
+    assert PPOConfig().settled(convolutional=False).train_vf_iters == 10
+    explicit = PPOConfig(train_pi_iters=7, train_vf_iters=3).settled(convolutional=True)
+    assert (explicit.train_pi_iters, explicit.train_vf_iters) == (7, 3)
+    for env_id, extra, epochs in (
+        (SIGNAL, [], 4),
+        (SIGNAL, ["model.encoder=mlp"], 10),
+        ("envs/matrix_game_v0", [], 10),
+    ):
+        args = [f"env.id={env_id}", *(a for a in FAST if "_iters" not in a), *extra]
+        config = load_config(None, args)
+        model = TeamModel(team_spec(config), config)
+        trainer = Trainer(model, config.ppo, generator=torch.Generator())
+        assert (trainer.ppo.train_pi_iters, trainer.ppo.train_vf_iters) == (epochs, epochs), (env_id, extra)
+        run_dir = tmp_path / f"{env_id.replace('/', '_')}-{len(extra)}"
+        train(config, run_dir)
+        recorded = yaml.safe_load((run_dir / "config.yaml").read_text())["ppo"]
+        assert (recorded["train_pi_iters"], recorded["train_vf_iters"]) == (epochs, epochs), (env_id, extra)
 
 
 def test_axis_order_and_pooled_frames_stay_uint8():

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from marl_ppo.config import load_config
+from marl_ppo.models.encoders import has_cnn
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.workers import worker_seed
 from marl_ppo.run.build import build_collector
@@ -264,7 +265,7 @@ def test_a_cnn_learner_gets_every_core(monkeypatch, encoder, expected):
     )
     _, model = build_collector(config, torch.device("cpu"))
     assert host.learner_threads(config) == 1
-    assert host.learner_threads(config, convolutional=host.has_convolutions(model)) == expected
+    assert host.learner_threads(config, convolutional=has_cnn(model)) == expected
 
 
 @pytest.mark.parametrize(

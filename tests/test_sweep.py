@@ -223,6 +223,7 @@ def test_auto_choices_recorded_by_a_finished_run_match_the_auto_it_was_started_w
     recorded = config_to_dict(planned)
     recorded.update(vector="sync", policy_lag=0, torch_threads=1)
     recorded["model"]["precision"] = "fp32"
+    recorded["ppo"].update(train_pi_iters=10, train_vf_iters=10)
     assert sweep_module.config_differences(planned, recorded) == []
     recorded.update(seed=4, gamma=0.5)
     assert sweep_module.config_differences(planned, recorded) == ["gamma", "seed"]

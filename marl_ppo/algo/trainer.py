@@ -24,17 +24,19 @@ from marl_ppo.algo.stats import Evaluation, TrainStats, batch_statistics, diagno
 from marl_ppo.config import PPOConfig
 from marl_ppo.faults import NonFiniteError
 from marl_ppo.models.distributions import ActionDistribution
+from marl_ppo.models.encoders import has_cnn
 from marl_ppo.models.team import GroupActor, GroupCritic, TeamModel
 
 
 class Trainer:
-    """Runs `train_pi_iters` / `train_vf_iters` epochs of minibatch PPO over one batch per group."""
+    """Runs `train_pi_iters` / `train_vf_iters` epochs of minibatch PPO over one batch per group (`auto`
+    epochs settled for `model`)."""
 
     def __init__(
         self, model: TeamModel, ppo: PPOConfig, *, generator: torch.Generator, optimizer: str = "flat_adam"
     ) -> None:
         self.model = model
-        self.ppo = ppo
+        self.ppo = ppo.settled(convolutional=has_cnn(model))
         self.generator = generator
         self.actor_optimizer = make_optimizer(
             model.actors.parameters(), lr=ppo.pi_lr, kind=optimizer, parts=_sizes(model.actors)

@@ -133,7 +133,7 @@ def plan_sweep(
     return runs, first
 
 
-AUTO_KEYS = ("vector", "model.precision", "torch_threads")
+AUTO_KEYS = ("vector", "model.precision", "torch_threads", "ppo.train_pi_iters", "ppo.train_vf_iters")
 """Keys whose `auto` a run settles when it starts; a finished run's recorded choice matches `auto`."""
 
 

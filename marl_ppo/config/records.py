@@ -106,6 +106,13 @@ class ModelConfig:
             )
 
 
+AUTO_EPOCHS = 10
+"""`ppo.train_pi_iters` and `train_vf_iters` under `auto` (MAPPO's range for vector observations)."""
+
+AUTO_EPOCHS_CNN = 4
+"""The same where a network has a CNN encoder (the epochs of PPO's usual Atari settings)."""
+
+
 @dataclass(frozen=True, config=_STRICT)
 class PPOConfig:
     pi_lr: PositiveFloat = 7e-4
@@ -116,10 +123,12 @@ class PPOConfig:
     """`linear` decays both learning rates to zero over total_steps; `constant` keeps them."""
     clip_ratio: PositiveFloat = 0.2
     """PPO probability-ratio clip epsilon."""
-    train_pi_iters: PositiveInt = 10
-    """Epochs over the batch for the actors (they stop early at the KL bound, see target_kl)."""
-    train_vf_iters: PositiveInt = 10
-    """Epochs over the batch for the critic."""
+    train_pi_iters: PositiveInt | Literal["auto"] = "auto"
+    """Epochs over the batch for the actors (they stop early at the KL bound, see target_kl); `auto`:
+    10, or 4 where a network has a CNN encoder, as pixel PPO usually runs (each pass over the frames
+    is such a run's largest cost). The choice is written to the run's config.yaml."""
+    train_vf_iters: PositiveInt | Literal["auto"] = "auto"
+    """Epochs over the batch for the critic; `auto` as train_pi_iters."""
     num_minibatches: PositiveInt = 4
     """Minibatches per epoch; the batch (rollout_steps * num_envs env steps) is split evenly."""
     target_kl: PositiveFloat | None = 0.05
@@ -174,6 +183,16 @@ class PPOConfig:
     """A NaN or inf loss, gradient or return: `error` stops the run naming the group, term and update;
     `skip` drops that minibatch step (or the update's value-norm statistics) and counts it in
     `train/nonfinite_skips`."""
+
+    def settled(self, *, convolutional: bool) -> PPOConfig:
+        """This config with `auto` epochs replaced by their choice for a model with (`convolutional`) or
+        without a CNN encoder."""
+        epochs = AUTO_EPOCHS_CNN if convolutional else AUTO_EPOCHS
+        return dataclasses.replace(
+            self,
+            train_pi_iters=epochs if self.train_pi_iters == "auto" else self.train_pi_iters,
+            train_vf_iters=epochs if self.train_vf_iters == "auto" else self.train_vf_iters,
+        )
 
 
 @dataclass(frozen=True, config=_STRICT)

@@ -23,8 +23,15 @@ import gymnasium as gym
 import numpy as np
 
 AUTO_POOL_SIDE = 64
-"""`env.image_pool: auto` pools by the smallest factor that brings every image observation's longer
-side (the state's, where no observation is an image) to at most this many pixels."""
+"""`env.image_pool: auto` brings every image observation's longer side (the state's, where no
+observation is an image) to at most this many pixels..."""
+
+AUTO_POOL_PIXELS = 64 * 64
+"""...and the agents' image observations of one env step, all together, to at most this many pixels
+(one 64x64 frame), since the learner's work grows with the pixels of every agent..."""
+
+AUTO_POOL_MIN_SIDE = 16
+"""...but the pixel budget never pools an image's longer side below this many pixels."""
 
 
 def has_mask_in_obs(space: gym.Space) -> bool:
@@ -186,13 +193,25 @@ def _part(key: str | None, space: gym.Space, offset: int, pool: int) -> InputPar
 
 
 def auto_pool(spaces: Iterable[gym.Space], state: gym.Space | None) -> int:
-    """The `env.image_pool: auto` factor: the smallest bringing every image observation's longer side
-    (or, without image observations, the image state's) to at most `AUTO_POOL_SIDE` pixels; 1 without images."""
-    images = [s for space in spaces for s in _images(feature_space(space))]
+    """The `env.image_pool: auto` factor for the agents' observation `spaces` (one per agent) and the
+    `state`: the smallest that brings every image's longer side to at most `AUTO_POOL_SIDE` pixels and
+    the pixels of all the images to at most `AUTO_POOL_PIXELS`, short of pooling a longer side below
+    `AUTO_POOL_MIN_SIDE`; the state's alone where no observation is an image; 1 without images."""
+    images = [_spatial(s.shape) for space in spaces for s in _images(feature_space(space))]
     if not images and state is not None:
-        images = _images(state)
-    longest = max((max(_spatial(s.shape)) for s in images), default=0)
-    return max(1, math.ceil(longest / AUTO_POOL_SIDE))
+        images = [_spatial(s.shape) for s in _images(state)]
+    if not images:
+        return 1
+    longest = max(max(sides) for sides in images)
+    factor = max(1, math.ceil(longest / AUTO_POOL_SIDE))
+    coarsest = max(1, min(max(sides) for sides in images) // AUTO_POOL_MIN_SIDE)
+    while factor < coarsest and _pooled_pixels(images, factor) > AUTO_POOL_PIXELS:
+        factor += 1
+    return factor
+
+
+def _pooled_pixels(images: list[tuple[int, int]], factor: int) -> int:
+    return sum((height // factor) * (width // factor) for height, width in images)
 
 
 def _images(space: gym.Space) -> list[gym.spaces.Box]:

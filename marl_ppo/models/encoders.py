@@ -156,6 +156,11 @@ class FeatureEncoder(nn.Module):
         return torch.cat([encoder(chunk) for chunk in piece.split(NO_GRAD_CHUNK)])
 
 
+def has_cnn(model: nn.Module) -> bool:
+    """Whether `model` holds a CNN encoder."""
+    return any(isinstance(module, nn.Conv2d) for module in model.modules())
+
+
 def conv_activation_floats(layout: InputLayout, cnn: CnnShape) -> int:
     """Floats one row's image parts produce across the convolutions (the input as float, each layer's
     output): what a batch keeps per row for the backward pass, for the memory estimate."""

@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 import resource
 
-from torch import nn
-
 from marl_ppo.config import ExperimentConfig
 from marl_ppo.envs.factory import is_batched, team_spec, usable_cores
+from marl_ppo.envs.spec import TeamSpec
 
 
 def learner_threads(config: ExperimentConfig, *, convolutional: bool = False) -> int:
@@ -25,9 +24,12 @@ def learner_threads(config: ExperimentConfig, *, convolutional: bool = False) ->
     return usable_cores() if is_batched(config) or convolutional else 1
 
 
-def has_convolutions(model: nn.Module) -> bool:
-    """Whether `model` holds a CNN encoder."""
-    return any(isinstance(module, nn.Conv2d) for module in model.modules())
+def convolutional(config: ExperimentConfig, spec: TeamSpec | None = None) -> bool:
+    """Whether the configured model will have a CNN encoder: an image among the env's observations or
+    state (`spec`, else read from one env copy built here) and `model.encoder` other than `mlp`."""
+    if config.model.encoder == "mlp" or is_batched(config):
+        return False
+    return (spec or team_spec(config)).has_image
 
 
 def run_cores(config: ExperimentConfig) -> int:
@@ -40,12 +42,7 @@ def run_cores(config: ExperimentConfig) -> int:
     workers = (
         config.num_workers if config.vector in ("subprocess", "workers", "auto") else 0
     )  # auto may pick workers
-    images = (
-        config.torch_threads == "auto"
-        and config.model.encoder != "mlp"
-        and not is_batched(config)
-        and team_spec(config).has_image
-    )
+    images = config.torch_threads == "auto" and convolutional(config)
     return max(workers, learner_threads(config, convolutional=images))
 
 

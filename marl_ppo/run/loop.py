@@ -23,6 +23,7 @@ from marl_ppo.eval.evaluate import PeriodicEvaluation, eval_config
 from marl_ppo.eval.versus import periodic_evaluation
 from marl_ppo.fast.allocator import keep_freed_memory
 from marl_ppo.faults import WorkersLost
+from marl_ppo.models.encoders import has_cnn
 from marl_ppo.models.layers import resolve_device, resolve_precision
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import RolloutBuffer
@@ -30,7 +31,7 @@ from marl_ppo.rollout.source import RolloutSource
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.checkpoint import FORMAT, periodic_path, prune_checkpoints, save_checkpoint
 from marl_ppo.run.code_record import write_code_record
-from marl_ppo.run.host import cpu_seconds, has_convolutions, learner_threads, peak_rss_mb, rss_mb
+from marl_ppo.run.host import convolutional, cpu_seconds, learner_threads, peak_rss_mb, rss_mb
 from marl_ppo.run.logger import RunLogger
 from marl_ppo.run.memory import check_memory
 from marl_ppo.run.resume import load_resumable, restore_run_state, run_state
@@ -73,16 +74,19 @@ def train(
     device = resolve_device(config.device)
     precision = resolve_precision(config.model.precision, device)  # recorded in config.yaml as chosen
     config = dataclasses.replace(config, model=dataclasses.replace(config.model, precision=precision))
+    probed = None if is_batched(config) else team_spec(config)
+    # `auto` epochs recorded in config.yaml as chosen
+    config = dataclasses.replace(config, ppo=config.ppo.settled(convolutional=convolutional(config, probed)))
     saved = load_resumable(run_dir, config) if resume else None  # a bad checkpoint fails before any work
     torch.set_num_threads(learner_threads(config))
     if config.fast.allocator:
         keep_freed_memory()
     # before any allocation (and before touching run_dir): a run that cannot fit stops here
-    estimate = None if is_batched(config) else check_memory(team_spec(config), config)
+    estimate = None if probed is None else check_memory(probed, config)
     generator = seed_everything(config.seed)
     # before touching run_dir: a bad env leaves nothing behind
     collector, model = build_collector(config, device)
-    torch.set_num_threads(learner_threads(config, convolutional=has_convolutions(model)))
+    torch.set_num_threads(learner_threads(config, convolutional=has_cnn(model)))
     spec = model.spec
     evaluation = None
     try:
