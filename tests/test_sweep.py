@@ -218,15 +218,28 @@ def test_a_changed_non_grid_value_never_reuses_a_finished_run_of_another_config(
     assert "1 finished, 2 skipped (already finished)" in capsys.readouterr().out
 
 
+def test_auto_epochs_reuse_only_a_run_that_trained_the_epochs_auto_gives_now():
+    planned = load_config(None, ["env.id=envs/pixel_signal_v0"])  # a CNN model: auto gives 4 epochs
+    recorded = config_to_dict(planned)
+    recorded["ppo"].update(train_pi_iters=10, train_vf_iters=10)  # a run of the earlier default
+    epochs = ["ppo.train_pi_iters", "ppo.train_vf_iters"]
+    assert sweep_module.config_differences(sweep_module.settled_epochs(planned), recorded) == epochs
+    recorded["ppo"].update(train_pi_iters=4, train_vf_iters=4)
+    assert sweep_module.config_differences(sweep_module.settled_epochs(planned), recorded) == []
+
+
 def test_auto_choices_recorded_by_a_finished_run_match_the_auto_it_was_started_with():
     planned = load_config(None, ["env.id=envs/matrix_game_v0", "policy_lag=1"])
     recorded = config_to_dict(planned)
     recorded.update(vector="sync", policy_lag=0, torch_threads=1)
     recorded["model"]["precision"] = "fp32"
     recorded["ppo"].update(train_pi_iters=10, train_vf_iters=10)
-    assert sweep_module.config_differences(planned, recorded) == []
+    assert sweep_module.config_differences(sweep_module.settled_epochs(planned), recorded) == []
     recorded.update(seed=4, gamma=0.5)
-    assert sweep_module.config_differences(planned, recorded) == ["gamma", "seed"]
+    assert sweep_module.config_differences(sweep_module.settled_epochs(planned), recorded) == [
+        "gamma",
+        "seed",
+    ]
     without_lag = load_config(None, ["env.id=envs/matrix_game_v0"])  # auto, policy_lag 0
     recorded = config_to_dict(without_lag)
     recorded.update(vector="workers", policy_lag=1)  # auto never turns lag on: that run was started otherwise
