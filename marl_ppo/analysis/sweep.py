@@ -11,7 +11,6 @@ and a changed setting never passes off another config's results as its own.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import re
@@ -28,7 +27,7 @@ import yaml
 from marl_ppo.analysis.runlogs import flatten_config, with_defaults
 from marl_ppo.config import ConfigError, ExperimentConfig, config_to_dict, load_config
 from marl_ppo.envs.factory import usable_cores
-from marl_ppo.run.host import convolutional, run_cores
+from marl_ppo.run.host import run_cores, settled_epochs
 
 
 class SweepError(ValueError):
@@ -137,14 +136,6 @@ def plan_sweep(
 AUTO_KEYS = ("vector", "model.precision", "torch_threads")
 """Keys whose `auto` a run settles when it starts; a finished run's recorded choice matches `auto`
 (how it ran, not what it trained; `auto` epochs, which change training, are settled instead)."""
-
-
-def settled_epochs(config: ExperimentConfig) -> ExperimentConfig:
-    """`config` with `auto` PPO epochs settled as its run will settle them (4 with a CNN encoder, else
-    10), so that a finished run's recorded epochs are compared with the run the sweep would start."""
-    if "auto" not in (config.ppo.train_pi_iters, config.ppo.train_vf_iters):
-        return config
-    return dataclasses.replace(config, ppo=config.ppo.settled(convolutional=convolutional(config)))
 
 
 def config_differences(planned: ExperimentConfig, recorded: dict[str, Any]) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
 
@@ -30,6 +31,14 @@ def convolutional(config: ExperimentConfig, spec: TeamSpec | None = None) -> boo
     if config.model.encoder == "mlp" or is_batched(config):
         return False
     return (spec or team_spec(config)).has_image
+
+
+def settled_epochs(config: ExperimentConfig, spec: TeamSpec | None = None) -> ExperimentConfig:
+    """`config` with `auto` PPO epochs settled as its run settles them (4 with a CNN encoder, else 10;
+    `spec` as for `convolutional`): what a run records, and what a sweep compares a finished run with."""
+    if "auto" not in (config.ppo.train_pi_iters, config.ppo.train_vf_iters):
+        return config
+    return dataclasses.replace(config, ppo=config.ppo.settled(convolutional=convolutional(config, spec)))
 
 
 def run_cores(config: ExperimentConfig) -> int:

@@ -31,7 +31,7 @@ from marl_ppo.rollout.source import RolloutSource
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.checkpoint import FORMAT, periodic_path, prune_checkpoints, save_checkpoint
 from marl_ppo.run.code_record import write_code_record
-from marl_ppo.run.host import convolutional, cpu_seconds, learner_threads, peak_rss_mb, rss_mb
+from marl_ppo.run.host import cpu_seconds, learner_threads, peak_rss_mb, rss_mb, settled_epochs
 from marl_ppo.run.logger import RunLogger
 from marl_ppo.run.memory import check_memory
 from marl_ppo.run.resume import load_resumable, restore_run_state, run_state
@@ -75,8 +75,7 @@ def train(
     precision = resolve_precision(config.model.precision, device)  # recorded in config.yaml as chosen
     config = dataclasses.replace(config, model=dataclasses.replace(config.model, precision=precision))
     probed = None if is_batched(config) else team_spec(config)
-    # `auto` epochs recorded in config.yaml as chosen
-    config = dataclasses.replace(config, ppo=config.ppo.settled(convolutional=convolutional(config, probed)))
+    config = settled_epochs(config, probed)  # `auto` epochs recorded in config.yaml as chosen
     saved = load_resumable(run_dir, config) if resume else None  # a bad checkpoint fails before any work
     torch.set_num_threads(learner_threads(config))
     if config.fast.allocator:
