@@ -108,6 +108,39 @@ def test_team_returns_against_random_opponents_are_each_teams_sum():
     }
 
 
+def test_eval_teams_names_the_sides_where_agents_names_do_not():
+    venv = _venv(["red_0", "red_1", "blue_0"], copies=3)
+    try:
+        # the default sides again, named by stem and by agent
+        assert sides_of(venv.spec, "teams", {"r": ["red"], "b": ["blue_0"]}) == {
+            "r": ("red_0", "red_1"),
+            "b": ("blue_0",),
+        }
+        mixed = {"x": ["red_0", "blue"], "y": ["red_1"]}
+        result = play_vs_random(venv, hitting, CPU, mode="teams", episodes_per_side=4, seed=0, teams=mixed)
+        for teams, match in [
+            ({"x": ["red", "green"], "y": ["blue"]}, "team 'x' names \\['green'\\]"),
+            ({"x": ["red_0"], "y": ["blue"]}, r"on none: \['red_1'\]"),
+            ({"x": ["red"], "y": ["red_1", "blue"]}, r"on several: \['red_1'\]"),
+            ({"x": ["red", "blue"]}, "teams: 1"),
+        ]:
+            with pytest.raises(EvalError, match=match):
+                sides_of(venv.spec, "teams", teams)
+    finally:
+        venv.close()
+    assert result.sides == {"x": ("red_0", "blue_0"), "y": ("red_1",)}
+    # x plays: red_0 and blue_0 hit, one hit each for red and blue, every agent paid 0; y plays: red_1
+    # hits, the reds paid 1 each and blue -1
+    assert result.scalars() == {
+        "eval/vs_random/x/team_return": 0.0,
+        "eval/vs_random/x/opponent_return": 0.0,
+        "eval/vs_random/y/team_return": 1.0,
+        "eval/vs_random/y/opponent_return": 0.0,
+    }
+    with pytest.raises(ValueError, match="eval_teams names the sides of eval_vs_random: teams"):
+        load_config(None, ["eval_vs_random=seats", "eval_teams={a: [x], b: [y]}"])
+
+
 def test_random_actions_respect_masks_and_bounds():
     pytest.importorskip("pygame")
     venv = build_vector_env(load_config(None, ["env.id=classic/tictactoe_v3", "vector=sync", "num_envs=3"]))

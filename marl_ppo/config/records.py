@@ -376,6 +376,11 @@ class ExperimentConfig:
     agents form teams by their names without the trailing number (simple_tag's adversary and agent,
     battle's red and blue); the policy plays each team in turn, scored as that team's return and its
     random opponents'. null: no such score."""
+    eval_teams: dict[str, list[str]] | None = None
+    """The sides of `eval_vs_random: teams` where agents' names do not tell them apart: `{team: [name,
+    ...]}`, each name an agent (`alice_0`) or agents' name without the trailing number (`alice`), every
+    agent on exactly one team (simple_crypto: `{speakers: [alice, bob], eavesdropper: [eve]}`). null:
+    teams by the agents' names without the trailing number."""
     expected: ExpectedConfig | None = None
     """The experiment's measured result, `{steps: N, seeds: K, team_return: [low, high]}` (or bands on
     the last evaluation, `eval: {vs_random/win_rate: [low, high]}`), checked by `marl-ppo reproduce`;
@@ -396,6 +401,10 @@ class ExperimentConfig:
             raise ValueError(
                 "critic: team is one network per group (one value per env step, for every agent), so "
                 "share_critic=false (one critic per agent) cannot apply; drop it, or use critic: state"
+            )
+        if self.eval_teams is not None and self.eval_vs_random != "teams":
+            raise ValueError(
+                "eval_teams names the sides of eval_vs_random: teams; set eval_vs_random: teams, or drop eval_teams"
             )
         chunks = self.sequence_chunks
         if chunks is not None and self.ppo.num_minibatches > chunks:

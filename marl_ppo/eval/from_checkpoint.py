@@ -182,7 +182,13 @@ def _play(
         if config.eval_vs_random is not None:
             act = PolicyAct(model, venv.num_envs, device, deterministic=deterministic)
             versus = play_vs_random(
-                venv, act, device, mode=config.eval_vs_random, episodes_per_side=episodes, seed=seed
+                venv,
+                act,
+                device,
+                mode=config.eval_vs_random,
+                episodes_per_side=episodes,
+                seed=seed,
+                teams=config.eval_teams,
             )
     finally:
         venv.close()

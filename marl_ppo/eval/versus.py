@@ -4,13 +4,14 @@ A zero-sum game's team return summed over its seats is always 0, so self-play sh
 it. Here the policy plays one side of each episode and a random policy (uniform over the allowed
 actions) plays every other agent. Sides (`eval_vs_random`): `seats`, every agent is a side (classic
 games); `teams`, agents are sides by their names without the trailing number (`adversary_0` and
-`adversary_1` are the team `adversary`). Each side is played for the same number of episodes.
+`adversary_1` are the team `adversary`), or as `eval_teams` names them where names do not tell teams apart
+(simple_crypto's alice and bob against eve). Each side is played for the same number of episodes.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,21 +59,51 @@ class PolicyAct:
 """Per-group actions `(E, A_g, ...)` of the policy being scored, for the arrays' observations."""
 
 
-def sides_of(spec: TeamSpec, mode: str) -> dict[str, tuple[str, ...]]:
-    """The sides the policy plays in turn: each agent (`seats`) or agents by name without its number (`teams`)."""
+def sides_of(
+    spec: TeamSpec, mode: str, teams: Mapping[str, Sequence[str]] | None = None
+) -> dict[str, tuple[str, ...]]:
+    """The sides the policy plays in turn: each agent (`seats`), or teams (`teams`): those `teams` names
+    (`eval_teams`), else agents by name without its number."""
     if mode not in ("seats", "teams"):
         raise EvalError(f"eval_vs_random '{mode}' is not a scoring mode; use seats or teams")
+    if mode == "teams" and teams is not None:
+        return _named_teams(spec, teams)
     sides: dict[str, list[str]] = {}
     for agent in spec.agents:
-        sides.setdefault(agent if mode == "seats" else re.sub(r"_?\d+$", "", agent) or agent, []).append(
-            agent
-        )
+        sides.setdefault(agent if mode == "seats" else _stem(agent), []).append(agent)
     if len(sides) < 2:
         raise EvalError(
             f"eval_vs_random: {mode} needs two or more sides, but env '{spec.env_id}' has agents "
-            f"{list(spec.agents)} ({'one team' if mode == 'teams' else 'one seat'}); use the other mode or null"
+            f"{list(spec.agents)} ({'one team' if mode == 'teams' else 'one seat'}); use the other mode, "
+            "eval_teams, or null"
         )
     return {name: tuple(agents) for name, agents in sides.items()}
+
+
+def _stem(agent: str) -> str:
+    """An agent's name without its trailing number (`adversary_0` -> `adversary`)."""
+    return re.sub(r"_?\d+$", "", agent) or agent
+
+
+def _named_teams(spec: TeamSpec, teams: Mapping[str, Sequence[str]]) -> dict[str, tuple[str, ...]]:
+    """The teams `eval_teams` names, each name an agent or a stem; every agent on exactly one team."""
+    sides: dict[str, tuple[str, ...]] = {}
+    for team, names in teams.items():
+        unknown = [n for n in names if not any(n in (a, _stem(a)) for a in spec.agents)]
+        if unknown:
+            raise EvalError(
+                f"eval_teams: team '{team}' names {unknown}, which match none of env '{spec.env_id}''s "
+                f"agents {list(spec.agents)}; name agents or their names without the number"
+            )
+        sides[team] = tuple(a for a in spec.agents if a in names or _stem(a) in names)
+    counts = {a: sum(a in members for members in sides.values()) for a in spec.agents}
+    if any(n != 1 for n in counts.values()) or len(sides) < 2:
+        raise EvalError(
+            f"eval_teams must put each of {list(spec.agents)} on exactly one of two or more teams "
+            f"(on none: {[a for a, n in counts.items() if n == 0]}, on several: "
+            f"{[a for a, n in counts.items() if n > 1]}, teams: {len(sides)})"
+        )
+    return sides
 
 
 @dataclass(frozen=True)
@@ -138,11 +169,18 @@ RATES = (("win", 1), ("draw", 0), ("loss", -1))
 
 
 def play_vs_random(
-    venv: VectorEnv, act: Act, device: torch.device, *, mode: str, episodes_per_side: int, seed: int
+    venv: VectorEnv,
+    act: Act,
+    device: torch.device,
+    *,
+    mode: str,
+    episodes_per_side: int,
+    seed: int,
+    teams: Mapping[str, Sequence[str]] | None = None,
 ) -> VersusResult:
-    """Play every side for `episodes_per_side` episodes with `act`, the other agents acting at random."""
+    """Play every side (`sides_of`) for `episodes_per_side` episodes with `act`, the other agents at random."""
     spec, copies = venv.spec, venv.num_envs
-    sides = sides_of(spec, mode)
+    sides = sides_of(spec, mode, teams)
     total = episodes_per_side * len(sides)
     schedule = [[k // episodes_per_side for k in range(i, total, copies)] for i in range(copies)]
     members = {
@@ -201,8 +239,10 @@ class PeriodicEvaluationVsRandom(PeriodicEvaluation):
         super().__init__(config, venv, model, device)
         if config.eval_vs_random is None:
             raise ValueError("PeriodicEvaluationVsRandom needs eval_vs_random: seats or teams")
-        self.mode = config.eval_vs_random
-        sides_of(venv.spec, self.mode)  # fewer than two sides stops the run before its first update
+        self.mode, self.teams = config.eval_vs_random, config.eval_teams
+        sides_of(
+            venv.spec, self.mode, self.teams
+        )  # fewer than two sides stops the run before its first update
 
     def after_update(self, env_steps: int, *, final: bool) -> dict[str, float]:
         """The periodic evaluation's tags, with `eval/vs_random/...` whenever it evaluated."""
@@ -211,7 +251,13 @@ class PeriodicEvaluationVsRandom(PeriodicEvaluation):
             return scalars
         act = PolicyAct(self.model, self.venv.num_envs, self.device, deterministic=True)
         versus = play_vs_random(
-            self.venv, act, self.device, mode=self.mode, episodes_per_side=self.episodes, seed=self.seed
+            self.venv,
+            act,
+            self.device,
+            mode=self.mode,
+            episodes_per_side=self.episodes,
+            seed=self.seed,
+            teams=self.teams,
         )
         return {**scalars, **versus.scalars()}
 
