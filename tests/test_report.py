@@ -173,6 +173,23 @@ def test_a_report_over_duplicated_runs_counts_each_seed_once(tmp_path, capsys):
     assert len(rows[0].configuration.duplicates) == 2
 
 
+def test_runs_that_differ_only_in_their_expected_block_are_one_configuration(tmp_path, capsys):
+    """Seed 0 ran before the experiment file had its `expected:` band, seed 1 after: one configuration
+    of 2 seeds, since the band says what a run should reach, not what it trained."""
+    root = tmp_path / "runs" / "tiny"
+    write_run(root / "seed0", ["seed=0"], -30.0, [-50.0, -40.0, -30.0])
+    band = ["expected.steps=300", "expected.seeds=2", "expected.team_return=[-45,-25]"]
+    write_run(root / "seed1", ["seed=1", *band], -40.0, [-50.0, -40.0, -40.0])
+    assert "expected" in yaml.safe_load((root / "seed1" / "config.yaml").read_text())
+    rows = write_report([root], tmp_path / "report", reps=200).rows
+    assert len(rows) == 1
+    final = rows[0].estimates["final_return"]
+    assert final.seeds == 2 and final.iqm == pytest.approx(-35.0)
+    assert rows[0].configuration.label == "tiny" and not rows[0].configuration.duplicates
+    assert main(["report", str(root), "--out", str(tmp_path / "again"), "--reps", "200"]) == 0
+    assert "2 run(s) in 1 configuration(s)" in capsys.readouterr().out
+
+
 def test_runs_of_other_code_are_another_configuration_unless_merged(tmp_path, capsys):
     """Before/after runs of one config by two versions of marl_ppo: two rows, labelled by the code,
     and one row of 4 seeds with --merge-code."""

@@ -1,10 +1,10 @@
 """Finished runs read back from disk: resolved config and TensorBoard return series, grouped by configuration.
 
 A configuration is a run's resolved config without the keys that say how it was executed, not
-what it trained (`EXECUTION_KEYS`), and the code that trained it (the run's `code.json`: runs of
-another package version or commit are another configuration, unless the caller merges them); its
-runs are the seeds. An experiment is the env id the
-configurations were trained on.
+what it trained (`EXECUTION_KEYS`), or what it should reach (`CHECK_KEYS`), and with the code that
+trained it (the run's `code.json`: runs of another package version or commit are another
+configuration, unless the caller merges them); its runs are the seeds. An experiment is the env id
+the configurations were trained on.
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ import yaml
 
 EXECUTION_KEYS = ("seed", "log", "device", "torch_threads", "num_workers", "vector", "ray")
 """Top-level config keys that do not define a configuration (seeds are its runs; the rest is how it ran)."""
+
+CHECK_KEYS = ("expected",)
+"""Top-level config keys that say what a run should reach (the band `reproduce` checks), not what it
+trained: runs that differ only there are one configuration, and `sweep` reuses them."""
 
 RETURN_TAGS = ("rollout/team_return", "eval/team_return")
 
@@ -142,7 +146,8 @@ def experiment_name(config: dict[str, Any]) -> str:
 
 def _trained(run: RunLog, by_code: bool) -> dict[str, Any]:
     """What defines the run's configuration: its config without the execution keys, and its code."""
-    trained = {key: value for key, value in run.config.items() if key not in EXECUTION_KEYS}
+    untrained = (*EXECUTION_KEYS, *CHECK_KEYS)
+    trained = {key: value for key, value in run.config.items() if key not in untrained}
     return {**trained, "code": run.code} if by_code else trained
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from marl_ppo.analysis.runlogs import flatten_config, with_defaults
+from marl_ppo.analysis.runlogs import CHECK_KEYS, flatten_config, with_defaults
 from marl_ppo.config import ConfigError, ExperimentConfig, config_to_dict, load_config
 from marl_ppo.envs.factory import usable_cores
 from marl_ppo.run.host import run_cores, settled_epochs
@@ -155,7 +155,7 @@ def config_differences(planned: ExperimentConfig, recorded: dict[str, Any]) -> l
 def _ignored(key: str) -> bool:
     """Keys a finished run may differ in and still be reused: the sweep sets `log.progress` itself, and
     `expected` (the band `reproduce` checks) changes nothing that is trained."""
-    return key == "log.progress" or key == "expected" or key.startswith("expected.")
+    return key == "log.progress" or key.split(".")[0] in CHECK_KEYS
 
 
 def _check_reusable(run: SweepRun, config: ExperimentConfig, *, resume: bool = False) -> None:
