@@ -145,7 +145,7 @@ def experiment_name(config: dict[str, Any]) -> str:
 
 
 def _trained(run: RunLog, by_code: bool) -> dict[str, Any]:
-    """What defines the run's configuration: its config without the execution keys, and its code."""
+    """What defines the run's configuration: its config without the execution and check keys, and its code."""
     untrained = (*EXECUTION_KEYS, *CHECK_KEYS)
     trained = {key: value for key, value in run.config.items() if key not in untrained}
     return {**trained, "code": run.code} if by_code else trained
