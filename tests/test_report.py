@@ -190,6 +190,20 @@ def test_runs_that_differ_only_in_their_expected_block_are_one_configuration(tmp
     assert "2 run(s) in 1 configuration(s)" in capsys.readouterr().out
 
 
+def test_env_steps_are_the_steps_a_finished_run_trained_not_its_last_episode_end(tmp_path):
+    """Its last episode ended at step 300 but the run trained 320 steps (summary.json): the row says 320.
+    A run with no summary.json (still running, or killed) is counted to its last logged return."""
+    root = tmp_path / "runs" / "long_episodes"
+    write_run(root / "seed0", ["seed=0"], -30.0, [-50.0, -40.0, -30.0])
+    (root / "seed0" / "summary.json").write_text(json.dumps({"env_steps": 320, "team_return_mean": -30.0}))
+    write_run(root / "seed1", ["seed=1"], -40.0, [-50.0, -40.0, -40.0])
+    rows = write_report([root / "seed0"], tmp_path / "finished", reps=200).rows
+    assert [row.env_steps for row in rows] == [320]
+    rows = write_report([root], tmp_path / "both", reps=200).rows
+    assert [row.env_steps for row in rows] == [300]  # the least of the seeds: seed 1 has no summary
+    assert "| long_episodes | 2 | 300 |" in (tmp_path / "both" / "report.md").read_text()
+
+
 def test_runs_of_other_code_are_another_configuration_unless_merged(tmp_path, capsys):
     """Before/after runs of one config by two versions of marl_ppo: two rows, labelled by the code,
     and one row of 4 seeds with --merge-code."""

@@ -42,6 +42,8 @@ class RunLog:
     series: dict[str, tuple[np.ndarray, np.ndarray]]
     code: str = "unknown"
     """The code that trained it (`marl_ppo.run.code_record.code_label`)."""
+    env_steps: int | None = None
+    """The env steps it trained, from `summary.json`; None while it runs or after it was killed."""
 
     def has(self, tag: str) -> bool:
         """True when the run logged at least one point of `tag`."""
@@ -98,7 +100,9 @@ def read_run(run_dir: Path) -> RunLog:
                 np.array([p.step for p in points], dtype=np.int64),
                 np.array([p.value for p in points], dtype=np.float64),
             )
-    return RunLog(run_dir, config, series, code_label(run_dir))
+    summary = run_dir / "summary.json"
+    env_steps = json.loads(summary.read_text()).get("env_steps") if summary.is_file() else None
+    return RunLog(run_dir, config, series, code_label(run_dir), env_steps)
 
 
 def last_values(run_dir: Path, tags: Iterable[str]) -> dict[str, float | None]:
@@ -185,7 +189,10 @@ def _one_run_per_seed(runs: Sequence[RunLog]) -> tuple[tuple[RunLog, ...], tuple
 
 
 def last_step(run: RunLog) -> int:
-    """The last env step at which the run logged a return."""
+    """The env steps the run trained: `summary.json`'s count once it finished, else the last env step at
+    which it logged a return (episodes end before the last steps of a run, so the two can differ)."""
+    if run.env_steps is not None:
+        return run.env_steps
     return max((int(steps[-1]) for steps, _ in run.series.values() if len(steps)), default=0)
 
 
