@@ -27,6 +27,7 @@ from marl_ppo.analysis.sweep import SweepError, SweepOutcome, SweepRun, _command
 from marl_ppo.config import ExperimentConfig
 from marl_ppo.rollout.ray_workers import connect_ray, import_ray
 from marl_ppo.run.host import run_cores
+from marl_ppo.run.rundir import is_finished
 
 TASK_RETRIES = 3
 """Times Ray runs a run's task again after its node or process died (each time resuming the run)."""
@@ -36,7 +37,7 @@ _STOP_WAIT_S = 120.0
 
 def run_finished(run: SweepRun) -> bool:
     """Whether the run is done: the rule of the local sweep, a summary.json in its directory."""
-    return (run.run_dir / "summary.json").exists()
+    return is_finished(run.run_dir)
 
 
 def train_run(command: list[str], run_dir: str, log_file: str) -> tuple[int, str]:
@@ -49,7 +50,7 @@ def train_run(command: list[str], run_dir: str, log_file: str) -> tuple[int, str
 
     node = ray.get_runtime_context().get_node_id()
     directory = Path(run_dir)
-    if (directory / "summary.json").exists():
+    if is_finished(directory):
         return 0, node
     if (directory / "checkpoints" / "latest.pt").exists():
         words = [sys.executable, "-m", "marl_ppo", "train", "--resume", run_dir, "log.progress=false"]

@@ -10,10 +10,10 @@ runs of the same config are reused and runs of another config are refused.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from marl_ppo.analysis.report import Estimate, iqm_estimates
 from marl_ppo.analysis.runlogs import last_values
@@ -21,6 +21,7 @@ from marl_ppo.analysis.stats import rliable
 from marl_ppo.analysis.sweep import SweepError, SweepOutcome, default_jobs, plan_sweep, run_sweep
 from marl_ppo.config import load_config
 from marl_ppo.run.code_record import code_label
+from marl_ppo.run.rundir import read_summary
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,14 @@ class Reproduction:
         return out
 
 
+def _finished_summary(run_dir: Path) -> dict[str, Any]:
+    """The summary of a run the sweep reported finished."""
+    summary = read_summary(run_dir)
+    if summary is None:
+        raise SweepError(f"run '{run_dir}' ended without its summary.json; remove it and reproduce again")
+    return summary
+
+
 def reproduce(
     experiment: Path,
     *,
@@ -106,9 +115,7 @@ def reproduce(
         return None, outcome
     figures: dict[str, tuple[tuple[float, float], tuple[float, ...]]] = {}
     if expected.team_return is not None:
-        returns = tuple(
-            float(json.loads((run.run_dir / "summary.json").read_text())["team_return_mean"]) for run in runs
-        )
+        returns = tuple(float(_finished_summary(run.run_dir)["team_return_mean"]) for run in runs)
         figures["team_return"] = (expected.team_return, returns)
     if expected.eval:
         per_run = [last_values(run.run_dir, [f"eval/{tag}" for tag in expected.eval]) for run in runs]

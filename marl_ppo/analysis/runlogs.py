@@ -42,8 +42,13 @@ class RunLog:
     series: dict[str, tuple[np.ndarray, np.ndarray]]
     code: str = "unknown"
     """The code that trained it (`marl_ppo.run.code_record.code_label`)."""
-    env_steps: int | None = None
-    """The env steps it trained, from `summary.json`; None while it runs or after it was killed."""
+    summary: dict[str, Any] | None = None
+    """Its `summary.json` (`marl_ppo.run.rundir.read_summary`); None while it runs or after it was killed."""
+
+    @property
+    def env_steps(self) -> int | None:
+        """The env steps it trained, from its summary; None without one."""
+        return None if self.summary is None else self.summary.get("env_steps")
 
     def has(self, tag: str) -> bool:
         """True when the run logged at least one point of `tag`."""
@@ -87,6 +92,7 @@ def read_run(run_dir: Path) -> RunLog:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from marl_ppo.run.code_record import code_label
+    from marl_ppo.run.rundir import read_summary
 
     config = with_defaults(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
     events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})  # 0 keeps all
@@ -100,9 +106,7 @@ def read_run(run_dir: Path) -> RunLog:
                 np.array([p.step for p in points], dtype=np.int64),
                 np.array([p.value for p in points], dtype=np.float64),
             )
-    summary = run_dir / "summary.json"
-    env_steps = json.loads(summary.read_text()).get("env_steps") if summary.is_file() else None
-    return RunLog(run_dir, config, series, code_label(run_dir), env_steps)
+    return RunLog(run_dir, config, series, code_label(run_dir), read_summary(run_dir))
 
 
 def last_values(run_dir: Path, tags: Iterable[str]) -> dict[str, float | None]:

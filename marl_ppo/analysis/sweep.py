@@ -12,7 +12,6 @@ and a changed setting never passes off another config's results as its own.
 from __future__ import annotations
 
 import itertools
-import json
 import re
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from marl_ppo.analysis.runlogs import CHECK_KEYS, flatten_config, with_defaults
 from marl_ppo.config import ConfigError, ExperimentConfig, config_to_dict, load_config
 from marl_ppo.envs.factory import usable_cores
 from marl_ppo.run.host import run_cores, settled_epochs
+from marl_ppo.run.rundir import is_finished, read_summary
 
 
 class SweepError(ValueError):
@@ -164,7 +164,7 @@ def _check_reusable(run: SweepRun, config: ExperimentConfig, *, resume: bool = F
     if not run.run_dir.exists() or not any(run.run_dir.iterdir()):
         return
     saved = run.run_dir / "config.yaml"
-    finished = (run.run_dir / "summary.json").exists()
+    finished = is_finished(run.run_dir)
     if not finished:
         if not resume:
             raise SweepError(
@@ -216,7 +216,7 @@ def _command(experiment: Path, run: SweepRun) -> list[str]:
 
 
 def _result_line(run: SweepRun) -> str:
-    summary = json.loads((run.run_dir / "summary.json").read_text())
+    summary = read_summary(run.run_dir)
     return f"team return {summary['team_return_mean']:.2f}, {summary['wall_s'] / 60:.1f} min"
 
 
@@ -229,7 +229,7 @@ def run_sweep(
     outcome = SweepOutcome()
     pending = []
     for run in runs:
-        if (run.run_dir / "summary.json").exists():
+        if is_finished(run.run_dir):
             outcome.skipped.append(run.name)
         else:
             pending.append(run)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from marl_ppo.fast.allocator import keep_freed_memory
+from marl_ppo.run.rundir import read_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 SPREAD_YAML = ROOT / "experiments" / "mpe" / "simple_spread.yaml"
@@ -107,7 +107,10 @@ def training_run(experiment: Path | None, overrides: list[str]) -> dict[str, Any
             raise RuntimeError(
                 f"training run {' '.join(command[3:])} failed (exit {done.returncode}): {last}"
             )
-        return json.loads((run_dir / "summary.json").read_text())
+        summary = read_summary(run_dir)
+        if summary is None:
+            raise RuntimeError(f"training run {' '.join(command[3:])} exited 0 without writing its summary")
+        return summary
 
 
 @dataclass

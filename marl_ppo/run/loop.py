@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from marl_ppo.run.host import cpu_seconds, learner_threads, peak_rss_mb, rss_mb,
 from marl_ppo.run.logger import RunLogger
 from marl_ppo.run.memory import check_memory
 from marl_ppo.run.resume import load_resumable, restore_run_state, run_state
+from marl_ppo.run.rundir import write_summary
 from marl_ppo.run.seeding import seed_everything
 from marl_ppo.run.signals import Interrupted, StopSignals
 
@@ -320,4 +320,4 @@ def _write_summary(result: TrainResult, memory_estimate: int | None) -> None:
         "cpu_s": cpu_seconds(),
         **result.timing,
     }
-    (result.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_summary(result.run_dir, summary)

@@ -1,10 +1,13 @@
-"""A new run's directory: its default name, and the checks made before anything is written to it."""
+"""A run's directory: its default name, the checks made before anything is written to it, and its
+`summary.json`, written last, whose presence marks the run finished."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from marl_ppo.config import ConfigError
 
@@ -28,3 +31,26 @@ def check_new_run_dir(run_dir: Path) -> None:
         raise ConfigError(
             f"run directory '{run_dir}' is not writable (no write permission on '{existing}'); pick another --run-dir"
         )
+
+
+SUMMARY = "summary.json"
+"""A finished run's figures: its `TrainResult` and the resources its process used."""
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    """Write `summary` as the run's summary.json, whole or not at all (a temporary file renamed onto
+    it), so a run killed while writing it is never read as finished."""
+    tmp = run_dir / f".{SUMMARY}.tmp"
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    os.replace(tmp, run_dir / SUMMARY)
+
+
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The run's summary.json; None while it runs, or after it was stopped or killed."""
+    path = run_dir / SUMMARY
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def is_finished(run_dir: Path) -> bool:
+    """Whether the run trained to its end (it wrote its summary.json)."""
+    return (run_dir / SUMMARY).is_file()
