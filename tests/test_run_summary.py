@@ -27,3 +27,12 @@ def test_a_run_killed_while_writing_its_summary_is_not_finished(tmp_path, monkey
         write_summary(tmp_path, {"env_steps": 320})
     monkeypatch.setattr(rundir.os, "replace", os.replace)
     assert not is_finished(tmp_path) and read_summary(tmp_path) is None
+
+
+def test_a_sweep_run_that_exits_0_without_a_summary_is_named_not_a_traceback(tmp_path):
+    from marl_ppo.analysis.sweep import SweepRun, _result_line
+
+    run = SweepRun(name="seed0", overrides=(), run_dir=tmp_path)
+    assert _result_line(run) == "exited 0 without its summary.json"
+    write_summary(tmp_path, {"team_return_mean": -31.5, "wall_s": 90.0})
+    assert _result_line(run) == "team return -31.50, 1.5 min"

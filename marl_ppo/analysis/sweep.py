@@ -217,6 +217,8 @@ def _command(experiment: Path, run: SweepRun) -> list[str]:
 
 def _result_line(run: SweepRun) -> str:
     summary = read_summary(run.run_dir)
+    if summary is None:  # exit 0 without a summary: it did not train to its end
+        return "exited 0 without its summary.json"
     return f"team return {summary['team_return_mean']:.2f}, {summary['wall_s'] / 60:.1f} min"
 
 
