@@ -49,6 +49,7 @@ gpu-check: install
 lint: install
 	$(BIN)/ruff check marl_ppo envs tests
 	$(BIN)/ruff format --check marl_ppo envs tests
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) .pytest_cache
