@@ -18,6 +18,7 @@ from typing import Any
 
 from marl_ppo.analysis.runlogs import ReportError
 from marl_ppo.analysis.sweep import SweepError
+from marl_ppo.checkpoint import CheckpointError
 from marl_ppo.config import ConfigError, ExperimentConfig, load_config, parse_overrides
 from marl_ppo.config.keys import config_yaml, defaults_notice, help_config_lines
 from marl_ppo.console import as_invoked, quiet_closed_outputs, shell_command
@@ -25,7 +26,6 @@ from marl_ppo.envs.adapters.contract import EnvContractError
 from marl_ppo.envs.registry import EnvError, registered_specs, resolve_factory
 from marl_ppo.eval.evaluate import EvalError
 from marl_ppo.faults import RunFault
-from marl_ppo.run.checkpoint import CheckpointError
 from marl_ppo.run.rundir import check_new_run_dir as _check_run_dir
 from marl_ppo.run.rundir import default_run_dir as _default_run_dir
 from marl_ppo.run.signals import Interrupted

@@ -15,9 +15,9 @@ import torch
 from broken_envs import BROKEN, register_for_test
 from conftest import ROOT
 
+from marl_ppo.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_checkpoint
 from marl_ppo.cli import main
 from marl_ppo.envs.adapters.contract import EnvContractError
-from marl_ppo.run.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_checkpoint
 
 SPREAD_YAML = str(ROOT / "experiments/mpe/simple_spread.yaml")
 # 2 copies x 5 steps per update; the broken env strikes at its copy's 7th step, during update 2

@@ -3,10 +3,10 @@
 import numpy as np
 import torch
 
+from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.config import load_config
 from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.models.team import TeamModel
-from marl_ppo.run.checkpoint import load_checkpoint
 from marl_ppo.run.loop import train
 
 GAMMA = 0.9

@@ -5,9 +5,9 @@ import errno
 import pytest
 import torch
 
-import marl_ppo.run.checkpoint as checkpoint_module
+import marl_ppo.checkpoint as checkpoint_module
+from marl_ppo.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_checkpoint
 from marl_ppo.faults import CheckpointWriteError, NonFiniteError
-from marl_ppo.run.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_checkpoint
 
 
 def test_round_trip_with_weights_only(tmp_path):

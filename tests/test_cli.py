@@ -15,10 +15,10 @@ import yaml
 from conftest import ROOT
 
 from marl_ppo import cli, console
+from marl_ppo.checkpoint import CheckpointError, load_checkpoint
 from marl_ppo.cli import main
 from marl_ppo.config import ConfigError, ExperimentConfig, config_keys, config_to_dict, load_config
 from marl_ppo.config.keys import KEY_COLUMN, defaults_notice, help_config_lines
-from marl_ppo.run.checkpoint import CheckpointError, load_checkpoint
 
 SPREAD = str(ROOT / "experiments/mpe/simple_spread.yaml")
 MATRIX = [

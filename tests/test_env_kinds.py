@@ -12,10 +12,10 @@ from pettingzoo.test import parallel_api_test
 
 from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.trainer import Trainer
+from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
 from marl_ppo.envs.factory import build_vector_env
-from marl_ppo.run.checkpoint import load_checkpoint
 from marl_ppo.run.loop import train
 
 TINY = [

@@ -11,10 +11,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 
 from marl_ppo.algo.optim import LibraryAdam, make_optimizer
+from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.config import load_config
 from marl_ppo.fast.events import EventWriter, LibraryEventWriter
 from marl_ppo.models.distributions import make_distribution
-from marl_ppo.run.checkpoint import load_checkpoint
 from marl_ppo.run.loop import train
 
 SPREAD = ROOT / "experiments/mpe/simple_spread.yaml"

@@ -11,13 +11,13 @@ import yaml
 from conftest import ROOT
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.cli import main
 from marl_ppo.config import build_config, load_config
 from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.fast.allocator import keep_freed_memory
 from marl_ppo.fast.events import EventWriter
 from marl_ppo.models.team import TeamModel
-from marl_ppo.run.checkpoint import load_checkpoint
 from marl_ppo.run.loop import train
 
 TRAIN_TAGS = [

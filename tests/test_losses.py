@@ -13,7 +13,7 @@ from marl_ppo.algo.losses import (
     policy_loss,
     value_loss,
 )
-from marl_ppo.algo.value_norm import ValueNorm
+from marl_ppo.models.value_norm import ValueNorm
 
 CLIP = 0.2
 

@@ -14,8 +14,8 @@ from conftest import ROOT
 from test_resume_cli import _wait_for_checkpoint
 from test_sweep import TINY_MATRIX
 
+from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.cli import main
-from marl_ppo.run.checkpoint import load_checkpoint
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 

@@ -15,11 +15,11 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from marl_ppo.checkpoint import load_checkpoint, periodic_path
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.run.build import build_collector
-from marl_ppo.run.checkpoint import load_checkpoint, periodic_path
 from marl_ppo.run.loop import train
 from tests.conftest import ROOT
 

@@ -14,12 +14,12 @@ from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.losses import approx_kl
 from marl_ppo.algo.sequences import chunk_batch, unchunk
 from marl_ppo.algo.trainer import Trainer, _critic_values, _policy
+from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.config import ConfigError, load_config
 from marl_ppo.models.layers import stacked_linear
 from marl_ppo.models.recurrent import StackedRecurrent
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.run.build import build_collector
-from marl_ppo.run.checkpoint import load_checkpoint
 from marl_ppo.run.loop import train
 from tests.conftest import ROOT
 from tests.test_devices import DEVICES

@@ -14,11 +14,11 @@ import marl_ppo
 import marl_ppo.run.loop as train_module
 from marl_ppo.algo.schedule import LrSchedule
 from marl_ppo.algo.trainer import Trainer
+from marl_ppo.checkpoint import load_checkpoint, save_checkpoint
 from marl_ppo.config import ConfigError, load_config
 from marl_ppo.envs.registry import make_env
 from marl_ppo.envs.spec import TeamArrays
 from marl_ppo.envs.vector.state import load_env_state
-from marl_ppo.run.checkpoint import load_checkpoint, save_checkpoint
 from marl_ppo.run.loop import train
 from marl_ppo.run.resume import NotExactResumeWarning
 from marl_ppo.run.signals import Interrupted

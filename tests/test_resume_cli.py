@@ -13,8 +13,8 @@ import yaml
 from conftest import ROOT
 from test_resume import scalars
 
+from marl_ppo.checkpoint import CheckpointError, load_checkpoint
 from marl_ppo.cli import main
-from marl_ppo.run.checkpoint import CheckpointError, load_checkpoint
 
 SPREAD = str(ROOT / "experiments/mpe/simple_spread.yaml")
 STEPS_PER_UPDATE = 20

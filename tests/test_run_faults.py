@@ -14,13 +14,13 @@ from broken_envs import BROKEN, register_for_test
 from conftest import ROOT, collect_rollout
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import marl_ppo.run.checkpoint as checkpoint_module
+import marl_ppo.checkpoint as checkpoint_module
 from marl_ppo.algo import trainer as trainer_module
 from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.trainer import Trainer
+from marl_ppo.checkpoint import load_checkpoint, periodic_path
 from marl_ppo.cli import main
 from marl_ppo.faults import NonFiniteError
-from marl_ppo.run.checkpoint import load_checkpoint, periodic_path
 
 
 def _children(pid: int) -> list[int]:

@@ -3,7 +3,7 @@
 import torch
 
 import marl_ppo.algo.stats as stats_module
-from marl_ppo.run.checkpoint import load_checkpoint
+from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.run.loop import train
 from tests.conftest import collect_rollout
 

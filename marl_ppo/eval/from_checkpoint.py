@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from marl_ppo.checkpoint import CheckpointError, load_checkpoint
 from marl_ppo.config import ExperimentConfig, build_config, merge, parse_overrides
 from marl_ppo.envs.factory import build_vector_env, is_batched
 from marl_ppo.envs.spec import TeamSpec
@@ -23,7 +24,6 @@ from marl_ppo.eval.versus import PolicyAct, VersusResult, play_vs_random
 from marl_ppo.eval.video import check_video_format, record_episode, render_env, write_video
 from marl_ppo.models.layers import resolve_device
 from marl_ppo.models.team import TeamModel
-from marl_ppo.run.checkpoint import CheckpointError, load_checkpoint
 
 
 def resolve_checkpoint(target: Path | str) -> tuple[Path, Path]:

@@ -10,7 +10,6 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from marl_ppo.algo.value_norm import ValueNorm
 from marl_ppo.config import ExperimentConfig, ModelConfig
 from marl_ppo.envs.layout import InputLayout, InputPart
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
@@ -18,6 +17,7 @@ from marl_ppo.models.distributions import ActionDistribution, head_size, make_di
 from marl_ppo.models.encoders import CnnShape, FeatureEncoder
 from marl_ppo.models.layers import AgentMLP, StackedLinear
 from marl_ppo.models.recurrent import MemoryLayout, StackedRecurrent
+from marl_ppo.models.value_norm import ValueNorm
 
 CriticInput = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

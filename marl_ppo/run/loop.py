@@ -15,6 +15,7 @@ import yaml
 from marl_ppo.algo.batch import refuse_unshared_rewards, rollout_batches
 from marl_ppo.algo.schedule import LrSchedule
 from marl_ppo.algo.trainer import Trainer
+from marl_ppo.checkpoint import FORMAT, periodic_path, prune_checkpoints, save_checkpoint
 from marl_ppo.config import ExperimentConfig, config_to_dict
 from marl_ppo.envs.factory import build_vector_env, is_batched, resolve_vector, team_spec
 from marl_ppo.envs.spec import TeamSpec
@@ -28,7 +29,6 @@ from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.source import RolloutSource
 from marl_ppo.run.build import build_collector
-from marl_ppo.run.checkpoint import FORMAT, periodic_path, prune_checkpoints, save_checkpoint
 from marl_ppo.run.code_record import write_code_record
 from marl_ppo.run.host import cpu_seconds, learner_threads, peak_rss_mb, rss_mb, settled_epochs
 from marl_ppo.run.logger import RunLogger

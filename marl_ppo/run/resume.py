@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from marl_ppo.algo.trainer import Trainer
+from marl_ppo.checkpoint import CheckpointError, load_checkpoint
 from marl_ppo.config import (
     ConfigError,
     ExperimentConfig,
@@ -31,7 +32,6 @@ from marl_ppo.config import (
 )
 from marl_ppo.envs.vector.state import EnvStateError
 from marl_ppo.rollout.source import RolloutSource
-from marl_ppo.run.checkpoint import CheckpointError, load_checkpoint
 from marl_ppo.run.seeding import restore_rng_state, resume_seed, rng_state
 
 RESUMABLE_KEYS = (

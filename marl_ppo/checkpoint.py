@@ -11,7 +11,7 @@ import io
 import os
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,7 @@ def _first_nonfinite(value: Any, name: str = "") -> str | None:
     if isinstance(value, torch.Tensor):
         finite = not value.is_floating_point() or bool(torch.isfinite(value).all())
         return None if finite else name or "<payload>"
+    items: Iterable[tuple[Any, Any]]
     if isinstance(value, dict):
         items = value.items()
     elif isinstance(value, list | tuple):

@@ -15,6 +15,11 @@ class ValueNorm(nn.Module):
     so callers never branch on it.
     """
 
+    # buffers (float64 scalars, registered in __init__): the targets' running mean, variance and count
+    mean: torch.Tensor
+    var: torch.Tensor
+    count: torch.Tensor
+
     def __init__(self, *, enabled: bool, var_floor: float = 1e-2) -> None:
         super().__init__()
         self.enabled = enabled
