@@ -19,7 +19,11 @@ import torch
 
 from marl_ppo.faults import CheckpointWriteError, NonFiniteError
 
-FORMAT = "marl_ppo.checkpoint.v1"
+FORMAT = "marl_ppo.checkpoint.v2"
+"""The layout of every checkpoint this marl_ppo writes and the only one it reads. A change to what a
+checkpoint holds (its keys, the run's config keys, the classes of the pickled env copies) takes a new
+version; a checkpoint of another version is refused with one line, never read field by field."""
+_FAMILY = FORMAT.rpartition(".")[0] + "."
 _PERIODIC = re.compile(r"update_(\d+)\.pt")
 
 
@@ -100,7 +104,7 @@ def _first_nonfinite(value: Any, name: str = "") -> str | None:
 
 
 def load_checkpoint(path: Path | str) -> dict[str, Any]:
-    """Read a checkpoint with `weights_only=True` (no code runs from the file)."""
+    """Read a checkpoint of this version's FORMAT with `weights_only=True` (no code runs from the file)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint '{path}' does not exist; pass a file under a run's checkpoints/")
@@ -110,8 +114,14 @@ def load_checkpoint(path: Path | str) -> dict[str, Any]:
         raise CheckpointError(
             f"checkpoint '{path}' is unreadable ({type(err).__name__}); it is truncated or not a marl_ppo checkpoint"
         ) from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+    found = payload.get("format") if isinstance(payload, dict) else None
+    if not isinstance(found, str) or not found.startswith(_FAMILY):
         raise CheckpointError(f"checkpoint '{path}' is not a marl_ppo checkpoint (no '{FORMAT}' format tag)")
+    if found != FORMAT:
+        raise CheckpointError(
+            f"checkpoint '{path}' has format '{found}' but this marl_ppo reads only '{FORMAT}'; "
+            "train the run again, or use the marl_ppo version that wrote it"
+        )
     return payload
 
 

@@ -65,3 +65,15 @@ def test_bad_files_give_one_line_errors(tmp_path, damage):
     with pytest.raises(CheckpointError) as info:
         load_checkpoint(path)
     assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_checkpoint_of_another_format_version_is_refused_naming_the_file_the_format_and_the_fix(tmp_path):
+    assert FORMAT == "marl_ppo.checkpoint.v2"
+    path = tmp_path / "latest.pt"
+    save_checkpoint(path, {"format": "marl_ppo.checkpoint.v1", "model": {"w": torch.zeros(3)}, "updates": 4})
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path)
+    assert str(info.value) == (
+        f"checkpoint '{path}' has format 'marl_ppo.checkpoint.v1' but this marl_ppo reads only "
+        "'marl_ppo.checkpoint.v2'; train the run again, or use the marl_ppo version that wrote it"
+    )

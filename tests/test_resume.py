@@ -14,7 +14,7 @@ import marl_ppo
 import marl_ppo.run.loop as train_module
 from marl_ppo.algo.schedule import LrSchedule
 from marl_ppo.algo.trainer import Trainer
-from marl_ppo.checkpoint import load_checkpoint, save_checkpoint
+from marl_ppo.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from marl_ppo.config import ConfigError, load_config
 from marl_ppo.envs.registry import make_env
 from marl_ppo.envs.spec import TeamArrays
@@ -203,13 +203,9 @@ def test_library_resume_checks_the_config_and_keep_last_is_validated(tiny_overri
         _config(tiny_overrides, "log.keep_last=0")
 
 
-@pytest.mark.parametrize(
-    ("new_total", "old_checkpoint"),
-    [(200, False), (400, False), (200, True)],
-    ids=["shortened", "extended", "checkpoint_without_schedule"],
-)
+@pytest.mark.parametrize("new_total", [200, 400], ids=["shortened", "extended"])
 def test_changing_total_steps_on_resume_keeps_the_learning_rate_continuous(
-    tiny_overrides, tmp_path, monkeypatch, new_total, old_checkpoint
+    tiny_overrides, tmp_path, monkeypatch, new_total
 ):
     config = _config(tiny_overrides, "vector=sync", "total_steps=240")  # linear decay over 12 updates
     base, stop = config.ppo.pi_lr, K * STEPS_PER_UPDATE
@@ -217,11 +213,6 @@ def test_changing_total_steps_on_resume_keeps_the_learning_rate_continuous(
     with pytest.raises(_Killed):
         train(config, tmp_path)
     monkeypatch.undo()
-    latest = tmp_path / "checkpoints/latest.pt"
-    if old_checkpoint:  # as written before checkpoints carried the schedule
-        payload = load_checkpoint(latest)
-        del payload["lr_schedule"]
-        save_checkpoint(latest, payload)
     before = scalars(tmp_path)["train/pi_lr"]
     assert [step for step, _ in before] == [20, 40, 60]
     step_down = base * STEPS_PER_UPDATE / 240
@@ -255,8 +246,7 @@ def test_the_lr_schedule_is_todays_on_a_straight_run_and_respread_on_a_changed_t
     )  # a second resume goes on from the first's line
     assert again.scale(120) == shorter.scale(120) and again.scale(300) == 0.0
     assert LrSchedule("constant", 240).resumed(100, 60).scale(80) == 1.0
-    written_before_schedules = {"config": {"total_steps": 240, "ppo": {"lr_schedule": "linear"}}}
-    assert LrSchedule.from_checkpoint(written_before_schedules) == straight
+    assert LrSchedule.from_checkpoint({"lr_schedule": shorter.state_dict()}) == shorter
 
 
 def _unpicklable_spread(**kwargs):
@@ -334,32 +324,16 @@ def test_killed_and_resumed_vmas_run_equals_the_uninterrupted_one(tiny_overrides
     assert scalars(tmp_path / "resumed") == scalars(tmp_path / "straight")
 
 
-def test_env_copies_saved_by_an_older_layout_restart_with_a_warning_not_a_traceback(tiny_overrides, tmp_path):
-    """Checkpoints written before the per-group records pickled adapters whose classes have moved:
-    their env copies are not unpickled; the run resumes with fresh episodes and says so."""
-    config = _config(tiny_overrides, "vector=sync", "total_steps=80")
+def test_a_checkpoint_of_another_format_is_refused_with_one_line(tiny_overrides, tmp_path):
+    """The format is versioned: a checkpoint written in another layout is never read field by field."""
     train(_config(tiny_overrides, "vector=sync", "total_steps=40"), tmp_path)
     latest = tmp_path / "checkpoints/latest.pt"
     payload = load_checkpoint(latest)
-    assert payload["envs"]["layout"] == 2
-    del payload["envs"]["layout"]
-    payload["envs"]["states"] = [torch.zeros(3, dtype=torch.uint8)]  # not even unpicklable bytes
-    save_checkpoint(latest, payload)
-    with pytest.warns(NotExactResumeWarning, match="saved by an older marl_ppo"):
-        result = train(config, tmp_path, resume=True)
-    assert result.env_steps == 80
-
-
-def test_a_run_started_before_a_key_existed_resumes_with_its_default_and_a_warning(tiny_overrides, tmp_path):
-    """A checkpoint's config written by an older marl_ppo lacks the keys added since; they take today's
-    defaults, named in a warning, instead of making the run unresumable."""
-    from marl_ppo.run.resume import OlderRunWarning
-
-    train(_config(tiny_overrides, "vector=sync", "total_steps=40"), tmp_path)
-    latest = tmp_path / "checkpoints/latest.pt"
-    payload = load_checkpoint(latest)
-    del payload["config"]["fast"]
-    save_checkpoint(latest, payload)
-    with pytest.warns(OlderRunWarning, match=r"fast\.optimizer='flat_adam'"):
-        result = train(_config(tiny_overrides, "vector=sync", "total_steps=80"), tmp_path, resume=True)
-    assert result.env_steps == 80
+    assert payload["format"] == "marl_ppo.checkpoint.v2"
+    save_checkpoint(latest, {**payload, "format": "marl_ppo.checkpoint.v1"})
+    with pytest.raises(CheckpointError) as info:
+        train(_config(tiny_overrides, "vector=sync", "total_steps=80"), tmp_path, resume=True)
+    assert str(info.value) == (
+        f"checkpoint '{latest}' has format 'marl_ppo.checkpoint.v1' but this marl_ppo reads only "
+        "'marl_ppo.checkpoint.v2'; train the run again, or use the marl_ppo version that wrote it"
+    )

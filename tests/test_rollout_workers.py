@@ -12,10 +12,11 @@ import torch
 from marl_ppo.config import load_config
 from marl_ppo.models.encoders import has_cnn
 from marl_ppo.rollout.buffer import RolloutBuffer
+from marl_ppo.rollout.memory import make_memory
 from marl_ppo.rollout.workers import worker_seed
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.loop import train
-from tests.conftest import ROOT
+from tests.conftest import ROOT, rollout_log_probs
 
 SPREAD_YAML = ROOT / "experiments/mpe/simple_spread.yaml"
 EARLY_LEAVER = "envs/early_leaver_v0"
@@ -48,7 +49,7 @@ def _sync_slice(config, model, envs, seed, worker, rollouts):
     """What one process collects for env copies `envs` with worker `worker`'s sampling seed."""
     sliced = dataclasses.replace(config, num_envs=len(envs), vector="sync")
     collector, _ = build_collector(sliced, torch.device("cpu"))
-    collector.model = model
+    collector.memory = make_memory(model, len(envs), torch.device("cpu"))  # act with the workers' weights
     collector.start(seed + envs.start)
     torch.manual_seed(worker_seed(seed, worker))
     buffers, results = [], []
@@ -102,8 +103,7 @@ def test_each_worker_slice_equals_a_sync_collector(tiny_overrides, env, num_work
 
 
 def _logp(model, buffer):
-    agents = buffer.groups["agent"]
-    return model.group("agent").actor(agents.obs, agents.action_mask).log_prob(agents.actions)
+    return rollout_log_probs(model, buffer, "agent")
 
 
 @pytest.mark.parametrize("policy_lag", [0, 1])
@@ -148,9 +148,8 @@ def test_lagged_workers_collect_no_rollout_past_the_last_update(tiny_overrides, 
     assert state["env_steps"] == sum(w["collector"]["env_steps"] for w in state["workers"]) == 140
 
 
-def test_a_pending_rollout_keeps_its_last_alive_flags_and_older_checkpoints_act_next(tiny_overrides):
-    """A rollout in flight is saved with the alive flags after its last step; one saved without them
-    (an older checkpoint) loads with every agent acting next, the bootstrap it was collected for."""
+def test_a_pending_rollout_keeps_its_last_alive_flags(tiny_overrides):
+    """A rollout in flight is saved with the alive flags after its last step and handed back with them."""
     config = _config(tiny_overrides, env=EARLY_LEAVER)
     workers, model = _workers(config, 2, policy_lag=1)
     try:
@@ -158,14 +157,12 @@ def test_a_pending_rollout_keeps_its_last_alive_flags_and_older_checkpoints_act_
         buffer = RolloutBuffer(model.spec, config.rollout_steps, config.num_envs)
         workers.collect(buffer)  # launches the next rollout
         state = workers.state_dict()
-        old = {**state, "pending": {k: v for k, v in state["pending"].items() if k != "last_alive"}}
         saved = {name: alive.clone() for name, alive in state["pending"]["last_alive"].items()}
         assert not saved["agent"].all(), "the leaver is gone after the rollout's last step"
-        for loaded, expected in ((state, saved), (old, None)):
-            workers.load_state_dict(loaded)
-            result = workers.collect(buffer, ahead=False)
-            for name, alive in result.last_alive.items():
-                assert torch.equal(alive, expected[name] if expected else torch.ones_like(alive))
+        workers.load_state_dict(state)
+        result = workers.collect(buffer, ahead=False)
+        for name, alive in result.last_alive.items():
+            assert torch.equal(alive, saved[name])
     finally:
         workers.close()
 

@@ -46,9 +46,5 @@ class LrSchedule:
 
     @classmethod
     def from_checkpoint(cls, payload: Mapping[str, Any]) -> LrSchedule:
-        """The schedule a checkpoint ran with; one written before schedules were saved ran 1 - steps/total."""
-        saved = payload.get("lr_schedule")
-        if saved is not None:
-            return cls(**saved)
-        config = payload["config"]
-        return cls(config["ppo"]["lr_schedule"], int(config["total_steps"]))
+        """The schedule a checkpoint ran with."""
+        return cls(**payload["lr_schedule"])

@@ -211,15 +211,6 @@ def _load_arrays(arrays: TeamArrays, state: dict[str, Any]) -> None:
         else:
             target[...] = saved.numpy()
 
-    if "groups" not in state:  # checkpoints before the per-group records: one list per field, in group order
-        state = {
-            "groups": {
-                name: {field: values[g] for field, values in state.items() if isinstance(values, list)}
-                for g, name in enumerate(arrays.groups)
-            },
-            "state": state["state"],
-            "final_state": state["final_state"],
-        }
     for name, group in arrays.groups.items():
         for field in dataclasses.fields(group):
             load(getattr(group, field.name), state["groups"][name][field.name])

@@ -17,7 +17,7 @@ acted. With `policy_lag = 0` the workers wait for the update: exactly on-policy.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -131,26 +131,18 @@ def _pending_state(pending: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _pending_from_state(saved: dict[str, Any] | None, groups: Sequence[str] = ()) -> dict[str, Any] | None:
-    """`_pending_state` read back from a checkpoint of any format (`groups`: the group order of
-    checkpoints that kept the last values as a list)."""
+def _pending_from_state(saved: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`_pending_state` read back from a checkpoint."""
     if saved is None:
         return None
     replies = [  # its timings were the stopped process's wall clock: not carried over
         {"episodes": [_episode_from_state(e) for e in episodes], "env_s": 0.0, "total_s": 0.0}
         for episodes in saved["episodes"]
     ]
-    last_values = saved["last_values"]
-    if isinstance(last_values, list):  # checkpoints before the per-group records: in group order
-        last_values = dict(zip(groups, last_values, strict=True))
-    # checkpoints before `last_alive`: every agent acts next, the bootstrap they were saved with
-    last_alive = saved.get("last_alive") or {
-        name: torch.ones_like(v, dtype=torch.bool) for name, v in last_values.items()
-    }
     return {
         "buffer": saved["buffer"],
-        "last_values": last_values,
-        "last_alive": last_alive,
+        "last_values": saved["last_values"],
+        "last_alive": saved["last_alive"],
         "replies": replies,
     }
 
@@ -296,7 +288,7 @@ class RolloutWorkers:
         if not episodes:
             return
         self._ask("set_state", state["workers"])
-        self._pending = _pending_from_state(state["pending"], list(self._last_values))
+        self._pending = _pending_from_state(state["pending"])
 
     def env_states(self) -> list[bytes]:
         """Every env copy's pickled state, in env order (see `marl_ppo.envs.vector.state`); raises

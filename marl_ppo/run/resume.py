@@ -61,16 +61,6 @@ class Stateful(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-ENV_STATE_LAYOUT = 2
-"""Version of the pickled env copies in a checkpoint: 2 since per-group data travels as records keyed
-by group name (the adapters' classes and fields changed). Copies pickled in another layout are not
-restored: the envs restart, with a NotExactResumeWarning."""
-
-
-class OlderRunWarning(UserWarning):
-    """A resumed run's config lacks keys added since it started; they take today's defaults."""
-
-
 class NotExactResumeWarning(UserWarning):
     """The env copies could not be saved, so the resumed run starts fresh episodes."""
 
@@ -103,13 +93,9 @@ def resume_config(run_dir: Path, overrides: Iterable[str] = ()) -> ExperimentCon
 
 
 def load_resumable(run_dir: Path, config: ExperimentConfig | None = None) -> dict[str, Any]:
-    """The run's latest checkpoint, checked to hold a run state (and to match `config` where it must)."""
+    """The run's latest checkpoint (of this version's format), checked to match `config` where it must."""
     path = latest_checkpoint(run_dir)
     payload = load_checkpoint(path)
-    if "rng" not in payload:
-        raise CheckpointError(
-            f"checkpoint '{path}' holds no run state (an older marl_ppo wrote it); it cannot resume"
-        )
     if config is not None:
         used = payload["config"].get("vector")
         acting = ("workers", "ray")  # rollout workers, local or on Ray, save their state alike
@@ -118,7 +104,7 @@ def load_resumable(run_dir: Path, config: ExperimentConfig | None = None) -> dic
                 f"--resume: the run in '{run_dir}' used vector={used} and cannot continue with "
                 f"vector={config.vector}; resume it with vector={used}"
             )
-        saved, wanted = _flat(_completed(payload["config"], run_dir)), _flat(config_to_dict(config))
+        saved, wanted = _flat(payload["config"]), _flat(config_to_dict(config))
         for key in sorted(saved.keys() | wanted.keys()):
             if key not in RESUMABLE_KEYS and saved.get(key) != wanted.get(key):
                 raise ConfigError(
@@ -143,7 +129,7 @@ def run_state(
     """Everything the next update depends on, as tensors and primitives (env copies as uint8 tensors)."""
     try:
         states = [_to_tensor(blob) for blob in collector.env_states()]
-        envs: dict[str, Any] = {"states": states, "layout": ENV_STATE_LAYOUT}
+        envs: dict[str, Any] = {"states": states}
     except EnvStateError as err:
         envs = {"unavailable": str(err)}
     return {
@@ -170,40 +156,19 @@ def restore_run_state(
     trainer.load_state_dict(payload["trainer"])
     logger.load_state_dict(payload["logger"])
     envs = payload["envs"]
-    if "states" in envs and envs.get("layout") == ENV_STATE_LAYOUT:
+    if "states" in envs:
         collector.load_env_states([blob.numpy().tobytes() for blob in envs["states"]])
         collector.load_state_dict(payload["collector"])
     else:
-        why = (
-            "were saved by an older marl_ppo, whose classes have moved"
-            if "states" in envs
-            else f"could not be pickled ({envs['unavailable']})"
-        )
         warnings.warn(
-            f"resume is not exact: the env copies {why}, so they restart with fresh episodes "
-            f"(reset seed derived from seed={seed}, update={payload['updates']})",
+            f"resume is not exact: the env copies could not be pickled ({envs['unavailable']}), so they restart "
+            f"with fresh episodes (reset seed derived from seed={seed}, update={payload['updates']})",
             NotExactResumeWarning,
             stacklevel=2,
         )
         collector.load_state_dict(payload["collector"], episodes=False)
         collector.start(resume_seed(seed, payload["updates"]))
     restore_rng_state(payload["rng"])  # last: resets above may draw from (or reseed) the global RNGs
-
-
-def _completed(saved: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
-    """A run's saved config with today's defaults for the keys it lacks (an older marl_ppo wrote it);
-    names those keys in a warning, since their defaults may not be what the older code did."""
-    completed = config_to_dict(build_config(dict(saved)))
-    missing = sorted(set(_flat(completed)) - set(_flat(saved)))
-    if missing:
-        values = ", ".join(f"{key}={_lookup(completed, key)!r}" for key in missing)
-        warnings.warn(
-            f"resume: the run in '{run_dir}' was started by an older marl_ppo; the keys it did not have "
-            f"take today's defaults: {values}",
-            OlderRunWarning,
-            stacklevel=3,
-        )
-    return completed
 
 
 def _to_tensor(blob: bytes) -> torch.Tensor:
