@@ -45,3 +45,34 @@ def collect_rollout(config, seed=0):
     collector = Collector(venv, model, torch.device("cpu"))
     collector.start(seed)
     return model, buffer, collector.collect(buffer)
+
+
+def values_of(model, state, obs):
+    """A feed-forward model's values in return units for one step of `len(state)` env copies, every
+    agent acting: `state` `(E, S)`, `obs` per group `(E, A_g, D)`."""
+    import torch
+
+    from marl_ppo.rollout.memory import make_memory
+
+    memory = make_memory(model, state.shape[0], state.device)
+    alive = {name: torch.ones(o.shape[:-1], dtype=torch.bool, device=o.device) for name, o in obs.items()}
+    return memory.values(state, obs, alive)
+
+
+def common_twin(net):
+    """The same AgentMLP, weights shared, reading one input row that every agent sees (`common_input`)."""
+    import copy
+
+    twin = copy.copy(net)
+    twin.common_input = True
+    return twin
+
+
+def rollout_log_probs(model, buffer, name):
+    """Group `name`'s log-probabilities of the stored actions under `model`, `(T, E, A)`: each env copy's
+    rollout replayed as one sequence from the carry stored at its first step."""
+    storage, memory = buffer.groups[name], buffer.memory[name]
+    dist, _ = model.group(name).actor(
+        storage.obs, storage.action_mask, memory.actor_state[0], memory.is_first, storage.alive
+    )
+    return dist.log_prob(storage.actions)

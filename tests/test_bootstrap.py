@@ -2,6 +2,7 @@
 
 import numpy as np
 import torch
+from conftest import values_of
 
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.config import load_config
@@ -38,7 +39,7 @@ def _learned_value(tmp_path, env_kwargs):
     arrays = venv.reset(seed=0)
     with torch.no_grad():
         obs = {name: torch.from_numpy(group.obs) for name, group in arrays.groups.items()}
-        values = model.values(torch.from_numpy(arrays.state), obs)
+        values = values_of(model, torch.from_numpy(arrays.state), obs)
     return values["agent"].numpy()
 
 

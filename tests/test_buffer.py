@@ -7,9 +7,27 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from marl_ppo.algo.batch import build_batches, minibatches
+from marl_ppo.algo.batch import build_batches
+from marl_ppo.algo.sequences import chunk_minibatches, cut_batch
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
-from marl_ppo.rollout.buffer import BufferFull, GroupStep, GroupStorage, RolloutBuffer
+from marl_ppo.rollout.buffer import BufferFull, GroupMemory, GroupStep, GroupStorage, RolloutBuffer
+
+
+def _no_memory(buffer):
+    """A feed-forward step's memory records: no episode start, empty carries."""
+    return {
+        name: GroupMemory(
+            **{f.name: torch.zeros_like(getattr(stored, f.name)[0]) for f in dataclasses.fields(stored)}
+        )
+        for name, stored in buffer.memory.items()
+    }
+
+
+def _rows(batch):
+    """A flat batch as chunks of one step (what feed-forward networks learn on)."""
+    return cut_batch(
+        batch, length=1, advantages=batch.advantages, returns=batch.returns, value_ref=batch.values_old
+    )
 
 
 def _spec():
@@ -31,7 +49,7 @@ def _add(buffer, t):
         truncated=np.zeros((envs, 2), bool),
         final_values=np.zeros((envs, 2), np.float32),
     )
-    buffer.add(np.full((envs, 6), t, np.float32), {"agent": step})
+    buffer.add(np.full((envs, 6), t, np.float32), {"agent": step}, _no_memory(buffer))
 
 
 def test_buffer_raises_when_full_and_reset_allows_reuse():
@@ -78,15 +96,17 @@ def test_minibatches_cover_every_row_once_and_stay_aligned_across_groups():
     for t in range(4):
         _add(buffer, t)
     storage = buffer.groups["agent"]
-    batch = build_batches(buffer, {"agent": storage.values}, {"agent": storage.rewards})["agent"]
+    batch = _rows(build_batches(buffer, {"agent": storage.values}, {"agent": storage.rewards})["agent"])
+    assert batch.returns.shape == (1, 12, 2)  # one-step chunks: every row its own chunk
     batches = {"first": batch, "second": batch}  # two aligned "groups"
     seen = []
-    for pair in minibatches(batches, 5, torch.Generator().manual_seed(0)):
+    for pair in chunk_minibatches(batches, 5, torch.Generator().manual_seed(0)):
         assert list(pair) == ["first", "second"]
         torch.testing.assert_close(pair["first"].returns, pair["second"].returns)
-        seen.append(pair["first"].returns[:, 0])
+        torch.testing.assert_close(pair["first"].inputs.obs, pair["second"].inputs.obs)
+        seen.append(pair["first"].returns[0, :, 0])
     rows = torch.sort(torch.cat(seen)).values
-    torch.testing.assert_close(rows, torch.sort(batches["first"].returns[:, 0]).values)
+    torch.testing.assert_close(rows, torch.sort(batches["first"].returns[0, :, 0]).values)
 
 
 def test_minibatches_gather_with_an_index_on_the_batches_device(monkeypatch):
@@ -96,8 +116,12 @@ def test_minibatches_gather_with_an_index_on_the_batches_device(monkeypatch):
     for t in range(2):
         _add(buffer, t)
     storage = buffer.groups["agent"]
-    batch = build_batches(buffer, {"agent": storage.values}, {"agent": storage.rewards})["agent"]
-    on_meta = type(batch)(**{n: None if v is None else v.to("meta") for n, v in vars(batch).items()})
+    batch = _rows(build_batches(buffer, {"agent": storage.values}, {"agent": storage.rewards})["agent"])
+    on_meta = dataclasses.replace(
+        batch,
+        inputs=type(batch.inputs)(**{n: v.to("meta") for n, v in vars(batch.inputs).items()}),
+        **{n: v.to("meta") for n, v in vars(batch).items() if n != "inputs"},
+    )
     gather = torch.index_select
     seen = []
 
@@ -106,7 +130,7 @@ def test_minibatches_gather_with_an_index_on_the_batches_device(monkeypatch):
         return gather(tensor, dim, index)
 
     monkeypatch.setattr(torch, "index_select", recording)
-    pairs = list(minibatches({"agent": on_meta}, 2, torch.Generator().manual_seed(0)))
+    pairs = list(chunk_minibatches({"agent": on_meta}, 2, torch.Generator().manual_seed(0)))
     assert len(pairs) == 2 and seen
     assert all(index == tensor == torch.device("meta") for tensor, index in seen)
 
@@ -142,8 +166,8 @@ def test_add_stores_every_group_step_field_in_the_storage_field_of_its_name():
         name: GroupStep(**{n: torch.zeros_like(v) for n, v in vars(step).items()})
         for name, step in sent.items()
     }
-    buffer.add(torch.zeros(4, 11), zeros)
-    buffer.add(torch.full((4, 11), 7.0), sent)
+    buffer.add(torch.zeros(4, 11), zeros, _no_memory(buffer))
+    buffer.add(torch.full((4, 11), 7.0), sent, _no_memory(buffer))
     assert buffer.pos == 2
     for name, step in sent.items():
         storage = buffer.groups[name]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import collect_rollout
+from conftest import collect_rollout, values_of
 
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import ConfigError, PPOConfig, load_config
@@ -18,6 +18,7 @@ from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.loop import train
+from marl_ppo.run.plan import plan_run
 
 SIGNAL, COMPASS = "envs/pixel_signal_v0", "envs/pixel_compass_v0"
 FAST = [
@@ -67,9 +68,8 @@ def test_auto_epochs_are_4_for_a_cnn_model_and_10_without_and_the_run_records_th
     ):
         args = [f"env.id={env_id}", *(a for a in FAST if "_iters" not in a), *extra]
         config = load_config(None, args)
-        model = TeamModel(team_spec(config), config)
-        trainer = Trainer(model, config.ppo, generator=torch.Generator())
-        assert (trainer.ppo.train_pi_iters, trainer.ppo.train_vf_iters) == (epochs, epochs), (env_id, extra)
+        settled = plan_run(config).config.ppo
+        assert (settled.train_pi_iters, settled.train_vf_iters) == (epochs, epochs), (env_id, extra)
         run_dir = tmp_path / f"{env_id.replace('/', '_')}-{len(extra)}"
         train(config, run_dir)
         recorded = yaml.safe_load((run_dir / "config.yaml").read_text())["ppo"]
@@ -155,7 +155,10 @@ def test_rollout_workers_fill_the_buffer_with_frames_their_policy_acted_on():
     with (
         torch.no_grad()
     ):  # the learner's copy of the policy, on the stored frames, gives the acting log-probs
-        logp = model.group("seer").actor(storage.obs, storage.action_mask).log_prob(storage.actions)
+        flags = torch.zeros(storage.alive.shape, dtype=torch.bool)  # (T, E, A): one sequence per env copy
+        carry = torch.zeros(flags.shape[1], flags.shape[2], 0)
+        dist, _ = model.group("seer").actor(storage.obs, storage.action_mask, carry, flags, ~flags)
+        logp = dist.log_prob(storage.actions)
     torch.testing.assert_close(logp, storage.logp)
 
 
@@ -220,9 +223,9 @@ def test_state_critic_reads_the_image_state():
     model = TeamModel(spec, config)
     state = torch.full((2, spec.state_dim), 20, dtype=torch.uint8)
     obs = torch.full((2, 2, spec.groups[0].obs_dim), 20, dtype=torch.uint8)
-    before = model.values(state, {"seer": obs})["seer"]
+    before = values_of(model, state, {"seer": obs})["seer"]
     state[1, :72] = 230  # the first channel's top half: another quadrant for agent 0
-    after = model.values(state, {"seer": obs})["seer"]
+    after = values_of(model, state, {"seer": obs})["seer"]
     assert torch.equal(before[0], after[0]) and not torch.equal(before[1], after[1])
     assert after.shape == (2, 2)
 
@@ -233,9 +236,10 @@ def test_every_critic_input_kind_takes_frames(critic):
     model, buffer, _ = collect_rollout(config)
     storage = buffer.groups["seer"]
     critic_net = model.group("seer").critic
-    joined = critic_net.encode(buffer.state, storage.obs)
-    values = critic_net.forward_encoded(joined)
-    torch.testing.assert_close(values, critic_net(buffer.state, storage.obs))
+    steps, envs = storage.values.shape[:2]
+    flags = torch.zeros(storage.alive.shape, dtype=torch.bool)  # (T, E, A): one sequence per env copy
+    carry = torch.zeros(envs, critic_net.carry_rows, 0)
+    values, _ = critic_net(buffer.state, storage.obs, carry, flags, ~flags)
     assert values.shape == storage.values.shape
     torch.testing.assert_close(model.group("seer").value_norm.denormalize(values), storage.values)
 
@@ -279,7 +283,7 @@ def test_a_recurrent_policy_behind_the_cnn_recomputes_its_acting_log_probs(env_i
     log-probabilities it acted with (ratio 1), frames and all."""
     from marl_ppo.algo.batch import rollout_batches
     from marl_ppo.algo.sequences import unchunk
-    from marl_ppo.algo.trainer import Trainer, _policy
+    from marl_ppo.algo.trainer import _policy
 
     config = _config(
         env_id,
@@ -302,8 +306,8 @@ def test_a_recurrent_policy_behind_the_cnn_recomputes_its_acting_log_probs(env_i
     group = model.spec.groups[0].name
     assert model.group(group).actor.features is not None  # the CNN reads the frames
     batches = rollout_batches(buffer, result.last_values, result.last_alive, gamma=0.9, lam=0.9)
-    prepared = Trainer(model, config.ppo, generator=torch.Generator()).prepare(
-        batches, rollout_steps=config.rollout_steps
+    prepared = Trainer(model, config.ppo.settled(convolutional=True), generator=torch.Generator()).prepare(
+        batches
     )[group]
     with torch.no_grad():
         actor = model.group(group).actor

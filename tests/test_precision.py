@@ -5,10 +5,10 @@ import copy
 import pytest
 import torch
 import yaml
-from conftest import ROOT
+from conftest import ROOT, common_twin, values_of
 
 from marl_ppo.algo.batch import rollout_batches
-from marl_ppo.algo.trainer import Trainer
+from marl_ppo.algo.trainer import Trainer, _policy
 from marl_ppo.config import load_config
 from marl_ppo.models import layers
 from marl_ppo.models.layers import AgentMLP
@@ -38,7 +38,7 @@ def test_bf16_layers_return_float32_close_to_fp32_with_float32_gradients(shared,
     for name, model in (("fp32", net), ("bf16", half)):
         seen = []
         hook = model.layers[1].register_forward_pre_hook(lambda module, args, seen=seen: seen.append(args[0]))
-        out = model.forward_common(x) if common else model(x)
+        out = common_twin(model)(x) if common else model(x)
         hook.remove()
         (out * weights).sum().backward()
         assert out.dtype == torch.float32
@@ -82,16 +82,22 @@ def test_bf16_acting_and_learning_agree_so_every_first_ratio_is_one(critic, devi
     rollout = collector.collect(buffer)
     batches = rollout_batches(buffer, rollout.last_values, gamma=0.99, lam=0.95)
     agents = batches["agent"]
-    values = model.values(agents.state, {"agent": agents.obs})  # before an update moves the value norm
+    values = values_of(model, agents.state, {"agent": agents.obs})  # before an update moves the value norm
     assert torch.equal(values["agent"], agents.values_old)
-    probe = Trainer(copy.deepcopy(model), config.ppo, generator=torch.Generator().manual_seed(0))
+    probe = Trainer(
+        copy.deepcopy(model),
+        config.ppo.settled(convolutional=False),
+        generator=torch.Generator().manual_seed(0),
+    )
     batch = probe.prepare(batches)["agent"]
     actor = model.group("agent").actor
-    log_ratio = actor.forward_encoded(batch.actor_input).log_prob(batch.actions) - batch.logp_old
+    log_ratio = _policy(actor, batch).log_prob(batch.actions) - batch.logp_old
     assert torch.equal(log_ratio, torch.zeros_like(log_ratio))
     _, _, diagnostics = probe._losses({"agent": batch})
     assert diagnostics["agent"]["clipfrac"] == 0 and diagnostics["agent"]["kl"] == 0
-    stats = Trainer(model, config.ppo, generator=torch.Generator().manual_seed(0)).update(batches)
+    stats = Trainer(
+        model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0)
+    ).update(batches)
     assert stats.nonfinite_skips == 0 and 0 < stats.kl < 0.05
 
 

@@ -21,7 +21,7 @@ from marl_ppo.config import load_config
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.loop import train
-from tests.conftest import ROOT
+from tests.conftest import ROOT, rollout_log_probs
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -364,7 +364,7 @@ def test_a_lost_worker_rejoins_with_the_current_weights_once_its_node_is_back(tw
         assert result.env_steps == 14 and buffer.groups["agent"].alive[:, gone.start : gone.stop].all()
         agents = buffer.groups["agent"]
         with torch.no_grad():
-            logp = model.group("agent").actor(agents.obs, agents.action_mask).log_prob(agents.actions)
+            logp = rollout_log_probs(model, buffer, "agent")
         torch.testing.assert_close(logp, agents.logp, rtol=0, atol=1e-5)
     finally:
         source.close()

@@ -12,7 +12,7 @@ from torch import nn
 
 from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.losses import approx_kl
-from marl_ppo.algo.sequences import chunk_batch, unchunk
+from marl_ppo.algo.sequences import cut_batch, unchunk
 from marl_ppo.algo.trainer import Trainer, _critic_values, _policy
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.config import ConfigError, load_config
@@ -105,7 +105,7 @@ def test_the_stacked_step_and_torchs_cells_unroll_alike(kind, copies):
     for library in (False, True):
         layer.library_cell = library
         layer.zero_grad()
-        outputs, final = layer.unroll(x, state, is_first, acted)
+        outputs, final = layer(x, state, is_first, acted)
         (outputs.sum() + final.pow(2).sum()).backward()
         results.append((outputs.detach(), final.detach(), [p.grad.clone() for p in layer.parameters()]))
     (ours, ours_final, ours_grads), (torchs, torchs_final, torchs_grads) = results
@@ -122,7 +122,7 @@ def test_unroll_resets_at_episode_starts_and_holds_the_state_where_an_agent_wait
     state = torch.randn(1, 2, 4)
     is_first = torch.tensor([[False, False], [False, False], [True, False], [False, False]]).unsqueeze(1)
     acted = torch.tensor([[True, True], [True, False], [True, False], [True, True]]).unsqueeze(1)
-    outputs, final = layer.unroll(x, state, is_first, acted)
+    outputs, final = layer(x, state, is_first, acted)
     projected = nn.functional.linear(x, layer.weight_ih[0], layer.bias_ih[0])
     h0 = layer.cell(projected[0], state)
     torch.testing.assert_close(outputs[0], h0, rtol=0, atol=0)
@@ -148,11 +148,11 @@ def test_recomputed_outputs_equal_the_acting_ones_for_every_chunk_length(tiny_ov
     for length in (1, 5, None):
         ppo = dataclasses.replace(config.ppo, chunk_length=length)
         fresh = copy.deepcopy(model)  # prepare moves its value normalizer's statistics; `model`'s acted
-        trainer = Trainer(fresh, ppo, generator=torch.Generator().manual_seed(0))
+        trainer = Trainer(fresh, ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0))
         batches = rollout_batches(
             buffer, result.last_values, result.last_alive, gamma=0.9, lam=0.9, team=critic == "team"
         )
-        prepared = trainer.prepare(batches, rollout_steps=config.rollout_steps)["agent"]
+        prepared = trainer.prepare(batches)["agent"]
         with torch.no_grad():
             actor, critic_net, norm = model.group("agent")
             logp = _policy(actor, prepared).log_prob(prepared.actions)
@@ -178,8 +178,8 @@ def test_an_observation_before_an_episode_start_changes_no_output_after_it(tiny_
     batches = rollout_batches(buffer, result.last_values, result.last_alive, gamma=0.9, lam=0.9)
 
     def outputs(batch):
-        trainer = Trainer(model, config.ppo, generator=torch.Generator())
-        prepared = trainer.prepare({"agent": batch}, rollout_steps=config.rollout_steps)["agent"]
+        trainer = Trainer(model, config.ppo.settled(convolutional=False), generator=torch.Generator())
+        prepared = trainer.prepare({"agent": batch})["agent"]
         with torch.no_grad():
             actor, critic, _ = model.group("agent")
             logits = _policy(actor, prepared).log_prob(prepared.actions)
@@ -289,32 +289,32 @@ def test_chunks_pad_an_uneven_rollout_with_steps_that_neither_act_nor_count():
     steps, envs = 5, 2
     rows = torch.arange(steps * envs, dtype=torch.float32).reshape(-1, 1)  # row t * E + e
     alive = torch.ones(steps * envs, 1, dtype=torch.bool)
-    tensors = dict(
+    batch = AgentBatch(
+        steps=steps,
         obs=rows,
+        state=rows,
+        action_mask=rows[:, :0],
         actions=rows,
         logp_old=rows,
         values_old=rows,
         advantages=rows,
         returns=rows,
         alive=alive,
-        state=rows,
-        action_mask=rows[:, :0],
         is_first=alive,
         acted=alive,
-        actor_state=rows.unsqueeze(-1),
-        critic_state=rows.unsqueeze(-1),
+        actor_carry=rows.unsqueeze(-1),
+        critic_carry=rows.unsqueeze(-1),
     )
-    chunked = chunk_batch(AgentBatch(**tensors), steps=steps, length=3)
-    assert chunked.obs.shape == (3, 4, 1) and chunked.actor_state.shape == (4, 1, 1)
+    chunked = cut_batch(batch, length=3, advantages=rows, returns=rows, value_ref=rows)
+    assert chunked.inputs.obs.shape == (3, 4, 1) and chunked.actor_carry.shape == (4, 1, 1)
     # chunk k * E + e starts at step 3k of copy e
-    assert chunked.actor_state.flatten().tolist() == [0.0, 1.0, 6.0, 7.0]
-    assert chunked.obs[:, 2, 0].tolist() == [6.0, 8.0, 0.0] and chunked.alive[:, 2, 0].tolist() == [
-        True,
-        True,
-        False,
-    ]
-    assert not chunked.acted[2, 2:].any()
-    assert torch.equal(unchunk(chunked.obs, steps=steps), rows.reshape(steps, envs, 1))
+    assert chunked.actor_carry.flatten().tolist() == [0.0, 1.0, 6.0, 7.0]
+    assert chunked.inputs.obs[:, 2, 0].tolist() == [6.0, 8.0, 0.0]
+    assert chunked.alive[:, 2, 0].tolist() == [True, True, False]
+    assert not chunked.inputs.acted[2, 2:].any()
+    assert torch.equal(unchunk(chunked.inputs.obs, steps=steps), rows.reshape(steps, envs, 1))
+    assert torch.equal(chunked.weight, torch.ones_like(chunked.weight))  # on-policy: every sample weighs 1
+    assert torch.equal(chunked.logp_ref, chunked.logp_old)
 
 
 def test_a_players_state_advances_only_on_its_own_moves(tiny_overrides):
@@ -452,9 +452,9 @@ def test_a_recurrent_vmas_rollout_and_update_stay_on_the_device(device):
     assert all(t.device.type == where.type for t in collector.memory.live["agent"].tensors())
     batches = rollout_batches(buffer, result.last_values, result.last_alive, gamma=0.99, lam=0.95)
     before = copy.deepcopy(model.state_dict())
-    stats = Trainer(model, config.ppo, generator=torch.Generator().manual_seed(0)).update(
-        batches, rollout_steps=8
-    )
+    stats = Trainer(
+        model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0)
+    ).update(batches)
     assert stats.pi_steps > 0 and math.isfinite(stats.loss_v)
     assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
     saved = collector.state_dict()["memory"]["agent"]

@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import collect_rollout
+from conftest import collect_rollout, common_twin, values_of
 
 from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.schedule import LrSchedule
@@ -46,10 +46,10 @@ def _inputs(batch=5):
 def test_central_critic_reacts_to_another_agents_observation(critic, share_critic):
     model, _ = _model(critic, share_critic)
     state, obs = _inputs()
-    base = model.values(state, {"agent": obs})["agent"]
+    base = values_of(model, state, {"agent": obs})["agent"]
     obs2 = obs.clone()
     obs2[:, 0, 3] += 1.0  # perturb one feature of agent 0, and the state built from it
-    changed = model.values(obs2.reshape(5, -1), {"agent": obs2})["agent"]
+    changed = values_of(model, obs2.reshape(5, -1), {"agent": obs2})["agent"]
     assert ((changed - base).abs() > 1e-6).all(), "every agent's central value must depend on agent 0"
 
 
@@ -57,10 +57,10 @@ def test_central_critic_reacts_to_another_agents_observation(critic, share_criti
 def test_ippo_critic_ignores_other_agents(share_critic):
     model, _ = _model("obs", share_critic)
     state, obs = _inputs()
-    base = model.values(state, {"agent": obs})["agent"]
+    base = values_of(model, state, {"agent": obs})["agent"]
     obs2 = obs.clone()
     obs2[:, 0, 3] += 1.0
-    changed = model.values(obs2.reshape(5, -1), {"agent": obs2})["agent"]
+    changed = values_of(model, obs2.reshape(5, -1), {"agent": obs2})["agent"]
     assert ((changed[:, 0] - base[:, 0]).abs() > 1e-6).all()
     torch.testing.assert_close(changed[:, 1:], base[:, 1:], rtol=0, atol=0)
 
@@ -132,12 +132,12 @@ def test_stacked_mlp_equals_a_loop_over_agents(shared):
 
 @pytest.mark.parametrize("shared", [False, True])
 def test_common_input_equals_the_input_repeated_per_agent(shared):
-    """forward_common (a critic's global state, first layer once per row) equals forward on the
+    """`common_input` (a critic's global state, first layer once per row) equals the forward on the
     state copied to every agent, in outputs and gradients."""
     net = _perturbed_mlp(shared, in_dim=10)
     state = torch.randn(5, 2, 10)  # leading dims (time, env)
     weights = torch.randn(5, 2, 4, 3)
-    common = net.forward_common(state)
+    common = common_twin(net)(state)
     repeated = net(state.unsqueeze(-2).expand(5, 2, 4, 10))
     assert common.shape == (5, 2, 4, 3)
     torch.testing.assert_close(common, repeated, rtol=1e-5, atol=1e-6)
@@ -147,18 +147,35 @@ def test_common_input_equals_the_input_repeated_per_agent(shared):
 
 @pytest.mark.parametrize("shared", [True, False])
 @pytest.mark.parametrize("critic", ["state", "state+obs", "obs", "team"])
-def test_inputs_encoded_once_per_batch_give_each_minibatch_the_same_numbers(critic, shared):
-    """The trainer normalizes a batch's network inputs once per update; any minibatch of them gives
-    bit for bit the actions' log-probabilities and the values of the networks' own forward pass."""
+def test_a_sequence_of_one_step_chunks_gives_each_row_the_numbers_of_a_step(critic, shared):
+    """Feed-forward networks learn on chunks of one step: any minibatch of them, `(1, n, A, ...)`,
+    gives bit for bit the log-probabilities and values of acting on those rows as one step."""
     model, _ = _model(critic, share_critic=shared or critic == "team", share_actor=shared)
     state, obs = _inputs(batch=64)
     actor, network, _ = model.group("agent")
-    actor_input, critic_input = actor.encode(obs), network.encode(state, obs)
     rows = torch.randperm(64, generator=torch.Generator().manual_seed(0))[:16]
     actions = torch.randint(0, 5, (16, 3))
-    direct = actor(obs[rows]).log_prob(actions)
-    assert torch.equal(actor.forward_encoded(actor_input[rows]).log_prob(actions), direct)
-    assert torch.equal(network.forward_encoded(critic_input[rows]), network(state[rows], obs[rows]))
+    flags = torch.zeros(1, 16, 3, dtype=torch.bool)
+    mask = torch.ones(1, 16, 3, 0, dtype=torch.bool)
+    empty = torch.zeros(16, 3, 0)
+    one_step, carry = actor(obs[rows].unsqueeze(0), mask, empty, flags, ~flags)
+    assert carry is empty  # a feed-forward carry passes through
+    whole, _ = actor(
+        obs.unsqueeze(0),
+        torch.ones(1, 64, 3, 0, dtype=torch.bool),
+        torch.zeros(64, 3, 0),
+        flags[:, :1].expand(1, 64, 3),
+        ~flags[:, :1].expand(1, 64, 3),
+    )
+    assert torch.equal(
+        one_step.log_prob(actions.unsqueeze(0)),
+        whole.log_prob(torch.zeros(1, 64, 3, dtype=torch.long).index_copy(1, rows, actions.unsqueeze(0)))[
+            :, rows
+        ],
+    )
+    critic_carry = torch.zeros(16, network.carry_rows, 0)
+    values, _ = network(state[rows].unsqueeze(0), obs[rows].unsqueeze(0), critic_carry, flags, ~flags)
+    assert torch.equal(values[0], values_of(model, state, {"agent": obs})["agent"][rows])
 
 
 def test_team_critic_is_one_mlp_of_the_state_broadcast_to_the_agents():
@@ -174,7 +191,9 @@ def test_team_critic_is_one_mlp_of_the_state_broadcast_to_the_agents():
             p.add_(torch.randn_like(p) * 0.1)  # break the init symmetry of LayerNorm affine and biases
     state, obs = _inputs(batch=6)
     weights = torch.randn(6, 3)
-    values = critic(state, obs)
+    flags = torch.zeros(1, 6, 3, dtype=torch.bool)
+    values, _ = critic(state.unsqueeze(0), obs.unsqueeze(0), torch.zeros(6, 1, 0), flags, ~flags)
+    values = values[0]
     assert values.shape == (6, 3)
 
     h = F.layer_norm(state, (54,)) * net.norm_weight[0] + net.norm_bias[0]
@@ -201,7 +220,7 @@ def test_team_critic_trains_and_values_stay_equal_across_agents():
     model, buffer, rollout = collect_rollout(config)
     values = buffer.groups["agent"].values
     assert torch.equal(values, values[..., :1].expand_as(values))
-    trainer = Trainer(model, config.ppo, generator=torch.Generator().manual_seed(0))
+    trainer = Trainer(model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0))
     before = copy.deepcopy(model.critics.state_dict())
     stats = trainer.update(
         rollout_batches(
@@ -230,7 +249,7 @@ def test_hidden_activations_keep_their_features_innermost(shared, common):
     for layer in net.layers[1:]:
         layer.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
     x = torch.randn(64, 10) if common else torch.randn(64, 4, 10)
-    net.forward_common(x) if common else net(x)
+    common_twin(net)(x) if common else net(x)
     assert len(seen) == 2 and all(h.shape == (64, 4, 8) and h.stride(-1) == 1 for h in seen)
 
 
@@ -250,7 +269,7 @@ def test_one_update_moves_every_actor_and_the_critic():
         ],
     )
     model, buffer, rollout = collect_rollout(config)
-    trainer = Trainer(model, config.ppo, generator=torch.Generator().manual_seed(0))
+    trainer = Trainer(model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0))
     batches = rollout_batches(buffer, rollout.last_values, gamma=config.gamma, lam=config.gae_lambda)
     before = copy.deepcopy(model.state_dict())
     grads = {}
@@ -275,7 +294,7 @@ def test_linear_lr_schedule_decays_both_rates_to_zero():
         None, [f"env.id={SPREAD}", "ppo.lr_schedule=linear", "ppo.pi_lr=1e-3", "ppo.vf_lr=2e-3"]
     )
     model, _ = _model("state")
-    trainer = Trainer(model, config.ppo, generator=torch.Generator())
+    trainer = Trainer(model, config.ppo.settled(convolutional=False), generator=torch.Generator())
     schedule = LrSchedule(config.ppo.lr_schedule, total_steps=400)
     for steps, scale in [(0, 1.0), (100, 0.75), (400, 0.0)]:
         trainer.set_lr_scale(schedule.scale(steps))

@@ -10,9 +10,14 @@ from tests.conftest import collect_rollout
 
 def test_diagnostic_rows_are_an_even_stride_with_both_ends(spread_config):
     from marl_ppo.algo.batch import rollout_batches
+    from marl_ppo.algo.sequences import cut_batch
 
     _, buffer, result = collect_rollout(spread_config)
-    batches = rollout_batches(buffer, result.last_values, gamma=0.95, lam=0.95)
+    flat = rollout_batches(buffer, result.last_values, gamma=0.95, lam=0.95)
+    batches = {
+        name: cut_batch(b, length=1, advantages=b.advantages, returns=b.returns, value_ref=b.values_old)
+        for name, b in flat.items()
+    }
     assert stats_module.diagnostic_rows(batches) is batches  # 50 rows: all of them
     stats_module.DIAGNOSTIC_ROWS = 8
     try:
@@ -21,8 +26,8 @@ def test_diagnostic_rows_are_an_even_stride_with_both_ends(spread_config):
         stats_module.DIAGNOSTIC_ROWS = 8192
     rows = [0, 7, 14, 21, 28, 35, 42, 49]
     assert list(subset) == list(batches)
-    assert torch.equal(subset["agent"].obs, batches["agent"].obs[rows])
-    assert torch.equal(subset["agent"].state, batches["agent"].state[rows])
+    assert torch.equal(subset["agent"].inputs.obs[0], flat["agent"].obs[rows])
+    assert torch.equal(subset["agent"].inputs.state[0], flat["agent"].state[rows])
 
 
 def test_the_diagnostic_subset_leaves_learning_unchanged(spread_config, tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ from torch import nn
 
 from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.losses import approx_kl
-from marl_ppo.algo.trainer import Trainer
+from marl_ppo.algo.trainer import Trainer, _policy
 from marl_ppo.config import load_config
 
 TWO_GROUPS = "env.groups={first: [agent_0], rest: [agent_1, agent_2]}"
@@ -39,7 +39,11 @@ def _rollout(config, seed=0):
     """A fresh model, its trainer and the batches of one rollout."""
     model, buffer, rollout = collect_rollout(config, seed)
     batches = rollout_batches(buffer, rollout.last_values, gamma=config.gamma, lam=config.gae_lambda)
-    return model, Trainer(model, config.ppo, generator=torch.Generator().manual_seed(0)), batches
+    return (
+        model,
+        Trainer(model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0)),
+        batches,
+    )
 
 
 def _norm(network: nn.Module) -> float:
@@ -78,7 +82,9 @@ def test_grad_clip_bounds_each_groups_networks_or_all_of_them(grad_clip):
 @pytest.mark.parametrize("advantage_norm", ["group", "agent"])
 def test_advantage_norm_standardizes_over_the_group_or_each_agent(advantage_norm):
     _, trainer, batches = _rollout(_config(f"ppo.advantage_norm={advantage_norm}"))
-    advantages = trainer.prepare(batches)["agent"].advantages  # simple_spread: every agent acts every step
+    advantages = trainer.prepare(batches)["agent"].advantages[
+        0
+    ]  # one-step chunks; every agent acts every step
     assert advantages.flatten().mean().item() == pytest.approx(0.0, abs=1e-6)
     assert advantages.flatten().var(unbiased=False).item() == pytest.approx(1.0, abs=1e-5)
     per_agent_means = advantages.mean(0)
@@ -106,7 +112,9 @@ class _Rollouts:
         self.buffer = RolloutBuffer(venv.spec, config.rollout_steps, config.num_envs)
         self.collector = Collector(venv, self.model, torch.device("cpu"))
         self.collector.start(seed)
-        self.trainer = Trainer(self.model, config.ppo, generator=torch.Generator().manual_seed(0))
+        self.trainer = Trainer(
+            self.model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0)
+        )
 
     def batches(self):
         self.buffer.reset()
@@ -145,7 +153,11 @@ def test_the_value_clip_is_centred_on_the_critics_output_at_the_first_step(monke
     monkeypatch.setattr(trainer_module, "value_loss", recording)
     batches = shifted(run.batches(), 30.0)
     agents = batches["agent"]
-    start_output = run.model.raw_values(agents.state, {"agent": agents.obs})["agent"].detach()
+    critic = run.model.group("agent").critic
+    flags = torch.zeros((1, *agents.alive.shape), dtype=torch.bool)
+    empty = torch.zeros(agents.alive.shape[0], critic.carry_rows, 0)
+    with torch.no_grad():
+        start_output = critic(agents.state.unsqueeze(0), agents.obs.unsqueeze(0), empty, flags, ~flags)[0][0]
     norm = run.model.group("agent").value_norm
     run.trainer.update(batches, lagged=lagged)
     values, centre = calls[0]
@@ -158,7 +170,9 @@ def _run_recording_kl(model, config, batches):
     """One update. At each KL check (before every actor step but the first): the KL the stop reads,
     recomputed here from the minibatch about to be stepped on (largest over groups); the actors'
     weights after each actor step; and the number of critic steps."""
-    trainer = Trainer(model, config.ppo, generator=torch.Generator().manual_seed(0))
+    trainer = Trainer(
+        model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0)
+    )
     kls, weights, critic_steps, seen = [], [], [], []
     check, losses = trainer._kl_exceeded, trainer._losses
 
@@ -190,8 +204,7 @@ def _run_recording_kl(model, config, batches):
 
 
 def _logp(model, name, batch):
-    actor = model.group(name).actor
-    return actor.forward_encoded(batch.actor_input, batch.action_mask).log_prob(batch.actions)
+    return _policy(model.group(name).actor, batch).log_prob(batch.actions)
 
 
 def test_the_kl_stop_ends_the_actors_at_the_step_that_crosses_the_bound():
@@ -229,13 +242,15 @@ def test_critic_only_steps_skip_the_actors_forward_and_train_the_critic_as_befor
     config = _config("ppo.train_pi_iters=1", "ppo.train_vf_iters=3")
     model, trainer, batches = _rollout(config)
     reference_model = copy.deepcopy(model)
-    reference = Trainer(reference_model, config.ppo, generator=torch.Generator().manual_seed(0))
+    reference = Trainer(
+        reference_model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0)
+    )
     losses = reference._losses
     reference._losses = lambda minibatch, **kwargs: losses(minibatch)  # actors in every step
     actor = model.group(model.group_names()[0]).actor
     calls = []
-    forward = actor.forward_encoded
-    actor.forward_encoded = lambda *args, **kwargs: (calls.append(1), forward(*args, **kwargs))[1]
+    forward = actor.forward
+    actor.forward = lambda *args, **kwargs: (calls.append(1), forward(*args, **kwargs))[1]
     stats = trainer.update(batches)
     reference.update(batches)
     assert (stats.pi_steps, len(calls)) == (2, 4)
@@ -288,7 +303,9 @@ def test_decoupled_lag_takes_the_ratio_against_the_start_policy(monkeypatch):
     assert stats.behaviour_weight_mean == pytest.approx(delta.exp().clamp(max=1).mean().item(), rel=1e-5)
 
     config = _config("ppo.lagged_ratio=behaviour")
-    trainer = Trainer(start, config.ppo, generator=torch.Generator().manual_seed(0))
+    trainer = Trainer(
+        start, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0)
+    )
     stats, (logp, reference, terms) = _first_step_policy_terms(monkeypatch, trainer, behind, lagged=True)
     assert (logp - reference).abs().max() > 0.4  # the ratio starts where the lag put it
     assert terms.clipfrac.item() > 0.45  # |log ratio| above about 0.2 for about 60% of U(-0.5, 0.5)
@@ -301,17 +318,18 @@ def test_behaviour_weight_max_truncates_the_weights_or_not():
     _, trainer, batches = _rollout(_config("ppo.behaviour_weight_max=null"))
     behind = _lagged(batches)
     delta = batches["agent"].logp_old - behind["agent"].logp_old
-    prepared = trainer.prepare(behind, lagged=True)["agent"]
-    torch.testing.assert_close(prepared.behaviour_weight, delta.exp(), rtol=1e-6, atol=0)
-    assert prepared.behaviour_weight.max() > 1.5
+    prepared = trainer.prepare(behind, decoupled=True)["agent"]
+    torch.testing.assert_close(prepared.weight[0], delta.exp(), rtol=1e-6, atol=0)
+    assert prepared.weight.max() > 1.5
     _, trainer, batches = _rollout(_config("ppo.behaviour_weight_max=1.2"))
-    prepared = trainer.prepare(_lagged(batches), lagged=True)["agent"]
-    assert prepared.behaviour_weight.max().item() == pytest.approx(1.2)
+    prepared = trainer.prepare(_lagged(batches), decoupled=True)["agent"]
+    assert prepared.weight.max().item() == pytest.approx(1.2)
 
 
 def test_without_lag_no_start_policy_is_computed_and_nothing_of_it_is_logged(monkeypatch):
     """Not lagged, or lagged with `lagged_ratio: behaviour`, the update never runs the start-of-update
-    forward; the batch carries no logp_prox, and without lag the lag's statistics are None."""
+    forward; the ratio's reference is the acting policy, every weight is 1, and without lag the lag's
+    statistics are None."""
 
     def refuse(*args, **kwargs):
         raise AssertionError("the start policy was computed")
@@ -319,7 +337,7 @@ def test_without_lag_no_start_policy_is_computed_and_nothing_of_it_is_logged(mon
     monkeypatch.setattr(Trainer, "_start_of_update", refuse)
     _, trainer, batches = _rollout(_config())
     prepared = trainer.prepare(batches)["agent"]
-    assert (prepared.logp_prox, prepared.behaviour_weight, prepared.values_start) == (None, None, None)
+    assert torch.equal(prepared.logp_ref, prepared.logp_old) and bool((prepared.weight == 1).all())
     stats = trainer.update(batches)
     assert stats.kl_behaviour_start is None and stats.behaviour_weight_mean is None
     _, trainer, batches = _rollout(_config("ppo.lagged_ratio=behaviour"))
@@ -327,7 +345,9 @@ def test_without_lag_no_start_policy_is_computed_and_nothing_of_it_is_logged(mon
 
 
 def _final_weights(config, batches, lagged, model):
-    Trainer(model, config.ppo, generator=torch.Generator().manual_seed(0)).update(batches, lagged=lagged)
+    Trainer(
+        model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0)
+    ).update(batches, lagged=lagged)
     return model.state_dict()
 
 

@@ -66,13 +66,24 @@ def _venv(agents, copies=4):
     return build_vector_env(load_config(None, overrides))
 
 
-def hitting(arrays):
-    """A scripted policy that always hits: its action is the target it observes."""
-    return {name: torch.as_tensor(group.obs).clone() for name, group in arrays.groups.items()}
+class Scripted:
+    """A stateless scripted policy for the stepping loop (`Acting`)."""
+
+    def __init__(self, choose):
+        self.choose = choose
+
+    def act(self, arrays):
+        return {
+            name: self.choose(torch.as_tensor(group.obs).clone()) for name, group in arrays.groups.items()
+        }
+
+    def advance(self, arrays, episode_over):
+        pass
 
 
-def missing(arrays):
-    return {name: torch.as_tensor(group.obs).clone() * 0 + 2.0 for name, group in arrays.groups.items()}
+hitting = Scripted(lambda obs: obs)
+"""Always hits: its action is the target it observes."""
+missing = Scripted(lambda obs: obs * 0 + 2.0)
 
 
 def test_an_always_winning_policy_wins_every_game_against_random_seats():
@@ -181,8 +192,8 @@ def test_periodic_evaluation_logs_and_eval_writes_the_scores(tmp_path, capsys):
 
 def test_a_recurrent_policy_plays_random_seats_with_its_states_carried():
     pytest.importorskip("pygame")
-    from marl_ppo.eval.versus import PolicyAct
     from marl_ppo.models.team import TeamModel
+    from marl_ppo.rollout.stepper import PolicyActing
 
     config = load_config(
         None, ["env.id=classic/tictactoe_v3", "vector=sync", "num_envs=2", "model.recurrent=gru"]
@@ -193,7 +204,7 @@ def test_a_recurrent_policy_plays_random_seats_with_its_states_carried():
         model = TeamModel(venv.spec, config)
         outcomes = []
         for _ in range(2):
-            act = PolicyAct(model, venv.num_envs, CPU, deterministic=False)
+            act = PolicyActing(model, venv.num_envs, CPU, deterministic=False)
             result = play_vs_random(venv, act, CPU, mode="seats", episodes_per_side=3, seed=5)
             outcomes.append(result.outcomes().tolist())
             assert act.memory.live["player"].actor_state.abs().sum() > 0  # the states moved

@@ -2,23 +2,33 @@
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from marl_ppo.algo.gae import compute_gae, fold_turns, team_steps
+from marl_ppo.algo.gae import CopyEpisodes, acts_at_final, compute_gae, copy_episodes, fold_turns, team_steps
 from marl_ppo.config import ConfigError
 from marl_ppo.rollout.buffer import GroupStorage, RolloutBuffer
 
 
 @dataclass(frozen=True)
 class AgentBatch:
-    """One agent group's samples; the leading dim N = T*E (env steps), the agent axis is kept intact."""
+    """One agent group's samples of a rollout with their advantages: what the trainer consumes.
 
+    Every per-step field is `(N, A, ...)` with `N = T * E`, time-major (step t of env copy e at row
+    `t * E + e`); the agent axis is kept intact. Every field is always present: a feed-forward
+    network's carries are empty (size 0)."""
+
+    steps: int
+    """T, the rollout's steps per env copy (the trainer cuts sequences along them)."""
     obs: torch.Tensor
-    """(N, A, obs_dim); zero-width in `Trainer.prepare`'s batches, which carry `actor_input` instead"""
+    """(N, A, obs_dim)"""
+    state: torch.Tensor
+    """(N, state_dim) global state, shared by all groups' batches"""
+    action_mask: torch.Tensor
+    """(N, A, mask_dim) allowed actions when acting (mask_dim 0 when the group has no masks)"""
     actions: torch.Tensor
     """(N, A, ...)"""
     logp_old: torch.Tensor
@@ -30,48 +40,16 @@ class AgentBatch:
     returns: torch.Tensor
     """(N, A) value targets: advantages + values_old"""
     alive: torch.Tensor
-    """(N, A) bool: the agent acted at this step; only these samples enter losses and statistics"""
-    state: torch.Tensor
-    """(N, state_dim) global state, shared by all groups' batches; zero-width in `Trainer.prepare`'s
-    batches, which carry `critic_input` instead"""
-    action_mask: torch.Tensor
-    """(N, A, mask_dim) allowed actions when acting (mask_dim 0 when the group has no masks)"""
-    actor_input: torch.Tensor | None = None
-    """The actor's encoded input (`GroupActor.encode(obs)`), set by `Trainer.prepare`"""
-    critic_input: torch.Tensor | None = None
-    """The critic's encoded input (`GroupCritic.encode(state, obs)`), set by `Trainer.prepare`"""
-    logp_prox: torch.Tensor | None = None
-    """(N, A) log-probability of the action under the policy at the start of the update, set by
-    `Trainer.prepare` for a lagged batch under `ppo.lagged_ratio: decoupled`: what the ratio is taken against"""
-    behaviour_weight: torch.Tensor | None = None
-    """(N, A) exp(logp_prox - logp_old) truncated at `ppo.behaviour_weight_max` (1 where not alive), set
-    with logp_prox: the weight of each sample's advantage"""
-    values_start: torch.Tensor | None = None
-    """(N, A) the critic's output at the start of the update (the critic's units), set with logp_prox:
-    the value clip's centre"""
-    is_first: torch.Tensor | None = None
-    """(N, A) bool, recurrent networks only: the agent's episode starts at this step (its state resets)"""
-    acted: torch.Tensor | None = None
-    """(N, A) bool, recurrent networks only: the agent acted at this step as collected (where its
-    state advances); `alive` may leave some of these steps out of the losses"""
-    actor_state: torch.Tensor | None = None
-    """(N, A, S) recurrent networks only: the actor's state carried into each step"""
-    critic_state: torch.Tensor | None = None
-    """(N, rows, S) recurrent networks only: the critic's state carried into each step"""
-
-    def __len__(self) -> int:
-        return self.obs.shape[0]
-
-    def select(self, index: torch.Tensor) -> AgentBatch:
-        """The rows `index` (a 1-D integer tensor) of every field.
-
-        `index_select` copies whole rows, where `tensor[index]` runs an element-wise indexing kernel
-        that is several times slower on CPU.
-        """
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return AgentBatch(
-            **{name: None if v is None else torch.index_select(v, 0, index) for name, v in fields.items()}
-        )
+    """(N, A) bool: the sample enters losses and statistics"""
+    is_first: torch.Tensor
+    """(N, A) bool: the agent's episode starts at this step (its carry resets)"""
+    acted: torch.Tensor
+    """(N, A) bool: the agent acted at this step as collected (where its carry advances); `alive`
+    may leave some of these steps out of the losses"""
+    actor_carry: torch.Tensor
+    """(N, A, S) the actor's carry into each step"""
+    critic_carry: torch.Tensor
+    """(N, rows, S) the critic's carry into each step (rows: A, or 1 for a team critic)"""
 
 
 def build_batches(
@@ -89,46 +67,32 @@ def build_batches(
     def flat(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.flatten(0, 1)
 
-    def memory(name: str) -> dict[str, torch.Tensor]:
-        record = buffer.memory.get(name)
-        if record is None:
-            return {}
-        return {
-            "is_first": flat(record.is_first),
-            "acted": flat(buffer.groups[name].alive),
-            "actor_state": flat(record.actor_state),
-            "critic_state": flat(record.critic_state),
-        }
-
-    return {
-        name: AgentBatch(
-            **memory(name),
+    batches = {}
+    for name, storage in buffer.groups.items():
+        memory = buffer.memory[name]
+        batches[name] = AgentBatch(
+            steps=buffer.steps,
             obs=flat(storage.obs),
+            state=state,
+            action_mask=flat(storage.action_mask),
             actions=flat(storage.actions),
             logp_old=flat(storage.logp),
             values_old=flat(storage.values),
             advantages=flat(advantages[name]),
             returns=flat(returns[name]),
             alive=flat(alive.get(name, storage.alive)),
-            state=state,
-            action_mask=flat(storage.action_mask),
+            is_first=flat(_stored(memory.is_first)),
+            acted=flat(storage.alive),
+            actor_carry=flat(_stored(memory.actor_state)),
+            critic_carry=flat(_stored(memory.critic_state)),
         )
-        for name, storage in buffer.groups.items()
-    }
+    return batches
 
 
-def minibatches(
-    batches: Mapping[str, AgentBatch], num_minibatches: int, generator: torch.Generator
-) -> Iterator[dict[str, AgentBatch]]:
-    """Shuffle env steps once and yield `num_minibatches` aligned slices of every group's batch."""
-    first = next(iter(batches.values()))
-    size = len(first)
-    if not 1 <= num_minibatches <= size:
-        raise ValueError(f"num_minibatches={num_minibatches} must be between 1 and the batch size {size}")
-    # drawn on the generator's device (the CPU), so the order is the same on every device
-    order = torch.randperm(size, generator=generator).to(first.advantages.device)
-    for chunk in torch.tensor_split(order, num_minibatches):
-        yield {name: batch.select(chunk) for name, batch in batches.items()}
+def _stored(value: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """A buffer's memory field (always a tensor there; the record's type also admits arrays)."""
+    assert isinstance(value, torch.Tensor)
+    return value
 
 
 def rollout_batches(
@@ -146,26 +110,37 @@ def rollout_batches(
     bootstrap from V(final obs) and terminations from nothing. `last_alive` (per group, `(E, A_g)`):
     the agents that act after the last step; an agent that waits there has its unfinished last
     transition left out of the batch (`alive` False) instead of bootstrapping from a waiting position.
-    None: every agent acts after the last step. `team`: the groups have a team critic (one value per
-    env step for all their agents); each group's GAE runs on the group as one learner (`team_steps`:
-    the mean of its agents' rewards) and every agent that acted at a step gets that step's advantage.
+    None: every agent acts after the last step. The mover of a turn-based truncation waits at its
+    final observation, so its truncated move is left out alike (`acts_at_final`). `team`: the groups
+    have a team critic (one value per env step for all their agents); each group's GAE runs on the
+    group as one learner (`team_steps`: the mean of its agents' rewards, an episode that ends where
+    the copy's ends or every agent is out) and every agent that acted at a step gets that step's
+    advantage.
     """
     if not buffer.full:
         raise ValueError(f"rollout_batches: buffer holds {buffer.pos} of {buffer.steps} steps; fill it first")
     gae = _team_gae if team else _agent_gae
+    groups = buffer.groups.values()
+    episodes = copy_episodes(buffer.episode_over, [g.truncated for g in groups], [g.alive for g in groups])
     advantages, returns, alive = {}, {}, {}
     for name, storage in buffer.groups.items():
         acting_next = (
             torch.ones_like(storage.alive[0]) if last_alive is None else last_alive[name].to(storage.alive)
         )
         advantages[name], returns[name], alive[name] = gae(
-            storage, last_values[name], acting_next, gamma=gamma, lam=lam
+            storage, last_values[name], acting_next, episodes, gamma=gamma, lam=lam
         )
     return build_batches(buffer, advantages, returns, alive)
 
 
 def _agent_gae(
-    storage: GroupStorage, last_values: torch.Tensor, last_alive: torch.Tensor, *, gamma: float, lam: float
+    storage: GroupStorage,
+    last_values: torch.Tensor,
+    last_alive: torch.Tensor,
+    episodes: CopyEpisodes,
+    *,
+    gamma: float,
+    lam: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each agent's advantages, returns and alive flags from its own rewards and values."""
     return _folded_gae(
@@ -177,6 +152,7 @@ def _agent_gae(
         storage.truncated,
         storage.alive,
         last_alive,
+        acts_at_final(storage.alive, episodes),
         gamma=gamma,
         lam=lam,
     )
@@ -191,6 +167,7 @@ def _folded_gae(
     truncated: torch.Tensor,
     alive: torch.Tensor,
     last_alive: torch.Tensor,
+    final_alive: torch.Tensor,
     *,
     gamma: float,
     lam: float,
@@ -198,7 +175,15 @@ def _folded_gae(
     """`fold_turns`, then `compute_gae` on the folded transitions: advantages, returns and the alive
     flags of the samples that enter the losses."""
     steps = fold_turns(
-        rewards, values, last_values, final_values, terminated, truncated, alive, last_alive=last_alive
+        rewards,
+        values,
+        last_values,
+        final_values,
+        terminated,
+        truncated,
+        alive,
+        last_alive=last_alive,
+        final_alive=final_alive,
     )
     adv, ret = compute_gae(
         steps.rewards,
@@ -214,13 +199,19 @@ def _folded_gae(
 
 
 def _team_gae(
-    storage: GroupStorage, last_values: torch.Tensor, last_alive: torch.Tensor, *, gamma: float, lam: float
+    storage: GroupStorage,
+    last_values: torch.Tensor,
+    last_alive: torch.Tensor,
+    episodes: CopyEpisodes,
+    *,
+    gamma: float,
+    lam: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The group's advantages and returns as one learner (`team_steps`), given to each agent that acted."""
     values = storage.values[..., 0]
     if not torch.equal(storage.values, values.unsqueeze(-1).expand_as(storage.values)):
         raise ValueError("rollout_batches: team=True needs one value per env step, equal for every agent")
-    team = team_steps(storage.rewards, storage.terminated, storage.truncated, storage.alive)
+    team = team_steps(storage.rewards, storage.terminated, storage.truncated, storage.alive, episodes)
     adv, ret, team_alive = _folded_gae(
         team.rewards,
         values,
@@ -230,6 +221,7 @@ def _team_gae(
         team.truncated,
         team.alive,
         last_alive.any(-1),
+        team.final_alive,
         gamma=gamma,
         lam=lam,
     )

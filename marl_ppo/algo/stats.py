@@ -10,7 +10,7 @@ import torch
 
 from marl_ppo.algo.batch import AgentBatch
 from marl_ppo.algo.losses import approx_kl, explained_variance, masked_mean
-from marl_ppo.algo.sequences import diagnostic_chunks
+from marl_ppo.algo.sequences import Sequences, diagnostic_chunks
 
 
 @dataclass(frozen=True)
@@ -66,12 +66,14 @@ class Evaluation:
     clipfrac: float
 
 
-def lag_statistics(probe: Mapping[str, AgentBatch], before: Evaluation) -> dict[str, float]:
+def lag_statistics(
+    probe: Mapping[str, Sequences], before: Evaluation, *, decoupled: bool
+) -> dict[str, float]:
     """KL(acting || start policy) and, under decoupled lag, the mean advantage weight, over the probe rows."""
-    if all(batch.logp_prox is None for batch in probe.values()):  # lagged_ratio: behaviour
+    if not decoupled:  # lagged_ratio: behaviour: the ratio's reference is the acting policy
         return {"kl_behaviour_start": before.kl}  # the start policy's KL from the ratio's reference
-    kls = [approx_kl(b.logp_prox, b.logp_old, b.alive) for b in probe.values()]
-    weights = [masked_mean(b.behaviour_weight, b.alive) for b in probe.values()]
+    kls = [approx_kl(b.logp_ref, b.logp_old, b.alive) for b in probe.values()]
+    weights = [masked_mean(b.weight, b.alive) for b in probe.values()]
     return {
         "kl_behaviour_start": float(sum(kls) / len(kls)),
         "behaviour_weight_mean": float(sum(weights) / len(weights)),
@@ -82,16 +84,10 @@ DIAGNOSTIC_ROWS = 8192
 """Env steps the before/after-update diagnostics are computed on; more would only cost learner time."""
 
 
-def diagnostic_rows(batches: Mapping[str, AgentBatch]) -> Mapping[str, AgentBatch]:
-    """The batches, or an even stride of DIAGNOSTIC_ROWS of their rows when they are larger."""
-    first = next(iter(batches.values()))
-    if first.is_first is not None:  # sequence chunks: whole chunks, never rows cut out of them
-        return diagnostic_chunks(batches, DIAGNOSTIC_ROWS)
-    size = len(first)
-    if size <= DIAGNOSTIC_ROWS:
-        return batches
-    rows = torch.linspace(0, size - 1, DIAGNOSTIC_ROWS, device=first.obs.device).long()
-    return {name: batch.select(rows) for name, batch in batches.items()}
+def diagnostic_rows(batches: Mapping[str, Sequences]) -> Mapping[str, Sequences]:
+    """The sequences, or an even stride of whole chunks holding DIAGNOSTIC_ROWS env steps when they are
+    larger (chunks of one step for feed-forward networks: rows)."""
+    return diagnostic_chunks(batches, DIAGNOSTIC_ROWS)
 
 
 def batch_statistics(batches: Mapping[str, AgentBatch]) -> dict[str, float]:

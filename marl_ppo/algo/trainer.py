@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from marl_ppo.algo.batch import AgentBatch, minibatches
+from marl_ppo.algo.batch import AgentBatch
 from marl_ppo.algo.losses import (
     mask_count,
     masked_mean,
@@ -18,32 +18,27 @@ from marl_ppo.algo.losses import (
     policy_loss,
     value_loss,
 )
-from marl_ppo.algo.optim import Optimizer, make_optimizer
-from marl_ppo.algo.sequences import chunk_batch, chunk_minibatches
+from marl_ppo.algo.optim import clip_grad_norms, make_optimizer
+from marl_ppo.algo.sequences import Sequences, chunk_minibatches, cut_batch
 from marl_ppo.algo.stats import Evaluation, TrainStats, batch_statistics, diagnostic_rows, lag_statistics
 from marl_ppo.config import PPOConfig
 from marl_ppo.faults import NonFiniteError
 from marl_ppo.models.distributions import ActionDistribution
-from marl_ppo.models.encoders import has_cnn
 from marl_ppo.models.team import GroupActor, GroupCritic, TeamModel
 
 
 class Trainer:
-    """Runs `train_pi_iters` / `train_vf_iters` epochs of minibatch PPO over one batch per group (`auto`
-    epochs settled for `model`)."""
+    """Runs `train_pi_iters` / `train_vf_iters` epochs of minibatch PPO over one batch per group (`ppo`
+    settled: no `auto` epochs)."""
 
     def __init__(
         self, model: TeamModel, ppo: PPOConfig, *, generator: torch.Generator, optimizer: str = "flat_adam"
     ) -> None:
         self.model = model
-        self.ppo = ppo.settled(convolutional=has_cnn(model))
+        self.ppo = ppo.require_settled()
         self.generator = generator
-        self.actor_optimizer = make_optimizer(
-            model.actors.parameters(), lr=ppo.pi_lr, kind=optimizer, parts=_sizes(model.actors)
-        )
-        self.critic_optimizer = make_optimizer(
-            model.critics.parameters(), lr=ppo.vf_lr, kind=optimizer, parts=_sizes(model.critics)
-        )
+        self.actor_optimizer = make_optimizer(model.actors.parameters(), lr=ppo.pi_lr, kind=optimizer)
+        self.critic_optimizer = make_optimizer(model.critics.parameters(), lr=ppo.vf_lr, kind=optimizer)
         self.updates = 0
         """Updates started by this trainer (named in non-finite errors)."""
         self._skips = 0
@@ -71,30 +66,21 @@ class Trainer:
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.generator.set_state(state["generator"])
 
-    def prepare(
-        self, batches: Mapping[str, AgentBatch], *, lagged: bool = False, rollout_steps: int | None = None
-    ) -> dict[str, AgentBatch]:
-        """Update the value normalizers with the batch's returns and normalize advantages per group.
+    def prepare(self, batches: Mapping[str, AgentBatch], *, decoupled: bool = False) -> dict[str, Sequences]:
+        """Update the value normalizers with the batch's returns, normalize advantages per group, and cut
+        each group's batch into sequences (`algo.sequences`): chunks of one step for feed-forward
+        networks, of `ppo.chunk_length` steps for recurrent ones.
 
-        A `lagged` batch (collected by the policy one update behind) under `ppo.lagged_ratio: decoupled`
-        also carries the start policy's log-probabilities, the advantages' weights and the critic's
-        start outputs (`_start_of_update`).
-
-        The prepared batches carry normalized advantages; `values_old` in the units of the critic's
-        outputs (the statistics before the update), `returns` in those the critic learns towards (the
-        statistics after it); and the networks' encoded inputs (each computed once here rather than
-        at every minibatch step). The losses read only those inputs, so `obs` and `state` are cut to
-        zero width, and minibatch gathers do not copy them. Batches of recurrent networks are then
-        cut into sequence chunks of `ppo.chunk_length` steps (`algo.sequences`), which needs the
-        rollout's `rollout_steps` per env copy.
+        The sequences carry `value_ref` and `returns` in the critic's units: the acting-time values in
+        the statistics before the update, the returns in those after it. `decoupled` (a batch one
+        update behind under `ppo.lagged_ratio: decoupled`): the ratio's reference, the value clip's
+        centre and the advantages' weights come from the networks at the start of the update
+        (`_start_of_update`); otherwise they are the acting policy's, the acting values and 1.
         """
-        chunked = self.model.recurrent
-        if chunked and rollout_steps is None:
-            raise ValueError("Trainer.prepare: recurrent networks need rollout_steps to cut sequences")
-        decoupled = lagged and self.ppo.lagged_ratio == "decoupled"
+        length = self.ppo.chunk_length if self.model.recurrent else 1
         prepared = {}
         for name, batch in batches.items():
-            actor, critic, norm = self.model.group(name)
+            norm = self.model.group(name).value_norm
             # the value clip's centre: the acting-time values in the units the critic's outputs are
             # in until its first step, those of the statistics before this batch's returns enter them
             values_old = norm.normalize(batch.values_old)
@@ -106,61 +92,48 @@ class Trainer:
             advantages = batch.advantages
             if self.ppo.normalize_advantages:
                 advantages = _ADVANTAGE_NORMS[self.ppo.advantage_norm](advantages, batch.alive)
-            prepared[name] = dataclasses.replace(
+            sequences = cut_batch(
                 batch,
+                length=length,
                 advantages=advantages,
-                values_old=values_old,
                 returns=norm.normalize(batch.returns),
-                # the networks' inputs, normalized once here rather than at every minibatch step
-                actor_input=actor.encode(batch.obs),
-                critic_input=critic.encode(batch.state, batch.obs),
-                obs=batch.obs[..., :0],
-                state=batch.state[..., :0],
+                value_ref=values_old,
             )
-            if chunked:
-                prepared[name] = chunk_batch(
-                    prepared[name], steps=rollout_steps, length=self.ppo.chunk_length
-                )
-            if decoupled:
-                prepared[name] = self._start_of_update(name, prepared[name])
+            prepared[name] = self._start_of_update(name, sequences) if decoupled else sequences
         return prepared
 
     @torch.no_grad()
-    def _start_of_update(self, name: str, batch: AgentBatch) -> AgentBatch:
-        """Decoupled PPO's fields: the start policy's log-probabilities of the batch's actions, the
+    def _start_of_update(self, name: str, batch: Sequences) -> Sequences:
+        """Decoupled PPO's references: the start policy's log-probabilities of the batch's actions, the
         advantages' weights start / acting policy truncated at `ppo.behaviour_weight_max`, and the
         critic's start outputs (one forward of each network over the batch)."""
         actor, critic, _ = self.model.group(name)
-        logp_prox = _policy(actor, batch).log_prob(batch.actions)
-        weight = (logp_prox - batch.logp_old).exp()
+        logp_start = _policy(actor, batch).log_prob(batch.actions)
+        weight = (logp_start - batch.logp_old).exp()
         if self.ppo.behaviour_weight_max is not None:
             weight = weight.clamp(max=self.ppo.behaviour_weight_max)
         return dataclasses.replace(
             batch,
-            logp_prox=logp_prox,
-            behaviour_weight=torch.where(batch.alive, weight, 1.0),  # absent agents' log-probs mean nothing
-            values_start=_critic_values(critic, batch),
+            logp_ref=logp_start,
+            weight=torch.where(batch.alive, weight, 1.0),  # absent agents' log-probs mean nothing
+            value_ref=_critic_values(critic, batch),
         )
 
-    def update(
-        self, batches: Mapping[str, AgentBatch], *, lagged: bool = False, rollout_steps: int | None = None
-    ) -> TrainStats:
+    def update(self, batches: Mapping[str, AgentBatch], *, lagged: bool = False) -> TrainStats:
         """One PPO update on the groups' batches (raw advantages, return-unit values).
 
         `lagged`: the batches were collected by the policy one update behind this one (policy lag 1);
         `ppo.lagged_ratio` says how the update treats them. Not lagged, nothing of it is computed.
-        `rollout_steps`: steps per env copy of the rollout (recurrent networks cut it into sequences).
         """
         self.updates += 1
         self._skips = 0
-        self.actor_optimizer.bind()
-        self.critic_optimizer.bind()
         stats_in = batch_statistics(batches)
-        batches = self.prepare(batches, lagged=lagged, rollout_steps=rollout_steps)
-        probe = diagnostic_rows(batches)  # the same rows before and after, so the deltas compare
+        decoupled = lagged and self.ppo.lagged_ratio == "decoupled"
+        sequences = self.prepare(batches, decoupled=decoupled)
+        probe = diagnostic_rows(sequences)  # the same rows before and after, so the deltas compare
         before = self._evaluate(probe)
-        lag = lag_statistics(probe, before) if lagged else {}
-        pi_epochs, pi_steps = self._epochs(batches)
+        lag = lag_statistics(probe, before, decoupled=decoupled) if lagged else {}
+        pi_epochs, pi_steps = self._epochs(sequences)
         after = self._evaluate(probe)
         return TrainStats(
             loss_pi=after.loss_pi,
@@ -177,7 +150,7 @@ class Trainer:
             **lag,
         )
 
-    def _epochs(self, batches: Mapping[str, AgentBatch]) -> tuple[int, int]:
+    def _epochs(self, batches: Mapping[str, Sequences]) -> tuple[int, int]:
         """The actor and critic epochs over prepared batches; the actor epochs begun and steps taken.
 
         The actors stop at once when their KL from the start policy passes the bound (`_step`); the
@@ -190,8 +163,7 @@ class Trainer:
             if not (train_vf or (policy_active and epoch < ppo.train_pi_iters)):
                 break
             begun = False
-            split = chunk_minibatches if self.model.recurrent else minibatches
-            for k, minibatch in enumerate(split(batches, ppo.num_minibatches, self.generator)):
+            for k, minibatch in enumerate(chunk_minibatches(batches, ppo.num_minibatches, self.generator)):
                 train_pi = policy_active and epoch < ppo.train_pi_iters
                 if not (train_pi or train_vf):
                     break
@@ -214,7 +186,7 @@ class Trainer:
         return bool(kls.max() > 1.5 * self.ppo.target_kl)
 
     def _losses(
-        self, batches: Mapping[str, AgentBatch], *, actors: bool = True
+        self, batches: Mapping[str, Sequences], *, actors: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, dict[str, torch.Tensor]]]:
         """Summed actor and critic losses over groups, plus per-group diagnostics.
 
@@ -233,11 +205,11 @@ class Trainer:
                 dist = _policy(actor, batch)
                 terms = policy_loss(
                     dist.log_prob(batch.actions),
-                    _ratio_reference(batch),
+                    batch.logp_ref,
                     batch.advantages,
                     batch.alive,
                     clip_ratio=ppo.clip_ratio,
-                    weights=batch.behaviour_weight,
+                    weights=batch.weight,
                     count=count,
                 )
                 entropy = masked_mean(dist.entropy(), batch.alive, count)
@@ -252,7 +224,7 @@ class Trainer:
             values = _critic_values(critic, batch)
             group_v = value_loss(  # prepared batches hold the clip's centre and returns in the critic's units
                 values,
-                _value_clip_centre(batch),
+                batch.value_ref,
                 batch.returns,
                 batch.alive,
                 huber_delta=ppo.huber_delta,
@@ -265,7 +237,7 @@ class Trainer:
 
     def _step(
         self,
-        minibatch: Mapping[str, AgentBatch],
+        minibatch: Mapping[str, Sequences],
         *,
         train_pi: bool,
         train_vf: bool,
@@ -304,11 +276,12 @@ class Trainer:
             self.critic_optimizer.step()
         return train_pi, True
 
-    def _clip(self, optimizer: Optimizer) -> torch.Tensor:
+    def _clip(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
         """Clip the optimizer's gradients as `ppo.grad_clip` says; the norms before (1-D)."""
         if self.ppo.grad_clip == "per_group":
-            return optimizer.clip_grad_norms(self.ppo.max_grad_norm)
-        return optimizer.clip_grad_norm(self.ppo.max_grad_norm).reshape(1)
+            networks = self.model.actors if optimizer is self.actor_optimizer else self.model.critics
+            return clip_grad_norms(optimizer, self.ppo.max_grad_norm, parts=_sizes(networks))
+        return clip_grad_norms(optimizer, self.ppo.max_grad_norm)
 
     def _culprit(
         self, diagnostics: Mapping[str, dict[str, torch.Tensor]], train_pi: bool, train_vf: bool
@@ -339,7 +312,7 @@ class Trainer:
         )
 
     @torch.no_grad()
-    def _evaluate(self, batches: Mapping[str, AgentBatch]) -> Evaluation:
+    def _evaluate(self, batches: Mapping[str, Sequences]) -> Evaluation:
         loss_pi, loss_v, diagnostics = self._losses(batches)
 
         def mean(key: str) -> float:
@@ -348,35 +321,18 @@ class Trainer:
         return Evaluation(float(loss_pi), float(loss_v), mean("kl"), mean("entropy"), mean("clipfrac"))
 
 
-def _policy(actor: GroupActor, batch: AgentBatch) -> ActionDistribution:
-    """The actor's distributions over a prepared batch: row by row, or for a chunked batch of a
-    recurrent actor, each chunk unrolled from its stored state."""
-    if batch.is_first is None:
-        return actor.forward_encoded(batch.actor_input, batch.action_mask)
-    dist, _ = actor.unroll_encoded(
-        batch.actor_input, batch.action_mask, batch.actor_state, batch.is_first, batch.acted
-    )
+def _policy(actor: GroupActor, batch: Sequences) -> ActionDistribution:
+    """The actor's distributions over a batch's sequences, each chunk from its stored carry."""
+    inputs = batch.inputs
+    dist, _ = actor(inputs.obs, inputs.action_mask, batch.actor_carry, inputs.is_first, inputs.acted)
     return dist
 
 
-def _critic_values(critic: GroupCritic, batch: AgentBatch) -> torch.Tensor:
-    """The critic's outputs over a prepared batch (a chunked one unrolled as in `_policy`)."""
-    if batch.is_first is None:
-        return critic.forward_encoded(batch.critic_input)
-    values, _ = critic.unroll_encoded(batch.critic_input, batch.critic_state, batch.is_first, batch.acted)
+def _critic_values(critic: GroupCritic, batch: Sequences) -> torch.Tensor:
+    """The critic's outputs over a batch's sequences (as in `_policy`)."""
+    inputs = batch.inputs
+    values, _ = critic(inputs.state, inputs.obs, batch.critic_carry, inputs.is_first, inputs.acted)
     return values
-
-
-def _ratio_reference(batch: AgentBatch) -> torch.Tensor:
-    """The log-probabilities the ratio and the KL stop are taken against: the start policy's under
-    decoupled lag, else the acting policy's."""
-    return batch.logp_old if batch.logp_prox is None else batch.logp_prox
-
-
-def _value_clip_centre(batch: AgentBatch) -> torch.Tensor:
-    """The critic's outputs at the start of the update under decoupled lag, else the acting-time values
-    (both in the critic's units)."""
-    return batch.values_old if batch.values_start is None else batch.values_start
 
 
 _ADVANTAGE_NORMS = {"group": normalize_advantages, "agent": normalize_advantages_per_agent}

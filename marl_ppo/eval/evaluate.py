@@ -18,11 +18,10 @@ import numpy as np
 import torch
 
 from marl_ppo.config import ExperimentConfig, build_config, config_to_dict
-from marl_ppo.envs.spec import TeamArrays
 from marl_ppo.envs.vector.base import VectorEnv
-from marl_ppo.eval.random_policy import random_actions
+from marl_ppo.eval.random_policy import RandomActing
 from marl_ppo.models.team import TeamModel
-from marl_ppo.rollout.memory import RecurrentMemory, make_memory
+from marl_ppo.rollout.stepper import Acting, EpisodeLimitError, Finished, PolicyActing, Stepper
 
 EVAL_SEED_OFFSET = 1_000_000
 """Eval env copy i is reset with `seed + EVAL_SEED_OFFSET + i`: never a seed a training env copy gets."""
@@ -113,35 +112,6 @@ def _global_rng_untouched(device: torch.device) -> Iterator[None]:
         np.random.set_state(numpy_state)
 
 
-def _tensor(value: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
-    return value.to(device) if isinstance(value, torch.Tensor) else torch.from_numpy(value).to(device)
-
-
-def _numpy(value: np.ndarray | torch.Tensor) -> np.ndarray:
-    return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
-
-
-@torch.no_grad()
-def policy_actions(
-    model: TeamModel,
-    arrays: TeamArrays,
-    device: torch.device,
-    *,
-    deterministic: bool,
-    memory: RecurrentMemory | None = None,
-) -> dict[str, torch.Tensor]:
-    """Per-group actions for the arrays' observations (masks respected): the distribution's mode, or a
-    sample. A recurrent policy acts from `memory`'s states; call `memory.advance` after the env step."""
-    obs = {name: _tensor(group.obs, device) for name, group in arrays.groups.items()}
-    masks = {name: _tensor(group.action_mask, device) for name, group in arrays.groups.items()}
-    if memory is None:
-        dists = model.distributions(obs, masks)
-    else:
-        alive = {name: _tensor(group.alive, device) for name, group in arrays.groups.items()}
-        dists = memory.distributions(obs, masks, alive)
-    return {name: d.mode() if deterministic else d.sample() for name, d in dists.items()}
-
-
 def run_episodes(
     venv: VectorEnv,
     model: TeamModel | None,
@@ -154,50 +124,39 @@ def run_episodes(
     """Play `episodes` whole episodes, each env copy a fixed share of them (so short episodes are not
     favoured). `model=None` plays the uniform random policy (each agent's allowed actions equally
     likely; Box actions uniform in their bounds, clipped to [-1, 1])."""
-
     copies, spec = venv.num_envs, venv.spec
-    quota = np.array([episodes // copies + (i < episodes % copies) for i in range(copies)])
-    columns = {g.name: [spec.agents.index(a) for a in g.agents] for g in spec.groups}
-    returns = np.zeros((copies, spec.num_agents))
-    lengths = np.zeros(copies, dtype=np.int64)
-    finished: list[list[tuple[np.ndarray, int]]] = [[] for _ in range(copies)]
-    tensor_io = venv.tensor_io
+    quota = [episodes // copies + (i < episodes % copies) for i in range(copies)]
+    finished: list[list[Finished]] = [[] for _ in range(copies)]
+    stepper = Stepper(venv, max_episode_steps=MAX_EPISODE_STEPS)
     with _global_rng_untouched(device):
         torch.manual_seed(seed)  # stochastic evaluations are reproducible and independent of training
-        arrays = venv.reset(seed)
-        # a recurrent policy's states, fresh for every copy
-        memory = None if model is None else make_memory(model, copies, device)
+        stepper.reset(seed)
+        acting: Acting = (  # a policy's carries, fresh for every copy
+            RandomActing(spec, device)
+            if model is None
+            else PolicyActing(model, copies, device, deterministic=deterministic)
+        )
         while any(len(done) < share for done, share in zip(finished, quota, strict=True)):
-            if model is None:
-                actions = random_actions(spec, arrays, device)
-            else:
-                actions = policy_actions(model, arrays, device, deterministic=deterministic, memory=memory)
-            arrays = venv.step(
-                actions if tensor_io else {name: a.cpu().numpy() for name, a in actions.items()}
-            )
-            if memory is not None:
-                memory.advance(arrays, venv.episode_over)
-            for name, group in arrays.groups.items():
-                returns[:, columns[name]] += _numpy(group.reward)
-            lengths += 1
-            for i in np.flatnonzero(_numpy(venv.episode_over)):
-                finished[i].append((returns[i].copy(), int(lengths[i])))
-                returns[i], lengths[i] = 0.0, 0
-            if lengths.max() >= MAX_EPISODE_STEPS:
-                raise EvalError(
-                    f"env '{spec.env_id}' ran {MAX_EPISODE_STEPS} steps without ending an episode; "
-                    "evaluation needs episodes that end (set a time limit in env.kwargs)"
-                )
-    kept = [record for done, share in zip(finished, quota, strict=True) for record in done[:share]]
-    agent_returns = np.stack([r for r, _ in kept])
+            for episode in _steps(stepper, acting):
+                finished[episode.copy].append(episode)
+    kept = [episode for done, share in zip(finished, quota, strict=True) for episode in done[:share]]
+    agent_returns = np.stack([episode.agent_returns for episode in kept])
     return EvalResult(
         agents=tuple(spec.agents),
         team_returns=agent_returns.sum(axis=1),
         agent_returns=agent_returns,
-        lengths=np.array([length for _, length in kept]),
+        lengths=np.array([episode.length for episode in kept]),
         seed=seed,
         deterministic=deterministic,
     )
+
+
+def _steps(stepper: Stepper, acting: Acting) -> list[Finished]:
+    """One step of the stepping loop, its episode limit reported as an evaluation error."""
+    try:
+        return stepper.step(acting)
+    except EpisodeLimitError as err:
+        raise EvalError(str(err)) from err
 
 
 def eval_config(config: ExperimentConfig, episodes: int, **env_kwargs: Any) -> ExperimentConfig:

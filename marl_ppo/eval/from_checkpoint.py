@@ -20,10 +20,11 @@ from marl_ppo.config import ExperimentConfig, build_config, merge, parse_overrid
 from marl_ppo.envs.factory import build_vector_env, is_batched
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.eval.evaluate import EvalError, EvalResult, eval_config, eval_seed, run_episodes
-from marl_ppo.eval.versus import PolicyAct, VersusResult, play_vs_random
+from marl_ppo.eval.versus import VersusResult, play_vs_random
 from marl_ppo.eval.video import check_video_format, record_episode, render_env, write_video
 from marl_ppo.models.layers import resolve_device
 from marl_ppo.models.team import TeamModel
+from marl_ppo.rollout.stepper import PolicyActing
 
 
 def resolve_checkpoint(target: Path | str) -> tuple[Path, Path]:
@@ -180,10 +181,10 @@ def _play(
         result = run_episodes(venv, model, device, episodes=episodes, seed=seed, deterministic=deterministic)
         versus = None
         if config.eval_vs_random is not None:
-            act = PolicyAct(model, venv.num_envs, device, deterministic=deterministic)
+            policy = PolicyActing(model, venv.num_envs, device, deterministic=deterministic)
             versus = play_vs_random(
                 venv,
-                act,
+                policy,
                 device,
                 mode=config.eval_vs_random,
                 episodes_per_side=episodes,

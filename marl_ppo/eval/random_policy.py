@@ -9,6 +9,20 @@ import torch
 from marl_ppo.envs.spec import GroupSpec, TeamArrays, TeamSpec
 
 
+class RandomActing:
+    """The uniform random policy as the stepping loop drives it (`rollout.stepper.Acting`): no state."""
+
+    def __init__(self, spec: TeamSpec, device: torch.device) -> None:
+        self.spec, self.device = spec, device
+
+    def act(self, arrays: TeamArrays) -> dict[str, torch.Tensor]:
+        """Per group, uniform actions among the allowed ones."""
+        return random_actions(self.spec, arrays, self.device)
+
+    def advance(self, arrays: TeamArrays, episode_over: np.ndarray | torch.Tensor) -> None:
+        """Nothing to carry."""
+
+
 def random_actions(spec: TeamSpec, arrays: TeamArrays, device: torch.device) -> dict[str, torch.Tensor]:
     """Per group, an action for every agent drawn uniformly among its allowed ones (Box: uniform in its bounds)."""
     return {

@@ -11,7 +11,7 @@ games); `teams`, agents are sides by their names without the trailing number (`a
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,37 +26,43 @@ from marl_ppo.eval.evaluate import (
     EvalError,
     PeriodicEvaluation,
     _global_rng_untouched,
-    _numpy,
+    _steps,
     mean_ci95,
-    policy_actions,
 )
-from marl_ppo.eval.random_policy import random_actions
+from marl_ppo.eval.random_policy import RandomActing
 from marl_ppo.models.team import TeamModel
-from marl_ppo.rollout.memory import make_memory
-
-Act = Callable[[TeamArrays], dict[str, torch.Tensor]]
-"""Per-group actions for the arrays' observations. An act that also has `advance(arrays, episode_over)`
-(a recurrent policy's `PolicyAct`) is told each step's outcome."""
+from marl_ppo.rollout.stepper import Acting, PolicyActing, Stepper
 
 
-class PolicyAct:
-    """The model's actions, with a recurrent policy's states carried from step to step (fresh per copy)."""
+class VersusActing:
+    """The scored policy on its side's agents and the random policy on every other agent (`Acting`).
 
-    def __init__(self, model: TeamModel, copies: int, device: torch.device, *, deterministic: bool) -> None:
-        self.model, self.device, self.deterministic = model, device, deterministic
-        self.memory = make_memory(model, copies, device)
+    `side` `(E,)` is the side the policy plays in each copy's episode; the loop sets it as episodes end."""
 
-    def __call__(self, arrays: TeamArrays) -> dict[str, torch.Tensor]:
-        return policy_actions(
-            self.model, arrays, self.device, deterministic=self.deterministic, memory=self.memory
-        )
+    def __init__(
+        self,
+        policy: Acting,
+        random: RandomActing,
+        members: Mapping[str, torch.Tensor],
+        copies: int,
+        device: torch.device,
+    ) -> None:
+        self.policy, self.random, self.members, self.device = policy, random, members, device
+        self.side = torch.zeros(copies, dtype=torch.int64)
+
+    def act(self, arrays: TeamArrays) -> dict[str, torch.Tensor]:
+        """Per group, the policy's action where the agent is on the side played, else a random one."""
+        policy, noise = self.policy.act(arrays), self.random.act(arrays)
+        actions = {}
+        for name, chosen in policy.items():
+            mine = self.members[name][self.side.to(self.device)]  # (E, A_g)
+            mine = mine.reshape(*mine.shape, *([1] * (chosen.dim() - 2)))
+            actions[name] = torch.where(mine, chosen, noise[name].to(chosen.dtype))
+        return actions
 
     def advance(self, arrays: TeamArrays, episode_over: np.ndarray | torch.Tensor) -> None:
-        if self.memory is not None:
-            self.memory.advance(arrays, episode_over)
-
-
-"""Per-group actions `(E, A_g, ...)` of the policy being scored, for the arrays' observations."""
+        """The scored policy carries on (it acted for every agent, though only its side's actions counted)."""
+        self.policy.advance(arrays, episode_over)
 
 
 def sides_of(
@@ -170,7 +176,7 @@ RATES = (("win", 1), ("draw", 0), ("loss", -1))
 
 def play_vs_random(
     venv: VectorEnv,
-    act: Act,
+    policy: Acting,
     device: torch.device,
     *,
     mode: str,
@@ -178,7 +184,7 @@ def play_vs_random(
     seed: int,
     teams: Mapping[str, Sequence[str]] | None = None,
 ) -> VersusResult:
-    """Play every side (`sides_of`) for `episodes_per_side` episodes with `act`, the other agents at random."""
+    """Play every side (`sides_of`) for `episodes_per_side` episodes with `policy`, the other agents at random."""
     spec, copies = venv.spec, venv.num_envs
     sides = sides_of(spec, mode, teams)
     total = episodes_per_side * len(sides)
@@ -189,43 +195,24 @@ def play_vs_random(
         )
         for group in spec.groups
     }  # per group, (sides, A_g): whether each of its agents is on each side
-    columns = {g.name: [spec.agents.index(a) for a in g.agents] for g in spec.groups}
-    returns = np.zeros((copies, spec.num_agents))
-    lengths = np.zeros(copies, dtype=np.int64)
-    done = np.zeros(copies, dtype=np.int64)
+    acting = VersusActing(policy, RandomActing(spec, device), members, copies, device)
+    stepper = Stepper(venv, max_episode_steps=MAX_EPISODE_STEPS)
+    done = [0] * copies
     played: list[int] = []
     kept: list[np.ndarray] = []
     with _global_rng_untouched(device):
         torch.manual_seed(seed)
-        arrays = venv.reset(seed)
+        stepper.reset(seed)
         while any(done[i] < len(schedule[i]) for i in range(copies)):
-            side = torch.tensor(
+            acting.side = torch.tensor(
                 [s[min(d, len(s) - 1)] if s else 0 for s, d in zip(schedule, done, strict=True)]
             )
-            policy, noise = act(arrays), random_actions(spec, arrays, device)
-            actions = {}
-            for name, chosen in policy.items():
-                mine = members[name][side.to(device)]  # (E, A_g)
-                mine = mine.reshape(*mine.shape, *([1] * (chosen.dim() - 2)))
-                actions[name] = torch.where(mine, chosen, noise[name].to(chosen.dtype))
-            arrays = venv.step(
-                actions if venv.tensor_io else {n: a.cpu().numpy() for n, a in actions.items()}
-            )
-            if hasattr(act, "advance"):
-                act.advance(arrays, venv.episode_over)
-            for name, group in arrays.groups.items():
-                returns[:, columns[name]] += _numpy(group.reward)
-            lengths += 1
-            for i in np.flatnonzero(_numpy(venv.episode_over)):
+            for episode in _steps(stepper, acting):
+                i = episode.copy
                 if done[i] < len(schedule[i]):
                     played.append(schedule[i][done[i]])
-                    kept.append(returns[i].copy())
+                    kept.append(episode.agent_returns)
                 done[i] += 1
-                returns[i], lengths[i] = 0.0, 0
-            if lengths.max() >= MAX_EPISODE_STEPS:
-                raise EvalError(
-                    f"env '{spec.env_id}' ran {MAX_EPISODE_STEPS} steps without ending an episode"
-                )
     order = np.argsort(played, kind="stable")  # side by side, each side's episodes in the order played
     return VersusResult(mode, sides, tuple(spec.agents), np.array(played)[order], np.stack(kept)[order])
 
@@ -249,10 +236,10 @@ class PeriodicEvaluationVsRandom(PeriodicEvaluation):
         scalars = super().after_update(env_steps, final=final)
         if not scalars:
             return scalars
-        act = PolicyAct(self.model, self.venv.num_envs, self.device, deterministic=True)
+        policy = PolicyActing(self.model, self.venv.num_envs, self.device, deterministic=True)
         versus = play_vs_random(
             self.venv,
-            act,
+            policy,
             self.device,
             mode=self.mode,
             episodes_per_side=self.episodes,

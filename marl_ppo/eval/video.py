@@ -6,7 +6,7 @@ An env that cannot render is refused with one line (`render_env`, `_frame`); eva
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +19,9 @@ from marl_ppo.envs.adapters.pettingzoo import ParallelEnvAdapter
 from marl_ppo.envs.factory import make_team_env
 from marl_ppo.envs.registry import EnvError, resolve_factory
 from marl_ppo.envs.spec import TeamArrays, TeamSpec
-from marl_ppo.eval.evaluate import MAX_EPISODE_STEPS, EvalError, eval_config, policy_actions
+from marl_ppo.eval.evaluate import MAX_EPISODE_STEPS, EvalError, _steps, eval_config
 from marl_ppo.models.team import TeamModel
-from marl_ppo.rollout.memory import make_memory
+from marl_ppo.rollout.stepper import PolicyActing, Stepper
 
 VIDEO_FORMATS = ("gif", "mp4")
 DEFAULT_FPS = 10
@@ -97,6 +97,46 @@ def _frame(env: Any, env_id: str) -> np.ndarray:
     return np.ascontiguousarray(frame[..., :3], dtype=np.uint8)
 
 
+class _Recording:
+    """The env being recorded as a one-copy vector env for the stepping loop: a frame after the reset
+    and after every step, and no reset when the episode ends (its last frame is the episode's)."""
+
+    tensor_io = False
+    num_envs = 1
+
+    def __init__(self, env: Any, spec: TeamSpec) -> None:
+        self.env, self.spec = env, spec
+        self.adapter = TurnBasedAdapter(env, spec) if is_aec(env) else ParallelEnvAdapter(env, spec)
+        self.arrays = TeamArrays.allocate(spec, (1,))
+        self._row = self.arrays.row(0)
+        self.episode_over = np.zeros(1, dtype=bool)
+        self.frames: list[np.ndarray] = []
+
+    def reset(self, seed: int) -> TeamArrays:
+        """Reset the env with `seed`; the first frame."""
+        self.adapter.reset(seed, self._row)
+        self.episode_over[:] = False
+        self.frames = [_frame(self.env, self.spec.env_id)]
+        return self.arrays
+
+    def step(self, actions: Mapping[str, np.ndarray]) -> TeamArrays:
+        """One step of the episode and its frame."""
+        self.episode_over[0] = self.adapter.step({name: a[0] for name, a in actions.items()}, self._row)
+        self.frames.append(_frame(self.env, self.spec.env_id))
+        return self.arrays
+
+    def env_states(self) -> list[bytes]:
+        """Not saved: a recording lasts one episode."""
+        raise EvalError("a recorded episode's env is not saved")
+
+    def load_env_states(self, states: Sequence[bytes]) -> None:
+        """Not restored: a recording lasts one episode."""
+        raise EvalError("a recorded episode's env is not restored")
+
+    def close(self) -> None:
+        """The caller closes the env it rendered."""
+
+
 def record_episode(
     env: Any,
     spec: TeamSpec,
@@ -108,28 +148,16 @@ def record_episode(
 ) -> tuple[list[np.ndarray], float]:
     """Frames of one episode (the reset frame, then one per step) of an env made by `render_env`; the
     caller closes the env."""
-    adapter = TurnBasedAdapter(env, spec) if is_aec(env) else ParallelEnvAdapter(env, spec)
-    arrays = TeamArrays.allocate(spec, (1,))
-    row = arrays.row(0)
+    recording = _Recording(env, spec)
+    stepper = Stepper(recording, max_episode_steps=MAX_EPISODE_STEPS)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        adapter.reset(seed, row)
-        frames = [_frame(env, spec.env_id)]
-        memory = make_memory(model, 1, device)  # a recurrent policy's states for the one copy
-        for _ in range(MAX_EPISODE_STEPS):
-            actions = policy_actions(model, arrays, device, deterministic=deterministic, memory=memory)
-            over = adapter.step({name: a[0].cpu().numpy() for name, a in actions.items()}, row)
-            if memory is not None:
-                memory.advance(arrays, np.array([over]))
-            frames.append(_frame(env, spec.env_id))
-            if over:
-                break
-        else:
-            raise EvalError(
-                f"env '{spec.env_id}' ran {MAX_EPISODE_STEPS} steps without ending the recorded episode"
-            )
+        stepper.reset(seed)
+        acting = PolicyActing(model, 1, device, deterministic=deterministic)
+        while not _steps(stepper, acting):
+            pass
     fps = float((getattr(env, "metadata", None) or {}).get("render_fps") or DEFAULT_FPS)
-    return frames, fps
+    return recording.frames, fps
 
 
 def write_video(frames: Sequence[np.ndarray], path: Path, *, fps: float) -> None:

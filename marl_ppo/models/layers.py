@@ -9,8 +9,9 @@ The first layer is computed in a cheaper, mathematically identical form:
   `W (n * g + beta) + b = (W * g) n + (W beta + b)`, so the normalized input `n` needs no gradient
   (no input-gradient matmul, no LayerNorm backward);
 - the one-hot agent id is never concatenated: its columns of `W` are added as a per-agent bias;
-- `forward_common` takes one input shared by all agents (a critic's global state) and computes the
-  first layer once per row instead of once per agent.
+- a network built with `common_input=True` reads one input shared by all agents (a critic's global
+  state), `(..., in) -> (..., A, out)`, and computes the first layer once per row instead of once per
+  agent.
 """
 
 from __future__ import annotations
@@ -81,8 +82,14 @@ class AgentMLP(nn.Module):
         orthogonal_init: bool,
         head_gain: float,
         precision: str = "fp32",
+        common_input: bool = False,
+        activate_output: bool = False,
     ) -> None:
         super().__init__()
+        self.common_input = common_input
+        """The input is one row every agent sees, `(..., in)`, rather than one per agent."""
+        self.activate_output = activate_output
+        """The output layer is a hidden layer (a recurrent network's trunk): activated like the others."""
         self.precision = precision
         """`fp32`, `bf16` (the layers' products and activations in bfloat16, see `_arithmetic`) or
         `auto` (`bf16` where the input's device computes it natively, see `resolve_precision`)."""
@@ -104,35 +111,26 @@ class AgentMLP(nn.Module):
                 layer.reset_orthogonal(math.sqrt(2.0))
             self.layers[-1].reset_orthogonal(head_gain)
 
-    def forward(self, x: torch.Tensor, *, encoded: bool = False) -> torch.Tensor:
-        """`(..., A, in) -> (..., A, out)`; `encoded`: `x` is already `encode(x)`."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """`(..., A, in) -> (..., A, out)`; with `common_input`, `(..., in) -> (..., A, out)`: every
+        agent's output for one input they all see, as if it were expanded to `(..., A, in)`."""
         weight, bias, agent_bias = self._first_layer()
-        x = x if encoded else self.encode(x)
+        x = self._normalized(x)
         with self._arithmetic(x):
-            h = stacked_linear(x, weight, bias)
-            return self._rest(h if agent_bias is None else h + agent_bias.to(h.dtype)).float()
-
-    def forward_common(self, x: torch.Tensor, *, encoded: bool = False) -> torch.Tensor:
-        """`(..., in) -> (..., A, out)`: every agent's output for one input they all see.
-
-        Equal to `forward(x.unsqueeze(-2).expand(..., A, in))`, with the normalization and the
-        first layer computed once per row rather than once per agent.
-        """
-        weight, bias, agent_bias = self._first_layer()
-        x = x if encoded else self.encode(x)
-        agents = self.num_agents
-        with self._arithmetic(x):
+            if not self.common_input:
+                h = stacked_linear(x, weight, bias)
+                return self._output(self._rest(h if agent_bias is None else h + agent_bias.to(h.dtype)))
             if self.layers[0].copies == 1:
                 h = F.linear(x, weight.squeeze(0), bias.squeeze(0)).unsqueeze(-2)
                 if agent_bias is not None:
                     h = h + agent_bias.to(h.dtype)
                 else:
-                    h = h.expand(*h.shape[:-2], agents, h.shape[-1])
+                    h = h.expand(*h.shape[:-2], self.num_agents, h.shape[-1])
             else:
                 out_dim = weight.shape[1]
-                h = F.linear(x, weight.reshape(agents * out_dim, -1), bias.reshape(-1))
-                h = h.unflatten(-1, (agents, out_dim))
-            return self._rest(h).float()
+                h = F.linear(x, weight.reshape(self.num_agents * out_dim, -1), bias.reshape(-1))
+                h = h.unflatten(-1, (self.num_agents, out_dim))
+            return self._output(self._rest(h))
 
     def _arithmetic(self, x: torch.Tensor) -> contextlib.AbstractContextManager[Any]:
         """With `bf16`, torch's autocast: the layers' matrix products take bfloat16 copies of their
@@ -143,10 +141,9 @@ class AgentMLP(nn.Module):
             return contextlib.nullcontext()
         return torch.autocast(x.device.type, dtype=torch.bfloat16)
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
+    def _normalized(self, x: torch.Tensor) -> torch.Tensor:
         """The input as the first layer reads it: LayerNorm without its affine (which lives in the first
-        layer's weights), or `x` unchanged. It has no parameters, so the trainer encodes a whole batch
-        once per update and passes its minibatches with `encoded=True`, row for row the same numbers."""
+        layer's weights), or `x` unchanged. Row by row, so a minibatch's rows equal the whole batch's."""
         return F.layer_norm(x, x.shape[-1:]) if self.norm_weight is not None else x
 
     def _first_layer(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -154,13 +151,18 @@ class AgentMLP(nn.Module):
         `(A, out)` per-agent bias standing in for the one-hot agent id (None without ids)."""
         first, in_dim = self.layers[0], self.in_dim
         weight, bias = first.weight[..., :in_dim], first.bias
-        if self.norm_weight is not None:
+        if self.norm_weight is not None and self.norm_bias is not None:
             bias = bias + (weight @ self.norm_bias.unsqueeze(-1)).squeeze(-1)
             weight = weight * self.norm_weight.unsqueeze(1)
         # contiguous: a transposed (A, out) bias made each broadcast add slow and gave its output an
         # agent-innermost layout, which the next layer then copied back and the tanh passes crossed
         agent_bias = first.weight[0, :, in_dim:].T.contiguous() if self.add_agent_id else None
         return weight, bias, agent_bias
+
+    def _output(self, h: torch.Tensor) -> torch.Tensor:
+        """The last layer's output in float32, activated where it is a hidden layer."""
+        h = h.float()
+        return self.activation(h) if self.activate_output else h
 
     def _rest(self, h: torch.Tensor) -> torch.Tensor:
         """The layers after the first, on the first layer's pre-activation `(..., A, hidden)`."""

@@ -6,10 +6,10 @@ and i, f, g, o). torch has no cell batched over per-agent weights (`torch.func.v
 falls back to a loop), so the two products per step are `stacked_linear`'s batched ones, and the
 input product is taken once for the whole sequence, outside the time loop.
 
-`unroll` steps a sequence `(L, B, A, in)` from a state `(B, A, S)`: at each step the state is set to
+`forward` steps a sequence `(L, B, A, in)` from a state `(B, A, S)`: at each step the state is set to
 zero where `is_first` (an episode starts there), and it advances only where the agent acts
 (`acted`); elsewhere it is carried unchanged, so a turn-based player's state moves only on its own
-moves and an agent that appears mid-episode starts from zero. Acting is `unroll` with `L = 1`, so
+moves and an agent that appears mid-episode starts from zero. Acting is `forward` with `L = 1`, so
 collection and training compute the same thing.
 """
 
@@ -38,6 +38,22 @@ class MemoryLayout:
     """Rows of the critic's state per env copy: the group's agents, or 1 for a team critic."""
     critic_size: int
     """Numbers in one row's critic state (0: feed-forward critic)."""
+
+
+class Stateless(nn.Module):
+    """The core of a feed-forward network: its carry is empty and passes through unchanged, so
+    feed-forward and recurrent networks are called the same way."""
+
+    def forward(
+        self, x: torch.Tensor, state: torch.Tensor, is_first: torch.Tensor, acted: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`x` unchanged and the carry `state` `(B, A, 0)` unchanged."""
+        return x, state
+
+    @property
+    def state_size(self) -> int:
+        """Numbers in one agent's carry: none."""
+        return 0
 
 
 class StackedRecurrent(nn.Module):
@@ -94,7 +110,7 @@ class StackedRecurrent(nn.Module):
         c = torch.sigmoid(gate_f) * state[..., hidden:] + torch.sigmoid(gate_i) * torch.tanh(gate_g)
         return torch.cat([torch.sigmoid(gate_o) * torch.tanh(c), c], dim=-1)
 
-    def unroll(
+    def forward(
         self, x: torch.Tensor, state: torch.Tensor, is_first: torch.Tensor, acted: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Outputs `(L, B, A, hidden)` and the state after the last step `(B, A, S)`.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import NamedTuple
 
 import gymnasium as gym
@@ -16,7 +16,7 @@ from marl_ppo.envs.spec import GroupSpec, TeamSpec
 from marl_ppo.models.distributions import ActionDistribution, head_size, make_distribution
 from marl_ppo.models.encoders import CnnShape, FeatureEncoder
 from marl_ppo.models.layers import AgentMLP, StackedLinear
-from marl_ppo.models.recurrent import MemoryLayout, StackedRecurrent
+from marl_ppo.models.recurrent import MemoryLayout, StackedRecurrent, Stateless
 from marl_ppo.models.value_norm import ValueNorm
 
 CriticInput = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -51,6 +51,8 @@ def _mlp(
     shared: bool,
     head_gain: float,
     hidden_sizes: tuple[int, ...] | None = None,
+    common_input: bool = False,
+    activate_output: bool = False,
 ) -> AgentMLP:
     return AgentMLP(
         num_agents=agents,
@@ -63,30 +65,48 @@ def _mlp(
         orthogonal_init=model.orthogonal_init,
         head_gain=head_gain,
         precision=model.precision,
+        common_input=common_input,
+        activate_output=activate_output,
     )
 
 
-class RecurrentParts(NamedTuple):
-    """A recurrent network: the MLP trunk (its last hidden layer as output), the cell and the head."""
+class NetworkParts(NamedTuple):
+    """A network as `net -> core -> head`: the MLP, the carry's core and the output layer.
 
-    trunk: AgentMLP
-    core: StackedRecurrent
-    head: StackedLinear
+    Feed-forward: the MLP ends in the output layer, the core is `Stateless` and the head the identity.
+    Recurrent: the MLP is the trunk (its last hidden layer, activated, as output), the core the cell."""
+
+    net: AgentMLP
+    core: StackedRecurrent | Stateless
+    head: StackedLinear | nn.Identity
 
 
-def _recurrent(
-    model: ModelConfig, *, agents: int, in_dim: int, out_dim: int, shared: bool, head_gain: float
-) -> RecurrentParts:
-    """trunk (the hidden layers, activated) -> recurrent cell (`model.recurrent_size`) -> linear head."""
+def _network(
+    model: ModelConfig,
+    *,
+    recurrent: bool,
+    agents: int,
+    in_dim: int,
+    out_dim: int,
+    shared: bool,
+    head_gain: float,
+    common_input: bool = False,
+) -> NetworkParts:
+    """A feed-forward MLP, or trunk (the hidden layers, activated) -> recurrent cell
+    (`model.recurrent_size`) -> linear head."""
+    sizes = dict(agents=agents, in_dim=in_dim, shared=shared, common_input=common_input)
+    if not recurrent:
+        return NetworkParts(
+            _mlp(model, **sizes, out_dim=out_dim, head_gain=head_gain), Stateless(), nn.Identity()
+        )
     copies = 1 if shared else agents
     trunk = _mlp(
         model,
-        agents=agents,
-        in_dim=in_dim,
+        **sizes,
         out_dim=model.hidden_sizes[-1],
-        shared=shared,
         head_gain=math.sqrt(2.0),  # a hidden layer: the trunk's other layers' gain
         hidden_sizes=model.hidden_sizes[:-1],
+        activate_output=True,
     )
     core = StackedRecurrent(
         model.recurrent,
@@ -98,7 +118,7 @@ def _recurrent(
     head = StackedLinear(copies, model.recurrent_size, out_dim)
     if model.orthogonal_init:
         head.reset_orthogonal(head_gain)
-    return RecurrentParts(trunk, core, head)
+    return NetworkParts(trunk, core, head)
 
 
 def _encoder(model: ModelConfig, layout: InputLayout | None, *, copies: int) -> FeatureEncoder | None:
@@ -109,7 +129,12 @@ def _encoder(model: ModelConfig, layout: InputLayout | None, *, copies: int) -> 
 
 
 class GroupActor(nn.Module):
-    """The policies of one group's agents, evaluated together on `(..., A_g, obs_dim)`."""
+    """The policies of one group's agents, evaluated together over a sequence `(L, B, A_g, ...)`.
+
+    One way in for every actor: observations, masks, the carry and the episode flags in; the action
+    distributions and the carry after the sequence out. Acting is a sequence of one step. A
+    feed-forward actor's carry is empty, `(B, A_g, 0)`, and passes through unchanged.
+    """
 
     def __init__(
         self, group: GroupSpec, model: ModelConfig, *, shared: bool, library_distributions: bool = False
@@ -121,14 +146,15 @@ class GroupActor(nn.Module):
         self.features = _encoder(model, group.obs_layout, copies=1 if shared else group.num_agents)
         """The CNN encoder of an image observation, in front of the MLP; None for a vector."""
         in_dim = group.obs_dim if self.features is None else self.features.out_dim
-        sizes = dict(agents=group.num_agents, in_dim=in_dim, out_dim=head_size(group.action_space))
-        self.core: StackedRecurrent | None = None
-        """The recurrent cell between `net` (then the trunk) and `head`; None: feed-forward."""
-        self.head: StackedLinear | None = None
-        if model.recurrent is None:
-            self.net = _mlp(model, **sizes, shared=shared, head_gain=0.01)
-        else:
-            self.net, self.core, self.head = _recurrent(model, **sizes, shared=shared, head_gain=0.01)
+        self.net, self.core, self.head = _network(
+            model,
+            recurrent=model.recurrent is not None,
+            agents=group.num_agents,
+            in_dim=in_dim,
+            out_dim=head_size(group.action_space),
+            shared=shared,
+            head_gain=0.01,
+        )
         if isinstance(group.action_space, gym.spaces.Box):
             copies = 1 if shared else group.num_agents
             self.log_std = nn.Parameter(
@@ -137,76 +163,38 @@ class GroupActor(nn.Module):
         else:
             self.log_std = None
 
-    def forward(self, obs: torch.Tensor, action_mask: torch.Tensor | None = None) -> ActionDistribution:
-        """The action distribution of every agent in the group; masked actions get probability 0."""
-        return self.forward_encoded(self.encode(obs), action_mask)
-
-    def encode(self, obs: torch.Tensor) -> torch.Tensor:
-        """The network's input for `obs` (parameter-free: see `AgentMLP.encode`); with a CNN encoder,
-        whose parameters learn, `obs` itself (the encoder runs in `forward_encoded`)."""
-        return obs if self.features is not None else self.net.encode(obs)
-
-    def forward_encoded(
-        self, encoded: torch.Tensor, action_mask: torch.Tensor | None = None
-    ) -> ActionDistribution:
-        """`forward` on `encode(obs)`."""
-        if self.core is not None:
-            raise TypeError("a recurrent actor needs its state: call unroll_encoded")
-        return self._distribution(self.net(self._mlp_input(encoded), encoded=True), action_mask)
-
-    def _mlp_input(self, encoded: torch.Tensor) -> torch.Tensor:
-        """The MLP's encoded input: `encoded` itself, or the CNN encoder's features of the raw rows."""
-        return encoded if self.features is None else self.net.encode(self.features(encoded))
-
     @property
-    def state_size(self) -> int:
-        """Numbers in one agent's recurrent state (0 for a feed-forward actor)."""
-        return 0 if self.core is None else self.core.state_size
+    def carry_size(self) -> int:
+        """Numbers in one agent's carry (0 for a feed-forward actor)."""
+        return self.core.state_size
 
-    def unroll_encoded(
+    def forward(
         self,
-        encoded: torch.Tensor,
-        action_mask: torch.Tensor | None,
-        state: torch.Tensor,
+        obs: torch.Tensor,
+        action_mask: torch.Tensor,
+        carry: torch.Tensor,
         is_first: torch.Tensor,
         acted: torch.Tensor,
     ) -> tuple[ActionDistribution, torch.Tensor]:
-        """The distributions over a sequence `(L, B, A, in)` of encoded observations, from `state`
-        `(B, A, S)`, and the state after it (see `StackedRecurrent.unroll` for `is_first` and `acted`)."""
-        outputs, state = self._unroll_outputs(encoded, state, is_first, acted)
-        return self._distribution(outputs, action_mask), state
+        """The distributions `(L, B, A)` over a sequence of observations `(L, B, A, obs_dim)` from the
+        carry `(B, A, S)`, and the carry after it. `is_first` `(L, B, A)`: the agent's episode starts
+        at the step (its carry resets first); `acted`: it acts there (its carry advances only then).
+        Masked actions (`action_mask` `(L, B, A, mask_dim)`, mask_dim 0 without masks) get probability 0."""
+        features = self.net(obs if self.features is None else self.features(obs))
+        outputs, carry = self.core(features, carry, is_first, acted)
+        return self._distribution(self.head(outputs), action_mask), carry
 
-    def step_encoded(
-        self,
-        encoded: torch.Tensor,
-        action_mask: torch.Tensor | None,
-        state: torch.Tensor,
-        is_first: torch.Tensor,
-        acted: torch.Tensor,
-    ) -> tuple[ActionDistribution, torch.Tensor]:
-        """One step of `unroll_encoded` on `(B, A, ...)` inputs: the distributions `(B, A)` and the state."""
-        outputs, state = self._unroll_outputs(
-            encoded.unsqueeze(0), state, is_first.unsqueeze(0), acted.unsqueeze(0)
-        )
-        return self._distribution(outputs[0], action_mask), state
-
-    def _unroll_outputs(
-        self, encoded: torch.Tensor, state: torch.Tensor, is_first: torch.Tensor, acted: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        features = self.net.activation(self.net(self._mlp_input(encoded), encoded=True))
-        outputs, state = self.core.unroll(features, state, is_first, acted)
-        return self.head(outputs), state
-
-    def _distribution(self, output: torch.Tensor, action_mask: torch.Tensor | None) -> ActionDistribution:
-        if action_mask is not None and action_mask.shape[-1] == 0:
-            action_mask = None
+    def _distribution(self, output: torch.Tensor, action_mask: torch.Tensor) -> ActionDistribution:
+        mask = None if action_mask.shape[-1] == 0 else action_mask
         return make_distribution(
-            self.action_space, output, self.log_std, action_mask, library=self.library_distributions
+            self.action_space, output, self.log_std, mask, library=self.library_distributions
         )
 
 
 class GroupCritic(nn.Module):
-    """Per-agent values of one group from the configured input (`state`, `state+obs`, `obs` or `team`)."""
+    """Per-agent values of one group from the configured input (`state`, `state+obs`, `obs` or `team`),
+    over a sequence `(L, B, ...)`, called as `GroupActor` is: inputs, carry and flags in, values and
+    the carry after the sequence out (an empty carry for a feed-forward critic)."""
 
     def __init__(
         self,
@@ -225,73 +213,57 @@ class GroupCritic(nn.Module):
         """One value per env step, V(state), given to every agent of the group: one network without an
         agent id, run once per row."""
         self.common_input = kind in ("state", "team")
-        """Every agent's critic sees the same input: its first layer runs once per row (`forward_common`)."""
+        """Every agent's critic sees the same input: its first layer runs once per row (`AgentMLP`'s
+        `common_input`)."""
         self.state_dim = state_dim
         self.images = CriticImages.build(kind, group, state_layout, model, shared=shared or self.team)
         """The CNN encoders of the critic's image inputs; None where its inputs hold no image."""
         in_dim = width(group, state_dim) if self.images is None else self.images.out_dim
-        sizes = dict(agents=1 if self.team else group.num_agents, in_dim=in_dim, out_dim=1)
-        self.core: StackedRecurrent | None = None
-        """The recurrent cell between `net` (then the trunk) and `head`; None: feed-forward."""
-        self.head: StackedLinear | None = None
-        if model.critic_recurrent:
-            self.net, self.core, self.head = _recurrent(model, **sizes, shared=shared, head_gain=1.0)
-        else:
-            self.net = _mlp(model, **sizes, shared=shared, head_gain=1.0)
-
-    def forward(self, state: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
-        """Values in the critic's (possibly normalized) units, `(..., A_g)`."""
-        return self.forward_encoded(self.encode(state, obs))
-
-    def encode(self, state: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
-        """The network's input (parameter-free: see `AgentMLP.encode`): `(..., state_dim)` for a
-        `state` or `team` critic, whose first layer runs once per row, else `(..., A_g, in)`. With CNN
-        encoders, the raw inputs in one tensor (see `CriticImages.join`)."""
-        if self.images is not None:
-            return self.images.join(state, obs)
-        return self.net.encode(state if self.common_input else self.build_input(state, obs))
-
-    def forward_encoded(self, encoded: torch.Tensor) -> torch.Tensor:
-        """`forward` on `encode(state, obs)`."""
-        if self.core is not None:
-            raise TypeError("a recurrent critic needs its state: call unroll_encoded")
-        return self._per_agent(self._trunk(encoded).squeeze(-1))
+        self.net, self.core, self.head = _network(
+            model,
+            recurrent=model.critic_recurrent,
+            agents=1 if self.team else group.num_agents,
+            in_dim=in_dim,
+            out_dim=1,
+            shared=shared,
+            head_gain=1.0,
+            common_input=self.common_input if self.images is None else self.images.common,
+        )
 
     @property
-    def state_rows(self) -> int:
-        """Rows of recurrent state per env copy: the group's agents, or 1 for a team critic."""
+    def carry_rows(self) -> int:
+        """Rows of carry per env copy: the group's agents, or 1 for a team critic."""
         return 1 if self.team else self.num_agents
 
     @property
-    def state_size(self) -> int:
-        """Numbers in one row's recurrent state (0 for a feed-forward critic)."""
-        return 0 if self.core is None else self.core.state_size
+    def carry_size(self) -> int:
+        """Numbers in one row's carry (0 for a feed-forward critic)."""
+        return self.core.state_size
 
-    def unroll_encoded(
-        self, encoded: torch.Tensor, state: torch.Tensor, is_first: torch.Tensor, acted: torch.Tensor
+    def forward(
+        self,
+        state: torch.Tensor,
+        obs: torch.Tensor,
+        carry: torch.Tensor,
+        is_first: torch.Tensor,
+        acted: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Values `(L, B, A)` over a sequence of encoded inputs from `state` `(B, rows, S)`, and the
-        state after it. A team critic's one row starts afresh where every agent's episode starts and
-        advances where any agent acts. A feed-forward critic returns `state` unchanged."""
-        if self.core is None:
-            return self.forward_encoded(encoded), state
+        """Values `(L, B, A)` in the critic's (possibly normalized) units over a sequence of states
+        `(L, B, state_dim)` and observations `(L, B, A, obs_dim)`, from the carry `(B, rows, S)`, and
+        the carry after it. A team critic's one row starts afresh where every agent's episode starts
+        and advances where any agent acts."""
         if self.team:
             is_first, acted = is_first.all(-1, keepdim=True), acted.any(-1, keepdim=True)
-        features = self.net.activation(self._trunk(encoded))
-        outputs, state = self.core.unroll(features, state, is_first, acted)
-        return self._per_agent(self.head(outputs).squeeze(-1)), state
+        outputs, carry = self.core(self.net(self._features(state, obs)), carry, is_first, acted)
+        return self._per_agent(self.head(outputs).squeeze(-1)), carry
 
-    def _trunk(self, encoded: torch.Tensor) -> torch.Tensor:
-        """The MLP on the encoded input (through the CNN encoders first, where there are images),
-        `(..., A or 1, out)`."""
-        if self.images is not None:
-            features = self.net.encode(self.images(encoded))
-            if self.images.common:
-                return self.net.forward_common(features.squeeze(-2), encoded=True)
-            return self.net(features, encoded=True)
-        if not self.common_input:
-            return self.net(encoded, encoded=True)
-        return self.net.forward_common(encoded, encoded=True)
+    def _features(self, state: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        """The MLP's input: the state alone where every agent's critic sees it (`(..., state_dim)`),
+        else per agent `(..., A, in)`; with images, the CNN encoders' features."""
+        if self.images is None:
+            return state if self.common_input else self.build_input(state, obs)
+        features = self.images(self.images.join(state, obs))
+        return features.squeeze(-2) if self.images.common else features
 
     def _per_agent(self, values: torch.Tensor) -> torch.Tensor:
         # a team value, (..., 1), is broadcast to the agents: their gradients sum into it
@@ -440,14 +412,12 @@ class TeamModel(nn.Module):
     @property
     def recurrent(self) -> bool:
         """Whether the actors (and perhaps the critics) carry a recurrent state."""
-        return any(actor.core is not None for actor in self.actors)
+        return any(actor.carry_size > 0 for actor in self.actors)
 
     def memory_layout(self) -> dict[str, MemoryLayout]:
-        """Per group, the sizes of the recurrent states a rollout stores (empty without recurrence)."""
-        if not self.recurrent:
-            return {}
+        """Per group, the sizes of the carries a rollout stores (zero for feed-forward networks)."""
         return {
-            name: MemoryLayout(nets.actor.state_size, nets.critic.state_rows, nets.critic.state_size)
+            name: MemoryLayout(nets.actor.carry_size, nets.critic.carry_rows, nets.critic.carry_size)
             for name, nets in self._groups.items()
         }
 
@@ -458,20 +428,3 @@ class TeamModel(nn.Module):
     def group(self, name: str) -> GroupNetworks:
         """The actor, critic and value normalizer of group `name`."""
         return self._groups[name]
-
-    def distributions(
-        self, obs: Mapping[str, torch.Tensor], masks: Mapping[str, torch.Tensor | None]
-    ) -> dict[str, ActionDistribution]:
-        """Per group, one distribution over its agents, respecting the group's action masks."""
-        return {name: nets.actor(obs[name], masks[name]) for name, nets in self._groups.items()}
-
-    def raw_values(self, state: torch.Tensor, obs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Critic outputs per group, in normalized units when value_norm is on."""
-        return {name: nets.critic(state, obs[name]) for name, nets in self._groups.items()}
-
-    def values(self, state: torch.Tensor, obs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Critic values per group in return units."""
-        return {
-            name: nets.value_norm.denormalize(nets.critic(state, obs[name]))
-            for name, nets in self._groups.items()
-        }

@@ -87,8 +87,8 @@ class GroupStorage:
 
 @dataclass(frozen=True)
 class GroupMemory:
-    """One group's recurrent inputs: `(E, ...)` for one step as the collector records it, `(T, E, ...)`
-    stored. Only recurrent networks have them."""
+    """One group's carries and episode flags: `(E, ...)` for one step as the collector records it,
+    `(T, E, ...)` stored. A feed-forward network's carries are empty (size 0)."""
 
     is_first: ArrayLike
     """`(..., A_g)` bool: the agent's episode starts at this step (its state is reset before the step:
@@ -127,22 +127,28 @@ class RolloutBuffer:
         device: torch.device | str = "cpu",
         memory: Mapping[str, MemoryLayout] | None = None,
     ) -> None:
-        """`memory` (`TeamModel.memory_layout()`): per group, the recurrent states to store; none for
-        feed-forward networks."""
+        """`memory` (`TeamModel.memory_layout()`): per group, the sizes of the carries to store; None:
+        a feed-forward network's empty carries."""
         self.spec = spec
         self.steps = steps
         self.num_envs = num_envs
         self.device = torch.device(device)
         self.groups = {g.name: GroupStorage.allocate(g, steps, num_envs, self.device) for g in spec.groups}
         self.memory = {
-            g.name: GroupMemory.allocate(g, memory[g.name], (steps, num_envs), self.device)
+            g.name: GroupMemory.allocate(
+                g,
+                MemoryLayout(0, g.num_agents, 0) if memory is None else memory[g.name],
+                (steps, num_envs),
+                self.device,
+            )
             for g in spec.groups
-            if memory
         }
-        """Per group, the recurrent inputs of each step (empty for feed-forward networks)."""
+        """Per group, the carries and episode flags of each step."""
         self.state = torch.zeros(
             (steps, num_envs, spec.state_dim), dtype=_DTYPES[spec.state_dtype.name], device=self.device
         )
+        self.episode_over = torch.zeros((steps, num_envs), dtype=torch.bool, device=self.device)
+        """`(T, E)`: the copy's episode ended at this step (the team critic's episode ends there too)."""
         self.pos = 0
 
     @property
@@ -158,20 +164,19 @@ class RolloutBuffer:
         self,
         state: ArrayLike,
         groups: Mapping[str, GroupStep],
-        memory: Mapping[str, GroupMemory] | None = None,
+        memory: Mapping[str, GroupMemory],
+        *,
+        episode_over: ArrayLike,
     ) -> None:
-        """Write one step of every env: team `state` `(E, S)`, every group's step record and, for
-        recurrent networks, every group's memory record."""
-        if bool(memory) != bool(self.memory):
-            raise ValueError(
-                "RolloutBuffer.add: memory records must be given exactly when the buffer stores them"
-            )
+        """Write one step of every env: team `state` `(E, S)`, every group's step and memory records,
+        and `episode_over` `(E,)` (the copy's episode ended at this step)."""
         if self.full:
             raise BufferFull(
                 f"rollout buffer holds {self.steps} steps and is full; call reset() before adding more"
             )
         t = self.pos
         self.state[t].copy_(_tensor(state))
+        self.episode_over[t].copy_(_tensor(episode_over))
         for name, storage in self.groups.items():
             step = groups[name]
             for field in _STEP_FIELDS:
@@ -182,11 +187,11 @@ class RolloutBuffer:
         self.pos += 1
 
     def tensors(self) -> list[torch.Tensor]:
-        """Every `(T, E, ...)` tensor of the buffer, in a fixed order (the state, then group by group,
-        then the recurrent memory group by group)."""
+        """Every `(T, E, ...)` tensor of the buffer, in a fixed order (the state, the episode ends, then
+        group by group, then the recurrent memory group by group)."""
         stored = [tensor for storage in self.groups.values() for tensor in storage.tensors()]
         memory = [tensor for record in self.memory.values() for tensor in record.tensors()]
-        return [self.state, *stored, *memory]
+        return [self.state, self.episode_over, *stored, *memory]
 
 
 def _tensor(value: ArrayLike) -> torch.Tensor:

@@ -1,9 +1,9 @@
-"""The only loop that calls `env.step`: fills a RolloutBuffer with one rollout of every env copy."""
+"""The collector: fills a RolloutBuffer with one rollout of every env copy, stepping them through the
+one stepping loop (`rollout.stepper`) and storing each step as it goes."""
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any
 
 import numpy as np
@@ -11,46 +11,45 @@ import torch
 
 from marl_ppo.envs.spec import TeamArrays
 from marl_ppo.envs.vector.base import VectorEnv
+from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import GroupStep, RolloutBuffer
-from marl_ppo.rollout.memory import RecurrentMemory
-from marl_ppo.rollout.source import EpisodeRecord, Policy, RolloutResult
+from marl_ppo.rollout.memory import make_memory
+from marl_ppo.rollout.source import EpisodeRecord, RolloutResult
+from marl_ppo.rollout.stepper import Stepper, to_tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class _Acted:
+    """What the policy read and chose at the step being taken: the buffer stores it once the step's
+    rewards and flags are in."""
+
+    state: torch.Tensor
+    obs: dict[str, torch.Tensor]
+    alive: dict[str, torch.Tensor]
+    masks: dict[str, torch.Tensor]
+    actions: dict[str, torch.Tensor]
+    logp: dict[str, torch.Tensor]
+    values: dict[str, torch.Tensor]
 
 
 class Collector:
     """Runs the policy in the vector env, keeping per-episode return accounting across rollouts."""
 
-    def __init__(
-        self,
-        venv: VectorEnv,
-        model: Policy,
-        device: torch.device,
-        memory: RecurrentMemory | None = None,
-    ) -> None:
-        """`memory`: the live states of a recurrent policy over the venv's copies (`make_memory`);
-        None for feed-forward networks."""
+    def __init__(self, venv: VectorEnv, model: TeamModel, device: torch.device) -> None:
         self.venv = venv
-        self.model = model
         self.device = device
-        self.memory = memory
-        spec = venv.spec
-        # column of each group's agents in the team's agent order, for per-agent returns
-        self._tensor_io = venv.tensor_io
-        where = venv.arrays.state.device if self._tensor_io else torch.device("cpu")
-        self._columns = {
-            g.name: torch.tensor([spec.agents.index(a) for a in g.agents], device=where) for g in spec.groups
-        }
-        self._returns = torch.zeros((venv.num_envs, spec.num_agents), dtype=torch.float64, device=where)
-        self._lengths = torch.zeros(venv.num_envs, dtype=torch.int64, device=where)
+        self.memory = make_memory(model, venv.num_envs, device)
+        """The policy's live carries over the venv's copies."""
+        self.stepper = Stepper(venv)
         self.env_steps = 0
         """Env steps taken so far over all copies (one per copy per step)."""
+        self._buffer: RolloutBuffer | None = None
+        self._acted: _Acted | None = None
 
     def start(self, seed: int) -> None:
         """Reset every env copy (env i gets `seed + i`) and clear episode accounting."""
-        self.venv.reset(seed)
-        if self.memory is not None:
-            self.memory.start()
-        self._returns[:] = 0.0
-        self._lengths[:] = 0
+        self.stepper.reset(seed)
+        self.memory.start()
 
     def close(self) -> None:
         """Close the vector env."""
@@ -66,119 +65,93 @@ class Collector:
 
     def state_dict(self) -> dict[str, Any]:
         """Counters, the unfinished episodes' returns and lengths, and the env arrays the next step reads."""
-        state = {
+        return {
             "env_steps": self.env_steps,
-            "returns": self._returns.cpu().clone(),
-            "lengths": self._lengths.cpu().clone(),
+            **self.stepper.state_dict(),
             "arrays": _arrays_state(self.venv.arrays),
+            "memory": self.memory.state_dict(),  # the carries the next step reads
         }
-        if self.memory is not None:  # the recurrent states the next step reads
-            state["memory"] = self.memory.state_dict()
-        return state
 
     def load_state_dict(self, state: dict[str, Any], *, episodes: bool = True) -> None:
         """Restore `state_dict()`; `episodes=False` keeps only the step counter (the envs were reset instead)."""
         self.env_steps = int(state["env_steps"])
         if not episodes:
             return
-        self._returns.copy_(state["returns"])
-        self._lengths.copy_(state["lengths"])
+        self.stepper.load_state_dict(state)
         _load_arrays(self.venv.arrays, state["arrays"])
-        if self.memory is not None:
-            self.memory.load_state_dict(state["memory"])
-
-    def _to_torch(self, array: np.ndarray | torch.Tensor) -> torch.Tensor:
-        """A copy on the learner's device (env arrays are overwritten by the next step)."""
-        if isinstance(array, torch.Tensor):
-            return array.to(self.device, copy=True)
-        return torch.from_numpy(array.copy()).to(self.device)
+        self.memory.load_state_dict(state["memory"])
 
     @torch.no_grad()
     def collect(self, buffer: RolloutBuffer, *, ahead: bool = True) -> RolloutResult:
         """Fill `buffer` (which must be empty) with `buffer.steps` steps of every env. `ahead` (whether
         the run needs another rollout) matters only to collectors that run ahead of the learner."""
-        arrays = self.venv.arrays
         result = RolloutResult()
-        while not buffer.full:
-            groups = arrays.groups
-            obs = {name: self._to_torch(group.obs) for name, group in groups.items()}
-            alive = {name: self._to_torch(group.alive) for name, group in groups.items()}
-            masks = {name: self._to_torch(group.action_mask) for name, group in groups.items()}
-            state = self._to_torch(arrays.state)
-            memory = self.memory
-            dists = (
-                self.model.distributions(obs, masks)
-                if memory is None
-                else memory.distributions(obs, masks, alive)
-            )
-            actions = {name: dist.sample() for name, dist in dists.items()}
-            logp = {name: dist.log_prob(actions[name]) for name, dist in dists.items()}
-            values = self.model.values(state, obs) if memory is None else memory.values(state, obs, alive)
-            sent = actions if self._tensor_io else {name: a.cpu().numpy() for name, a in actions.items()}
-            started = time.perf_counter()
-            self.venv.step(sent)
-            result.env_seconds += time.perf_counter() - started
-            if any(group.truncated.any() for group in groups.values()):
-                final_obs = {name: self._to_torch(group.final_obs) for name, group in groups.items()}
-                final_state = self._to_torch(arrays.final_state)
-                final_values = (
-                    self.model.values(final_state, final_obs)
-                    if memory is None
-                    else memory.final_values(
-                        final_state, final_obs
-                    )  # from the critics' states after the step
-                )
-            else:
-                final_values = {name: torch.zeros_like(v) for name, v in values.items()}
-            steps = {
-                name: GroupStep(
-                    obs=obs[name],
-                    alive=alive[name],
-                    action_mask=masks[name],
-                    actions=actions[name],
-                    logp=logp[name],
-                    values=values[name],
-                    rewards=group.reward,
-                    terminated=group.terminated,
-                    truncated=group.truncated,
-                    final_values=final_values[name],
-                )
-                for name, group in groups.items()
-            }
-            buffer.add(state, steps, None if memory is None else memory.records())
-            self._account(result)
-            if memory is not None:
-                memory.advance(arrays, self.venv.episode_over)
-        next_state = self._to_torch(arrays.state)
-        next_obs = {name: self._to_torch(g.obs) for name, g in arrays.groups.items()}
-        result.last_alive = {name: self._to_torch(g.alive) for name, g in arrays.groups.items()}
-        if self.memory is None:
-            result.last_values = self.model.values(next_state, next_obs)
-        else:
-            result.last_values = self.memory.values(next_state, next_obs, result.last_alive)
+        env_seconds = self.stepper.env_seconds
+        self._buffer = buffer
+        try:
+            while not buffer.full:
+                for episode in self.stepper.step(self):  # env_steps counts the step in `advance`
+                    result.episodes.append(self._record(episode.agent_returns, episode.length))
+        finally:
+            self._buffer, self._acted = None, None
+        result.env_seconds = self.stepper.env_seconds - env_seconds
+        arrays = self.venv.arrays
+        next_state = to_tensor(arrays.state, self.device)
+        next_obs = {name: to_tensor(g.obs, self.device) for name, g in arrays.groups.items()}
+        result.last_alive = {name: to_tensor(g.alive, self.device) for name, g in arrays.groups.items()}
+        result.last_values = self.memory.values(next_state, next_obs, result.last_alive)
         result.env_steps = buffer.steps * self.venv.num_envs
         return result
 
-    def _account(self, result: RolloutResult) -> None:
-        arrays = self.venv.arrays
-        for name, group in arrays.groups.items():
-            self._returns[:, self._columns[name]] += torch.as_tensor(
-                group.reward, device=self._returns.device
+    def act(self, arrays: TeamArrays) -> dict[str, torch.Tensor]:
+        """The stepper's `Acting`: sample every agent's action; keep what the buffer will store."""
+        groups = arrays.groups
+        obs = {name: to_tensor(group.obs, self.device) for name, group in groups.items()}
+        alive = {name: to_tensor(group.alive, self.device) for name, group in groups.items()}
+        masks = {name: to_tensor(group.action_mask, self.device) for name, group in groups.items()}
+        state = to_tensor(arrays.state, self.device)
+        dists = self.memory.distributions(obs, masks, alive)
+        actions = {name: dist.sample() for name, dist in dists.items()}
+        logp = {name: dist.log_prob(actions[name]) for name, dist in dists.items()}
+        values = self.memory.values(state, obs, alive)
+        self._acted = _Acted(state, obs, alive, masks, actions, logp, values)
+        return actions
+
+    def advance(self, arrays: TeamArrays, episode_over: np.ndarray | torch.Tensor) -> None:
+        """The stepper's `Acting`, after the env step: store the step, then carry the policy on."""
+        acted, buffer = self._acted, self._buffer
+        assert acted is not None and buffer is not None, "advance follows act within collect"
+        groups = arrays.groups
+        if any(group.truncated.any() for group in groups.values()):
+            final_obs = {name: to_tensor(group.final_obs, self.device) for name, group in groups.items()}
+            final_state = to_tensor(arrays.final_state, self.device)
+            # from the critics' carries after the step
+            final_values = self.memory.final_values(final_state, final_obs)
+        else:
+            final_values = {name: torch.zeros_like(v) for name, v in acted.values.items()}
+        steps = {
+            name: GroupStep(
+                obs=acted.obs[name],
+                alive=acted.alive[name],
+                action_mask=acted.masks[name],
+                actions=acted.actions[name],
+                logp=acted.logp[name],
+                values=acted.values[name],
+                rewards=group.reward,
+                terminated=group.terminated,
+                truncated=group.truncated,
+                final_values=final_values[name],
             )
-        self._lengths += 1
+            for name, group in groups.items()
+        }
+        buffer.add(
+            acted.state, steps, self.memory.records(), episode_over=to_tensor(episode_over, buffer.device)
+        )
         self.env_steps += self.venv.num_envs
-        over = torch.as_tensor(self.venv.episode_over, device=self._returns.device)
-        if not over.any():
-            return
-        finished = torch.nonzero(over).flatten()
-        returns = self._returns[finished].cpu().numpy()  # only finished episodes' totals, for the logs
-        lengths = self._lengths[finished].tolist()
-        for agent_returns, length in zip(returns, lengths, strict=True):
-            result.episodes.append(
-                EpisodeRecord(float(agent_returns.sum()), agent_returns, length, self.env_steps)
-            )
-        self._returns[finished] = 0.0
-        self._lengths[finished] = 0
+        self.memory.advance(arrays, episode_over)
+
+    def _record(self, agent_returns: np.ndarray, length: int) -> EpisodeRecord:
+        return EpisodeRecord(float(agent_returns.sum()), agent_returns, length, self.env_steps)
 
 
 def _arrays_state(arrays: TeamArrays) -> dict[str, Any]:

@@ -1,10 +1,11 @@
-"""The live recurrent states of E env copies while a recurrent policy acts (collector and evaluation).
+"""The live carries of E env copies while a policy acts (collector and evaluation).
 
-Per group it keeps the actors' state `(E, A_g, S)`, the critics' `(E, rows, S)` and each agent's
+Per group it keeps the actors' carry `(E, A_g, S)`, the critics' `(E, rows, S)` and each agent's
 `is_first` flag. A step reads them (`distributions`, `values`), records them as the step's
-`GroupMemory` for the buffer, and `advance` keeps the stepped states and flags the agents whose
+`GroupMemory` for the buffer, and `advance` keeps the stepped carries and flags the agents whose
 episode starts next: those that terminated or truncated, and every agent of a copy whose episode
-ended. The reset itself happens in the networks' unroll, from the flag, as it does in training.
+ended. The reset itself happens in the networks, from the flag, as it does in training. A
+feed-forward network's carry is empty (`S = 0`), so every policy acts through this one path.
 """
 
 from __future__ import annotations
@@ -25,8 +26,37 @@ def _on(value: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
     return torch.as_tensor(value, device=device)
 
 
-class RecurrentMemory:
-    """The recurrent states of `num_envs` env copies for `model`'s groups."""
+def _tensor(value: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """A live memory field (always a tensor here; the record's type also admits arrays)."""
+    assert isinstance(value, torch.Tensor)
+    return value
+
+
+class FirstStep:
+    """The distributions `(E, A)` of a one-step sequence's `(1, E, A)` ones: the step axis dropped."""
+
+    def __init__(self, dist: ActionDistribution) -> None:
+        self.dist = dist
+
+    def sample(self) -> torch.Tensor:
+        """One action per agent, `(E, A, ...)`."""
+        return self.dist.sample()[0]
+
+    def mode(self) -> torch.Tensor:
+        """The most likely action per agent."""
+        return self.dist.mode()[0]
+
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities `(E, A)` of `actions` `(E, A, ...)`."""
+        return self.dist.log_prob(actions.unsqueeze(0))[0]
+
+    def entropy(self) -> torch.Tensor:
+        """Entropies `(E, A)`."""
+        return self.dist.entropy()[0]
+
+
+class PolicyMemory:
+    """The carries and episode flags of `num_envs` env copies for `model`'s groups."""
 
     def __init__(self, model: TeamModel, num_envs: int, device: torch.device) -> None:
         self.model, self.num_envs, self.device = model, num_envs, device
@@ -35,7 +65,7 @@ class RecurrentMemory:
         self.live = {
             g.name: GroupMemory.allocate(g, self.layout[g.name], (num_envs,), device) for g in spec.groups
         }
-        """Per group the flags and the states carried into the next step."""
+        """Per group the flags and the carries into the next step."""
         self._actor_next: dict[str, torch.Tensor] = {}
         self._critic_next: dict[str, torch.Tensor] = {}
         self.start()
@@ -63,9 +93,14 @@ class RecurrentMemory:
         dists = {}
         for name, record in self.live.items():
             actor = self.model.group(name).actor
-            dists[name], self._actor_next[name] = actor.step_encoded(
-                actor.encode(obs[name]), masks[name], record.actor_state, record.is_first, alive[name]
+            dist, self._actor_next[name] = actor(
+                obs[name].unsqueeze(0),
+                masks[name].unsqueeze(0),
+                _tensor(record.actor_state),
+                _tensor(record.is_first).unsqueeze(0),
+                alive[name].unsqueeze(0),
             )
+            dists[name] = FirstStep(dist)
         return dists
 
     def values(
@@ -147,12 +182,12 @@ class RecurrentMemory:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One critic step: raw values `(E, A_g)` and the stepped state."""
         critic = self.model.group(name).critic
-        raw, stepped = critic.unroll_encoded(
-            critic.encode(state, obs).unsqueeze(0), carried, is_first.unsqueeze(0), alive.unsqueeze(0)
+        raw, stepped = critic(
+            state.unsqueeze(0), obs.unsqueeze(0), carried, is_first.unsqueeze(0), alive.unsqueeze(0)
         )
         return raw[0], stepped
 
 
-def make_memory(model: TeamModel, num_envs: int, device: torch.device) -> RecurrentMemory | None:
-    """The live states for a recurrent `model`; None for feed-forward networks."""
-    return RecurrentMemory(model, num_envs, device) if model.recurrent else None
+def make_memory(model: TeamModel, num_envs: int, device: torch.device) -> PolicyMemory:
+    """The live carries of `model` acting in `num_envs` env copies."""
+    return PolicyMemory(model, num_envs, device)

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -14,20 +13,6 @@ import numpy as np
 import torch
 
 from marl_ppo.rollout.buffer import RolloutBuffer
-
-
-class Policy(Protocol):
-    """What the collector needs from the team's networks (TeamModel provides it)."""
-
-    def distributions(
-        self, obs: Mapping[str, torch.Tensor], masks: Mapping[str, torch.Tensor | None]
-    ) -> dict[str, Any]:
-        """Per group name, the action distribution of its agents `(E, A_g)`."""
-        ...
-
-    def values(self, state: torch.Tensor, obs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Per group name, the agents' values `(E, A_g)` in return units."""
-        ...
 
 
 @dataclass

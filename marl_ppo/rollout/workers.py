@@ -30,7 +30,6 @@ from marl_ppo.envs.vector.sync import SyncVectorEnv
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.collector import Collector
-from marl_ppo.rollout.memory import make_memory
 from marl_ppo.rollout.source import EpisodeRecord, RolloutResult
 
 
@@ -79,7 +78,7 @@ class _RolloutSlice:
             cpu = torch.device("cpu")
             layout = self.model.memory_layout()  # the stored states travel in the shared buffer
             self.buffer = RolloutBuffer(venv.spec, self.shared_buffer.steps, len(envs), memory=layout)
-            self.collector = Collector(venv, self.model, cpu, make_memory(self.model, len(envs), cpu))
+            self.collector = Collector(venv, self.model, cpu)
             self.targets = [t[:, envs.start : envs.stop] for t in self.shared_buffer.tensors()]
         elif command == "reset":
             collector.start(argument + envs.start)

@@ -1,4 +1,4 @@
-"""From a config to the rollout source and the team's networks."""
+"""From a settled config (a run's plan, `run.plan`) to the rollout source and the team's networks."""
 
 from __future__ import annotations
 
@@ -7,37 +7,43 @@ import functools
 import torch
 
 from marl_ppo.config import ExperimentConfig
-from marl_ppo.envs.factory import build_vector_env, is_batched, make_adapter, resolve_vector, team_spec
+from marl_ppo.envs.factory import build_vector_env, is_batched, make_adapter, team_spec
+from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.collector import Collector
-from marl_ppo.rollout.memory import make_memory
 from marl_ppo.rollout.ray_workers import RayRolloutWorkers
 from marl_ppo.rollout.source import RolloutSource
 from marl_ppo.rollout.workers import RolloutWorkers
 
 
-def build_collector(config: ExperimentConfig, device: torch.device) -> tuple[RolloutSource, TeamModel]:
-    """The rollout collector and the team's networks: acting here, or in rollout workers (`vector: workers`, or Ray actors: `ray`)."""
-    config = resolve_vector(config)
-    if config.vector == "ray" and not is_batched(config):
-        spec = team_spec(config)
-        model = TeamModel(spec, config).to(device)
-        return RayRolloutWorkers(config, model, spec), model
-    if config.vector == "workers" and not is_batched(config):
-        spec = team_spec(config)
-        model = TeamModel(spec, config).to(device)
-        workers = RolloutWorkers(
-            functools.partial(make_adapter, config, spec),
-            functools.partial(TeamModel, spec, config),
-            model,
-            spec=spec,
-            num_envs=config.num_envs,
-            steps=config.rollout_steps,
-            num_workers=min(config.num_workers, config.num_envs),
-            policy_lag=config.policy_lag,
-            timeout_s=config.worker_timeout_s,
+def build_collector(
+    config: ExperimentConfig, device: torch.device, spec: TeamSpec | None = None
+) -> tuple[RolloutSource, TeamModel]:
+    """The rollout collector and the team's networks: acting here, or in rollout workers (`vector: workers`,
+    or Ray actors: `ray`). `config` is settled (a `RunPlan`'s); `spec` is the plan's team layout (None
+    reads it from one probe copy built here)."""
+    if config.vector == "auto":
+        raise ValueError(
+            "build_collector needs a settled config (vector=auto); build it from plan_run(config)"
         )
-        return workers, model
-    venv = build_vector_env(config, device)
-    model = TeamModel(venv.spec, config).to(device)
-    return Collector(venv, model, device, make_memory(model, config.num_envs, device)), model
+    if is_batched(config) or config.vector not in ("workers", "ray"):
+        venv = build_vector_env(config, device, spec=spec)
+        model = TeamModel(venv.spec, config).to(device)
+        return Collector(venv, model, device), model
+    if spec is None:
+        spec = team_spec(config)
+    model = TeamModel(spec, config).to(device)
+    if config.vector == "ray":
+        return RayRolloutWorkers(config, model, spec), model
+    workers = RolloutWorkers(
+        functools.partial(make_adapter, config, spec),
+        functools.partial(TeamModel, spec, config),
+        model,
+        spec=spec,
+        num_envs=config.num_envs,
+        steps=config.rollout_steps,
+        num_workers=min(config.num_workers, config.num_envs),
+        policy_lag=config.policy_lag,
+        timeout_s=config.worker_timeout_s,
+    )
+    return workers, model

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,22 +16,21 @@ from marl_ppo.algo.schedule import LrSchedule
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.checkpoint import FORMAT, periodic_path, prune_checkpoints, save_checkpoint
 from marl_ppo.config import ExperimentConfig, config_to_dict
-from marl_ppo.envs.factory import build_vector_env, is_batched, resolve_vector, team_spec
+from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.eval.evaluate import PeriodicEvaluation, eval_config
 from marl_ppo.eval.versus import periodic_evaluation
 from marl_ppo.fast.allocator import keep_freed_memory
 from marl_ppo.faults import WorkersLost
-from marl_ppo.models.encoders import has_cnn
-from marl_ppo.models.layers import resolve_device, resolve_precision
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.source import RolloutSource
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.code_record import write_code_record
-from marl_ppo.run.host import cpu_seconds, learner_threads, peak_rss_mb, rss_mb, settled_epochs
+from marl_ppo.run.host import cpu_seconds, peak_rss_mb, rss_mb
 from marl_ppo.run.logger import RunLogger
 from marl_ppo.run.memory import check_memory
+from marl_ppo.run.plan import plan_run
 from marl_ppo.run.resume import load_resumable, restore_run_state, run_state
 from marl_ppo.run.rundir import write_summary
 from marl_ppo.run.seeding import seed_everything
@@ -70,22 +68,18 @@ def train(
     called after each update (the memory benchmark samples RSS there).
     """
     run_dir = Path(run_dir)
-    config = resolve_vector(config)  # before seeding: the probe steps an env copy
-    device = resolve_device(config.device)
-    precision = resolve_precision(config.model.precision, device)  # recorded in config.yaml as chosen
-    config = dataclasses.replace(config, model=dataclasses.replace(config.model, precision=precision))
-    probed = None if is_batched(config) else team_spec(config)
-    config = settled_epochs(config, probed)  # `auto` epochs recorded in config.yaml as chosen
+    plan = plan_run(config)  # before seeding: the probe steps an env copy
+    config, device = plan.config, plan.device  # the settled choices are what config.yaml records
     saved = load_resumable(run_dir, config) if resume else None  # a bad checkpoint fails before any work
-    torch.set_num_threads(learner_threads(config))
+    torch.set_num_threads(plan.build_threads)
     if config.fast.allocator:
         keep_freed_memory()
     # before any allocation (and before touching run_dir): a run that cannot fit stops here
-    estimate = None if probed is None else check_memory(probed, config)
+    estimate = check_memory(plan)
     generator = seed_everything(config.seed)
     # before touching run_dir: a bad env leaves nothing behind
-    collector, model = build_collector(config, device)
-    torch.set_num_threads(learner_threads(config, convolutional=has_cnn(model)))
+    collector, model = build_collector(config, device, plan.spec)
+    torch.set_num_threads(plan.threads)
     spec = model.spec
     evaluation = None
     try:
@@ -94,7 +88,7 @@ def train(
         write_code_record(run_dir, resume=resume)
         trainer = Trainer(model, config.ppo, generator=generator, optimizer=config.fast.optimizer)
         if config.eval_every:  # deterministic episodes on env copies of their own, logged under eval/
-            eval_venv = build_vector_env(eval_config(config, config.eval_episodes), device)
+            eval_venv = build_vector_env(eval_config(config, config.eval_episodes), device, spec=plan.spec)
             evaluation = periodic_evaluation(config, eval_venv, model, device)
         logger = _make_logger(config, run_dir, spec, None if saved is None else saved["env_steps"])
         try:
@@ -286,7 +280,7 @@ def _one_update(
         buffer, rollout.last_values, rollout.last_alive, gamma=config.gamma, lam=config.gae_lambda, team=team
     )
     trainer.set_lr_scale(schedule.scale(collector.env_steps - rollout.env_steps))
-    stats = trainer.update(batches, lagged=config.policy_lag > 0, rollout_steps=buffer.steps)
+    stats = trainer.update(batches, lagged=config.policy_lag > 0)
     t2 = time.perf_counter()
     logger.episodes_done(rollout.episodes)
     act_s = rollout.act_seconds if rollout.act_seconds is not None else (t1 - t0) - rollout.env_seconds

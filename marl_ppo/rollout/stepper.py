@@ -1,0 +1,151 @@
+"""The one loop that steps a vector env with a policy: act -> step -> carry advance -> episode accounting.
+
+Training's collector, evaluation, the scores against a random opponent and video recording all step
+their envs through `Stepper.step`, each with its own `Acting`: the collector's samples and stores
+every step, evaluation's takes the policy's mode or a sample, the random policy's draws uniformly.
+The stepper keeps every env copy's running per-agent returns and episode length and hands back the
+episodes that ended.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from marl_ppo.envs.spec import TeamArrays
+from marl_ppo.envs.vector.base import VectorEnv
+from marl_ppo.models.team import TeamModel
+from marl_ppo.rollout.memory import PolicyMemory, make_memory
+
+
+class Acting(Protocol):
+    """A policy the stepper drives over E env copies."""
+
+    def act(self, arrays: TeamArrays) -> dict[str, torch.Tensor]:
+        """Per group, the actions `(E, A_g, ...)` for the arrays' observations."""
+        ...
+
+    def advance(self, arrays: TeamArrays, episode_over: np.ndarray | torch.Tensor) -> None:
+        """After the env step (`arrays` hold its rewards and flags): carry the policy's state on."""
+        ...
+
+
+class EpisodeLimitError(ValueError):
+    """An env copy ran `max_episode_steps` without ending an episode."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """An episode that ended at the last step."""
+
+    copy: int
+    """The env copy it ran in."""
+    agent_returns: np.ndarray
+    """`(num_agents,)` float64: each agent's return, in the team's agent order."""
+    length: int
+    """Env steps of the episode."""
+
+
+def to_tensor(value: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A copy of an env array on `device` (the env overwrites its arrays at the next step)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, copy=True)
+    return torch.from_numpy(value.copy()).to(device)
+
+
+class Stepper:
+    """Steps `venv` one step at a time with an `Acting`, keeping each copy's running returns and length."""
+
+    def __init__(self, venv: VectorEnv, *, max_episode_steps: int | None = None) -> None:
+        """`max_episode_steps`: raise EpisodeLimitError when a copy runs this long without an episode end."""
+        self.venv = venv
+        self.max_episode_steps = max_episode_steps
+        spec = venv.spec
+        self._where = venv.arrays.state.device if venv.tensor_io else torch.device("cpu")
+        # the column of each group's agents in the team's agent order, for per-agent returns
+        self._columns = {
+            g.name: torch.tensor([spec.agents.index(a) for a in g.agents], device=self._where)
+            for g in spec.groups
+        }
+        self._returns = torch.zeros((venv.num_envs, spec.num_agents), dtype=torch.float64, device=self._where)
+        self._lengths = torch.zeros(venv.num_envs, dtype=torch.int64, device=self._where)
+        self.env_seconds = 0.0
+        """Wall time spent inside the vector env's step since the last `reset`."""
+
+    def reset(self, seed: int) -> TeamArrays:
+        """Reset every env copy (copy i with `seed + i`) and clear the running returns and lengths."""
+        arrays = self.venv.reset(seed)
+        self._returns[:] = 0.0
+        self._lengths[:] = 0
+        self.env_seconds = 0.0
+        return arrays
+
+    def step(self, acting: Acting) -> list[Finished]:
+        """One step of every copy: `acting`'s actions, the env step, `acting.advance`, the accounting;
+        the episodes that ended at it, in copy order."""
+        venv = self.venv
+        actions = acting.act(venv.arrays)
+        sent = actions if venv.tensor_io else {name: a.cpu().numpy() for name, a in actions.items()}
+        started = time.perf_counter()
+        venv.step(sent)
+        self.env_seconds += time.perf_counter() - started
+        acting.advance(venv.arrays, venv.episode_over)
+        return self._account()
+
+    def _account(self) -> list[Finished]:
+        for name, group in self.venv.arrays.groups.items():
+            self._returns[:, self._columns[name]] += torch.as_tensor(group.reward, device=self._where)
+        self._lengths += 1
+        over = torch.as_tensor(self.venv.episode_over, device=self._where)
+        if self.max_episode_steps is not None and int(self._lengths.max()) >= self.max_episode_steps:
+            raise EpisodeLimitError(
+                f"env '{self.venv.spec.env_id}' ran {self.max_episode_steps} steps without ending an "
+                "episode; evaluation needs episodes that end (set a time limit in env.kwargs)"
+            )
+        if not over.any():
+            return []
+        ended = torch.nonzero(over).flatten()
+        returns = self._returns[ended].cpu().numpy()  # only the ended episodes' totals leave the device
+        lengths = self._lengths[ended].tolist()
+        self._returns[ended] = 0.0
+        self._lengths[ended] = 0
+        return [
+            Finished(int(copy), agent_returns, length)
+            for copy, agent_returns, length in zip(ended.tolist(), returns, lengths, strict=True)
+        ]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The unfinished episodes' running returns and lengths."""
+        return {"returns": self._returns.cpu().clone(), "lengths": self._lengths.cpu().clone()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore `state_dict()`."""
+        self._returns.copy_(state["returns"])
+        self._lengths.copy_(state["lengths"])
+
+
+class PolicyActing:
+    """The model's actions (its mode, or a sample), its carries kept from step to step (fresh per copy)."""
+
+    def __init__(self, model: TeamModel, copies: int, device: torch.device, *, deterministic: bool) -> None:
+        self.memory: PolicyMemory = make_memory(model, copies, device)
+        self.device, self.deterministic = device, deterministic
+
+    @torch.no_grad()
+    def act(self, arrays: TeamArrays) -> dict[str, torch.Tensor]:
+        """Per-group actions for the arrays' observations, masks respected."""
+        groups = arrays.groups
+        obs = {name: to_tensor(group.obs, self.device) for name, group in groups.items()}
+        masks = {name: to_tensor(group.action_mask, self.device) for name, group in groups.items()}
+        alive = {name: to_tensor(group.alive, self.device) for name, group in groups.items()}
+        dists = self.memory.distributions(obs, masks, alive)
+        return {name: d.mode() if self.deterministic else d.sample() for name, d in dists.items()}
+
+    def advance(self, arrays: TeamArrays, episode_over: np.ndarray | torch.Tensor) -> None:
+        """Keep the stepped carries; flag the agents whose episode starts next."""
+        self.memory.advance(arrays, episode_over)
