@@ -1,5 +1,8 @@
 """`marl-ppo reproduce`: the seeds' IQM against the experiment file's expected band, exit 1 outside."""
 
+import itertools
+import re
+
 import pytest
 import yaml
 from conftest import ROOT
@@ -194,6 +197,30 @@ def test_the_default_experiment_reproduces_a_short_band(tmp_path, capsys):
 def test_every_experiment_file_has_a_row_in_the_results_table():
     results = (ROOT / "docs/results.md").read_text()
     files = sorted(
-        path.relative_to(ROOT / "experiments").as_posix() for path in (ROOT / "experiments").glob("*/*.yaml")
+        path.relative_to(ROOT / "experiments").as_posix() for path in (ROOT / "experiments").rglob("*.yaml")
     )
-    assert files and [f for f in files if f"| `{f}` |" not in results] == []
+    assert len(files) >= 40 and [f for f in files if f"| `{f}` |" not in results] == []
+
+
+MEASURED = re.compile(r"\bIQM\b|95% CI|CPU-min|\bmin\b|\bminutes?\b|Expected result|\bseeds? \d")
+"""What a measured result reads like: an IQM, a confidence interval, a timing, per-seed figures."""
+
+
+def test_experiment_headers_say_what_runs_and_leave_the_results_to_docs_results_md():
+    # one home per result: the header names the task, how the team return is scored and the random
+    # policy's score, and points to docs/results.md; no comment in the file carries a timing
+    files = sorted((ROOT / "experiments").rglob("*.yaml"))
+    lines = {path.relative_to(ROOT).as_posix(): path.read_text().splitlines() for path in files}
+    headers = {  # the opening comment lines, joined into one line of prose
+        name: " ".join(
+            line[1:].strip() for line in itertools.takewhile(lambda line: line.startswith("#"), text)
+        )
+        for name, text in lines.items()
+    }
+    comments = {name: "\n".join(line.partition("#")[2] for line in text) for name, text in lines.items()}
+    assert len(files) >= 40
+    assert {name: found for name, header in headers.items() if (found := MEASURED.findall(header))} == {}
+    timings = re.compile(r"CPU-min|\bmin\b|\bminutes?\b")
+    assert {name: found for name, text in comments.items() if (found := timings.findall(text))} == {}
+    for needed in ("team return", "random", "docs/results.md"):
+        assert [name for name, header in headers.items() if needed not in header.lower()] == [], needed
