@@ -95,7 +95,9 @@ def test_an_agent_that_left_gets_no_loss():
     results = []
     for candidate in (batch, poisoned):
         twin = copy.deepcopy(model)
-        Trainer(twin, config.ppo, generator=torch.Generator().manual_seed(0)).update({"agent": candidate})
+        Trainer(
+            twin, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0)
+        ).update({"agent": candidate})
         results.append(twin.state_dict())
     for name, tensor in results[0].items():
         torch.testing.assert_close(results[1][name], tensor, msg=name)

@@ -91,7 +91,11 @@ def _trainer_and_batches(spread_config, on_nonfinite="error"):
     )
     model, buffer, rollout = collect_rollout(config)
     batches = rollout_batches(buffer, rollout.last_values, gamma=config.gamma, lam=config.gae_lambda)
-    return model, Trainer(model, config.ppo, generator=torch.Generator().manual_seed(0)), batches
+    return (
+        model,
+        Trainer(model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0)),
+        batches,
+    )
 
 
 def _nan_value_loss(monkeypatch):

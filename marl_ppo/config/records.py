@@ -194,6 +194,17 @@ class PPOConfig:
             train_vf_iters=epochs if self.train_vf_iters == "auto" else self.train_vf_iters,
         )
 
+    def require_settled(self) -> PPOConfig:
+        """This config, after refusing (ValueError) epochs still `auto`: PPO runs on a settled config
+        (`settled`; a run's plan settles it)."""
+        for key in ("train_pi_iters", "train_vf_iters"):
+            if getattr(self, key) == "auto":
+                raise ValueError(
+                    f"ppo.{key} is still auto; settle it first with ppo.settled(convolutional=...) "
+                    "(a run's plan, run.plan.plan_run, does)"
+                )
+        return self
+
 
 @dataclass(frozen=True, config=_STRICT)
 class LogConfig:

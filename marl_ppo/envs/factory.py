@@ -1,7 +1,8 @@
 """From a config to env copies: one adapted copy, its team layout, and the vector env of E copies.
 
 `resolve_vector` also settles `vector: auto` (in this process or in rollout workers) from the cores
-available and a short timing probe of one env step.
+available and a short timing probe of one env step. A run settles both once (`run.plan`), on one
+probe copy, and hands the layout to the builders here.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import dataclasses
 import functools
 import os
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -54,7 +56,11 @@ def make_team_env(config: ExperimentConfig) -> Any:
 
 def make_adapter(config: ExperimentConfig, spec: TeamSpec) -> ParallelEnvAdapter:
     """One env copy behind the adapter its kind needs (turn by turn for AEC envs)."""
-    env = make_team_env(config)
+    return adapt(config, spec, make_team_env(config))
+
+
+def adapt(config: ExperimentConfig, spec: TeamSpec, env: Any) -> ParallelEnvAdapter:
+    """`env`, a copy from `make_team_env`, behind the adapter its kind needs (turn by turn for AEC envs)."""
     if is_aec(env):
         return TurnBasedAdapter(env, spec)
     if config.env.skip_check_wrappers:
@@ -66,16 +72,20 @@ def make_adapter(config: ExperimentConfig, spec: TeamSpec) -> ParallelEnvAdapter
     return ParallelEnvAdapter(env, spec)
 
 
-def build_vector_env(config: ExperimentConfig, device: torch.device | None = None) -> VectorEnv:
-    """E copies of the configured env: one batched simulator, or copies in this process or in workers."""
+def build_vector_env(
+    config: ExperimentConfig, device: torch.device | None = None, *, spec: TeamSpec | None = None
+) -> VectorEnv:
+    """E copies of the configured env: one batched simulator, or copies in this process or in workers
+    (`vector: subprocess`; every other mode steps them here). `spec`: the team layout, as a run's plan
+    holds it; None reads it from one probe copy built here."""
     if is_batched(config):
         device = device or torch.device("cpu")
         make = functools.partial(
             make_env, config.env.id, num_envs=config.num_envs, device=str(device), **config.env.kwargs
         )
         return VmasVectorEnv(make(seed=config.seed), config.env.id, make_spare=make)
-    config = resolve_vector(config)
-    spec = team_spec(config)
+    if spec is None:
+        spec = team_spec(config)
     make_copy = functools.partial(make_adapter, config, spec)
     if config.vector == "subprocess":
         return SubprocessVectorEnv(
@@ -84,9 +94,10 @@ def build_vector_env(config: ExperimentConfig, device: torch.device | None = Non
     return SyncVectorEnv(make_copy, config.num_envs)
 
 
-def team_spec(config: ExperimentConfig) -> TeamSpec:
-    """The team layout (groups, spaces, state) of the configured env, from one probe copy."""
-    probe = make_team_env(config)
+def team_spec(config: ExperimentConfig, env: Any = None) -> TeamSpec:
+    """The team layout (groups, spaces, state) of the configured env, read from `env` (a fresh copy
+    from `make_team_env`, reset here and left open) or from one probe copy built and closed here."""
+    probe = make_team_env(config) if env is None else env
     spec = build_team_spec(
         probe,
         config.env.id,
@@ -95,7 +106,8 @@ def team_spec(config: ExperimentConfig) -> TeamSpec:
         state=config.env.state,
         encoder=config.model.encoder,
     )
-    probe.close()
+    if env is None:
+        probe.close()
     return spec
 
 
@@ -107,9 +119,14 @@ AUTO_SLOW_STEP_S = 2e-3
 `vector: auto` then gives each copy its own worker, up to `num_workers` and the cores."""
 
 
-def resolve_vector(config: ExperimentConfig) -> ExperimentConfig:
+def resolve_vector(
+    config: ExperimentConfig, *, step_seconds: Callable[[], float] | None = None
+) -> ExperimentConfig:
     """Replace `vector: auto` by `sync` or `workers`, from the cores available and the env's step cost
     (and set policy_lag to 0 unless the envs run in rollout workers).
+
+    `step_seconds` times one env step where the choice needs it (a run times its probe copy);
+    None times a copy built here (`probe_step_seconds`).
 
     Workers pay for themselves when there are at least two cores, enough env copies to split
     (two per worker) and an env step that costs more than the per-step bookkeeping (50 us); an env
@@ -125,7 +142,7 @@ def resolve_vector(config: ExperimentConfig) -> ExperimentConfig:
     if is_batched(config) or cores < 2 or config.num_envs < 2:
         return dataclasses.replace(config, vector="sync", policy_lag=0)
     try:
-        seconds = probe_step_seconds(config)
+        seconds = probe_step_seconds(config) if step_seconds is None else step_seconds()
     except EnvContractError:  # the run meets it too, and reports it where it happens, after its updates
         return dataclasses.replace(config, vector="sync", policy_lag=0)
     if seconds >= AUTO_WORKERS_MIN_STEP_S and config.num_envs >= 2 * workers:
@@ -140,10 +157,21 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def probe_step_seconds(config: ExperimentConfig, budget_s: float = 0.25) -> float:
-    """Typical seconds (25th percentile) of one adapter step of one env copy, with a fixed legal action."""
-    spec = team_spec(config)
-    adapter = make_adapter(config, spec)
+def probe_step_seconds(
+    config: ExperimentConfig, budget_s: float = 0.25, *, env: Any = None, spec: TeamSpec | None = None
+) -> float:
+    """Typical seconds (25th percentile) of one adapter step of one env copy, with a fixed legal action:
+    of `env` (a copy from `make_team_env` whose layout is `spec`, stepped here and left for its owner
+    to close), or of one copy built and closed here."""
+    if env is None:
+        probe = make_team_env(config)
+        try:
+            return probe_step_seconds(config, budget_s, env=probe, spec=team_spec(config, probe))
+        finally:
+            probe.close()
+    if spec is None:
+        raise ValueError("probe_step_seconds: give the probe env's spec with it (team_spec(config, env))")
+    adapter = adapt(config, spec, env)
     arrays = TeamArrays.allocate(spec)
     adapter.reset(config.seed, arrays)
     times: list[float] = []
@@ -155,7 +183,6 @@ def probe_step_seconds(config: ExperimentConfig, budget_s: float = 0.25) -> floa
         times.append(time.perf_counter() - started)
         if over:
             adapter.reset(None, arrays)
-    adapter.close()
     return float(np.percentile(times, 25))  # robust to a busy machine: preempted steps are outliers
 
 
@@ -169,5 +196,6 @@ def _first_allowed(group: GroupSpec, mask: np.ndarray) -> np.ndarray:
             return np.zeros((group.num_agents, *group.action_shape), dtype=np.int64)
         bounds = np.cumsum([0, *space.nvec.reshape(-1)])
         return np.stack([mask[:, a:b].argmax(-1) for a, b in zip(bounds[:-1], bounds[1:], strict=True)], -1)
-    middle = (np.clip(space.low, -1e6, 1e6) + np.clip(space.high, -1e6, 1e6)) / 2
+    box = cast(gym.spaces.Box, space)  # the team layout admits no other action space
+    middle = (np.clip(box.low, -1e6, 1e6) + np.clip(box.high, -1e6, 1e6)) / 2
     return np.broadcast_to(middle.reshape(-1), (group.num_agents, *group.action_shape)).astype(np.float32)

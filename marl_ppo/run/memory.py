@@ -21,6 +21,7 @@ from marl_ppo.envs.layout import InputLayout
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
 from marl_ppo.models.encoders import NO_GRAD_CHUNK, CnnShape, conv_activation_floats
 from marl_ppo.models.team import TeamModel
+from marl_ppo.run.plan import RunPlan
 
 PROCESS_BYTES = 300 * 2**20
 """Resident memory of one process before the run allocates (Python, torch, NumPy, an env copy)."""
@@ -115,8 +116,8 @@ def available_memory() -> int | None:
     try:
         import psutil
     except ImportError:
-        psutil = None
-    if psutil is not None:
+        pass
+    else:
         return int(psutil.virtual_memory().available)
     try:
         with open("/proc/meminfo") as handle:
@@ -128,9 +129,13 @@ def available_memory() -> int | None:
     return None
 
 
-def check_memory(spec: TeamSpec, config: ExperimentConfig) -> MemoryEstimate:
-    """The estimate, after refusing (ConfigError, exit 2) a run that would need more than is available."""
-    estimate = estimate_memory(spec, config)
+def check_memory(plan: RunPlan) -> MemoryEstimate | None:
+    """The planned run's estimate, after refusing (ConfigError, exit 2) a run that would need more than
+    is available; None for a batched simulator (VMAS), whose layout is known only once it is built."""
+    if plan.spec is None:
+        return None
+    config = plan.config
+    estimate = estimate_memory(plan.spec, config)
     available = available_memory()
     if config.memory_check and available is not None and estimate.total > available:
         raise ConfigError(
