@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from marl_ppo.algo.gae import CopyEpisodes, acts_at_final, compute_gae, copy_episodes, fold_turns, team_steps
@@ -81,18 +80,12 @@ def build_batches(
             advantages=flat(advantages[name]),
             returns=flat(returns[name]),
             alive=flat(alive.get(name, storage.alive)),
-            is_first=flat(_stored(memory.is_first)),
+            is_first=flat(memory.is_first),
             acted=flat(storage.alive),
-            actor_carry=flat(_stored(memory.actor_state)),
-            critic_carry=flat(_stored(memory.critic_state)),
+            actor_carry=flat(memory.actor_state),
+            critic_carry=flat(memory.critic_state),
         )
     return batches
-
-
-def _stored(value: torch.Tensor | np.ndarray) -> torch.Tensor:
-    """A buffer's memory field (always a tensor there; the record's type also admits arrays)."""
-    assert isinstance(value, torch.Tensor)
-    return value
 
 
 def rollout_batches(

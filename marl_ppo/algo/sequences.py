@@ -82,17 +82,20 @@ class Sequences:
         def steps(tensor: torch.Tensor) -> torch.Tensor:
             return torch.index_select(tensor, 1, index)
 
-        inputs = Inputs(**{f.name: steps(getattr(self.inputs, f.name)) for f in dataclasses.fields(Inputs)})
-        per_step = {
-            f.name: steps(getattr(self, f.name))
-            for f in dataclasses.fields(self)
-            if f.name not in ("inputs", "actor_carry", "critic_carry")
-        }
         return Sequences(
-            inputs=inputs,
+            inputs=Inputs(
+                **{f.name: steps(getattr(self.inputs, f.name)) for f in dataclasses.fields(Inputs)}
+            ),
             actor_carry=torch.index_select(self.actor_carry, 0, index),
             critic_carry=torch.index_select(self.critic_carry, 0, index),
-            **per_step,
+            actions=steps(self.actions),
+            alive=steps(self.alive),
+            advantages=steps(self.advantages),
+            returns=steps(self.returns),
+            logp_old=steps(self.logp_old),
+            logp_ref=steps(self.logp_ref),
+            value_ref=steps(self.value_ref),
+            weight=steps(self.weight),
         )
 
 

@@ -157,14 +157,15 @@ class Trainer:
         critic finishes its epochs.
         """
         ppo = self.ppo
+        pi_iters, vf_iters = _settled(ppo.train_pi_iters), _settled(ppo.train_vf_iters)
         policy_active, pi_epochs, pi_steps = True, 0, 0
-        for epoch in range(max(ppo.train_pi_iters, ppo.train_vf_iters)):
-            train_vf = epoch < ppo.train_vf_iters
-            if not (train_vf or (policy_active and epoch < ppo.train_pi_iters)):
+        for epoch in range(max(pi_iters, vf_iters)):
+            train_vf = epoch < vf_iters
+            if not (train_vf or (policy_active and epoch < pi_iters)):
                 break
             begun = False
             for k, minibatch in enumerate(chunk_minibatches(batches, ppo.num_minibatches, self.generator)):
-                train_pi = policy_active and epoch < ppo.train_pi_iters
+                train_pi = policy_active and epoch < pi_iters
                 if not (train_pi or train_vf):
                     break
                 trained_pi, stepped = self._step(
@@ -196,7 +197,7 @@ class Trainer:
         ppo = self.ppo
         loss_pi = torch.zeros(())
         loss_v = torch.zeros(())
-        diagnostics = {}
+        diagnostics: dict[str, dict[str, torch.Tensor]] = {}
         for name, batch in batches.items():
             actor, critic, _ = self.model.group(name)
             count = mask_count(batch.alive)  # one divisor for the group's five means
@@ -258,7 +259,8 @@ class Trainer:
             return False, False
         self.actor_optimizer.zero_grad()
         self.critic_optimizer.zero_grad()
-        total = (loss_pi if train_pi else 0.0) + (loss_v if train_vf else 0.0)
+        terms = [loss for loss, on in ((loss_pi, train_pi), (loss_v, train_vf)) if on]
+        total = terms[0] if len(terms) == 1 else terms[0] + terms[1]
         total.backward()
         checked = [total.detach().reshape(1)]
         if train_pi:
@@ -324,6 +326,7 @@ class Trainer:
 def _policy(actor: GroupActor, batch: Sequences) -> ActionDistribution:
     """The actor's distributions over a batch's sequences, each chunk from its stored carry."""
     inputs = batch.inputs
+    dist: ActionDistribution
     dist, _ = actor(inputs.obs, inputs.action_mask, batch.actor_carry, inputs.is_first, inputs.acted)
     return dist
 
@@ -331,8 +334,15 @@ def _policy(actor: GroupActor, batch: Sequences) -> ActionDistribution:
 def _critic_values(critic: GroupCritic, batch: Sequences) -> torch.Tensor:
     """The critic's outputs over a batch's sequences (as in `_policy`)."""
     inputs = batch.inputs
+    values: torch.Tensor
     values, _ = critic(inputs.state, inputs.obs, batch.critic_carry, inputs.is_first, inputs.acted)
     return values
+
+
+def _settled(epochs: int | str) -> int:
+    """Epochs of a settled config (the trainer is given no `auto`, see `PPOConfig.require_settled`)."""
+    assert isinstance(epochs, int), f"epochs still {epochs!r}"
+    return epochs
 
 
 _ADVANTAGE_NORMS = {"group": normalize_advantages, "agent": normalize_advantages_per_agent}

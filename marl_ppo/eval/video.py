@@ -195,4 +195,4 @@ def _write_mp4(frames: Sequence[np.ndarray], path: Path, fps: float) -> None:
     with imageio.get_writer(path, fps=fps, codec="libx264", macro_block_size=2) as writer:
         for frame in frames:
             height, width = frame.shape[0] // 2 * 2, frame.shape[1] // 2 * 2  # H.264 needs even sizes
-            writer.append_data(frame[:height, :width])
+            writer.append_data(frame[:height, :width])  # type: ignore[attr-defined]  # imageio's v2 writer, untyped

@@ -102,14 +102,15 @@ class AgentMLP(nn.Module):
         self.norm_weight = nn.Parameter(torch.ones(copies, in_dim)) if use_norm else None
         self.norm_bias = nn.Parameter(torch.zeros(copies, in_dim)) if use_norm else None
         sizes = [width, *hidden_sizes, out_dim]
-        self.layers = nn.ModuleList(
-            StackedLinear(copies, a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True)
-        )
+        linears = [StackedLinear(copies, a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True)]
+        self.layers = nn.ModuleList(linears)
+        self._linears = tuple(linears)
+        """The same layers, typed (plain references; the ModuleList registers them)."""
         self.activation = _ACTIVATIONS[activation]
         if orthogonal_init:
-            for layer in self.layers[:-1]:
+            for layer in linears[:-1]:
                 layer.reset_orthogonal(math.sqrt(2.0))
-            self.layers[-1].reset_orthogonal(head_gain)
+            linears[-1].reset_orthogonal(head_gain)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`(..., A, in) -> (..., A, out)`; with `common_input`, `(..., in) -> (..., A, out)`: every
@@ -120,7 +121,7 @@ class AgentMLP(nn.Module):
             if not self.common_input:
                 h = stacked_linear(x, weight, bias)
                 return self._output(self._rest(h if agent_bias is None else h + agent_bias.to(h.dtype)))
-            if self.layers[0].copies == 1:
+            if self._linears[0].copies == 1:
                 h = F.linear(x, weight.squeeze(0), bias.squeeze(0)).unsqueeze(-2)
                 if agent_bias is not None:
                     h = h + agent_bias.to(h.dtype)
@@ -149,8 +150,9 @@ class AgentMLP(nn.Module):
     def _first_layer(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The first layer's effective `(copies, out, in)` weights and `(copies, out)` biases, and the
         `(A, out)` per-agent bias standing in for the one-hot agent id (None without ids)."""
-        first, in_dim = self.layers[0], self.in_dim
-        weight, bias = first.weight[..., :in_dim], first.bias
+        first, in_dim = self._linears[0], self.in_dim
+        weight: torch.Tensor = first.weight[..., :in_dim]
+        bias: torch.Tensor = first.bias
         if self.norm_weight is not None and self.norm_bias is not None:
             bias = bias + (weight @ self.norm_bias.unsqueeze(-1)).squeeze(-1)
             weight = weight * self.norm_weight.unsqueeze(1)
@@ -183,7 +185,7 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 def native_bf16(device: torch.device) -> bool:
     """Whether `device` has bfloat16 matrix instructions (emulated bfloat16 is slower than float32)."""
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported(including_emulation=False)
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
     if device.type == "cpu":
         checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch's own CPU probes
         return any(getattr(torch.cpu, name, lambda: False)() for name in checks)

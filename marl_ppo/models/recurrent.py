@@ -16,6 +16,7 @@ collection and training compute the same thing.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -119,6 +120,7 @@ class StackedRecurrent(nn.Module):
         and `acted` `(L, B, A)` bools. The output at a step is the cell's on the reset state, also
         where the agent does not act (no loss reads it there).
         """
+        step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
         if self.library_cell:
             step = self._torch_step
             inputs = x
@@ -155,6 +157,7 @@ class StackedRecurrent(nn.Module):
             name: getattr(self, name)[copy] for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
         }
         flat_x, flat_state = x.reshape(-1, x.shape[-1]), state.reshape(-1, state.shape[-1])
+        stepped: torch.Tensor
         if self.kind == "gru":
             stepped = torch.func.functional_call(cell, weights, (flat_x, flat_state))
         else:

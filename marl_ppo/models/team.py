@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import gymnasium as gym
 import torch
@@ -84,7 +84,7 @@ class NetworkParts(NamedTuple):
 def _network(
     model: ModelConfig,
     *,
-    recurrent: bool,
+    recurrent: str | None,
     agents: int,
     in_dim: int,
     out_dim: int,
@@ -92,24 +92,33 @@ def _network(
     head_gain: float,
     common_input: bool = False,
 ) -> NetworkParts:
-    """A feed-forward MLP, or trunk (the hidden layers, activated) -> recurrent cell
-    (`model.recurrent_size`) -> linear head."""
-    sizes = dict(agents=agents, in_dim=in_dim, shared=shared, common_input=common_input)
-    if not recurrent:
-        return NetworkParts(
-            _mlp(model, **sizes, out_dim=out_dim, head_gain=head_gain), Stateless(), nn.Identity()
+    """A feed-forward MLP (`recurrent` None), or trunk (the hidden layers, activated) -> `gru` or
+    `lstm` cell (`model.recurrent_size`) -> linear head."""
+    if recurrent is None:
+        mlp = _mlp(
+            model,
+            agents=agents,
+            in_dim=in_dim,
+            shared=shared,
+            common_input=common_input,
+            out_dim=out_dim,
+            head_gain=head_gain,
         )
+        return NetworkParts(mlp, Stateless(), nn.Identity())
     copies = 1 if shared else agents
     trunk = _mlp(
         model,
-        **sizes,
+        agents=agents,
+        in_dim=in_dim,
+        shared=shared,
+        common_input=common_input,
         out_dim=model.hidden_sizes[-1],
         head_gain=math.sqrt(2.0),  # a hidden layer: the trunk's other layers' gain
         hidden_sizes=model.hidden_sizes[:-1],
         activate_output=True,
     )
     core = StackedRecurrent(
-        model.recurrent,
+        recurrent,
         copies=copies,
         in_dim=model.hidden_sizes[-1],
         hidden=model.recurrent_size,
@@ -148,20 +157,20 @@ class GroupActor(nn.Module):
         in_dim = group.obs_dim if self.features is None else self.features.out_dim
         self.net, self.core, self.head = _network(
             model,
-            recurrent=model.recurrent is not None,
+            recurrent=model.recurrent,
             agents=group.num_agents,
             in_dim=in_dim,
             out_dim=head_size(group.action_space),
             shared=shared,
             head_gain=0.01,
         )
+        self.log_std: nn.Parameter | None = None
+        """The Gaussian's state-independent log standard deviations (Box actions only)."""
         if isinstance(group.action_space, gym.spaces.Box):
             copies = 1 if shared else group.num_agents
             self.log_std = nn.Parameter(
                 torch.full((copies, head_size(group.action_space)), model.log_std_init)
             )
-        else:
-            self.log_std = None
 
     @property
     def carry_size(self) -> int:
@@ -221,7 +230,7 @@ class GroupCritic(nn.Module):
         in_dim = width(group, state_dim) if self.images is None else self.images.out_dim
         self.net, self.core, self.head = _network(
             model,
-            recurrent=model.critic_recurrent,
+            recurrent=model.recurrent if model.critic_recurrent else None,
             agents=1 if self.team else group.num_agents,
             in_dim=in_dim,
             out_dim=1,
@@ -262,7 +271,7 @@ class GroupCritic(nn.Module):
         else per agent `(..., A, in)`; with images, the CNN encoders' features."""
         if self.images is None:
             return state if self.common_input else self.build_input(state, obs)
-        features = self.images(self.images.join(state, obs))
+        features: torch.Tensor = self.images(self.images.join(state, obs))
         return features.squeeze(-2) if self.images.common else features
 
     def _per_agent(self, values: torch.Tensor) -> torch.Tensor:
@@ -334,13 +343,17 @@ class CriticImages(nn.Module):
 
     def forward(self, joined: torch.Tensor) -> torch.Tensor:
         """Features `(..., A, out_dim)`, or `(..., 1, out_dim)` where `common`."""
+        features: torch.Tensor
         if self.obs is None:
+            assert self.state is not None  # `build` makes an encoder for at least one input
             state = joined.unsqueeze(-2)
             if not self.common:
                 state = state.expand(*joined.shape[:-1], self.agents, joined.shape[-1])
-            return self.state(state)
+            features = self.state(state)
+            return features
         if self.state is None:
-            return self.obs(joined)
+            features = self.obs(joined)
+            return features
         state, obs = joined[..., : self.state_dim].unsqueeze(-2), joined[..., self.state_dim :]
         obs = obs.unflatten(-1, (self.agents, -1))
         if self.state.copies > 1:  # per-agent weights: each agent's encoder reads the state
@@ -403,7 +416,7 @@ class TeamModel(nn.Module):
         # plain references to the modules above (not registered twice); the acting and learning
         # loops look groups up by name at every step
         self._groups = {
-            name: GroupNetworks(actor, critic, norm)
+            name: GroupNetworks(cast(GroupActor, actor), cast(GroupCritic, critic), cast(ValueNorm, norm))
             for name, actor, critic, norm in zip(
                 self._names, self.actors, self.critics, self.value_norms, strict=True
             )
@@ -412,7 +425,7 @@ class TeamModel(nn.Module):
     @property
     def recurrent(self) -> bool:
         """Whether the actors (and perhaps the critics) carry a recurrent state."""
-        return any(actor.carry_size > 0 for actor in self.actors)
+        return any(nets.actor.carry_size > 0 for nets in self._groups.values())
 
     def memory_layout(self) -> dict[str, MemoryLayout]:
         """Per group, the sizes of the carries a rollout stores (zero for feed-forward networks)."""

@@ -90,12 +90,12 @@ class GroupMemory:
     """One group's carries and episode flags: `(E, ...)` for one step as the collector records it,
     `(T, E, ...)` stored. A feed-forward network's carries are empty (size 0)."""
 
-    is_first: ArrayLike
+    is_first: torch.Tensor
     """`(..., A_g)` bool: the agent's episode starts at this step (its state is reset before the step:
     after its own termination or truncation, and for every agent after the copy's episode ended)."""
-    actor_state: ArrayLike
+    actor_state: torch.Tensor
     """`(..., A_g, S_actor)`: the actor's state carried into the step, before that reset."""
-    critic_state: ArrayLike
+    critic_state: torch.Tensor
     """`(..., rows, S_critic)`: the critic's state carried into the step (rows: A_g, or 1 for a team
     critic; S_critic is 0 for a feed-forward critic)."""
 

@@ -26,12 +26,6 @@ def _on(value: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
     return torch.as_tensor(value, device=device)
 
 
-def _tensor(value: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """A live memory field (always a tensor here; the record's type also admits arrays)."""
-    assert isinstance(value, torch.Tensor)
-    return value
-
-
 class FirstStep:
     """The distributions `(E, A)` of a one-step sequence's `(1, E, A)` ones: the step axis dropped."""
 
@@ -90,14 +84,14 @@ class PolicyMemory:
     ) -> dict[str, ActionDistribution]:
         """Per group the action distributions `(E, A_g)` of this step; the stepped actor states are
         kept for `advance`."""
-        dists = {}
+        dists: dict[str, ActionDistribution] = {}
         for name, record in self.live.items():
             actor = self.model.group(name).actor
             dist, self._actor_next[name] = actor(
                 obs[name].unsqueeze(0),
                 masks[name].unsqueeze(0),
-                _tensor(record.actor_state),
-                _tensor(record.is_first).unsqueeze(0),
+                record.actor_state,
+                record.is_first.unsqueeze(0),
                 alive[name].unsqueeze(0),
             )
             dists[name] = FirstStep(dist)
