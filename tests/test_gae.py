@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from marl_ppo.algo.batch import rollout_batches
-from marl_ppo.algo.gae import compute_gae, fold_turns, team_steps
+from marl_ppo.algo.gae import compute_gae, copy_episodes, fold_turns, team_steps
 
 
 def _t(values, dtype=torch.float32):
@@ -219,7 +219,7 @@ def test_gae_rejects_mismatched_shapes():
         )
 
 
-def _team_buffer(rewards, terminated, truncated, alive, values, final_values):
+def _team_buffer(rewards, terminated, truncated, alive, values, final_values, episode_over):
     """A one-copy rollout buffer of the two agents of `tests/broken_envs.py`, filled by hand."""
     from broken_envs import BrokenEnv
 
@@ -235,6 +235,7 @@ def _team_buffer(rewards, terminated, truncated, alive, values, final_values):
     storage.alive.copy_(_t(alive, torch.bool).unsqueeze(1))
     storage.values.copy_(_t(values).reshape(steps, 1, 1).expand(steps, 1, 2))
     storage.final_values.copy_(_t(final_values).reshape(steps, 1, 1).expand(steps, 1, 2))
+    buffer.episode_over.copy_(torch.as_tensor(episode_over, dtype=torch.bool).unsqueeze(1))
     buffer.pos = steps
     return buffer
 
@@ -242,7 +243,7 @@ def _team_buffer(rewards, terminated, truncated, alive, values, final_values):
 def test_team_critic_gae_runs_on_the_groups_mean_reward_by_hand():
     # agents a, b; b terminates at t=1 (leaves early), a is truncated at t=3 with V(final state) = 4.
     # Team rewards: t=0 mean(1, -1) = 0; t=1 shared 0.5; t=2 mean(1, absent b's 0) = 0.5; t=3 mean(2, 0) = 1.
-    # b's exit does not end the group's episode; a's truncation (every acting agent ended) does.
+    # b's exit does not end the group's episode; a's truncation (every agent out, the copy's end) does.
     # V = [1, 2, 3, 5] for both; gamma = lambda = 0.5:
     #   deltas: d3 = 1 + .5*4 - 5 = -2, d2 = .5 + .5*5 - 3 = 0, d1 = .5 + .5*3 - 2 = 0, d0 = 0 + .5*2 - 1 = 0
     #   A3 = -2, A2 = .25*-2 = -.5, A1 = -.125, A0 = -.03125; returns A + V = [.96875, 1.875, 2.5, 3]
@@ -250,13 +251,17 @@ def test_team_critic_gae_runs_on_the_groups_mean_reward_by_hand():
     terminated = [[0, 0], [0, 1], [0, 0], [0, 0]]
     truncated = [[0, 0], [0, 0], [0, 0], [1, 0]]
     alive = [[1, 1], [1, 1], [1, 0], [1, 0]]
-    team = team_steps(
-        _t(rewards), _t(terminated, torch.bool), _t(truncated, torch.bool), _t(alive, torch.bool)
-    )
+    over = _t([0, 0, 0, 1], torch.bool)
+    flags = {
+        name: _t(rows, torch.bool) for name, rows in [("terminated", terminated), ("truncated", truncated)]
+    }
+    live = _t(alive, torch.bool)
+    episodes = copy_episodes(over, [flags["truncated"]], [live])
+    team = team_steps(_t(rewards), flags["terminated"], flags["truncated"], live, episodes)
     torch.testing.assert_close(team.rewards, _t([0, 0.5, 0.5, 1]))
     assert team.truncated.tolist() == [False, False, False, True] and not team.terminated.any()
     assert team.alive.all()
-    buffer = _team_buffer(rewards, terminated, truncated, alive, [1, 2, 3, 5], [0, 0, 0, 4])
+    buffer = _team_buffer(rewards, terminated, truncated, alive, [1, 2, 3, 5], [0, 0, 0, 4], over)
     last = {"agent": torch.full((1, 2), 9.0)}  # after the group's episode ended: unused
     batch = rollout_batches(buffer, last, gamma=0.5, lam=0.5, team=True)["agent"]
     advantages = _t([-0.03125, -0.125, -0.5, -2.0])
@@ -268,12 +273,15 @@ def test_team_critic_gae_runs_on_the_groups_mean_reward_by_hand():
     assert per_agent.advantages[1, 1].item() == pytest.approx(0.5 - 2)
 
 
-def test_team_steps_end_a_turn_based_group_where_every_mover_ends():
-    # one player moves per step; a flag at a step where no agent of the group acts ends it too
+def test_team_steps_end_a_turn_based_group_where_every_player_ends():
+    # one player moves per step; flags at a step where no agent of the group acts end it too, when
+    # every agent is out after them (the copy's episode goes on here: another group moved)
     rewards = _t([[0.0, 0.0], [0.0, 0.0], [1.0, -1.0]])
     alive = _t([[1, 0], [0, 1], [0, 0]], torch.bool)
     ended = _t([[0, 0], [0, 0], [1, 1]], torch.bool)
-    team = team_steps(rewards, ended, torch.zeros_like(ended), alive)
+    not_truncated = torch.zeros_like(ended)
+    episodes = copy_episodes(torch.zeros(3, dtype=torch.bool), [not_truncated], [alive])
+    team = team_steps(rewards, ended, not_truncated, alive, episodes)
     assert team.terminated.tolist() == [False, False, True] and team.alive.tolist() == [True, True, False]
     torch.testing.assert_close(team.rewards, _t([0.0, 0.0, 0.0]))
 
@@ -286,7 +294,8 @@ def test_team_gae_with_a_shared_reward_is_the_per_agent_gae_bit_for_bit():
     terminated = [[k == 7] * 2 for k in range(steps)]
     values = torch.randn(steps, generator=generator).tolist()
     finals = torch.randn(steps, generator=generator).tolist()
-    buffer = _team_buffer(shared, terminated, truncated, [[1, 1]] * steps, values, finals)
+    over = [k % 5 == 4 or k == 7 for k in range(steps)]
+    buffer = _team_buffer(shared, terminated, truncated, [[1, 1]] * steps, values, finals, over)
     last = {"agent": torch.full((1, 2), 0.7)}
     team = rollout_batches(buffer, last, gamma=0.9, lam=0.8, team=True)["agent"]
     per_agent = rollout_batches(buffer, last, gamma=0.9, lam=0.8)["agent"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -59,8 +60,8 @@ class Transitions:
     terminated: torch.Tensor
     done: torch.Tensor
     alive: torch.Tensor
-    """The acting steps that enter the losses and statistics: the input `alive` without an unfinished
-    last transition that would bootstrap from a waiting position."""
+    """The acting steps that enter the losses and statistics: the input `alive` without the transitions
+    that would bootstrap from a waiting position (an unfinished last one, or one truncated there)."""
 
 
 def fold_turns(
@@ -73,6 +74,7 @@ def fold_turns(
     alive: torch.Tensor,
     *,
     last_alive: torch.Tensor,
+    final_alive: torch.Tensor | None = None,
 ) -> Transitions:
     """Transitions for agents that act at some steps only (turn-based games, agents that leave or join).
 
@@ -84,8 +86,15 @@ def fold_turns(
     after the last step (`last_alive`). Where it waits there, the critic never trained on that
     position: the unfinished last transition is dropped from `alive`, and the agent's previous
     transition, which bootstraps from the last acting step's value, is cut there (`done`) so that no
-    advantage depends on it. When every agent acts at every step this reduces to the usual one-step
-    transitions. All inputs are `(T, ...)` except `last_values` and `last_alive` `(...)`.
+    advantage depends on it. A truncation is treated alike: `final_alive[s]` says whether the agent
+    acts at its final observation of step s (None: every agent does, as with simultaneous moves). A
+    transition truncated where the agent waits (a turn-based mover, whose final observation follows
+    its own move) would bootstrap from a position the critic never trains on, so it is dropped and
+    the one before it cut, exactly as the unfinished last one: its targets stay on positions where the
+    agent acts, at the cost of one sample per truncated episode, where training the critic on waiting
+    positions too would change every turn-based game's value loss. When every agent acts at every step
+    this reduces to the usual one-step transitions. All inputs are `(T, ...)` except `last_values`
+    and `last_alive` `(...)`.
     """
     steps = rewards.shape[0]
     out_rewards, out_next = torch.empty_like(rewards), torch.empty_like(rewards)
@@ -96,6 +105,8 @@ def fold_turns(
     pending_terminated = torch.zeros_like(alive[0])
     pending_truncated = torch.zeros_like(alive[0])
     pending_final = torch.zeros_like(rewards[0])
+    pending_final_alive = torch.ones_like(alive[0])
+    acts_at_final = torch.ones_like(alive) if final_alive is None else final_alive
     following_value = last_values
     before_last = torch.ones_like(alive[0])  # no acting step seen yet, walking back from the end
     cut = torch.zeros_like(alive[0])  # the last acting step was dropped; the next one back ends there
@@ -106,8 +117,10 @@ def fold_turns(
         step_terminated = torch.where(ended, terminated[t], pending_terminated)
         step_truncated = torch.where(ended, truncated[t], pending_truncated)
         step_final = torch.where(ended, final_values[t], pending_final)
+        step_final_alive = torch.where(ended, acts_at_final[t], pending_final_alive)
         step_done = step_terminated | step_truncated
-        dropped = alive[t] & before_last & ~step_done & ~last_alive
+        unfinished = before_last & ~step_done & ~last_alive
+        dropped = alive[t] & (unfinished | (step_truncated & ~step_final_alive))
         out_rewards[t] = step_reward
         out_terminated[t] = step_terminated
         out_done[t] = step_done | (alive[t] & cut)
@@ -120,10 +133,41 @@ def fold_turns(
         pending_terminated = ~alive[t] & step_terminated
         pending_truncated = ~alive[t] & step_truncated
         pending_final = step_final
+        pending_final_alive = step_final_alive
         following_value = torch.where(alive[t], values[t], following_value)
         cut = torch.where(alive[t], dropped, cut)
         before_last = before_last & ~alive[t]
     return Transitions(out_rewards, out_next, out_terminated, out_done, out_alive)
+
+
+@dataclass(frozen=True)
+class CopyEpisodes:
+    """Where each env copy's episode ends, `(T, ...)` without the agent axis, read from every group."""
+
+    over: torch.Tensor
+    """The copy's episode ended at this step."""
+    truncated: torch.Tensor
+    """It ended there by truncation: some agent of the copy was truncated at the step."""
+    turn_truncated: torch.Tensor
+    """Some agent was truncated at this step without acting at it. Turn-based games flag every present
+    agent, simultaneous-move envs only those that acted: the step is a turn, and its mover waits at its
+    final observation."""
+
+
+def copy_episodes(
+    episode_over: torch.Tensor, truncated: Sequence[torch.Tensor], alive: Sequence[torch.Tensor]
+) -> CopyEpisodes:
+    """The copy's episode ends from its `episode_over` `(T, ...)` and each group's `(T, ..., A_g)` flags."""
+    any_truncated = torch.stack([flags.any(-1) for flags in truncated]).any(0)
+    waiting = torch.stack([(flags & ~acted).any(-1) for flags, acted in zip(truncated, alive, strict=True)])
+    return CopyEpisodes(episode_over, episode_over & any_truncated, waiting.any(0))
+
+
+def acts_at_final(alive: torch.Tensor, episodes: CopyEpisodes) -> torch.Tensor:
+    """`(T, ..., A)` bool: whether the agent acts at its final observation of each step (`fold_turns`'s
+    `final_alive`): every agent, except the mover of a turn-based truncation. The flags do not say who
+    moves next, so in a game of three or more players every waiting player counts as acting there."""
+    return ~(alive & episodes.turn_truncated.unsqueeze(-1))
 
 
 @dataclass(frozen=True)
@@ -134,22 +178,49 @@ class TeamSteps:
     terminated: torch.Tensor
     truncated: torch.Tensor
     alive: torch.Tensor
+    final_alive: torch.Tensor
+    """The group acts at its final observation of the step (`fold_turns`): one of the agents that the
+    step truncated does, or none was truncated."""
 
 
 def team_steps(
-    rewards: torch.Tensor, terminated: torch.Tensor, truncated: torch.Tensor, alive: torch.Tensor
+    rewards: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    alive: torch.Tensor,
+    episodes: CopyEpisodes,
 ) -> TeamSteps:
     """The group of `(T, ..., A)` agents as one learner with `(T, ...)` inputs, for a critic whose value
     V(state) is the whole group's.
 
     Its reward is the mean of the agents' rewards (an absent agent's counts as 0), exactly the shared
-    reward where all are equal; it acts where any agent acts; its episode ends at a step that ends
-    every agent acting there (or, at a step where none acts, any agent): truncated if one of them was
-    truncated, else terminated. An agent that leaves while others go on does not end it.
+    reward where all are equal; it acts where any agent acts. Its episode ends where the copy's episode
+    ends, or at a step after which every agent of the group is out (`agents_out`). An agent that waits
+    for its turn, has not joined yet or is away without a flag is still in, so one agent's end while
+    the others only do not act at that step does not end it. The end is a truncation, which
+    bootstraps, if the group could have gone on: where every agent is out, one that ended at the step
+    was truncated; where some agent is still in, the copy's episode ended by truncation.
     """
     shared = (rewards == rewards[..., :1]).all(-1)
     team_reward = torch.where(shared, rewards[..., 0], rewards.mean(-1))
     ended = terminated | truncated
-    team_ended = ended.any(-1) & (ended | ~alive).all(-1)
-    team_truncated = team_ended & truncated.any(-1)
-    return TeamSteps(team_reward, team_ended & ~team_truncated, team_truncated, alive.any(-1))
+    all_out = agents_out(ended, alive, episodes.over).all(-1)
+    team_ended = (all_out & ended.any(-1)) | episodes.over
+    team_truncated = team_ended & torch.where(all_out, truncated.any(-1), episodes.truncated)
+    final_alive = (truncated & acts_at_final(alive, episodes)).any(-1) | ~truncated.any(-1)
+    return TeamSteps(team_reward, team_ended & ~team_truncated, team_truncated, alive.any(-1), final_alive)
+
+
+def agents_out(ended: torch.Tensor, alive: torch.Tensor, episode_over: torch.Tensor) -> torch.Tensor:
+    """`(T, ..., A)` bool: the agent is out after step t, having ended (`terminated | truncated`) at or
+    before t in the copy's episode without acting since. `episode_over` `(T, ...)` starts a new episode
+    after its step. The steps before the rollout are unknown, so an agent that ended there counts as in:
+    a group whose other agents ended before the rollout then ends where the copy's episode ends instead
+    of at its last agent's end (if the rollout ends first, that transition is dropped as unfinished)."""
+    out = torch.empty_like(ended)
+    carried = torch.zeros_like(ended[0])
+    for t in range(ended.shape[0]):
+        carried = ended[t] | (carried & ~alive[t])
+        out[t] = carried
+        carried = carried & ~episode_over[t].unsqueeze(-1)
+    return out
