@@ -49,7 +49,8 @@ def _add(buffer, t):
         truncated=np.zeros((envs, 2), bool),
         final_values=np.zeros((envs, 2), np.float32),
     )
-    buffer.add(np.full((envs, 6), t, np.float32), {"agent": step}, _no_memory(buffer))
+    over = np.zeros(envs, bool)
+    buffer.add(np.full((envs, 6), t, np.float32), {"agent": step}, _no_memory(buffer), episode_over=over)
 
 
 def test_buffer_raises_when_full_and_reset_allows_reuse():
@@ -166,8 +167,9 @@ def test_add_stores_every_group_step_field_in_the_storage_field_of_its_name():
         name: GroupStep(**{n: torch.zeros_like(v) for n, v in vars(step).items()})
         for name, step in sent.items()
     }
-    buffer.add(torch.zeros(4, 11), zeros, _no_memory(buffer))
-    buffer.add(torch.full((4, 11), 7.0), sent, _no_memory(buffer))
+    over = torch.zeros(4, dtype=torch.bool)
+    buffer.add(torch.zeros(4, 11), zeros, _no_memory(buffer), episode_over=over)
+    buffer.add(torch.full((4, 11), 7.0), sent, _no_memory(buffer), episode_over=~over)
     assert buffer.pos == 2
     for name, step in sent.items():
         storage = buffer.groups[name]
@@ -176,3 +178,6 @@ def test_add_stores_every_group_step_field_in_the_storage_field_of_its_name():
             assert torch.equal(stored[1], getattr(step, field.name)), f"{name}.{field.name}"
             assert not stored[0].any() and not stored[2].any(), f"{name}.{field.name} beyond its step"
     assert torch.equal(buffer.state[1], torch.full((4, 11), 7.0))
+    assert (
+        buffer.episode_over[1].all() and not buffer.episode_over[0].any() and not buffer.episode_over[2].any()
+    )
