@@ -204,7 +204,7 @@ def test_an_observation_before_an_episode_start_changes_no_output_after_it(tiny_
 def test_the_recurrent_policy_acts_alike_in_every_collection_mode(tiny_overrides, vector, workers):
     """Env worker processes step for the learner, which samples; one rollout worker over every copy
     samples with its own seed, so the sync collector is seeded alike."""
-    from marl_ppo.rollout.workers import worker_seed
+    from marl_ppo.rollout.slice import worker_seed
 
     config = _spread(tiny_overrides, f"num_workers={workers}")
     reference, _, _ = _collect(config)

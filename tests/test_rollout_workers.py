@@ -13,7 +13,7 @@ from marl_ppo.config import load_config
 from marl_ppo.models.encoders import has_cnn
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.memory import make_memory
-from marl_ppo.rollout.workers import worker_seed
+from marl_ppo.rollout.slice import worker_seed
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.loop import train
 from tests.conftest import ROOT, rollout_log_probs

@@ -1,6 +1,6 @@
 """Rollout workers as Ray actors (`vector: ray`): the local rollout workers' slices, on any node of a cluster.
 
-Each actor holds a `_RolloutSlice` of `marl_ppo.rollout.workers` (its env copies, a CPU copy of the
+Each actor holds a `RolloutSlice` of `marl_ppo.rollout.slice` (its env copies, a CPU copy of the
 networks, its sampling RNG; the same 'reset', state and env-state commands) built from small
 constructor arguments: the config as a plain dict, its slice of the env copies and its worker index.
 Per update the learner puts its weights into Ray's object store once, with a version number, and
@@ -23,29 +23,27 @@ import time
 from typing import Any
 
 import torch
-from torch import nn
 
 from marl_ppo.config import ConfigError, ExperimentConfig, build_config, config_to_dict
 from marl_ppo.envs.adapters.contract import EnvContractError
 from marl_ppo.envs.factory import make_adapter, team_spec
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.envs.vector.pool import split_envs
-from marl_ppo.envs.vector.state import EnvStateError, gathered_states
 from marl_ppo.faults import WorkerError, WorkersLost, one_line
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import RolloutBuffer
-from marl_ppo.rollout.source import EpisodeRecord, RolloutResult
-from marl_ppo.rollout.workers import _pending_from_state, _pending_state, _RolloutSlice
+from marl_ppo.rollout.slice import RolloutSlice, SlicedSource
+from marl_ppo.rollout.source import RolloutResult
 
 RAY_INSTALL = "pip install 'marl-ppo[ray]'"
 
 _PLACEMENT_STRATEGY = {"pack": "PACK", "spread": "SPREAD"}
 _REJOIN_SEED_STRIDE = 1_000_003
+"""A rejoining worker resets its envs with the run's seed plus this times its rejoin count: fresh episodes."""
 START_TIMEOUT_S = 300.0
 """The least time a Ray worker has for its first answer: Ray starts its process (on any node), which
 imports torch and builds its envs; on a busy machine that alone can pass a minute. Later answers get
 `worker_timeout_s`."""
-"""A rejoining worker resets its envs with the run's seed plus this times its rejoin count: fresh episodes."""
 
 
 def import_ray() -> Any:
@@ -80,8 +78,8 @@ def connect_ray(address: str | None) -> bool:
     return True
 
 
-class _ActorSlice(_RolloutSlice):
-    """A worker's `_RolloutSlice` that returns its rollout (into Ray's object store) instead of writing
+class _ActorSlice(RolloutSlice):
+    """A worker's `RolloutSlice` that returns its rollout (into Ray's object store) instead of writing
     it into shared memory."""
 
     def __init__(self, config: dict[str, Any], envs: range, worker: int) -> None:
@@ -108,12 +106,7 @@ class _ActorSlice(_RolloutSlice):
         if version != self.version:
             self.model.load_state_dict(weights)
             self.version = version
-        collector, envs = self.collector, self.envs
-        steps_before = collector.env_steps
-        self.buffer.reset()
-        result = collector.collect(self.buffer)
-        # rollout step (0-based) at which each episode ended, for the learner's global step count
-        episodes = [((e.end_step - steps_before) // len(envs) - 1, e) for e in result.episodes]
+        result, episodes = self._rollout()
         return {
             "buffer": self.buffer.tensors(),
             "last_values": result.last_values,
@@ -144,10 +137,12 @@ class RolloutActor:
         return True
 
 
-class RayRolloutWorkers:
+class RayRolloutWorkers(SlicedSource):
     """E env copies in `num_workers` Ray actors that act with a copy of the policy; a RolloutSource."""
 
-    def __init__(self, config: ExperimentConfig, model: nn.Module, spec: TeamSpec) -> None:
+    _worker_name = "Ray rollout worker"
+
+    def __init__(self, config: ExperimentConfig, model: TeamModel, spec: TeamSpec) -> None:
         if config.policy_lag not in (0, 1):
             raise ValueError(f"policy_lag must be 0 or 1, got {config.policy_lag}")
         self._ray = import_ray()
@@ -159,7 +154,6 @@ class RayRolloutWorkers:
         self.min_workers = config.ray.min_workers
         self.timeout_s = config.worker_timeout_s
         self.env_steps = 0
-        """Env steps of the rollouts handed to the learner so far (one per copy per step)."""
         self.rejoins = 0
         """Times a lost worker came back (Ray restarted its actor)."""
         self._slices = split_envs(config.num_envs, min(config.num_workers, config.num_envs))
@@ -167,7 +161,7 @@ class RayRolloutWorkers:
         self._seed = config.seed
         self._refs: dict[int, Any] = {}
         self._in_flight = False
-        self._pending: dict[str, Any] | None = None
+        self._pending = None
         self._lost: dict[int, Any] = {}
         """Per lost worker, the probe that answers once Ray has restarted its actor."""
         self._closed = False
@@ -223,11 +217,12 @@ class RayRolloutWorkers:
 
     def collect(self, buffer: RolloutBuffer, *, ahead: bool = True) -> RolloutResult:
         """Fill `buffer` with the next rollout of every live worker's env copies (see the module docstring)."""
-        if self._pending is None:
+        pending = self._pending
+        if pending is None:
             if not self._in_flight:
                 self._launch()
-            self._receive()
-        pending, self._pending = self._pending, None
+            pending = self._receive()
+        self._pending = None
         for target, source in zip(buffer.tensors(), pending["buffer"], strict=True):
             target.copy_(source)
         buffer.pos = buffer.steps
@@ -253,43 +248,9 @@ class RayRolloutWorkers:
         self.env_steps += result.env_steps
         return result
 
-    def state_dict(self) -> dict[str, Any]:
-        """As `RolloutWorkers.state_dict` (so either kind resumes the other's checkpoints); with a lost
-        worker only the step counter, its episodes being gone."""
-        if self._in_flight:
-            self._receive()
-        workers = None if self._lost else self._ask("get_state", [None] * len(self._slices))
-        if self._lost:  # lost now or before: its episodes and RNG are gone
-            workers = None
-        pending = None
-        if self._pending is not None and workers is not None:
-            pending = _pending_state(self._pending)
-        return {"env_steps": self.env_steps, "workers": workers, "pending": pending}
-
-    def load_state_dict(self, state: dict[str, Any], *, episodes: bool = True) -> None:
-        """Restore `state_dict()`; `episodes=False` keeps only the step counter (the envs are reset instead)."""
-        self.env_steps = int(state["env_steps"])
-        if not episodes:
-            return
-        self._ask("set_state", state["workers"])
-        self._pending = _pending_from_state(state["pending"])
-
-    def env_states(self) -> list[bytes]:
-        """Every env copy's pickled state, in env order; raises EnvStateError when an env cannot be
-        pickled or a worker is lost (its env copies are gone)."""
-        if self._in_flight:
-            self._receive()
-        replies = [] if self._lost else self._ask("env_states", [None] * len(self._slices))
-        if self._lost:
-            lost = ", ".join(str(k) for k in sorted(self._lost))
-            raise EnvStateError(f"Ray rollout worker(s) {lost} were lost, and their env copies with them")
-        return gathered_states(replies)
-
-    def load_env_states(self, states: list[bytes]) -> None:
-        """Replace the env copies by saved ones (trusted bytes only: unpickling runs code)."""
-        if len(states) != self.num_envs:
-            raise ValueError(f"got {len(states)} env states for {self.num_envs} env copies")
-        self._ask("load_env_states", [list(states[envs.start : envs.stop]) for envs in self._slices])
+    def _lost_workers(self) -> list[int]:
+        """The workers lost now, whose probes wait for Ray to restart them."""
+        return sorted(self._lost)
 
     def close(self) -> None:
         """Stop the actors, free their placement group, and leave a Ray instance this run started."""
@@ -337,8 +298,9 @@ class RayRolloutWorkers:
             self._actors[k].call.remote("reset", seed)  # runs before the next rollout (actor order)
             print(f"Ray rollout worker {k} is back and rejoins the run", file=sys.stderr, flush=True)
 
-    def _receive(self) -> None:
-        """Wait for the rollouts in flight; keep them, assembled in env order, for the next `collect`."""
+    def _receive(self) -> dict[str, Any]:
+        """Wait for the rollouts in flight; keep them, assembled in env order, for the next `collect`,
+        and return them."""
         ray, refs = self._ray, self._refs
         self._in_flight = False
         ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.timeout_s * self.steps)
@@ -364,7 +326,8 @@ class RayRolloutWorkers:
                 f"only {answered} of {len(self._slices)} Ray rollout workers answered, fewer than "
                 f"ray.min_workers={self.min_workers} ({'; '.join(reasons) or 'lost before this rollout'})"
             )
-        self._pending = {"replies": replies, **self._assemble(replies)}
+        self._pending = pending = {"replies": replies, **self._assemble(replies)}
+        return pending
 
     def _lose(self, k: int, why: str) -> str:
         """Mark worker k lost (a probe waits for Ray to restart it); the reason, for messages."""
@@ -394,20 +357,6 @@ class RayRolloutWorkers:
                 last_values[name][envs.start : envs.stop] = reply["last_values"][name]
                 last_alive[name][envs.start : envs.stop] = reply["last_alive"][name]
         return {"buffer": full.tensors(), "last_values": last_values, "last_alive": last_alive}
-
-    def _episodes(self, replies: list[dict[str, Any] | None], live_envs: int) -> list[EpisodeRecord]:
-        """Finished episodes in the order one process over the live env copies would report them."""
-        tagged = [
-            (t, k, n, episode)
-            for k, reply in enumerate(replies)
-            if reply is not None
-            for n, (t, episode) in enumerate(reply["episodes"])
-        ]
-        episodes = []
-        for t, _, _, episode in sorted(tagged, key=lambda item: item[:3]):
-            episode.end_step = self.env_steps + (t + 1) * live_envs
-            episodes.append(episode)
-        return episodes
 
     def _ask(self, command: str, arguments: list[Any]) -> list[Any]:
         """Send every live worker k `(command, arguments[k])`; the replies in worker order, None from a
