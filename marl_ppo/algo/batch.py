@@ -1,4 +1,4 @@
-"""AgentBatch: one group's rollout flattened over (time, env), with its advantages; and minibatching."""
+"""AgentBatch: one group's rollout flattened over (time, env), with its advantages and carries."""
 
 from __future__ import annotations
 
