@@ -1,4 +1,5 @@
-"""FlatAdam computes what torch's per-parameter Adam and clip_grad_norm_ compute, and speaks its state dict."""
+"""FlatAdam is a torch.optim.Adam: it computes what torch's per-parameter Adam and clip_grad_norm_ compute, and
+speaks its state dict."""
 
 import copy
 import math
@@ -7,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from marl_ppo.algo.optim import clip_grad_norms, make_optimizer
 from marl_ppo.fast.adam import FlatAdam
 
 
@@ -58,6 +60,19 @@ def test_flat_adam_equals_per_parameter_adam_with_clipping():
     _assert_same_weights(reference, flat)
 
 
+def test_flat_adam_is_a_torch_adam_with_its_param_groups():
+    net = _net()
+    optimizer = FlatAdam(net.parameters(), lr=1e-3, eps=1e-5)
+    reference = torch.optim.Adam(_net().parameters(), lr=1e-3, eps=1e-5, foreach=False)
+    assert isinstance(optimizer, torch.optim.Optimizer)
+    ours, theirs = optimizer.param_groups, reference.param_groups
+    assert len(ours) == 1 and {k: v for k, v in ours[0].items() if k != "params"} == {
+        k: v for k, v in theirs[0].items() if k != "params"
+    }
+    assert ours[0]["params"] == list(net.parameters())
+    assert optimizer.state_dict() == {"state": {}, "param_groups": reference.state_dict()["param_groups"]}
+
+
 def test_parameters_and_gradients_are_views_of_the_flat_buffers():
     net = _net()
     optimizer = FlatAdam(net.parameters(), lr=1e-3, eps=1e-5)
@@ -65,27 +80,32 @@ def test_parameters_and_gradients_are_views_of_the_flat_buffers():
     offset = 0
     for p in net.parameters():
         n = p.numel()
-        assert torch.equal(optimizer.data[offset : offset + n], p.detach().reshape(-1))
-        assert torch.equal(optimizer.grad[offset : offset + n], p.grad.reshape(-1))
+        assert p.data_ptr() == optimizer.flat_data[offset:].data_ptr()
+        assert torch.equal(optimizer.flat_grad[offset : offset + n], p.grad.reshape(-1))
         assert p.grad.abs().sum() > 0
         offset += n
-    assert offset == optimizer.data.numel()
+    assert offset == optimizer.flat_data.numel() == 7 * 5 + 7 + 3 * 7 + 3 + 3 + 3
 
 
-def test_bind_recovers_dropped_gradients_and_replaced_weights():
-    net = _net()
-    optimizer = FlatAdam(net.parameters(), lr=1e-3, eps=1e-5)
-    net.zero_grad(set_to_none=True)  # what a user's code might do between updates
-    first = next(net.parameters())
-    first.data = torch.full_like(first, 0.5)  # and a replaced tensor (e.g. module.to)
-    optimizer.bind()
-    assert torch.all(optimizer.data[: first.numel()] == 0.5)
-    optimizer.zero_grad()
-    _loss(net, 0).backward()
-    assert optimizer.grad.abs().sum() > 0
-    before = first.detach().clone()
-    optimizer.step()
-    assert not torch.equal(first.detach(), before)  # the step reached the module's own parameter
+def test_replaced_weights_and_gradients_are_gathered_at_the_next_step():
+    """Code outside that drops the gradients or replaces a weight tensor steps as with torch's Adam."""
+    nets = {"flat": _net(), "torch": _net()}
+    optimizers = {
+        "flat": FlatAdam(nets["flat"].parameters(), lr=1e-3, eps=1e-5),
+        "torch": torch.optim.Adam(nets["torch"].parameters(), lr=1e-3, eps=1e-5, foreach=False),
+    }
+    for name, net in nets.items():
+        first = next(net.parameters())
+        first.data = torch.full_like(first, 0.5)  # a replaced tensor (what module.to() does)
+        net.zero_grad(set_to_none=True)  # dropped gradients: backward makes new tensors
+        _loss(net, 0).backward()
+        optimizers[name].step()
+    flat = optimizers["flat"]
+    assert next(nets["flat"].parameters()).data_ptr() == flat.flat_data.data_ptr()
+    for p in nets["flat"].parameters():
+        assert p.grad.data_ptr() >= flat.flat_grad.data_ptr()  # a view of the flat gradient again
+    for ours, theirs in zip(nets["flat"].parameters(), nets["torch"].parameters(), strict=True):
+        assert torch.equal(ours, theirs)
 
 
 def test_state_dict_round_trips_through_torch_adam_both_ways():
@@ -119,7 +139,7 @@ def test_a_state_dict_for_another_model_is_refused_with_the_reason():
     net = _net()
     other = nn.Linear(5, 3)
     adam = torch.optim.Adam(other.parameters())
-    with pytest.raises(ValueError, match="holds 2 parameters but the model has 6"):
+    with pytest.raises(ValueError, match=r"holds 2 parameters in 1 group\(s\) but the model has 6"):
         FlatAdam(net.parameters(), lr=1e-3, eps=1e-5).load_state_dict(adam.state_dict())
 
 
@@ -127,25 +147,31 @@ def test_a_model_converted_after_the_optimizer_was_built_is_named():
     net = _net()
     optimizer = FlatAdam(net.parameters(), lr=1e-3, eps=1e-5)
     net.double()
-    with pytest.raises(RuntimeError, match="move the model before building the Trainer"):
-        optimizer.bind()
+    with pytest.raises(RuntimeError, match="move the model before building the optimizer"):
+        optimizer.step()
 
 
 def test_flat_adam_step_is_torch_adams_step_bit_for_bit():
-    """The hand-written step does torch.optim.Adam's arithmetic in the same order: identical weights and state."""
+    """The hand-written step does torch.optim.Adam's single-tensor arithmetic in the same order, element
+    for element: identical weights and state, through a learning-rate change as the trainer makes one."""
     net = _net()
     ours = FlatAdam(net.parameters(), lr=1e-2, eps=1e-5)
     reference = copy.deepcopy(net)
-    theirs = FlatAdam(reference.parameters(), lr=1e-2, eps=1e-5)
+    theirs = torch.optim.Adam(reference.parameters(), lr=1e-2, eps=1e-5, foreach=False)
     for step in range(6):
-        for model, optimizer, run in ((net, ours, ours.step), (reference, theirs, theirs.optimizer.step)):
+        for optimizer in (ours, theirs):
+            optimizer.param_groups[0]["lr"] = 1e-2 / (step + 1)
+        for model, optimizer in ((net, ours), (reference, theirs)):
             optimizer.zero_grad()
             _loss(model, step).backward()
-            optimizer.clip_grad_norm(0.5)
-            run()
-    assert torch.equal(ours.data, theirs.data)
-    for key in ("step", "exp_avg", "exp_avg_sq"):
-        assert torch.equal(ours.optimizer.state[ours._flat][key], theirs.optimizer.state[theirs._flat][key])
+            optimizer.step()
+    for a, b in zip(net.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(a, b)
+    for (i, state), reference_state in zip(
+        ours.state_dict()["state"].items(), theirs.state_dict()["state"].values(), strict=True
+    ):
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(state[key], reference_state[key]), (i, key)
 
 
 @pytest.mark.parametrize("kind", ["flat_adam", "adam_foreach"])
@@ -155,29 +181,29 @@ def test_per_part_clipping_bounds_each_part_and_global_clipping_the_total(kind):
     per part: the first is scaled to norm 1, the second (below the bound) left as it is;
     global: one norm sqrt(9 + 0.25) = 3.0414, both scaled by 1 / 3.0414 (norms 0.9864 and 0.1644).
     """
-    from marl_ppo.algo.optim import make_optimizer
 
-    def clipped(method: str) -> tuple[list[float], list[float]]:
+    def clipped(counts: list[int]) -> tuple[list[float], list[float]]:
         parts = [nn.Linear(4, 3), nn.Linear(2, 5)]
         params = [p for part in parts for p in part.parameters()]
-        optimizer = make_optimizer(params, lr=1e-3, kind=kind, parts=[2, 2])
+        optimizer = make_optimizer(params, lr=1e-3, kind=kind)
         optimizer.zero_grad()
         for part, norm in zip(parts, (3.0, 0.5), strict=True):
             size = sum(p.numel() for p in part.parameters())  # every element's gradient is norm / sqrt(size)
             (sum(p.sum() for p in part.parameters()) * (norm / math.sqrt(size))).backward()
-        before = getattr(optimizer, method)(1.0)
+        before = clip_grad_norms(optimizer, 1.0, parts=counts)
         after = [float(nn.utils.get_total_norm([p.grad for p in part.parameters()])) for part in parts]
         return before.reshape(-1).tolist(), after
 
-    before, after = clipped("clip_grad_norms")
+    before, after = clipped([2, 2])
     assert before == pytest.approx([3.0, 0.5], rel=1e-6)
     assert after == pytest.approx([1.0, 0.5], rel=1e-5)
-    before, after = clipped("clip_grad_norm")
+    before, after = clipped([])
     total = math.sqrt(9.25)
     assert before == pytest.approx([total], rel=1e-6)
     assert after == pytest.approx([3.0 / total, 0.5 / total], rel=1e-5)
 
 
 def test_parts_must_cover_the_parameters():
+    optimizer = FlatAdam(_net().parameters(), lr=1e-3, eps=1e-5)
     with pytest.raises(ValueError, match=r"parts \[2, 3\] must be positive and add up to the 6 parameters"):
-        FlatAdam(_net().parameters(), lr=1e-3, eps=1e-5, parts=[2, 3])
+        clip_grad_norms(optimizer, 1.0, parts=[2, 3])

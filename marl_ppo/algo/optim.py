@@ -1,110 +1,65 @@
-"""The trainer's optimizers: Adam with gradient-norm clipping, global or per part, ours or torch's (`fast.optimizer`)."""
+"""The trainer's optimizers, ours or torch's Adam (`fast.optimizer`), and gradient-norm clipping for any of them."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
 
-from marl_ppo.fast.adam import FlatAdam, part_bounds
+from marl_ppo.fast.adam import IMPLEMENTATION_SETTINGS, FlatAdam, part_bounds
+
+ADAM_EPS = 1e-5
 
 
-class Optimizer(Protocol):
-    """What the trainer calls on an optimizer (FlatAdam and LibraryAdam provide it)."""
-
-    param_groups: list[dict[str, Any]]
-
-    def bind(self) -> None:
-        """Make ready for a step after something outside may have replaced parameter data or gradients."""
-        ...
-
-    def zero_grad(self) -> None: ...
-
-    def clip_grad_norm(self, max_norm: float | None) -> torch.Tensor:
-        """Scale the gradients to global norm `max_norm` when larger (None: leave them); the norm before."""
-        ...
-
-    def clip_grad_norms(self, max_norm: float | None) -> torch.Tensor:
-        """Scale each part's gradients to norm `max_norm` when larger (None: leave them); the norms before."""
-        ...
-
-    def step(self) -> None: ...
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
-
-
-class LibraryAdam:
-    """torch.optim.Adam and nn.utils.clip_grad_norm_, behind the trainer's Optimizer interface."""
-
-    def __init__(
-        self,
-        params: Iterable[nn.Parameter],
-        *,
-        lr: float,
-        eps: float,
-        implementation: str,
-        parts: Sequence[int] = (),
-    ) -> None:
-        self.params = list(params)
-        self.parts = [self.params[start:stop] for start, stop in part_bounds(parts, len(self.params))]
-        options = {"single": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
-        self.optimizer = torch.optim.Adam(self.params, lr=lr, eps=eps, **options[implementation])
-        self._foreach = implementation != "single"
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups
-
-    def bind(self) -> None:
-        """Nothing to bind: torch's Adam holds the parameters themselves."""
-
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=False)
-
-    def clip_grad_norm(self, max_norm: float | None) -> torch.Tensor:
-        grads = [p.grad for p in self.params if p.grad is not None]
-        if max_norm is None:
-            return nn.utils.get_total_norm(grads, foreach=self._foreach)
-        return nn.utils.clip_grad_norm_(self.params, max_norm, foreach=self._foreach)
-
-    def clip_grad_norms(self, max_norm: float | None) -> torch.Tensor:
-        if max_norm is None:
-            return torch.stack(
-                [nn.utils.get_total_norm([p.grad for p in part if p.grad is not None]) for part in self.parts]
-            )
-        return torch.stack(
-            [nn.utils.clip_grad_norm_(part, max_norm, foreach=self._foreach) for part in self.parts]
-        )
-
-    def step(self) -> None:
-        self.optimizer.step()
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore an Adam state dict (from this class, FlatAdam or torch.optim.Adam)."""
-        groups = [{**group} for group in state_dict["param_groups"]]
-        ours = self.optimizer.param_groups[0]
-        for group in groups:
-            for setting in ("foreach", "fused", "capturable", "differentiable"):
-                if setting in ours:
-                    group[setting] = ours[setting]
-        self.optimizer.load_state_dict({"state": state_dict["state"], "param_groups": groups})
-
-
-def make_optimizer(
-    params: Iterable[nn.Parameter], *, lr: float, kind: str, parts: Sequence[int] = ()
-) -> Optimizer:
+def make_optimizer(params: Iterable[nn.Parameter], *, lr: float, kind: str) -> torch.optim.Optimizer:
     """Adam (eps 1e-5) over `params`: `flat_adam` (ours), or torch's `adam`, `adam_foreach`, `adam_fused`.
 
-    `parts` counts the parameters, in order, of each part `clip_grad_norms` clips apart (empty: one part).
+    Build it after the model is on its device and dtype (`flat_adam` moves the parameters into one buffer).
     """
     if kind == "flat_adam":
-        return FlatAdam(params, lr=lr, eps=1e-5, parts=parts)
-    implementation = {"adam": "single", "adam_foreach": "foreach", "adam_fused": "fused"}[kind]
-    return LibraryAdam(params, lr=lr, eps=1e-5, implementation=implementation, parts=parts)
+        return FlatAdam(params, lr=lr, eps=ADAM_EPS)
+    options: dict[str, dict[str, Any]] = {
+        "adam": {"foreach": False},
+        "adam_foreach": {"foreach": True},
+        "adam_fused": {"fused": True},
+    }
+    if kind not in options:
+        raise ValueError(f"unknown optimizer '{kind}'; expected flat_adam, {', '.join(options)}")
+    optimizer = torch.optim.Adam(params, lr=lr, eps=ADAM_EPS, **options[kind])
+    optimizer.register_load_state_dict_pre_hook(_keep_implementation)
+    return optimizer
+
+
+def _keep_implementation(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """A saved state dict with the optimizer's own code path (foreach, fused, ...), not the saver's."""
+    ours = optimizer.param_groups[0]
+    groups = [
+        {**group, **{key: ours[key] for key in IMPLEMENTATION_SETTINGS if key in ours}}
+        for group in state_dict["param_groups"]
+    ]
+    return {**state_dict, "param_groups": groups}
+
+
+def clip_grad_norms(
+    optimizer: torch.optim.Optimizer, max_norm: float | None, *, parts: Sequence[int] = ()
+) -> torch.Tensor:
+    """Scale the gradients of `optimizer`'s parameters, part by part, to norm `max_norm` where larger
+    (None: leave them); the parts' norms before, 1-D.
+
+    `parts` counts each part's parameters, in the optimizer's order; empty: all of them are one part
+    (global clipping). FlatAdam takes each part's norm over its slice of one buffer; any other
+    optimizer's parameters are clipped by `nn.utils.clip_grad_norm_` (foreach).
+    """
+    if isinstance(optimizer, FlatAdam):
+        return optimizer.clip_grad_norm(max_norm, parts)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    norms = []
+    for start, stop in part_bounds(parts, len(params)):
+        part = params[start:stop]
+        if max_norm is None:
+            norms.append(nn.utils.get_total_norm([p.grad for p in part if p.grad is not None], foreach=True))
+        else:
+            norms.append(nn.utils.clip_grad_norm_(part, max_norm, foreach=True))
+    return torch.stack(norms)

@@ -3,22 +3,26 @@
 A small PPO minibatch step is bound by per-operation overhead, not arithmetic: with about twenty
 parameter tensors per team, `clip_grad_norm_` takes one norm per tensor on CPU and Adam's multi-tensor
 path falls back to per-tensor kernels there. `FlatAdam` moves a network's parameters into one buffer
-(each parameter becomes a view into it) and binds their gradients to views of a second buffer, so
-clipping is one norm and one scale, and an Adam step is a handful of operations on one tensor.
-The arithmetic is Adam's, element for element; the state dict keeps torch's per-parameter layout, so
-checkpoints do not depend on it.
+(each parameter becomes a view into it) and their gradients into a second, so clipping is one norm
+and one scale, and an Adam step is a handful of operations on one tensor. It is a
+`torch.optim.Adam`: the same arithmetic, element for element, the same param groups and the same
+per-parameter state dict, so checkpoints move between it and torch's Adam.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 _STATE_KEYS = ("exp_avg", "exp_avg_sq")
+_UNSUPPORTED = {"amsgrad": False, "weight_decay": 0.0, "maximize": False}
+"""Adam options FlatAdam's step does not implement, with the only values it accepts."""
+IMPLEMENTATION_SETTINGS = ("foreach", "fused", "capturable", "differentiable")
+"""Adam options that choose torch's code path, not the arithmetic: a loaded state dict keeps ours."""
 
 
 def part_bounds(parts: Sequence[int], count: int) -> list[tuple[int, int]]:
@@ -30,160 +34,188 @@ def part_bounds(parts: Sequence[int], count: int) -> list[tuple[int, int]]:
     return list(zip([0, *ends[:-1]], ends, strict=True))
 
 
-class FlatAdam:
-    """`torch.optim.Adam` over a list of parameters held in one flat buffer, their gradients in another.
+class FlatAdam(torch.optim.Adam):
+    """`torch.optim.Adam` over parameters held in one flat buffer, their gradients in another.
 
-    Autograd accumulates into an existing `.grad` in place, so once each gradient is a view of the flat
-    gradient buffer a backward pass fills it directly. `bind()` re-establishes the views when something
-    outside replaced a parameter's data or gradient (`module.to()`, `zero_grad(set_to_none=True)`).
-    `parts` counts the parameters, in order, of each part that `clip_grad_norms` clips apart (each
-    part is a contiguous slice of the flat buffers); empty: the parameters are one part.
+    The buffers are made at construction: each parameter's data and gradient become views of them,
+    and autograd accumulates into an existing `.grad` in place, so a backward pass fills the flat
+    gradient directly. Build it after the model is on its device and dtype. A parameter whose data
+    or gradient something outside replaced (`module.to()`, `zero_grad(set_to_none=True)` on the
+    module) is copied back into the buffers at the next clip or step; a parameter left without a
+    gradient steps with a zero one. Takes a list of parameters (one param group).
     """
 
     def __init__(
-        self, params: Iterable[nn.Parameter], *, lr: float, eps: float, parts: Sequence[int] = ()
+        self,
+        params: Iterable[nn.Parameter],
+        *,
+        lr: float,
+        eps: float,
+        betas: tuple[float, float] = (0.9, 0.999),
     ) -> None:
-        self.params = list(params)
-        if not self.params:
+        params = list(params)
+        if not params:
             raise ValueError("FlatAdam needs at least one parameter")
-        bounds = part_bounds(parts, len(self.params))
-        first = self.params[0]
-        if any(p.dtype != first.dtype or p.device != first.device for p in self.params):
+        if not all(isinstance(p, torch.Tensor) for p in params):
+            raise TypeError("FlatAdam takes a list of parameters, not param groups")
+        first = params[0]
+        if any(p.dtype != first.dtype or p.device != first.device for p in params):
             raise ValueError("FlatAdam needs parameters of one dtype on one device")
+        super().__init__(params, lr=lr, betas=betas, eps=eps, foreach=False)
+        self._params = params
         self._slices = []
         offset = 0
-        for p in self.params:
+        for p in params:
             self._slices.append((offset, offset + p.numel()))
             offset += p.numel()
         with torch.no_grad():
-            self.data = torch.cat([p.detach().reshape(-1) for p in self.params])
-        self.grad = torch.zeros_like(self.data)
-        self._part_slices = [(self._slices[start][0], self._slices[stop - 1][1]) for start, stop in bounds]
-        self._flat = nn.Parameter(self.data)  # shares the buffer; the optimizer's only parameter
-        self._flat.grad = self.grad
-        self.optimizer = torch.optim.Adam([self._flat], lr=lr, eps=eps, foreach=False)
-        self.bind()
+            self.flat_data = torch.cat([p.detach().reshape(-1) for p in params])
+        """Every parameter's values, in order; each parameter's data is a view of its slice."""
+        self.flat_grad = torch.zeros_like(self.flat_data)
+        """Every parameter's gradient, laid out as `flat_data`; each `.grad` is a view of its slice."""
+        self._moments: dict[str, torch.Tensor] = {}
+        self._step_count: torch.Tensor | None = None
+        self._part_slices: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+        self._grads = [
+            self.flat_grad[start:stop].view_as(p)
+            for p, (start, stop) in zip(params, self._slices, strict=True)
+        ]
+        for p, grad, (start, stop) in zip(params, self._grads, self._slices, strict=True):
+            p.data = self.flat_data[start:stop].view_as(p)
+            p.grad = grad
+        self._data_pointers = [p.data_ptr() for p in params]
 
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups
-
-    def bind(self) -> None:
-        """Point every parameter's data and gradient at its slice of the flat buffers.
-
-        A parameter whose data was replaced has its current values copied into the buffer first; a
-        gradient that was replaced or dropped is discarded (call between steps).
-        """
+    def _gather(self) -> None:
+        """Bring replaced parameter data or gradients back into the flat buffers (a check when none was)."""
+        if all(p.grad is g for p, g in zip(self._params, self._grads, strict=True)) and all(
+            p.data_ptr() == pointer for p, pointer in zip(self._params, self._data_pointers, strict=True)
+        ):
+            return
         with torch.no_grad():
-            for p, (start, stop) in zip(self.params, self._slices, strict=True):
-                if p.device != self.data.device or p.dtype != self.data.dtype:
+            for i, (p, (start, stop)) in enumerate(zip(self._params, self._slices, strict=True)):
+                if p.device != self.flat_data.device or p.dtype != self.flat_data.dtype:
                     raise RuntimeError(
                         f"a parameter moved to {p.device}/{p.dtype} after its optimizer was built on "
-                        f"{self.data.device}/{self.data.dtype}; move the model before building the Trainer"
+                        f"{self.flat_data.device}/{self.flat_data.dtype}; move the model before building the optimizer"
                     )
-                data = self.data[start:stop].view_as(p)
+                data = self.flat_data[start:stop].view_as(p)
                 if p.data_ptr() != data.data_ptr():
                     data.copy_(p.detach())
                     p.data = data
-                grad = self.grad[start:stop].view_as(p)
-                if p.grad is None or p.grad.data_ptr() != grad.data_ptr():
+                grad = self._grads[i]
+                if p.grad is not grad:
+                    if p.grad is None:
+                        grad.zero_()
+                    else:
+                        grad.copy_(p.grad)
                     p.grad = grad
 
-    def zero_grad(self) -> None:
-        self.grad.zero_()
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the flat gradient buffer (the gradients stay views of it, whatever `set_to_none` says)."""
+        self.flat_grad.zero_()
 
-    def clip_grad_norm(self, max_norm: float | None) -> torch.Tensor:
-        """Scale the gradients to global norm `max_norm` when larger (None: leave them); return the norm before."""
-        norm = torch.linalg.vector_norm(self.grad)
-        if max_norm is not None:
-            # the same coefficient as nn.utils.clip_grad_norm_
-            self.grad.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
-        return norm
-
-    def clip_grad_norms(self, max_norm: float | None) -> torch.Tensor:
-        """Scale each part's gradients to norm `max_norm` when larger (None: leave them); return the
-        parts' norms before, in order."""
-        norms = torch.stack(
-            [torch.linalg.vector_norm(self.grad[start:stop]) for start, stop in self._part_slices]
-        )
+    def clip_grad_norm(self, max_norm: float | None, parts: Sequence[int] = ()) -> torch.Tensor:
+        """Scale each part's gradients to norm `max_norm` when larger (None: leave them); the parts'
+        norms before, 1-D. `parts` counts each part's parameters, in order; empty: all are one part."""
+        self._gather()
+        if not parts:
+            norm = torch.linalg.vector_norm(self.flat_grad)
+            if max_norm is not None:
+                # the same coefficient as nn.utils.clip_grad_norm_
+                self.flat_grad.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+            return norm.reshape(1)
+        bounds = self._part_slices.get(tuple(parts))
+        if bounds is None:
+            bounds = self._part_slices[tuple(parts)] = [
+                (self._slices[start][0], self._slices[stop - 1][1])
+                for start, stop in part_bounds(parts, len(self._params))
+            ]
+        norms = torch.stack([torch.linalg.vector_norm(self.flat_grad[start:stop]) for start, stop in bounds])
         if max_norm is not None:
             coefficients = torch.clamp(max_norm / (norms + 1e-6), max=1.0)
-            for (start, stop), coefficient in zip(self._part_slices, coefficients, strict=True):
-                self.grad[start:stop].mul_(coefficient)
+            for (start, stop), coefficient in zip(bounds, coefficients, strict=True):
+                self.flat_grad[start:stop].mul_(coefficient)
         return norms
 
-    def step(self) -> None:
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         """One Adam step on the flat buffer.
 
-        `torch.optim.Adam`'s single-tensor arithmetic, operation for operation (the same numbers), but
-        without `Optimizer.step`'s per-call bookkeeping, which on CPU can cost more than the arithmetic
-        for the small networks of a PPO minibatch step. The state lives in the wrapped
-        optimizer, so its state dict and learning rate work as before.
+        `torch.optim.Adam`'s single-tensor arithmetic, operation for operation (the same numbers), on
+        one tensor instead of one per parameter.
         """
-        group = self.optimizer.param_groups[0]
-        state = self.optimizer.state[self._flat]
-        if not state:  # as torch initializes it: the step count on the CPU, zero moments
-            state["step"] = torch.tensor(0.0)
-            state["exp_avg"] = torch.zeros_like(self.data)
-            state["exp_avg_sq"] = torch.zeros_like(self.data)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._gather()
+        group = self.param_groups[0]
+        if self._step_count is None:
+            self._start_state()
+        assert self._step_count is not None
         beta1, beta2 = group["betas"]
-        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-        state["step"] += 1
-        step = state["step"].item()
-        exp_avg.lerp_(self.grad, 1 - beta1)
-        exp_avg_sq.mul_(beta2).addcmul_(self.grad, self.grad, value=1 - beta2)
+        exp_avg, exp_avg_sq = self._moments["exp_avg"], self._moments["exp_avg_sq"]
+        self._step_count += 1
+        step = self._step_count.item()
+        exp_avg.lerp_(self.flat_grad, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(self.flat_grad, self.flat_grad, value=1 - beta2)
         step_size = group["lr"] / (1 - beta1**step)
         denom = (exp_avg_sq.sqrt() / (1 - beta2**step) ** 0.5).add_(group["eps"])
-        self.data.addcdiv_(exp_avg, denom, value=-step_size)
+        self.flat_data.addcdiv_(exp_avg, denom, value=-step_size)
+        return loss
+
+    def _start_state(self, step: float = 0.0, moments: dict[str, torch.Tensor] | None = None) -> None:
+        """Flat state (as torch initializes it: the step count on the CPU, zero moments unless given),
+        and each parameter's state entry as views of it."""
+        self._step_count = torch.tensor(step, dtype=torch.float32)
+        self._moments = moments or {key: torch.zeros_like(self.flat_data) for key in _STATE_KEYS}
+        for p, (start, stop) in zip(self._params, self._slices, strict=True):
+            self.state[p] = {
+                "step": self._step_count,
+                **{key: self._moments[key][start:stop].view_as(p) for key in _STATE_KEYS},
+            }
 
     def state_dict(self) -> dict[str, Any]:
-        """torch.optim.Adam's state dict for the original parameter list (one entry per parameter)."""
-        inner = self.optimizer.state_dict()
-        group = {k: v for k, v in inner["param_groups"][0].items() if k != "params"}
-        group["params"] = list(range(len(self.params)))
-        state: dict[int, dict[str, torch.Tensor]] = {}
-        flat_state = inner["state"].get(0)
-        if flat_state is not None:
-            for i, (p, (start, stop)) in enumerate(zip(self.params, self._slices, strict=True)):
-                entry = {"step": flat_state["step"].clone()}
-                for key in _STATE_KEYS:
-                    entry[key] = flat_state[key][start:stop].view_as(p).clone()
-                state[i] = entry
-        return {"state": state, "param_groups": [group]}
+        """torch.optim.Adam's state dict: one entry per parameter, each tensor its own copy."""
+        saved = super().state_dict()
+        saved["state"] = {i: {k: v.clone() for k, v in entry.items()} for i, entry in saved["state"].items()}
+        return saved
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a per-parameter Adam state dict, from `state_dict()` or from `torch.optim.Adam`."""
         groups = state_dict["param_groups"]
         indices = [i for group in groups for i in group["params"]]
-        if len(indices) != len(self.params):
+        if len(indices) != len(self._params) or len(groups) != 1:
             raise ValueError(
-                f"optimizer state holds {len(indices)} parameters but the model has {len(self.params)}; "
-                "the checkpoint was written for a different model configuration"
+                f"optimizer state holds {len(indices)} parameters in {len(groups)} group(s) but the model "
+                f"has {len(self._params)} in one; the checkpoint was written for a different model configuration"
             )
-        ours = self.optimizer.param_groups[0]
-        group = {k: v for k, v in groups[0].items() if k != "params"}
-        for setting in ("foreach", "fused", "capturable", "differentiable"):
-            if setting in ours:
-                group[setting] = ours[setting]
-        group["params"] = [0]
+        group = {**groups[0]}
+        for setting, value in _UNSUPPORTED.items():
+            if group.get(setting, value) != value:
+                raise ValueError(f"FlatAdam cannot resume Adam state with {setting}={group[setting]!r}")
+        for setting in IMPLEMENTATION_SETTINGS:
+            if setting in self.param_groups[0]:
+                group[setting] = self.param_groups[0][setting]
         saved = state_dict["state"]
-        flat_state = {}
-        if saved:
-            entries = [saved.get(i) for i in indices]
-            steps = {float(e["step"]) for e in entries if e is not None}
-            if len(steps) != 1:
-                raise ValueError(
-                    f"optimizer state mixes Adam step counts {sorted(steps)}; it cannot be flattened"
-                )
+        entries = [saved.get(i) for i in group["params"]]
+        steps = {float(e["step"]) for e in entries if e is not None}
+        if len(steps) > 1:
+            raise ValueError(
+                f"optimizer state mixes Adam step counts {sorted(steps)}; it cannot be flattened"
+            )
+        super().load_state_dict({"state": {}, "param_groups": [group]})
+        self.state.clear()
+        self._step_count, self._moments = None, {}
+        if steps:
             # a parameter torch's Adam never stepped (it had no gradient) starts from zero moments
             moments = {
                 key: torch.cat(
                     [
                         torch.zeros(p.numel()) if e is None else e[key].detach().reshape(-1).cpu()
-                        for p, e in zip(self.params, entries, strict=True)
+                        for p, e in zip(self._params, entries, strict=True)
                     ]
-                ).to(self.data)
+                ).to(self.flat_data)
                 for key in _STATE_KEYS
             }
-            flat_state = {0: {"step": torch.tensor(steps.pop(), dtype=torch.float32), **moments}}
-        self.optimizer.load_state_dict({"state": flat_state, "param_groups": [group]})
+            self._start_state(steps.pop(), moments)
