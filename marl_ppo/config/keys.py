@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
+from pydantic.dataclasses import is_pydantic_dataclass
 from pydantic.fields import FieldInfo
 
 from marl_ppo.config.records import ExperimentConfig, _plain, config_to_dict
@@ -38,6 +39,8 @@ class KeyHelp:
 
 def key_help(cls: type = ExperimentConfig, prefix: str = "") -> dict[str, KeyHelp]:
     """Every dotted key with its documentation, default and allowed values, sections before their keys."""
+    if not is_pydantic_dataclass(cls):
+        raise TypeError(f"key_help reads a config section (a pydantic dataclass), got {cls!r}")
     keys: dict[str, KeyHelp] = {}
     for name, field in cls.__pydantic_fields__.items():
         key, doc = prefix + name, field.description or ""
@@ -50,19 +53,20 @@ def key_help(cls: type = ExperimentConfig, prefix: str = "") -> dict[str, KeyHel
             allowed = _allowed(field.annotation, field.metadata)
             keys[key] = KeyHelp(f"{doc} Required in the section; allowed: {allowed}.", None, None)
             continue
-        default = field.default_factory() if field.default_factory is not None else field.default
+        default = field.get_default(call_default_factory=True)
         keys[key] = KeyHelp(doc, yaml_value(default), _allowed(field.annotation, field.metadata))
     return keys
 
 
 def _section_type(annotation: Any) -> type | None:
     """The dataclass of a section of keys (`ppo`, or an optional one such as `expected`), else None."""
-    if dataclasses.is_dataclass(annotation):
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
         return annotation
     inner = [a for a in get_args(annotation) if a is not type(None)]
     if (
         get_origin(annotation) in (Union, types.UnionType)
         and len(inner) == 1
+        and isinstance(inner[0], type)
         and dataclasses.is_dataclass(inner[0])
     ):
         return inner[0]

@@ -19,7 +19,7 @@ import functools
 import importlib
 from typing import Any
 
-from marl_ppo.envs.registry import EnvError, register_env, register_prefix
+from marl_ppo.envs.registry import EnvError, Factory, register_env, register_prefix
 
 MPE2_SCENARIOS = (
     "simple_v3",
@@ -52,7 +52,7 @@ PETTINGZOO_AEC = {  # turn-based games, played move by move (marl_ppo.envs.adapt
     "classic/tictactoe_v3": "classic/tictactoe-v3",
 }
 
-LBF_TASKS = {
+LBF_TASKS: dict[str, tuple[str, dict[str, Any]]] = {
     # EPyMARL's task list; lbforaging registers at most 4 food, so the 5-food tasks set max_num_food
     "Foraging-8x8-2p-2f-coop-v3": ("Foraging-8x8-2p-2f-coop-v3", {}),
     "Foraging-2s-8x8-2p-2f-coop-v3": ("Foraging-2s-8x8-2p-2f-coop-v3", {}),
@@ -175,6 +175,7 @@ def register_catalog() -> None:
     for name in MPE2_SCENARIOS:
         register_env(f"mpe2/{name}", f"mpe2.{name}:parallel_env", extra="mpe")
     for env_id, (name, extra, modules) in PETTINGZOO_PARALLEL.items():
+        factory: Factory
         if env_id in DRAWN_BUTTERFLY:
             factory = functools.partial(drawn_butterfly, name, env_id)
         elif env_id == "sisl/multiwalker_v9":

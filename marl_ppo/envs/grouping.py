@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium as gym
 
@@ -88,7 +88,7 @@ def build_team_spec(
     env_id: str,
     groups: Mapping[str, Sequence[str]] | None = None,
     *,
-    image_pool: int | str = 1,
+    image_pool: int | Literal["auto"] = 1,
     state: str = "auto",
     encoder: str = "mlp",
 ) -> TeamSpec:
@@ -101,14 +101,14 @@ def build_team_spec(
     if not agents:
         raise EnvContractError(f"env '{env_id}': possible_agents is empty; the env must declare its agents")
     info_masks = _info_mask_agents(env, env_id)
-    state_space = getattr(env, "state_space", None)
-    if state == "env" and not isinstance(state_space, gym.spaces.Space):
+    declared = getattr(env, "state_space", None)
+    if state == "env" and not isinstance(declared, gym.spaces.Space):
         raise EnvContractError(
             f"env.state=env but env '{env_id}' declares no state_space; use env.state=auto"
         )
-    from_env = state != "concat" and isinstance(state_space, gym.spaces.Space)
+    state_space = declared if state != "concat" and isinstance(declared, gym.spaces.Space) else None
     if image_pool == "auto":
-        image_pool = auto_pool((env.observation_space(a) for a in agents), state_space if from_env else None)
+        image_pool = auto_pool((env.observation_space(a) for a in agents), state_space)
     frames = encoder != "mlp"
     specs = []
     for name, members in group_members(env, agents, groups):
@@ -131,17 +131,20 @@ def build_team_spec(
             mask_source = None
         layout = _layout(obs_space, image_pool, frames)
         specs.append(GroupSpec(name, members, obs_space, act_space, layout.size, mask_source, layout))
-    if from_env:
+    if state_space is not None:
         state_layout = _layout(state_space, image_pool, frames)
     else:
         state_layout = InputLayout(())
         for agent in agents:
             state_layout = state_layout.then(_layout(env.observation_space(agent), image_pool, frames))
-    if encoder == "cnn" and not (state_layout.has_image or any(g.obs_layout.has_image for g in specs)):
+    if encoder == "cnn" and not (
+        state_layout.has_image or any(g.obs_layout is not None and g.obs_layout.has_image for g in specs)
+    ):
         raise ConfigError(
             f"model.encoder=cnn but no observation or state of env '{env_id}' is an image (a Box of rank 3); "
             "use model.encoder=auto or mlp"
         )
+    from_env = state_space is not None
     return TeamSpec(env_id, agents, tuple(specs), state_layout.size, from_env, image_pool, state_layout)
 
 

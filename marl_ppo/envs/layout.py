@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeGuard
 
 import gymnasium as gym
 import numpy as np
@@ -34,7 +34,7 @@ AUTO_POOL_MIN_SIDE = 16
 """...but the pixel budget never pools an image's longer side below this many pixels."""
 
 
-def has_mask_in_obs(space: gym.Space) -> bool:
+def has_mask_in_obs(space: gym.Space) -> TypeGuard[gym.spaces.Dict]:
     """True for PettingZoo's masked observations: a Dict with `observation` and `action_mask` keys."""
     return isinstance(space, gym.spaces.Dict) and {"observation", "action_mask"} <= set(space.spaces)
 
@@ -44,7 +44,7 @@ def feature_space(space: gym.Space) -> gym.Space:
     return space["observation"] if has_mask_in_obs(space) else space
 
 
-def is_image(space: gym.Space) -> bool:
+def is_image(space: gym.Space) -> TypeGuard[gym.spaces.Box]:
     """A Box of rank 3: an image, (height, width, channels) as PettingZoo's pixels or (channels, height, width)."""
     return isinstance(space, gym.spaces.Box) and len(space.shape) == 3
 
@@ -231,7 +231,11 @@ def flatten_value(layout: InputLayout, space: gym.Space, value: Any) -> np.ndarr
     or, for a single vector part, as the env gave it (cast by the assignment into the stored row)."""
     if len(layout.parts) == 1 and layout.parts[0].key is None:
         return _flatten_part(layout.parts[0], space, value)
-    rows = [_flatten_part(part, space[part.key], value[part.key]) for part in layout.parts]
+    rows = []
+    for part in layout.parts:
+        if part.key is None or not isinstance(space, gym.spaces.Dict):
+            raise TypeError(f"a layout of several parts flattens a Dict space by key, got {space!r}")
+        rows.append(_flatten_part(part, space[part.key], value[part.key]))
     return np.concatenate([row.astype(layout.dtype, copy=False) for row in rows])
 
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeAlias, TypeVar
 
 import gymnasium as gym
 import numpy as np
 
 from marl_ppo.envs.layout import InputLayout
+
+ActionSpace: TypeAlias = gym.spaces.Discrete | gym.spaces.MultiDiscrete | gym.spaces.Box
+"""The action spaces the learner supports."""
 
 
 @dataclass(frozen=True)
@@ -20,7 +23,7 @@ class GroupSpec:
     name: str
     agents: tuple[str, ...]
     observation_space: gym.Space
-    action_space: gym.Space
+    action_space: ActionSpace
     obs_dim: int
     """Length of the flattened observation vector fed to the networks."""
     mask_source: str | None = None
@@ -113,7 +116,13 @@ class TeamSpec:
         raise KeyError(name)
 
 
-Array = TypeVar("Array")
+class _Indexable(Protocol):
+    """What the records need of an array: a view by index."""
+
+    def __getitem__(self, index: Any, /) -> Any: ...
+
+
+Array = TypeVar("Array", bound=_Indexable)
 """`np.ndarray` for envs stepped through NumPy, `torch.Tensor` for batched simulators (VMAS)."""
 
 

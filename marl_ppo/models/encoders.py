@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -72,6 +73,7 @@ class ImageEncoder(nn.Module):
         self.scale = 1.0 / 255.0 if part.frames else 1.0
         in_channels, height, width = part.chw
         self.convs = nn.ModuleList()
+        convs: list[nn.Conv2d] = []
         for out_channels, kernel, stride in cnn.layers():
             conv = nn.Conv2d(
                 in_channels * copies,
@@ -82,13 +84,14 @@ class ImageEncoder(nn.Module):
                 groups=copies,
             )
             self.convs.append(conv)
+            convs.append(conv)
             in_channels = out_channels
             height, width = conv_output_side(height, kernel, stride), conv_output_side(width, kernel, stride)
         self.flat_dim = in_channels * height * width
         self.linear = StackedLinear(copies, self.flat_dim, cnn.features)
         self.out_dim = cnn.features
         if cnn.orthogonal_init:
-            for conv in self.convs:
+            for conv in convs:
                 _orthogonal_per_copy(conv, copies, math.sqrt(2.0))
             self.linear.reset_orthogonal(math.sqrt(2.0))
 
@@ -110,7 +113,8 @@ def _orthogonal_per_copy(conv: nn.Conv2d, copies: int, gain: float) -> None:
     with torch.no_grad():
         for block in conv.weight.chunk(copies, dim=0):
             nn.init.orthogonal_(block, gain)
-        conv.bias.zero_()
+        if conv.bias is not None:
+            conv.bias.zero_()
 
 
 class FeatureEncoder(nn.Module):
@@ -143,7 +147,8 @@ class FeatureEncoder(nn.Module):
         for index, part in enumerate(self.layout.parts):
             piece = rows[..., part.offset : part.offset + part.size]
             if part.is_image:
-                outputs.append(self._images(self.images[str(index)], piece))
+                encoder = cast(ImageEncoder, self.images[str(index)])  # only ImageEncoders are put there
+                outputs.append(self._images(encoder, piece))
             else:
                 outputs.append(piece.float())
         features = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
@@ -152,7 +157,8 @@ class FeatureEncoder(nn.Module):
     @staticmethod
     def _images(encoder: ImageEncoder, piece: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() or piece.shape[0] <= NO_GRAD_CHUNK:
-            return encoder(piece)
+            features: torch.Tensor = encoder(piece)
+            return features
         return torch.cat([encoder(chunk) for chunk in piece.split(NO_GRAD_CHUNK)])
 
 

@@ -30,7 +30,7 @@ def check_finite(
     `arrays` holds the rows of `adapters` (a TeamArrays or a block of its rows) and `ended` their
     `episode_over` flags. Only on failure is the env copy and agent found, and that adapter raises.
     """
-    checks = [
+    checks: list[tuple[str, str | None, np.ndarray]] = [
         (field, name, getattr(group, field))
         for field in ("final_obs", "obs")
         for name, group in arrays.groups.items()

@@ -113,16 +113,17 @@ class GymnasiumTeamEnv(ParallelEnv):
         self.env = env
         obs_space = _outer_space(env, "observation_space")
         act_space = _outer_space(env, "action_space")
-        self.multi_agent = (
+        obs_spaces: list[gym.Space] = [obs_space]
+        act_spaces: list[gym.Space] = [act_space]
+        self.multi_agent = False
+        """True for a Tuple-spaces team env, False for a one-agent team."""
+        if (
             isinstance(obs_space, gym.spaces.Tuple)
             and isinstance(act_space, gym.spaces.Tuple)
             and len(obs_space.spaces) == len(act_space.spaces) > 0
-        )
-        """True for a Tuple-spaces team env, False for a one-agent team."""
-        if self.multi_agent:
+        ):
             obs_spaces, act_spaces = list(obs_space.spaces), list(act_space.spaces)
-        else:
-            obs_spaces, act_spaces = [obs_space], [act_space]
+            self.multi_agent = True
         self.possible_agents = [f"{agent_prefix}_{i}" for i in range(len(obs_spaces))]
         self.agents: list[str] = []
         self.observation_spaces = dict(zip(self.possible_agents, obs_spaces, strict=True))

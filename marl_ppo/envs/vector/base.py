@@ -5,36 +5,37 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-import numpy as np
-import torch
-
-from marl_ppo.envs.spec import TeamArrays, TeamSpec
+from marl_ppo.envs.spec import Array, TeamArrays, TeamSpec
 
 
-class VectorEnv(Protocol):
+class VectorEnv(Protocol[Array]):
     """E copies of one env, stepped together, with auto-reset, writing into preallocated `arrays`.
 
     After `step`, `arrays` holds per copy the step's rewards and flags, `final_obs` / `final_state`
     as the step returned them (before any reset, for the truncation bootstrap), and `obs` / `state` /
     `alive` / `action_mask` ready for the next action: a new episode's first where `episode_over`.
-    Implemented by `SyncVectorEnv`, `SubprocessVectorEnv` and `VmasVectorEnv`.
+    Implemented by `SyncVectorEnv`, `SubprocessVectorEnv` (`Array` is `np.ndarray`) and `VmasVectorEnv`
+    (`torch.Tensor`); a bare `VectorEnv` is any of them.
     """
 
     spec: TeamSpec
     num_envs: int
-    arrays: TeamArrays
+    arrays: TeamArrays[Array]
     """Per-group `(E, A_g, ...)` arrays keyed by group name: NumPy arrays, or torch tensors where `tensor_io`."""
-    episode_over: np.ndarray | torch.Tensor
-    """`(E,)` bools: the copy's episode ended at the last step (and it was reset)."""
     tensor_io: bool
     """True when `arrays` are torch tensors on the simulator's device and `step` takes torch actions;
     False when both are NumPy arrays."""
 
-    def reset(self, seed: int) -> TeamArrays:
+    @property
+    def episode_over(self) -> Array:
+        """`(E,)` bools: the copy's episode ended at the last step (and it was reset)."""
+        ...
+
+    def reset(self, seed: int) -> TeamArrays[Array]:
         """Reset copy i with `seed + i`; later auto-resets continue each copy's own RNG."""
         ...
 
-    def step(self, actions: Mapping[str, np.ndarray] | Mapping[str, torch.Tensor]) -> TeamArrays:
+    def step(self, actions: Mapping[str, Array]) -> TeamArrays[Array]:
         """Step every copy with `actions[group]` of shape `(E, A_g, ...)`, resetting the copies that ended."""
         ...
 

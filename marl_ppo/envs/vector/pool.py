@@ -18,12 +18,17 @@ import traceback
 import weakref
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
-from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, cast
 
 from marl_ppo.envs.adapters.contract import EnvContractError
 from marl_ppo.faults import WorkerError, one_line
+
+if TYPE_CHECKING:
+    from multiprocessing.context import DefaultContext, ForkContext, ForkServerContext, SpawnContext
+
+    ProcessContext: TypeAlias = DefaultContext | SpawnContext | ForkContext | ForkServerContext
+    """A concrete multiprocessing context: the base class has no `Process`."""
 
 _CLOSE_TIMEOUT_S = 5.0
 
@@ -62,14 +67,15 @@ def serve(conn: Connection, parent_end: Connection, make_handler: Callable[..., 
             return
 
 
-def context(start_method: str | None) -> BaseContext:
+def context(start_method: str | None) -> ProcessContext:
     """The multiprocessing context for `start_method`; by default 'fork' where there is one.
 
     Forked workers inherit the parent's modules and need nothing pickled but their commands.
     """
     if start_method is None:
         start_method = "fork" if "fork" in mp.get_all_start_methods() else None
-    return mp.get_context(start_method)
+    # get_context returns a concrete context; typeshed types a `str` method's as the base class
+    return cast("ProcessContext", mp.get_context(start_method))
 
 
 def split_envs(num_envs: int, num_workers: int) -> list[range]:
@@ -79,7 +85,7 @@ def split_envs(num_envs: int, num_workers: int) -> list[range]:
 
 
 def start_worker(
-    ctx: BaseContext, target: Callable[..., None], args: tuple, name: str
+    ctx: ProcessContext, target: Callable[..., None], args: tuple, name: str
 ) -> tuple[BaseProcess, Connection]:
     """Start `target(child_conn, parent_conn, *args)` as a daemon process; return it and the parent's end."""
     parent_end, child_end = ctx.Pipe()
@@ -143,7 +149,7 @@ class WorkerPool:
     def __init__(
         self,
         owner: str,
-        ctx: BaseContext,
+        ctx: ProcessContext,
         make_handler: Callable[..., Handler],
         handler_args: Sequence[tuple],
         name: str,

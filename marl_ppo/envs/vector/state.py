@@ -42,10 +42,12 @@ def states_or_reason(dump: Callable[[], list[bytes]]) -> list[bytes] | str:
 def gathered_states(replies: Sequence[list[bytes] | str]) -> list[bytes]:
     """In the parent: the workers' `states_or_reason` replies flattened in worker order; raises
     EnvStateError with the first worker's reason when any could not pickle its envs."""
-    reasons = [reply for reply in replies if isinstance(reply, str)]
-    if reasons:
-        raise EnvStateError(reasons[0])
-    return [blob for reply in replies for blob in reply]
+    states: list[bytes] = []
+    for reply in replies:
+        if isinstance(reply, str):
+            raise EnvStateError(reply)
+        states.extend(reply)
+    return states
 
 
 def _restore_dict(obj: Any, state: dict[str, Any]) -> None:
@@ -58,7 +60,9 @@ class _StatePickler(pickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, EzPickle) and hasattr(obj, "__dict__"):
-            return copyreg.__newobj__, (type(obj),), obj.__dict__, None, None, _restore_dict
+            # copyreg.__newobj__ (pickle's NEWOBJ opcode) is missing from typeshed's copyreg stub
+            newobj = copyreg.__newobj__  # type: ignore[attr-defined]
+            return newobj, (type(obj),), obj.__dict__, None, None, _restore_dict
         pymunk = sys.modules.get("pymunk")
         if pymunk is not None and isinstance(obj, pymunk.Space):
             raise pickle.PicklingError(

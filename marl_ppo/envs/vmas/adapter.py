@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import gymnasium as gym
 import numpy as np
 import torch
 
+from marl_ppo.envs.adapters.contract import EnvContractError
 from marl_ppo.envs.grouping import group_members
 from marl_ppo.envs.spec import GroupSpec, TeamArrays, TeamSpec
 from marl_ppo.envs.vector.state import EnvStateError, dump_env_state, load_env_state
@@ -36,8 +37,11 @@ from marl_ppo.envs.vmas.per_copy import (
     vmas_streams,
 )
 
+VmasSpace: TypeAlias = gym.spaces.Discrete | gym.spaces.MultiDiscrete | gym.spaces.Box
+"""The Gymnasium spaces of VMAS's observations and actions."""
 
-def _to_gymnasium(space: Any) -> gym.Space:
+
+def _to_gymnasium(space: Any) -> VmasSpace:
     """VMAS declares old-`gym` spaces; the framework speaks Gymnasium."""
     if hasattr(space, "n") and not hasattr(space, "nvec"):
         return gym.spaces.Discrete(int(space.n))
@@ -49,13 +53,13 @@ def _to_gymnasium(space: Any) -> gym.Space:
 class _Spaces:
     """The per-agent space lookups `group_members` expects, over a VMAS env."""
 
-    def __init__(self, observation: dict[str, gym.Space], action: dict[str, gym.Space]) -> None:
+    def __init__(self, observation: dict[str, VmasSpace], action: dict[str, VmasSpace]) -> None:
         self.observation, self.action = observation, action
 
-    def observation_space(self, agent: str) -> gym.Space:
+    def observation_space(self, agent: str) -> VmasSpace:
         return self.observation[agent]
 
-    def action_space(self, agent: str) -> gym.Space:
+    def action_space(self, agent: str) -> VmasSpace:
         return self.action[agent]
 
 
@@ -69,6 +73,10 @@ def vmas_team_spec(env: Any, env_id: str) -> TeamSpec:
     groups = []
     for name, members in group_members(spaces, agents, None):
         obs_space = spaces.observation_space(members[0])
+        if not isinstance(obs_space, gym.spaces.Box):
+            raise EnvContractError(
+                f"VMAS env '{env_id}': agent '{members[0]}' observes {obs_space}; a vector (Box) was expected"
+            )
         obs_dim = int(np.prod(obs_space.shape))
         groups.append(GroupSpec(name, members, obs_space, spaces.action_space(members[0]), obs_dim))
     state_dim = sum(g.num_agents * g.obs_dim for g in groups)
@@ -149,8 +157,8 @@ class VmasVectorEnv:
         if len(finished) == self.num_envs:  # copies with a common time limit end together: one batched reset
             self._write_obs("obs", self.env.reset())
         else:
-            for group in arrays.groups.values():
-                group.obs.copy_(group.final_obs)
+            for group_arrays in arrays.groups.values():
+                group_arrays.obs.copy_(group_arrays.final_obs)
             if len(finished):
                 self._reset_some(finished)
         self._write_state(arrays.state, "obs")

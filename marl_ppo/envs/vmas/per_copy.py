@@ -116,15 +116,15 @@ def _describe(path: Path) -> str:
 @contextlib.contextmanager
 def random_streams_kept(env: Any) -> Iterator[None]:
     """Leave torch's global streams and VMAS's own (one set shared by all its simulators) as they were."""
-    vmas_streams = getattr(env, "vmas_random_state", None)
-    saved = list(vmas_streams) if isinstance(vmas_streams, list) else None
+    found = getattr(env, "vmas_random_state", None)
+    vmas_streams: list[Any] = found if isinstance(found, list) else []  # none to keep: an empty list
+    saved = list(vmas_streams)
     devices = [env.device] if torch.device(env.device).type == "cuda" else []
     try:
         with torch.random.fork_rng(devices=devices):
             yield
     finally:
-        if saved is not None:
-            vmas_streams[:] = saved
+        vmas_streams[:] = saved
 
 
 class FreshCopies:
