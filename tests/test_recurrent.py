@@ -399,7 +399,6 @@ def test_a_recurrent_policy_in_vmas_restarts_the_states_of_finished_copies():
     from marl_ppo.envs.factory import build_vector_env
     from marl_ppo.models.team import TeamModel
     from marl_ppo.rollout.collector import Collector
-    from marl_ppo.rollout.memory import make_memory
 
     config = load_config(
         None, ["env.id=vmas/navigation", "env.kwargs={max_steps: 4}", "num_envs=4", "model.recurrent=gru"]
@@ -409,7 +408,7 @@ def test_a_recurrent_policy_in_vmas_restarts_the_states_of_finished_copies():
     model = TeamModel(venv.spec, config)
     cpu = torch.device("cpu")
     buffer = RolloutBuffer(venv.spec, 10, config.num_envs, memory=model.memory_layout())
-    collector = Collector(venv, model, cpu, make_memory(model, config.num_envs, cpu))
+    collector = Collector(venv, model, cpu)
     collector.start(0)
 
     collector.collect(buffer)
@@ -427,7 +426,6 @@ def test_a_recurrent_vmas_rollout_and_update_stay_on_the_device(device):
     from marl_ppo.envs.factory import build_vector_env
     from marl_ppo.models.team import TeamModel
     from marl_ppo.rollout.collector import Collector
-    from marl_ppo.rollout.memory import make_memory
 
     where = torch.device(device)
     config = load_config(
@@ -445,7 +443,7 @@ def test_a_recurrent_vmas_rollout_and_update_stay_on_the_device(device):
     torch.manual_seed(0)
     model = TeamModel(venv.spec, config).to(where)
     buffer = RolloutBuffer(venv.spec, 8, config.num_envs, where, model.memory_layout())
-    collector = Collector(venv, model, where, make_memory(model, config.num_envs, where))
+    collector = Collector(venv, model, where)
     collector.start(0)
     result = collector.collect(buffer)
     assert all(t.device.type == where.type for t in buffer.tensors())
