@@ -81,13 +81,7 @@ def _training_copies(run_dir) -> int:
         "sync",
         "auto",
         "workers",
-        pytest.param(
-            "subprocess",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="SubprocessVectorEnv builds a copy of its own to read the layout; pass it the plan's spec",
-            ),
-        ),
+        "subprocess",
     ],
 )
 def test_a_run_builds_one_probe_copy_and_settles_vector_once(vector, tmp_path, monkeypatch):

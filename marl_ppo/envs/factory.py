@@ -89,7 +89,7 @@ def build_vector_env(
     make_copy = functools.partial(make_adapter, config, spec)
     if config.vector == "subprocess":
         return SubprocessVectorEnv(
-            make_copy, config.num_envs, config.num_workers, timeout_s=config.worker_timeout_s
+            make_copy, config.num_envs, config.num_workers, timeout_s=config.worker_timeout_s, spec=spec
         )
     return SyncVectorEnv(make_copy, config.num_envs)
 

@@ -124,12 +124,17 @@ class SubprocessVectorEnv:
         num_workers: int,
         start_method: str | None = None,
         timeout_s: float | None = None,
+        spec: TeamSpec | None = None,
     ) -> None:
+        """`spec`: the copies' team layout where the caller has it (a run's plan); None builds a copy
+        here to read it."""
         if num_envs < 1 or num_workers < 1:
             raise ValueError(f"num_envs ({num_envs}) and num_workers ({num_workers}) must be at least 1")
-        probe = make_adapter()
-        self.spec: TeamSpec = probe.spec
-        probe.close()
+        if spec is None:
+            probe = make_adapter()
+            spec = probe.spec
+            probe.close()
+        self.spec: TeamSpec = spec
         self.num_envs = num_envs
         self.timeout_s = timeout_s
         """Seconds a worker may take to answer a command before it counts as hung; None waits forever."""
