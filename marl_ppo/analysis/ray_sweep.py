@@ -93,7 +93,8 @@ def run_sweep_on_ray(
             pending.append(run)
     disconnect = connect_ray(address)
     task = ray.remote(train_run).options(num_cpus=run_cores(config), max_retries=TASK_RETRIES)
-    total, running = len(pending), {}
+    total = len(pending)
+    running: dict[Any, SweepRun] = {}  # Ray's object reference -> its run
     previous = signal.signal(signal.SIGTERM, _interrupt) if _main_thread() else None
     try:
         while pending or running:

@@ -184,7 +184,8 @@ def _one_run_per_seed(runs: Sequence[RunLog]) -> tuple[tuple[RunLog, ...], tuple
     by_seed: dict[Any, list[RunLog]] = {}
     for run in runs:
         by_seed.setdefault(run.config.get("seed"), []).append(run)
-    kept, duplicates = [], []
+    kept: list[RunLog] = []
+    duplicates: list[RunLog] = []
     for same_seed in by_seed.values():
         best = max(same_seed, key=last_step)  # max keeps the first of equals
         kept.append(best)

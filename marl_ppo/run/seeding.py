@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
+
+LegacyNumpyState = tuple[str, np.ndarray, int, int, float]
+"""NumPy's legacy MT19937 state: name, key words, position, has_gauss, cached gaussian."""
 
 
 def seed_everything(seed: int) -> torch.Generator:
@@ -22,7 +25,9 @@ def seed_everything(seed: int) -> torch.Generator:
 def rng_state() -> dict[str, Any]:
     """The Python, NumPy and torch (CPU and CUDA) global RNG states as tensors and primitives."""
     version, words, gauss = random.getstate()
-    name, keys, position, has_gauss, cached = np.random.get_state()
+    # The global generator is NumPy's legacy MT19937, whose legacy state is this tuple.
+    numpy_state = cast(LegacyNumpyState, np.random.get_state(legacy=True))
+    name, keys, position, has_gauss, cached = numpy_state
     return {
         "python": {"version": version, "words": torch.tensor(words, dtype=torch.int64), "gauss": gauss},
         "numpy": {
