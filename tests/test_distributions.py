@@ -1,60 +1,64 @@
-"""Action heads against torch.distributions: log-probabilities, exact entropies, sampling frequencies."""
+"""Action heads: each space's torch distribution, its masks, its products, and its sampling frequencies."""
+
+import math
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from torch.distributions import Categorical as TorchCategorical
-from torch.distributions import Normal
 
-from marl_ppo.fast.distributions import Categorical, DiagGaussian, MultiCategorical
+from marl_ppo.config import ConfigError, load_config
 from marl_ppo.models.distributions import head_size, make_distribution
 
 
-def test_categorical_matches_torch_and_samples_by_probability():
-    torch.manual_seed(0)
-    logits = torch.randn(4, 3, 5)
-    ours, reference = Categorical(logits), TorchCategorical(logits=logits)
-    actions = reference.sample()
-    torch.testing.assert_close(ours.log_prob(actions), reference.log_prob(actions))
-    torch.testing.assert_close(ours.entropy(), reference.entropy())
-    probs = torch.tensor([0.1, 0.2, 0.7])
-    draws = Categorical(probs.log().expand(20000, 3)).sample()
-    frequencies = torch.bincount(draws, minlength=3).float() / 20000
-    torch.testing.assert_close(frequencies, probs, atol=0.015, rtol=0)
-    assert Categorical(probs.log()).mode().item() == 2
+def test_a_masked_categorical_samples_by_the_allowed_probabilities_and_never_a_masked_action():
+    logits = torch.tensor([[[0.0, 1.0, 2.0, -1.0]]]).expand(20000, 1, 4)
+    mask = torch.tensor([True, True, True, False]).expand(20000, 1, 4)
+    torch.manual_seed(3)
+    dist = make_distribution(gym.spaces.Discrete(4), logits, None, mask)
+    frequencies = torch.bincount(dist.sample().flatten(), minlength=4).double() / 20000
+    expected = torch.softmax(torch.tensor([0.0, 1.0, 2.0]), 0)
+    assert frequencies[3] == 0.0
+    torch.testing.assert_close(frequencies[:3].float(), expected, atol=0.012, rtol=0)
+    assert dist.mode()[0].item() == 2
+    p = expected.double()
+    torch.testing.assert_close(dist.entropy()[0, 0].double(), -(p * p.log()).sum(), rtol=1e-6, atol=0)
+    assert dist.log_prob(torch.tensor([[3]]).expand(20000, 1))[0, 0] < -1e8  # masked: probability 0
 
 
-def test_multi_categorical_is_the_sum_of_its_parts():
-    torch.manual_seed(1)
-    logits = torch.randn(6, 2, 3 + 4)
-    ours = MultiCategorical(logits, [3, 4])
-    first, second = TorchCategorical(logits=logits[..., :3]), TorchCategorical(logits=logits[..., 3:])
-    actions = torch.stack([first.sample(), second.sample()], dim=-1)
-    torch.testing.assert_close(
-        ours.log_prob(actions), first.log_prob(actions[..., 0]) + second.log_prob(actions[..., 1])
-    )
-    torch.testing.assert_close(ours.entropy(), first.entropy() + second.entropy())
-    assert ours.sample().shape == (6, 2, 2)
+def test_multi_discrete_log_probability_and_entropy_are_the_sums_of_its_parts():
+    logits = torch.log(torch.tensor([[[0.5, 0.25, 0.25, 0.1, 0.9]]]))  # parts of 3 and 2 actions
+    dist = make_distribution(gym.spaces.MultiDiscrete([3, 2]), logits, None)
+    log_prob = dist.log_prob(torch.tensor([[[0, 1]]]))
+    torch.testing.assert_close(log_prob, torch.tensor([[math.log(0.5) + math.log(0.9)]]))
+    first = -(0.5 * math.log(0.5) + 2 * 0.25 * math.log(0.25))
+    second = -(0.1 * math.log(0.1) + 0.9 * math.log(0.9))
+    torch.testing.assert_close(dist.entropy(), torch.tensor([[first + second]]))
+    assert dist.sample().shape == (1, 1, 2) and dist.mode().tolist() == [[[0, 1]]]
 
 
-def test_diag_gaussian_matches_torch():
-    torch.manual_seed(2)
-    mean, log_std = torch.randn(5, 3, 2), torch.randn(3, 2)
-    ours, reference = DiagGaussian(mean, log_std), Normal(mean, log_std.exp())
-    actions = reference.sample()
-    torch.testing.assert_close(ours.log_prob(actions), reference.log_prob(actions).sum(-1))
-    torch.testing.assert_close(ours.entropy(), reference.entropy().sum(-1))
+def test_a_box_action_is_a_diagonal_gaussian_summed_over_its_dimensions():
+    mean, log_std = torch.zeros(1, 3, 2), torch.log(torch.tensor([[1.0, 2.0]]))
+    dist = make_distribution(gym.spaces.Box(-1, 1, (2,), np.float32), mean, log_std)
+    log_prob = dist.log_prob(torch.ones(1, 3, 2))
+    expected = -0.5 * (1 + 0.25) - math.log(2.0) - math.log(2 * math.pi)
+    torch.testing.assert_close(log_prob, torch.full((1, 3), expected))
+    torch.testing.assert_close(dist.entropy(), torch.full((1, 3), 1 + math.log(2 * math.pi) + math.log(2.0)))
+    assert torch.equal(dist.mode(), mean)
 
 
 @pytest.mark.parametrize(
-    ("space", "size", "kind"),
-    [
-        (gym.spaces.Discrete(4), 4, Categorical),
-        (gym.spaces.MultiDiscrete([3, 2]), 5, MultiCategorical),
-        (gym.spaces.Box(-1, 1, (2,), np.float32), 2, DiagGaussian),
-    ],
+    ("space", "size"),
+    [(gym.spaces.Discrete(4), 4), (gym.spaces.MultiDiscrete([3, 2]), 5), (gym.spaces.Box(-1, 1, (2,)), 2)],
 )
-def test_heads_fit_their_spaces(space, size, kind):
+def test_heads_fit_their_spaces(space, size):
     assert head_size(space) == size
-    assert isinstance(make_distribution(space, torch.zeros(1, 2, size), torch.zeros(1, size)), kind)
+    dist = make_distribution(space, torch.zeros(7, 2, size), torch.zeros(1, size))
+    assert dist.log_prob(dist.sample()).shape == dist.entropy().shape == (7, 2)
+
+
+def test_the_removed_distributions_switch_is_named_with_what_to_do():
+    with pytest.raises(
+        ConfigError, match=r"^config key 'fast.distributions' was removed: torch.distributions"
+    ):
+        load_config(None, ["fast.distributions=false"])

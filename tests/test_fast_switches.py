@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -15,7 +14,6 @@ from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.config import load_config
 from marl_ppo.fast.adam import FlatAdam
 from marl_ppo.fast.events import EventWriter, LibraryEventWriter
-from marl_ppo.models.distributions import make_distribution
 from marl_ppo.run.loop import train
 
 SPREAD = ROOT / "experiments/mpe/simple_spread.yaml"
@@ -27,8 +25,7 @@ LIBRARY_EXCEPT_SAMPLING = [
     "fast.allocator=false",
 ]
 """Every switch whose library piece computes the same numbers (torch's single-tensor Adam, TensorBoard's
-writer, PettingZoo's cycle, glibc's defaults). torch.distributions samples another way, so a run with it
-takes other actions (its agreement is tested on the distributions themselves below)."""
+writer, PettingZoo's cycle, glibc's defaults)."""
 
 
 def _scalars(run_dir):
@@ -108,48 +105,6 @@ def test_optimizer_states_move_between_ours_and_torchs():
     assert flat.param_groups[0]["foreach"] is False
     for key, value in adam.state_dict()["state"].items():
         assert torch.equal(flat.state_dict()["state"][key]["exp_avg_sq"], value["exp_avg_sq"])
-
-
-SPACES = {
-    "discrete": (gym.spaces.Discrete(5), 5),
-    "multi_discrete": (gym.spaces.MultiDiscrete([3, 4]), 7),
-    "box": (gym.spaces.Box(-1.0, 1.0, (2,)), 2),
-}
-
-
-@pytest.mark.parametrize("kind", SPACES)
-def test_torch_distributions_behind_the_switch_agree_with_ours(kind):
-    space, width = SPACES[kind]
-    generator = torch.Generator().manual_seed(2)
-    output = torch.randn(64, 3, width, generator=generator)
-    log_std = torch.full((3, width), -0.5) if kind == "box" else None
-    mask = None
-    if kind != "box":
-        mask = torch.rand(64, 3, width, generator=generator) > 0.3
-        mask[..., 0] = True  # every categorical keeps an allowed action
-        if kind == "multi_discrete":
-            mask[..., 3] = True
-    ours = make_distribution(space, output, log_std, mask)
-    library = make_distribution(space, output, log_std, mask, library=True)
-    actions = ours.sample()
-    torch.testing.assert_close(library.log_prob(actions), ours.log_prob(actions))
-    torch.testing.assert_close(library.entropy(), ours.entropy())
-    torch.testing.assert_close(library.mode(), ours.mode())
-    assert library.sample().shape == actions.shape
-
-
-def test_torch_categorical_behind_the_switch_samples_by_the_same_probabilities():
-    logits = torch.tensor([[[0.0, 1.0, 2.0, -1.0]]]).expand(20000, 1, 4)
-    mask = torch.tensor([True, True, True, False]).expand(20000, 1, 4)
-    space = gym.spaces.Discrete(4)
-    torch.manual_seed(3)
-    ours = make_distribution(space, logits, None, mask).sample().flatten()
-    library = make_distribution(space, logits, None, mask, library=True).sample().flatten()
-    expected = torch.softmax(torch.tensor([0.0, 1.0, 2.0]), 0)
-    for samples in (ours, library):
-        frequencies = torch.bincount(samples, minlength=4).double() / len(samples)
-        assert frequencies[3] == 0.0  # the masked action is never drawn
-        torch.testing.assert_close(frequencies[:3].float(), expected, atol=0.012, rtol=0)
 
 
 def test_tensorboards_writer_behind_the_switch_logs_what_ours_logs(tmp_path):

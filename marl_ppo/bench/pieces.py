@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
@@ -33,31 +32,6 @@ def paired(name: str, ours: Callable[[], None], library: Callable[[], None], rep
     print(
         f"{name:58s} ours {a * 1e3:9.2f} ms  library {b * 1e3:9.2f} ms  library/ours {b / a:6.2f}", flush=True
     )
-
-
-def distributions() -> None:
-    from marl_ppo.models.distributions import make_distribution
-
-    cases = (
-        ("Discrete(5), acting (16, 3)", gym.spaces.Discrete(5), (16, 3, 5)),
-        ("Discrete(5), minibatch (200, 3)", gym.spaces.Discrete(5), (200, 3, 5)),
-        ("Box(2), VMAS acting (1024, 4)", gym.spaces.Box(-1, 1, (2,)), (1024, 4, 2)),
-        ("Box(2), VMAS minibatch (25600, 4)", gym.spaces.Box(-1, 1, (2,)), (25600, 4, 2)),
-    )
-    for label, space, shape in cases:
-        output = torch.randn(shape)
-        log_std = torch.zeros(1, shape[-1]) if isinstance(space, gym.spaces.Box) else None
-
-        def run(library: bool, output=output, space=space, log_std=log_std) -> Callable[[], None]:
-            def calls() -> None:
-                for _ in range(200):
-                    dist = make_distribution(space, output, log_std, None, library=library)
-                    dist.log_prob(dist.sample())
-                    dist.entropy()
-
-            return calls
-
-        paired(f"distributions, {label}, 200 x sample/log_prob/entropy", run(False), run(True))
 
 
 def event_writers() -> None:
@@ -149,7 +123,7 @@ def screen_copy() -> None:
 
 
 def optimizers() -> None:
-    from marl_ppo.algo.optim import make_optimizer
+    from marl_ppo.algo.optim import clip_grad_norms, make_optimizer
 
     def network() -> nn.Module:
         torch.manual_seed(0)  # the default experiment's shared actor: 18 inputs + 3 agent ids, 64x64
@@ -166,10 +140,9 @@ def optimizers() -> None:
             def run() -> None:
                 for _ in range(100):
                     optimizer = optimizers[name]
-                    optimizer.bind()
                     optimizer.zero_grad()
                     nets[name](x).pow(2).mean().backward()
-                    optimizer.clip_grad_norm(10.0)
+                    clip_grad_norms(optimizer, 10.0)
                     optimizer.step()
 
             return run
@@ -180,7 +153,7 @@ def optimizers() -> None:
 def main() -> int:
     """Time every piece against the library's."""
     torch.set_num_threads(1)
-    for measure in (distributions, event_writers, lean_cycle, screen_copy, optimizers):
+    for measure in (event_writers, lean_cycle, screen_copy, optimizers):
         measure()
     return 0
 

@@ -7,8 +7,9 @@ import dataclasses
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 from pydantic.dataclasses import dataclass
+from pydantic_core import ArgsKwargs
 
 _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -231,9 +232,6 @@ class FastConfig:
     """`flat_adam`: Adam over one flat buffer per network (one clip norm, a few ops per step; the same
     numbers as `adam`); `adam`, `adam_foreach`, `adam_fused`: torch.optim.Adam with its single-tensor,
     multi-tensor or fused implementation, and nn.utils.clip_grad_norm_."""
-    distributions: bool = True
-    """Our action distributions (no argument validation, Gumbel-max sampling); false: torch.distributions
-    (the same log-probabilities, entropies and modes; samples drawn another way)."""
     event_writer: bool = True
     """Our TensorBoard event writer (one event per logged step, framed in the calling thread); false:
     torch.utils.tensorboard.SummaryWriter (the same scalars)."""
@@ -250,6 +248,22 @@ class FastConfig:
     """With `model.recurrent`: our agent-stacked GRU/LSTM step (batched products over the agents'
     weights, each sequence's input product taken at once); false: torch's nn.GRUCell / nn.LSTMCell
     on the same weights, called once per agent (per-agent weights) or once (shared)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_keys(cls, data: Any) -> Any:
+        keys = data.kwargs if isinstance(data, ArgsKwargs) else data
+        for key, library in REMOVED_FAST_KEYS.items():
+            if isinstance(keys, dict) and key in keys:
+                raise ValueError(
+                    f"config key 'fast.{key}' was removed: {library} is always used now; "
+                    "delete the key from the experiment file or the overrides"
+                )
+        return data
+
+
+REMOVED_FAST_KEYS = {"distributions": "torch.distributions"}
+"""`fast` switches whose hand-written piece was removed, and the library piece that replaced it."""
 
 
 @dataclass(frozen=True, config=_STRICT)

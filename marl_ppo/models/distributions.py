@@ -1,19 +1,19 @@
-"""Action distributions for Discrete, MultiDiscrete and Box spaces, over `(..., A)` agent batches.
-
-`make_distribution` wraps an actor's output in ours (`marl_ppo/fast/distributions.py`: only sample,
-log_prob, exact entropy and mode, without argument validation) or, with `fast.distributions: false`,
-in torch.distributions' (`library_distribution`).
+"""Action distributions for Discrete, MultiDiscrete and Box spaces, over `(..., A)` agent batches, from
+torch.distributions (without argument validation): `make_distribution`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Protocol, cast
 
 import gymnasium as gym
 import torch
+from torch.distributions import Categorical, Independent, Normal
 
-from marl_ppo.fast.distributions import MASKED_LOGIT, Categorical, DiagGaussian, MultiCategorical
+MASKED_LOGIT = -1e9
+"""Logit given to a masked action: its probability is exactly 0 and it is never sampled."""
 
 
 class ActionDistribution(Protocol):
@@ -36,12 +36,12 @@ def head_size(space: gym.Space) -> int:
     raise TypeError(f"unsupported action space {space!r}; use Discrete, MultiDiscrete or Box")
 
 
-class LibraryDistribution:
-    """A `torch.distributions` distribution (or a product of categoricals) with the ActionDistribution
-    interface: the same log-probabilities, entropies and modes as ours, samples drawn torch's way."""
+class TorchDistribution:
+    """A `torch.distributions` distribution, or a product of categoricals (MultiDiscrete), with the
+    ActionDistribution interface: log-probabilities and entropies per agent, `(..., A)`."""
 
-    def __init__(self, parts: list[torch.distributions.Distribution], *, stacked: bool) -> None:
-        self.parts = parts
+    def __init__(self, parts: Sequence[torch.distributions.Distribution], *, stacked: bool) -> None:
+        self.parts = list(parts)
         self.stacked = stacked
         """True for a MultiDiscrete product: one categorical per action dimension, on the last axis."""
 
@@ -60,57 +60,35 @@ class LibraryDistribution:
     def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
         """log p(a), `(..., A)`; summed over a product's dimensions."""
         if self.stacked:
-            return sum(part.log_prob(actions[..., k]) for k, part in enumerate(self.parts))
+            return cast(
+                torch.Tensor, sum(part.log_prob(actions[..., k]) for k, part in enumerate(self.parts))
+            )
         return self.parts[0].log_prob(actions)
 
     def entropy(self) -> torch.Tensor:
         """Exact entropy, `(..., A)`; summed over a product's dimensions."""
-        return sum(part.entropy() for part in self.parts)
+        return cast(torch.Tensor, sum(part.entropy() for part in self.parts))
 
 
-def library_distribution(
+def make_distribution(
     space: gym.Space, output: torch.Tensor, log_std: torch.Tensor | None, mask: torch.Tensor | None = None
 ) -> ActionDistribution:
-    """`make_distribution` built from torch.distributions (`fast.distributions: false`)."""
-    from torch.distributions import Categorical as TorchCategorical
-    from torch.distributions import Independent, Normal
+    """Wrap the actor's raw output (and the action mask, for discrete spaces) in the fitting distribution."""
 
-    def categorical(logits: torch.Tensor, part_mask: torch.Tensor | None) -> TorchCategorical:
+    def categorical(logits: torch.Tensor, part_mask: torch.Tensor | None) -> Categorical:
         if part_mask is not None:
             logits = logits.masked_fill(~part_mask, MASKED_LOGIT)
-        return TorchCategorical(logits=logits, validate_args=False)
+        return Categorical(logits=logits, validate_args=False)
 
     if isinstance(space, gym.spaces.Discrete):
-        return LibraryDistribution([categorical(output, mask)], stacked=False)
+        return TorchDistribution([categorical(output, mask)], stacked=False)
     if isinstance(space, gym.spaces.MultiDiscrete):
         sizes = [int(n) for n in space.nvec.reshape(-1)]
         masks = torch.split(mask, sizes, dim=-1) if mask is not None else [None] * len(sizes)
         parts = [categorical(c, m) for c, m in zip(torch.split(output, sizes, dim=-1), masks, strict=True)]
-        return LibraryDistribution(parts, stacked=True)
+        return TorchDistribution(parts, stacked=True)
     if isinstance(space, gym.spaces.Box):
         assert log_std is not None
         normal = Normal(output, log_std.expand_as(output).exp(), validate_args=False)
-        return LibraryDistribution([Independent(normal, 1, validate_args=False)], stacked=False)
-    raise TypeError(f"unsupported action space {space!r}; use Discrete, MultiDiscrete or Box")
-
-
-def make_distribution(
-    space: gym.Space,
-    output: torch.Tensor,
-    log_std: torch.Tensor | None,
-    mask: torch.Tensor | None = None,
-    *,
-    library: bool = False,
-) -> ActionDistribution:
-    """Wrap the actor's raw output (and the action mask, for discrete spaces) in the fitting distribution:
-    ours, or torch.distributions' with `library=True`."""
-    if library:
-        return library_distribution(space, output, log_std, mask)
-    if isinstance(space, gym.spaces.Discrete):
-        return Categorical(output, mask)
-    if isinstance(space, gym.spaces.MultiDiscrete):
-        return MultiCategorical(output, [int(n) for n in space.nvec.reshape(-1)], mask)
-    if isinstance(space, gym.spaces.Box):
-        assert log_std is not None
-        return DiagGaussian(output, log_std)
+        return TorchDistribution([Independent(normal, 1, validate_args=False)], stacked=False)
     raise TypeError(f"unsupported action space {space!r}; use Discrete, MultiDiscrete or Box")

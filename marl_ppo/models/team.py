@@ -145,13 +145,9 @@ class GroupActor(nn.Module):
     feed-forward actor's carry is empty, `(B, A_g, 0)`, and passes through unchanged.
     """
 
-    def __init__(
-        self, group: GroupSpec, model: ModelConfig, *, shared: bool, library_distributions: bool = False
-    ) -> None:
+    def __init__(self, group: GroupSpec, model: ModelConfig, *, shared: bool) -> None:
         super().__init__()
         self.action_space = group.action_space
-        self.library_distributions = library_distributions
-        """Build action distributions from torch.distributions instead of ours (`fast.distributions`)."""
         self.features = _encoder(model, group.obs_layout, copies=1 if shared else group.num_agents)
         """The CNN encoder of an image observation, in front of the MLP; None for a vector."""
         in_dim = group.obs_dim if self.features is None else self.features.out_dim
@@ -195,9 +191,7 @@ class GroupActor(nn.Module):
 
     def _distribution(self, output: torch.Tensor, action_mask: torch.Tensor) -> ActionDistribution:
         mask = None if action_mask.shape[-1] == 0 else action_mask
-        return make_distribution(
-            self.action_space, output, self.log_std, mask, library=self.library_distributions
-        )
+        return make_distribution(self.action_space, output, self.log_std, mask)
 
 
 class GroupCritic(nn.Module):
@@ -386,13 +380,7 @@ class TeamModel(nn.Module):
         super().__init__()
         self.spec = spec
         self.actors = nn.ModuleList(
-            GroupActor(
-                g,
-                config.model,
-                shared=config.share_actor,
-                library_distributions=not config.fast.distributions,
-            )
-            for g in spec.groups
+            GroupActor(g, config.model, shared=config.share_actor) for g in spec.groups
         )
         self.critics = nn.ModuleList(
             GroupCritic(
