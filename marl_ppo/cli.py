@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from marl_ppo.analysis.runlogs import ReportError
 from marl_ppo.analysis.sweep import SweepError
@@ -60,6 +60,10 @@ class _Parser(argparse.ArgumentParser):
             self._intermixing = False
 
 
+Commands: TypeAlias = "argparse._SubParsersAction[_Parser]"
+"""The `marl-ppo` parser's subcommands, each added by one `_add_*` function."""
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="marl-ppo", description="Multi-agent PPO (MAPPO / IPPO).")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks for errors")
@@ -69,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_train(commands: Any) -> argparse.ArgumentParser:
+def _add_train(commands: Commands) -> argparse.ArgumentParser:
     """`train`: an experiment file with overrides, or --resume, --help-config, --print-config."""
     train = commands.add_parser("train", help="train on an experiment file with key=value overrides")
     train.add_argument("args", nargs="*", metavar="[EXPERIMENT.yaml] [key=value ...]")
@@ -93,7 +97,7 @@ def _add_train(commands: Any) -> argparse.ArgumentParser:
     return train
 
 
-def _add_eval(commands: Any) -> argparse.ArgumentParser:
+def _add_eval(commands: Commands) -> argparse.ArgumentParser:
     """`eval`: a run's checkpoint, or the random policy on an experiment's env."""
     evaluate = commands.add_parser("eval", help="evaluate a run's checkpoint; writes eval.json (and a video)")
     evaluate.add_argument("target", metavar="RUN_DIR|CHECKPOINT|EXPERIMENT.yaml", type=Path)
@@ -117,7 +121,7 @@ def _add_eval(commands: Any) -> argparse.ArgumentParser:
     return evaluate
 
 
-def _add_sweep(commands: Any) -> argparse.ArgumentParser:
+def _add_sweep(commands: Commands) -> argparse.ArgumentParser:
     """`sweep`: a grid of values x seeds, one training process per run."""
     sweep = commands.add_parser("sweep", help="train a grid of key=v1,v2 values x seeds, one process per run")
     sweep.add_argument("experiment", metavar="EXPERIMENT.yaml", type=Path)
@@ -135,7 +139,7 @@ def _add_sweep(commands: Any) -> argparse.ArgumentParser:
     return sweep
 
 
-def _add_reproduce(commands: Any) -> argparse.ArgumentParser:
+def _add_reproduce(commands: Commands) -> argparse.ArgumentParser:
     """`reproduce`: an experiment's seeds checked against its expected: band."""
     reproduce = commands.add_parser(
         "reproduce", help="train an experiment's seeds and check its expected: band (exit 1 outside)"
@@ -152,7 +156,7 @@ def _add_reproduce(commands: Any) -> argparse.ArgumentParser:
     return reproduce
 
 
-def _add_report(commands: Any) -> argparse.ArgumentParser:
+def _add_report(commands: Commands) -> argparse.ArgumentParser:
     """`report`: returns across seeds and learning curves."""
     report = commands.add_parser("report", help="returns across seeds (IQM, 95%% CIs) and learning curves")
     report.add_argument(
@@ -172,7 +176,7 @@ def _add_report(commands: Any) -> argparse.ArgumentParser:
     return report
 
 
-def _add_envs(commands: Any) -> argparse.ArgumentParser:
+def _add_envs(commands: Commands) -> argparse.ArgumentParser:
     """`envs`: the registered ids, and `envs check ID`."""
     envs = commands.add_parser("envs", help="list registered environment ids, or check one")
     envs.add_argument("--json", action="store_true", help="print the list as JSON objects")

@@ -28,7 +28,8 @@ def binned_curve(steps: np.ndarray, values: np.ndarray, edges: np.ndarray) -> np
     counts = np.bincount(index[inside], minlength=len(edges) - 1)
     centers = (edges[:-1] + edges[1:]) / 2
     filled = counts > 0
-    return np.interp(centers, centers[filled], sums[filled] / counts[filled])
+    curve: np.ndarray = np.interp(centers, centers[filled], sums[filled] / counts[filled])
+    return curve
 
 
 def configuration_curves(config: Configuration, tag: str) -> tuple[np.ndarray, np.ndarray]:

@@ -37,6 +37,7 @@ def interval_estimates(
     library, _ = rliable()
     with warnings.catch_warnings():  # arch warns about the random_state argument rliable passes it
         warnings.filterwarnings("ignore", message="random_state is deprecated", category=FutureWarning)
-        return library.get_interval_estimates(
+        estimates: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] = library.get_interval_estimates(
             scores, statistic, reps=reps, random_state=np.random.RandomState(seed)
         )
+    return estimates

@@ -34,9 +34,8 @@ def _group_name(agents: Sequence[str], taken: set[str]) -> str:
 
 
 def _same_spaces(env: Any, first: str, other: str) -> bool:
-    return env.observation_space(first) == env.observation_space(other) and env.action_space(
-        first
-    ) == env.action_space(other)
+    same: bool = env.observation_space(first) == env.observation_space(other)
+    return same and env.action_space(first) == env.action_space(other)
 
 
 def group_members(

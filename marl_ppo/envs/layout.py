@@ -90,7 +90,8 @@ def _pool_hwc(hwc: np.ndarray, factor: int) -> np.ndarray:
     n = factor * factor
     mean, rest = np.divmod(sums, n)
     up = (2 * rest > n) | ((2 * rest == n) & (mean % 2 == 1))
-    return (mean + up).astype(np.uint8)
+    pooled: np.ndarray = (mean + up).astype(np.uint8)
+    return pooled
 
 
 def pooled_shape(shape: tuple[int, ...], factor: int) -> tuple[int, int, int]:

@@ -237,7 +237,7 @@ def _import_attr(entry_point: str, *, extra: str | None, env_id: str) -> Factory
     module_name, _, attr = entry_point.partition(":")
     module = _import_module(module_name, extra=extra, env_id=env_id)
     try:
-        factory = getattr(module, attr)
+        factory: Factory = getattr(module, attr)
     except AttributeError:
         raise EnvError(
             f"env '{env_id}': module '{module_name}' has no attribute '{attr}'; check env.id"
@@ -290,7 +290,7 @@ def _load_file(path: Path, env_id: str) -> Any:
 
 
 def _attr_of_file(module: Any, path: Path, attr: str, env_id: str) -> Factory:
-    factory = getattr(module, attr, None)
+    factory: Factory | None = getattr(module, attr, None)
     if not callable(factory):
         raise EnvError(f"env '{env_id}': '{path}' defines no callable '{attr}'; check env.id")
     return factory

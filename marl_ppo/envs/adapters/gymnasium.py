@@ -84,8 +84,8 @@ def placeholder_action(space: gym.Space) -> Any:
 
 def _outer_space(env: gym.Env, name: str) -> gym.Space:
     """The wrapper chain's space, as the unwrapped env's own object when the chain leaves it equal."""
-    outer = getattr(env, name)
-    inner = getattr(env.unwrapped, name, None)
+    outer: gym.Space = getattr(env, name)
+    inner: gym.Space | None = getattr(env.unwrapped, name, None)
     if inner is not None and (inner is outer or inner == outer):
         return inner
     return outer

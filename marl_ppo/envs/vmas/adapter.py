@@ -213,6 +213,7 @@ class VmasVectorEnv:
         return self._observe()
 
     def _observe(self) -> dict[str, torch.Tensor]:
+        observations: dict[str, torch.Tensor]
         (observations,) = self.env.get_from_scenario(
             get_observations=True, get_rewards=False, get_infos=False, get_dones=False
         )
