@@ -483,3 +483,38 @@ def test_an_agent_that_joins_mid_episode_starts_from_a_fresh_state(tiny_override
     ).all()
     assert not memory.is_first[first_moves, :, 2].any()  # fresh because its episode began at step 0 or 5
     assert (memory.actor_state[[3, 8], :, 2].abs().sum(-1) > 0).all()  # then it carries its own state
+
+
+def test_a_groups_carries_start_afresh_where_its_team_episode_ends(tiny_overrides):
+    """The team critic's episode ends where every agent of the group is out (each ended and has not
+    acted since) and one ends at that step, as GAE ends it (`algo.gae.team_steps`), though the copy
+    plays on: every agent's `is_first` is set after it, so the team critic's one row resets there.
+    A waiting agent is not out, and an agent that acts again after ending is in again."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from marl_ppo.models.team import TeamModel
+    from marl_ppo.rollout.memory import make_memory
+
+    config = _spread(tiny_overrides, "critic=team")
+    spec = build_collector(config, torch.device("cpu"))[1].spec
+    model = TeamModel(spec, config)
+    memory = make_memory(model, 1, torch.device("cpu"))
+    obs_dim = spec.groups[0].obs_dim
+    inputs = ({"agent": torch.zeros(1, 3, obs_dim)}, {"agent": torch.ones(1, 3, 0, dtype=torch.bool)})
+    continuing = np.zeros(1, dtype=bool)
+
+    def step(acting, ended):
+        memory.distributions(*inputs, {"agent": torch.tensor([acting])})
+        flags = SimpleNamespace(terminated=np.array([ended]), truncated=np.zeros((1, 3), bool))
+        memory.advance(SimpleNamespace(groups={"agent": flags}), continuing)
+        return memory.live["agent"].is_first[0].tolist()
+
+    assert step([True, True, True], [True, False, False]) == [True, False, False]
+    assert step([False, True, False], [False, False, False]) == [False, False, False]  # agent 2 waits
+    assert step([False, True, True], [False, True, False]) == [False, True, False]
+    assert step([True, False, True], [False, False, False]) == [False, False, False]  # agent 0 is back
+    assert step([False, False, True], [False, False, True]) == [False, False, True]  # agent 0 is in
+    assert step([True, False, False], [True, False, False]) == [True, True, True]  # every agent out
+    assert step([True, True, True], [False, False, False]) == [False, False, False]

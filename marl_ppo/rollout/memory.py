@@ -60,8 +60,14 @@ class PolicyMemory:
             g.name: GroupMemory.allocate(g, self.layout[g.name], (num_envs,), device) for g in spec.groups
         }
         """Per group the flags and the carries into the next step."""
+        self._out = {
+            g.name: torch.zeros((num_envs, g.num_agents), dtype=torch.bool, device=device)
+            for g in spec.groups
+        }
+        """Per group `(E, A_g)`: the agent ended in this episode and has not acted since."""
         self._actor_next: dict[str, torch.Tensor] = {}
         self._critic_next: dict[str, torch.Tensor] = {}
+        self._acted: dict[str, torch.Tensor] = {}
         self.start()
 
     def start(self) -> None:
@@ -70,7 +76,9 @@ class PolicyMemory:
             record.is_first.fill_(True)
             record.actor_state.zero_()
             record.critic_state.zero_()
-        self._actor_next, self._critic_next = {}, {}
+        for out in self._out.values():
+            out.zero_()
+        self._actor_next, self._critic_next, self._acted = {}, {}, {}
 
     def records(self) -> dict[str, GroupMemory]:
         """This step's memory records for the buffer (the live tensors; the buffer copies them)."""
@@ -95,6 +103,7 @@ class PolicyMemory:
                 alive[name].unsqueeze(0),
             )
             dists[name] = FirstStep(dist)
+            self._acted[name] = alive[name]
         return dists
 
     def values(
@@ -125,7 +134,10 @@ class PolicyMemory:
         return values
 
     def advance(self, arrays: TeamArrays, episode_over: np.ndarray | torch.Tensor) -> None:
-        """After the env step: keep the stepped states and flag the agents whose episode starts next."""
+        """After the env step (`distributions` acted at it): keep the stepped states and flag the agents
+        whose episode starts next: those that ended, every agent of a copy whose episode ended, and
+        every agent of a group whose agents are all out (each ended and has not acted since) with one
+        ending here, where the group's episode ends for a team critic as it does in `algo.gae`."""
         over = _on(episode_over, self.device).reshape(-1, 1)
         for name, record in self.live.items():
             group = arrays.groups[name]
@@ -134,8 +146,11 @@ class PolicyMemory:
             if name in self._critic_next:
                 record.critic_state.copy_(self._critic_next[name])
             done = _on(group.terminated, self.device) | _on(group.truncated, self.device)
-            record.is_first.copy_(done | over)
-        self._actor_next, self._critic_next = {}, {}
+            out = done | (self._out[name] & ~self._acted[name])
+            group_over = out.all(-1, keepdim=True) & done.any(-1, keepdim=True)
+            record.is_first.copy_(done | over | group_over)
+            self._out[name] = out & ~over
+        self._actor_next, self._critic_next, self._acted = {}, {}, {}
 
     def state_dict(self) -> dict[str, Any]:
         """The live flags and states, as CPU tensors keyed by group and field."""
@@ -144,6 +159,7 @@ class PolicyMemory:
                 "is_first": r.is_first.cpu().clone(),
                 "actor": r.actor_state.cpu().clone(),
                 "critic": r.critic_state.cpu().clone(),
+                "out": self._out[name].cpu().clone(),
             }
             for name, r in self.live.items()
         }
@@ -156,6 +172,7 @@ class PolicyMemory:
                 (record.is_first, "is_first"),
                 (record.actor_state, "actor"),
                 (record.critic_state, "critic"),
+                (self._out[name], "out"),
             ):
                 if tuple(saved[key].shape) != tuple(target.shape):
                     raise ValueError(
@@ -163,7 +180,7 @@ class PolicyMemory:
                         f"expected {tuple(target.shape)}"
                     )
                 target.copy_(saved[key])
-        self._actor_next, self._critic_next = {}, {}
+        self._actor_next, self._critic_next, self._acted = {}, {}, {}
 
     def _critic(
         self,

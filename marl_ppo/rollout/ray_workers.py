@@ -26,7 +26,7 @@ import torch
 
 from marl_ppo.config import ConfigError, ExperimentConfig, build_config, config_to_dict
 from marl_ppo.envs.adapters.contract import EnvContractError
-from marl_ppo.envs.factory import make_adapter, team_spec
+from marl_ppo.envs.factory import make_adapter
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.envs.vector.pool import split_envs
 from marl_ppo.faults import WorkerError, WorkersLost, one_line
@@ -82,9 +82,8 @@ class _ActorSlice(RolloutSlice):
     """A worker's `RolloutSlice` that returns its rollout (into Ray's object store) instead of writing
     it into shared memory."""
 
-    def __init__(self, config: dict[str, Any], envs: range, worker: int) -> None:
+    def __init__(self, config: dict[str, Any], envs: range, worker: int, spec: TeamSpec) -> None:
         settings = build_config(config)
-        spec = team_spec(settings)
         # the shared buffer only sizes the slice here: on the meta device it holds no memory
         sizes = RolloutBuffer(spec, settings.rollout_steps, envs.stop, device="meta")
         super().__init__(
@@ -120,8 +119,9 @@ class _ActorSlice(RolloutSlice):
 class RolloutActor:
     """The Ray actor of one rollout worker (wrapped with `ray.remote` when a run starts)."""
 
-    def __init__(self, config: dict[str, Any], envs: tuple[int, int], worker: int) -> None:
-        self.slice = _ActorSlice(config, range(*envs), worker)
+    def __init__(self, config: dict[str, Any], envs: tuple[int, int], worker: int, spec: TeamSpec) -> None:
+        """`spec`: the run's team layout (the learner's plan read it once; no actor builds a copy to)."""
+        self.slice = _ActorSlice(config, range(*envs), worker, spec)
         self.slice("start", None)
 
     def call(self, command: str, argument: Any) -> Any:
@@ -198,7 +198,7 @@ class RayRolloutWorkers(SlicedSource):
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self._group, placement_group_bundle_index=k
                 ),
-            ).remote(plain, (envs.start, envs.stop), k)
+            ).remote(plain, (envs.start, envs.stop), k, self.spec)
             for k, envs in enumerate(self._slices)
         ]
         pings = {k: actor.ping.remote() for k, actor in enumerate(self._actors)}
