@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-from marl_ppo.config import ConfigError, load_config
 from marl_ppo.models.distributions import head_size, make_distribution
 
 
@@ -55,10 +54,3 @@ def test_heads_fit_their_spaces(space, size):
     assert head_size(space) == size
     dist = make_distribution(space, torch.zeros(7, 2, size), torch.zeros(1, size))
     assert dist.log_prob(dist.sample()).shape == dist.entropy().shape == (7, 2)
-
-
-def test_the_removed_distributions_switch_is_named_with_what_to_do():
-    with pytest.raises(
-        ConfigError, match=r"^config key 'fast.distributions' was removed: torch.distributions"
-    ):
-        load_config(None, ["fast.distributions=false"])

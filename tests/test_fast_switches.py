@@ -11,7 +11,8 @@ from torch import nn
 
 from marl_ppo.algo.optim import clip_grad_norms, make_optimizer
 from marl_ppo.checkpoint import load_checkpoint
-from marl_ppo.config import load_config
+from marl_ppo.config import ConfigError, load_config
+from marl_ppo.config.records import REMOVED_FAST_KEYS
 from marl_ppo.fast.adam import FlatAdam
 from marl_ppo.fast.events import EventWriter, LibraryEventWriter
 from marl_ppo.run.loop import train
@@ -20,12 +21,11 @@ SPREAD = ROOT / "experiments/mpe/simple_spread.yaml"
 LIBRARY_EXCEPT_SAMPLING = [
     "fast.optimizer=adam",
     "fast.event_writer=false",
-    "fast.lean_cycle=false",
     "fast.screen_copy=false",
     "fast.allocator=false",
 ]
 """Every switch whose library piece computes the same numbers (torch's single-tensor Adam, TensorBoard's
-writer, PettingZoo's cycle, glibc's defaults)."""
+writer, glibc's defaults)."""
 
 
 def _scalars(run_dir):
@@ -121,3 +121,13 @@ def test_tensorboards_writer_behind_the_switch_logs_what_ours_logs(tmp_path):
         logged[name] = {t: [(e.step, e.value) for e in events.Scalars(t)] for t in events.Tags()["scalars"]}
     assert logged["ours"] == logged["library"]
     assert logged["ours"]["rollout/team_return"] == [(12, -3.0), (15, 4.5)]
+
+
+@pytest.mark.parametrize("key", sorted(REMOVED_FAST_KEYS))
+def test_a_removed_switch_is_refused_in_one_line_naming_the_library_piece_and_the_fix(key):
+    with pytest.raises(ConfigError) as error:
+        load_config(None, [f"fast.{key}=false"])
+    assert str(error.value) == (
+        f"config key 'fast.{key}' was removed: {REMOVED_FAST_KEYS[key]} is always used now; "
+        "delete the key from the experiment file or the overrides"
+    )

@@ -34,7 +34,6 @@ PIECES = (
     Piece("optimizer vs torch Adam (fused)", "fast.optimizer=adam_fused"),
     Piece("optimizer vs torch Adam (foreach)", "fast.optimizer=adam_foreach"),
     Piece("event writer vs SummaryWriter", "fast.event_writer=false"),
-    Piece("lean cycle vs PettingZoo's wrapper", "fast.lean_cycle=false", ("spread",)),
     Piece("allocator vs glibc defaults", "fast.allocator=false"),
 )
 

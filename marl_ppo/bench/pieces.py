@@ -57,25 +57,6 @@ def event_writers() -> None:
     )
 
 
-def lean_cycle() -> None:
-    from marl_ppo.envs.adapters.check_wrappers import without_check_wrappers
-    from marl_ppo.envs.registry import make_env
-    from marl_ppo.fast.lean_cycle import lean_cycle as lean
-
-    kwargs = {"N": 3, "max_cycles": 25, "continuous_actions": False}
-    ours = lean(without_check_wrappers(make_env("mpe2/simple_spread_v3", **kwargs)))
-    library = without_check_wrappers(make_env("mpe2/simple_spread_v3", **kwargs))
-    rng = np.random.default_rng(0)
-    actions = [{agent: int(rng.integers(5)) for agent in ours.possible_agents} for _ in range(2000)]
-
-    paired(
-        "lean cycle, simple_spread, 2,000 raw env steps",
-        _raw_steps(ours, actions),
-        _raw_steps(library, actions),
-        repeats=7,
-    )
-
-
 def _raw_steps(env: Any, actions: list[dict[str, Any]], *, state: bool = False) -> Callable[[], None]:
     """A timed body: `actions` stepped through the reset parallel env (its live agents' entries), with
     the state read after each step where `state`."""
@@ -96,7 +77,6 @@ def screen_copy() -> None:
     """Pistonball's and cooperative_pong's observations and state per step, from one screen copy and
     from the envs' own calls."""
     from marl_ppo.envs.registry import make_env
-    from marl_ppo.fast.lean_cycle import lean_cycle as lean
     from marl_ppo.fast.screen_copy import one_screen_copy
 
     for env_id, short in (
@@ -104,8 +84,8 @@ def screen_copy() -> None:
         ("butterfly/cooperative_pong_v6", "pong"),
     ):
         try:
-            ours = one_screen_copy(lean(make_env(env_id)))
-            library = lean(make_env(env_id))
+            ours = one_screen_copy(make_env(env_id))
+            library = make_env(env_id)
         except Exception as err:  # the butterfly extra is optional
             print(f"{'screen copy, ' + short:58s} skipped: {err}", flush=True)
             return
@@ -153,7 +133,7 @@ def optimizers() -> None:
 def main() -> int:
     """Time every piece against the library's."""
     torch.set_num_threads(1)
-    for measure in (event_writers, lean_cycle, screen_copy, optimizers):
+    for measure in (event_writers, screen_copy, optimizers):
         measure()
     return 0
 

@@ -235,9 +235,6 @@ class FastConfig:
     event_writer: bool = True
     """Our TensorBoard event writer (one event per logged step, framed in the calling thread); false:
     torch.utils.tensorboard.SummaryWriter (the same scalars)."""
-    lean_cycle: bool = True
-    """Step AEC-converted PettingZoo envs without the observations the parallel wrapper computes and
-    discards (the same trajectories); false: PettingZoo's aec_to_parallel wrapper as it is."""
     screen_copy: bool = True
     """Pistonball and cooperative_pong: every agent's observation and the state are views of one copy
     of the screen per frame (the same arrays), and cooperative_pong's step draws without the copies
@@ -262,7 +259,10 @@ class FastConfig:
         return data
 
 
-REMOVED_FAST_KEYS = {"distributions": "torch.distributions"}
+REMOVED_FAST_KEYS = {
+    "distributions": "torch.distributions",
+    "lean_cycle": "PettingZoo's aec_to_parallel wrapper",
+}
 """`fast` switches whose hand-written piece was removed, and the library piece that replaced it."""
 
 
