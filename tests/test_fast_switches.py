@@ -13,19 +13,20 @@ from marl_ppo.algo.optim import clip_grad_norms, make_optimizer
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.config import ConfigError, load_config
 from marl_ppo.config.records import REMOVED_FAST_KEYS
+from marl_ppo.envs.factory import make_adapter, team_spec
+from marl_ppo.envs.registry import make_env
 from marl_ppo.fast.adam import FlatAdam
-from marl_ppo.fast.events import EventWriter, LibraryEventWriter
+from marl_ppo.fast.screen_copy import one_screen_copy
 from marl_ppo.run.loop import train
 
 SPREAD = ROOT / "experiments/mpe/simple_spread.yaml"
-LIBRARY_EXCEPT_SAMPLING = [
+PISTONBALL = ROOT / "experiments/butterfly/pistonball_v6.yaml"
+SPREAD_SWITCHES = [
     "fast.optimizer=adam",
-    "fast.event_writer=false",
-    "fast.screen_copy=false",
     "fast.allocator=false",
 ]
-"""Every switch whose library piece computes the same numbers (torch's single-tensor Adam, TensorBoard's
-writer, glibc's defaults)."""
+"""The switches that act in a simple_spread run, each to a library piece that computes the same numbers
+(torch's single-tensor Adam, glibc's defaults)."""
 
 
 def _scalars(run_dir):
@@ -38,17 +39,16 @@ def _scalars(run_dir):
     }
 
 
-def test_a_run_on_the_library_pieces_learns_the_very_same_weights_and_logs_the_same_scalars(
-    tiny_overrides, tmp_path
-):
+def _assert_same_runs(experiment, overrides, switches, tmp_path):
+    """Train with our pieces and with `switches`; assert bitwise equal weights, Adam states and scalars."""
     runs = {}
-    for name, switches in (("ours", []), ("library", LIBRARY_EXCEPT_SAMPLING)):
-        config = load_config(SPREAD, [*tiny_overrides, "vector=sync", "total_steps=150", *switches])
-        train(config, tmp_path / name)
+    for name, extra in (("ours", []), ("library", switches)):
+        train(load_config(experiment, [*overrides, *extra]), tmp_path / name)
         runs[name] = load_checkpoint(tmp_path / name / "checkpoints/final.pt")
     for key, ours in runs["ours"]["model"].items():
         assert torch.equal(ours, runs["library"]["model"][key]), key
     actor = runs["ours"]["trainer"]["actor_optimizer"]["state"]
+    assert actor
     for index, state in actor.items():
         library = runs["library"]["trainer"]["actor_optimizer"]["state"][index]
         assert torch.equal(state["exp_avg_sq"], library["exp_avg_sq"])
@@ -56,6 +56,77 @@ def test_a_run_on_the_library_pieces_learns_the_very_same_weights_and_logs_the_s
     assert ours.keys() == library.keys() and len(ours) > 15
     for tag in ours:
         assert ours[tag] == library[tag], tag
+
+
+def test_a_run_on_the_library_pieces_learns_the_very_same_weights_and_logs_the_same_scalars(
+    tiny_overrides, tmp_path
+):
+    _assert_same_runs(SPREAD, [*tiny_overrides, "vector=sync", "total_steps=150"], SPREAD_SWITCHES, tmp_path)
+
+
+PISTONBALL_TINY = [
+    "env.kwargs={max_cycles: 15}",
+    "num_envs=1",
+    "rollout_steps=10",
+    "total_steps=20",
+    "vector=sync",
+    "torch_threads=1",
+    "ppo.train_pi_iters=1",
+    "ppo.train_vf_iters=1",
+    "ppo.num_minibatches=1",
+    "model.hidden_sizes=[16]",
+    "log.progress=false",
+]
+
+
+def test_a_pistonball_run_reading_its_own_screen_learns_the_very_same_weights(tmp_path):
+    """`fast.screen_copy: false` in a run where it acts: pistonball's pixels come from the env's own
+    observe() and state(), and the run learns and logs exactly what the screen copy's run does."""
+    for module in ("pymunk", "pygame"):
+        pytest.importorskip(module)
+    for value, module in (("true", "marl_ppo.fast.screen_copy"), ("false", "pettingzoo.butterfly")):
+        config = load_config(PISTONBALL, [*PISTONBALL_TINY, f"fast.screen_copy={value}"])
+        adapter = make_adapter(config, team_spec(config))
+        assert adapter.env.aec_env.unwrapped.observe.__func__.__module__.startswith(module)
+        adapter.close()
+    _assert_same_runs(PISTONBALL, PISTONBALL_TINY, ["fast.screen_copy=false"], tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("env_id", "kept_agent"),
+    [("butterfly/pistonball_v6", "piston_3"), ("butterfly/cooperative_pong_v6", "paddle_1")],
+)
+def test_butterfly_read_from_one_screen_copy_gives_the_envs_own_observations_and_states(env_id, kept_agent):
+    """Over short episodes (seeded and unseeded resets between, a render in the middle), every agent's
+    observation, the rewards and ends, and the state equal what the env's own calls give, and an
+    observation kept from an earlier frame is not changed by later ones."""
+    for module in ("pymunk", "pygame"):
+        pytest.importorskip(module)
+    stock = make_env(env_id, max_cycles=15)
+    fast = one_screen_copy(make_env(env_id, max_cycles=15))
+    assert fast.aec_env.unwrapped.observe.__func__.__module__ == "marl_ppo.fast.screen_copy"
+    kept = None
+    for env in (stock, fast):
+        env.reset(seed=3)
+        for agent in env.possible_agents:
+            env.action_space(agent).seed(11)
+    episodes = 0
+    for t in range(60):
+        if not stock.agents:
+            episodes += 1
+            seed = 5 if episodes == 2 else None
+            np.testing.assert_equal(fast.reset(seed=seed), stock.reset(seed=seed))
+        actions = {agent: stock.action_space(agent).sample() for agent in stock.agents}
+        (obs_stock, *rest_stock), (obs_fast, *rest_fast) = stock.step(actions), fast.step(actions)
+        np.testing.assert_equal(obs_fast, obs_stock)
+        np.testing.assert_equal(rest_fast, rest_stock)
+        np.testing.assert_array_equal(fast.state(), stock.state())
+        if t == 5:
+            kept, kept_copy = obs_fast[kept_agent], obs_fast[kept_agent].copy()
+        if t == 20:
+            np.testing.assert_array_equal(fast.render(), stock.render())
+    assert kept is not None and episodes >= 2
+    np.testing.assert_array_equal(kept, kept_copy)
 
 
 def _network() -> nn.Module:
@@ -105,22 +176,6 @@ def test_optimizer_states_move_between_ours_and_torchs():
     assert flat.param_groups[0]["foreach"] is False
     for key, value in adam.state_dict()["state"].items():
         assert torch.equal(flat.state_dict()["state"][key]["exp_avg_sq"], value["exp_avg_sq"])
-
-
-def test_tensorboards_writer_behind_the_switch_logs_what_ours_logs(tmp_path):
-    for name, writer_class in (("ours", EventWriter), ("library", LibraryEventWriter)):
-        writer = writer_class(tmp_path / name)
-        writer.scalars(10, {"train/kl": 0.5, "train/loss_pi": -1.25})
-        writer.rows([12, 15], {"rollout/team_return": np.array([-3.0, 4.5]), "rollout/length": [25, 25]})
-        writer.scalars(20, {"train/kl": 0.25})
-        writer.close()
-    logged = {}
-    for name in ("ours", "library"):
-        events = EventAccumulator(str(tmp_path / name), size_guidance={"scalars": 0})
-        events.Reload()
-        logged[name] = {t: [(e.step, e.value) for e in events.Scalars(t)] for t in events.Tags()["scalars"]}
-    assert logged["ours"] == logged["library"]
-    assert logged["ours"]["rollout/team_return"] == [(12, -3.0), (15, 4.5)]
 
 
 @pytest.mark.parametrize("key", sorted(REMOVED_FAST_KEYS))

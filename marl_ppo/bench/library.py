@@ -33,7 +33,6 @@ class Piece:
 PIECES = (
     Piece("optimizer vs torch Adam (fused)", "fast.optimizer=adam_fused"),
     Piece("optimizer vs torch Adam (foreach)", "fast.optimizer=adam_foreach"),
-    Piece("event writer vs SummaryWriter", "fast.event_writer=false"),
     Piece("allocator vs glibc defaults", "fast.allocator=false"),
 )
 

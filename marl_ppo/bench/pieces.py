@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -31,29 +28,6 @@ def paired(name: str, ours: Callable[[], None], library: Callable[[], None], rep
     a, b = statistics.median(times["ours"]), statistics.median(times["library"])
     print(
         f"{name:58s} ours {a * 1e3:9.2f} ms  library {b * 1e3:9.2f} ms  library/ours {b / a:6.2f}", flush=True
-    )
-
-
-def event_writers() -> None:
-    from marl_ppo.fast.events import EventWriter, LibraryEventWriter
-
-    tmp = Path(tempfile.mkdtemp())
-    columns = {f"rollout/tag{i}": np.random.randn(1024) for i in range(8)}
-    steps = list(range(1024))
-
-    def log(writer: EventWriter | LibraryEventWriter) -> Callable[[], None]:
-        def one_update() -> None:
-            writer.rows(steps, columns)
-            writer.scalars(5, {f"train/tag{i}": 0.5 for i in range(30)})
-            writer.flush()
-
-        return one_update
-
-    paired(
-        "event writer, a VMAS update's 1,024 episodes x 8 tags + 30",
-        log(EventWriter(tmp / "ours")),
-        log(LibraryEventWriter(tmp / "library")),
-        repeats=7,
     )
 
 
@@ -133,7 +107,7 @@ def optimizers() -> None:
 def main() -> int:
     """Time every piece against the library's."""
     torch.set_num_threads(1)
-    for measure in (event_writers, screen_copy, optimizers):
+    for measure in (screen_copy, optimizers):
         measure()
     return 0
 

@@ -232,9 +232,6 @@ class FastConfig:
     """`flat_adam`: Adam over one flat buffer per network (one clip norm, a few ops per step; the same
     numbers as `adam`); `adam`, `adam_foreach`, `adam_fused`: torch.optim.Adam with its single-tensor,
     multi-tensor or fused implementation, and nn.utils.clip_grad_norm_."""
-    event_writer: bool = True
-    """Our TensorBoard event writer (one event per logged step, framed in the calling thread); false:
-    torch.utils.tensorboard.SummaryWriter (the same scalars)."""
     screen_copy: bool = True
     """Pistonball and cooperative_pong: every agent's observation and the state are views of one copy
     of the screen per frame (the same arrays), and cooperative_pong's step draws without the copies
@@ -262,6 +259,7 @@ class FastConfig:
 REMOVED_FAST_KEYS = {
     "distributions": "torch.distributions",
     "lean_cycle": "PettingZoo's aec_to_parallel wrapper",
+    "event_writer": "torch.utils.tensorboard's SummaryWriter",
 }
 """`fast` switches whose hand-written piece was removed, and the library piece that replaced it."""
 

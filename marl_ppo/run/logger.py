@@ -6,7 +6,7 @@ import dataclasses
 import sys
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -14,7 +14,6 @@ import numpy as np
 import torch
 
 from marl_ppo.algo.stats import TrainStats
-from marl_ppo.fast.events import EventWriter, LibraryEventWriter, wait_for_a_later_event_file_name
 from marl_ppo.rollout.source import EpisodeRecord
 
 
@@ -33,20 +32,19 @@ class RunLogger:
         progress: bool,
         resume_step: int | None = None,
         stream: TextIO | None = None,
-        library_writer: bool = False,
     ) -> None:
         """`resume_step`: continue a run checkpointed at this env step, dropping what it logged after.
 
         `progress` writes to `stream` (default stderr): a redrawn bar on a terminal, else `ProgressLines`.
-        `library_writer`: write events with TensorBoard's SummaryWriter instead of ours (`fast.event_writer`).
         """
         log_dir = run_dir / "tensorboard"
         if resume_step is not None:
             wait_for_a_later_event_file_name(log_dir)
         # purge_step: TensorBoard's reader drops the killed run's events from this step on
         purge_step = None if resume_step is None else resume_step + 1
-        writer = LibraryEventWriter if library_writer else EventWriter
-        self.writer = writer(log_dir, purge_step=purge_step)
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(log_dir), purge_step=purge_step, flush_secs=30)
         self.agents = tuple(agents)
         # per-group returns matter for competitive teams (red vs blue); one group needs no breakdown
         self.group_columns = (
@@ -104,7 +102,8 @@ class RunLogger:
             columns[f"groups/{name}/return"] = agents[:, members].sum(axis=1)
         if self.per_agent:
             columns.update((f"agents/{agent}/return", agents[:, i]) for i, agent in enumerate(self.agents))
-        self.writer.rows([e.end_step for e in episodes], columns)
+        for row, episode in enumerate(episodes):
+            self._scalars(episode.end_step, {tag: column[row] for tag, column in columns.items()})
 
     def update_done(self, step: int, stats: TrainStats, extra: dict[str, float]) -> None:
         """Log one update's training statistics and `extra` scalars (full tags), advance the progress bar."""
@@ -113,7 +112,7 @@ class RunLogger:
             for field in dataclasses.fields(stats)
             if (value := getattr(stats, field.name)) is not None
         }
-        self.writer.scalars(step, {**values, **extra})
+        self._scalars(step, {**values, **extra})
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
             self.bar.set_postfix(
@@ -145,13 +144,29 @@ class RunLogger:
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         """Log scalars given by full tag (e.g. an evaluation's `eval/` tags) at `step`."""
-        self.writer.scalars(step, values)
+        self._scalars(step, values)
+
+    def _scalars(self, step: int, values: Mapping[str, Any]) -> None:
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, float(value), step)
 
     def close(self) -> None:
         """Flush and close the event file and the progress bar."""
         self.writer.close()
         if self.bar is not None:
             self.bar.close()
+
+
+def wait_for_a_later_event_file_name(log_dir: Path) -> None:
+    """Make the next event file sort after the existing ones (TensorBoard reads them in name order).
+
+    Event file names start with the creation second, then host and pid: a run resumed within the
+    same second as an earlier writer (or on another host) could otherwise be read before it.
+    """
+    fields = [path.name.split(".") for path in log_dir.glob("events.out.tfevents.*")]
+    stamps = [int(parts[3]) for parts in fields if parts[3].isdigit()]
+    while stamps and int(time.time()) <= max(stamps):
+        time.sleep(0.05)
 
 
 class ProgressLines:

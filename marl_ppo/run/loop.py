@@ -126,7 +126,6 @@ def _make_logger(
         per_agent=config.log.per_agent,
         progress=config.log.progress,
         resume_step=resume_step,
-        library_writer=not config.fast.event_writer,
     )
 
 
