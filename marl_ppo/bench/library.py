@@ -1,12 +1,13 @@
 """Our hand-written pieces against the library's own, side by side: `python -m marl_ppo.bench.library`.
 
-Each piece of `marl_ppo/fast/` has a `fast.*` switch back to the library piece. For the default
-experiment (simple_spread) and VMAS navigation with 1,024 copies, this runs training with ours and
-with the library's in turn, pair after pair (ours first in odd pairs, the library's first in even
-ones, so a drifting machine favours neither), and reports the medians of the pairs' ratios, library
-over ours, of the CPU seconds each run took (its process and its workers; above 1: the library's
-piece costs more) and of training steps/s (below 1: the library's is slower). The CPU ratio is the
-one to trust on a shared machine: other work slows a run's wall clock, not its CPU time.
+Each piece of `marl_ppo/fast/` has a `fast.*` switch back to the library piece. On the cases where
+the piece acts (the default experiment, simple_spread; VMAS navigation with 1,024 copies; pistonball
+for the screen copy), this runs training with ours and with the library's in turn, pair after pair
+(ours first in odd pairs, the library's first in even ones, so a drifting machine favours neither),
+and reports the medians of the pairs' ratios, library over ours, of the CPU seconds each run took
+(its process and its workers; above 1: the library's piece costs more) and of training steps/s
+(below 1: the library's is slower). The CPU ratio is the one to trust on a shared machine: other
+work slows a run's wall clock more than its CPU time.
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ import argparse
 import statistics
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
-from marl_ppo.bench.speed import NAVIGATION_YAML, SPREAD_YAML, training_run
+from marl_ppo.bench.speed import NAVIGATION_YAML, ROOT, SPREAD_YAML, training_run
+
+PISTONBALL_YAML = ROOT / "experiments" / "butterfly" / "pistonball_v6.yaml"
 
 
 @dataclass(frozen=True)
@@ -30,17 +34,21 @@ class Piece:
     """The benchmark cases where the piece runs at all."""
 
 
+CASES = ["spread", "vmas", "pistonball"]
+
 PIECES = (
     Piece("optimizer vs torch Adam (fused)", "fast.optimizer=adam_fused"),
     Piece("optimizer vs torch Adam (foreach)", "fast.optimizer=adam_foreach"),
-    Piece("allocator vs glibc defaults", "fast.allocator=false"),
+    Piece("screen copy vs the env's own", "fast.screen_copy=false", ("pistonball",)),
 )
 
 
-def case_run(case: str, steps: int, updates: int) -> tuple[object, list[str]]:
+def case_run(case: str, steps: int, updates: int) -> tuple[Path, list[str]]:
     """The experiment file and overrides of a benchmark case."""
     if case == "spread":
         return SPREAD_YAML, [f"total_steps={steps}"]
+    if case == "pistonball":  # 3 updates of 4 copies; one learner thread, as for VMAS
+        return PISTONBALL_YAML, ["total_steps=1500", "torch_threads=1"]
     # one learner thread: CPU seconds then measure work, not threads spinning while they wait
     return NAVIGATION_YAML, [
         "num_envs=1024",
@@ -57,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=48_000, help="env steps of each simple_spread run")
     parser.add_argument("--updates", type=int, default=4, help="updates of each VMAS run")
     parser.add_argument("--only", nargs="*", help="pieces whose name contains one of these words")
-    parser.add_argument("--cases", nargs="*", default=["spread", "vmas"], choices=["spread", "vmas"])
+    parser.add_argument(
+        "--cases", nargs="*", default=CASES, choices=CASES, help="cases to run (each piece where it acts)"
+    )
     options = parser.parse_args(argv)
     rows = []
     for piece in PIECES:

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from marl_ppo.fast.allocator import keep_freed_memory
 from marl_ppo.run.rundir import read_summary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -280,7 +279,6 @@ def main(argv: list[str] | None = None) -> int:
         for c in cases(options.steps, options.device)
         if not options.only or any(w in c.name for w in options.only)
     ]
-    keep_freed_memory()  # the raw envs run under the allocator setting that training uses
     for repeat in range(options.repeats):
         for case in selected:
             before = case.raw()

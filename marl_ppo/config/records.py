@@ -236,8 +236,6 @@ class FastConfig:
     """Pistonball and cooperative_pong: every agent's observation and the state are views of one copy
     of the screen per frame (the same arrays), and cooperative_pong's step draws without the copies
     its renders throw away; false: the envs' own observe(), state() and render(), one copy each."""
-    allocator: bool = True
-    """Keep freed heap memory mapped for reuse (glibc mallopt, Linux); false: glibc's defaults."""
     recurrent_cell: bool = True
     """With `model.recurrent`: our agent-stacked GRU/LSTM step (batched products over the agents'
     weights, each sequence's input product taken at once); false: torch's nn.GRUCell / nn.LSTMCell
@@ -260,6 +258,7 @@ REMOVED_FAST_KEYS = {
     "distributions": "torch.distributions",
     "lean_cycle": "PettingZoo's aec_to_parallel wrapper",
     "event_writer": "torch.utils.tensorboard's SummaryWriter",
+    "allocator": "glibc's default malloc",
 }
 """`fast` switches whose hand-written piece was removed, and the library piece that replaced it."""
 

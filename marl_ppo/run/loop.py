@@ -20,7 +20,6 @@ from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.eval.evaluate import PeriodicEvaluation, eval_config
 from marl_ppo.eval.versus import periodic_evaluation
-from marl_ppo.fast.allocator import keep_freed_memory
 from marl_ppo.faults import WorkersLost
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import RolloutBuffer
@@ -72,8 +71,6 @@ def train(
     config, device = plan.config, plan.device  # the settled choices are what config.yaml records
     saved = load_resumable(run_dir, config) if resume else None  # a bad checkpoint fails before any work
     torch.set_num_threads(plan.build_threads)
-    if config.fast.allocator:
-        keep_freed_memory()
     # before any allocation (and before touching run_dir): a run that cannot fit stops here
     estimate = check_memory(plan)
     generator = seed_everything(config.seed)
