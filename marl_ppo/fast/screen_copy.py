@@ -16,16 +16,19 @@ def one_screen_copy(env: Any) -> Any:
     any other env (and cooperative_pong in `human` mode, which shows every frame) is returned as it is.
 
     Pistonball's `observe(agent)` copies that piston's crop out of the pygame surface (one strided copy
-    per piston, 20 a step) and `state()` copies the whole screen once more. Cooperative_pong's
-    `observe` gives each paddle the whole screen (two copies a step), `state()` a third, and its step
-    renders after each paddle's move, each render a fourth and fifth copy that the step throws away.
-    Here the screen is copied once after it may have changed (a step, a reset or a render) and the
-    observations and the state are views of that copy, with the same values, shapes and axis order as
-    the env's own; cooperative_pong's step only draws. Each copy is a new array, so an observation kept
-    from an earlier frame stays as it was.
+    per piston, 20 a step, and 20 more that PettingZoo's parallel wrapper reads before each piston's
+    move and discards) and `state()` copies the whole screen once more. Cooperative_pong's `observe`
+    gives each paddle the whole screen (two copies a step), `state()` a third, and its step renders
+    after each paddle's move, each render a fourth and fifth copy that the step throws away. Here the
+    screen is copied once after it may have changed (pistonball: after it draws; cooperative_pong: a
+    step, a reset or a render) and the observations and the state are views of that copy, with the
+    same values, shapes and axis order as the env's own; cooperative_pong's step only draws. Each copy
+    is a new array, so an observation kept from an earlier frame stays as it was.
     """
     core = getattr(getattr(env, "aec_env", None), "unwrapped", None)
     kind = type(core).__module__ if core is not None else None
+    if core is None:
+        return env
     if kind == PISTONBALL_MODULE:
         PistonballScreen(core).install()
     elif kind == PONG_MODULE and core.render_mode == "rgb_array":
@@ -36,13 +39,16 @@ def one_screen_copy(env: Any) -> Any:
 class ScreenCopy:
     """The frame cache behind `one_screen_copy`, installed on one env core instance."""
 
+    CHANGES_SCREEN = ("step", "reset", "render")
+    """The core's methods after whose call the screen may have changed."""
+
     def __init__(self, core: Any) -> None:
         self.core = core
         self.screen: np.ndarray | None = None  # (W, H, 3) as pygame's surfarray lays it out
 
     def install(self) -> None:
         core = self.core
-        for name in ("step", "reset", "render"):
+        for name in self.CHANGES_SCREEN:
             setattr(core, name, _Invalidating(self, getattr(core, name)))
         core.observe = self.observe
         core.state = self.state
@@ -71,6 +77,11 @@ class ScreenCopy:
 
 
 class PistonballScreen(ScreenCopy):
+    """Pistonball: the screen changes only where the env draws (at the end of each cycle, on reset and
+    render), so the parallel wrapper's reads between the pistons' moves share one copy."""
+
+    CHANGES_SCREEN = ("draw", "draw_background", "reset", "render")
+
     def surface(self) -> Any:
         return self.core.screen
 
