@@ -26,9 +26,9 @@ def one_screen_copy(env: Any) -> Any:
     is a new array, so an observation kept from an earlier frame stays as it was.
     """
     core = getattr(getattr(env, "aec_env", None), "unwrapped", None)
-    kind = type(core).__module__ if core is not None else None
     if core is None:
         return env
+    kind = type(core).__module__
     if kind == PISTONBALL_MODULE:
         PistonballScreen(core).install()
     elif kind == PONG_MODULE and core.render_mode == "rgb_array":
@@ -39,7 +39,7 @@ def one_screen_copy(env: Any) -> Any:
 class ScreenCopy:
     """The frame cache behind `one_screen_copy`, installed on one env core instance."""
 
-    CHANGES_SCREEN = ("step", "reset", "render")
+    CHANGES_SCREEN: tuple[str, ...] = ("step", "reset", "render")
     """The core's methods after whose call the screen may have changed."""
 
     def __init__(self, core: Any) -> None:
