@@ -51,10 +51,9 @@ def test_cooperative_pong_read_from_one_screen_copy_continues_identically_after_
     """The screen copy's patches travel with the env: the restored copy still reads one screen copy
     per frame and steps, through an episode end and auto-reset, as the original does."""
     pytest.importorskip("pygame")
-    from marl_ppo.fast.lean_cycle import lean_cycle
     from marl_ppo.fast.screen_copy import one_screen_copy
 
-    env = one_screen_copy(lean_cycle(make_env("butterfly/cooperative_pong_v6", max_cycles=20)))
+    env = one_screen_copy(make_env("butterfly/cooperative_pong_v6", max_cycles=20))
     env.reset(seed=4)
     for t in range(7):
         env.step({agent: t % 3 for agent in env.agents})

@@ -1,11 +1,7 @@
 """Two updates in-process: TensorBoard tags (read back with TensorBoard's reader), checkpoint, summary."""
 
 import json
-import math
-import resource
 
-import numpy as np
-import pytest
 import torch
 import yaml
 from conftest import ROOT
@@ -15,8 +11,6 @@ from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.cli import main
 from marl_ppo.config import build_config, load_config
 from marl_ppo.envs.factory import build_vector_env
-from marl_ppo.fast.allocator import keep_freed_memory
-from marl_ppo.fast.events import EventWriter
 from marl_ppo.models.team import TeamModel
 from marl_ppo.run.loop import train
 
@@ -138,70 +132,3 @@ def test_mpe_state_and_concatenated_observations_train_identically(tiny_override
     for state in ("env", "concat"):
         train(load_config(path, [*tiny_overrides, "vector=sync", f"env.state={state}"]), tmp_path / state)
     assert_same_final_weights(tmp_path / "env", tmp_path / "concat")
-
-
-def test_event_writer_keeps_every_value_of_a_step_and_repeated_steps(tmp_path):
-    """One event holds all of a step's scalars; episodes ending at the same step all stay."""
-    writer = EventWriter(tmp_path)
-    writer.scalars(10, {"a": 1.5, "b": -2.0})
-    writer.scalars(10, {"a": 2.5})
-    writer.scalars(20, {"b": 3.0})
-    writer.close()
-    events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
-    events.Reload()
-    assert [(e.step, e.value) for e in events.Scalars("a")] == [(10, 1.5), (10, 2.5)]
-    assert [(e.step, e.value) for e in events.Scalars("b")] == [(10, -2.0), (20, 3.0)]
-
-
-def test_event_writer_writes_the_bytes_protobuf_and_tensorboards_writer_write(tmp_path, monkeypatch):
-    """The hand-encoded events equal protobuf's serialization, framed as TensorBoard's writer frames them."""
-    from tensorboard.compat.proto.event_pb2 import Event
-    from tensorboard.compat.proto.summary_pb2 import Summary
-    from tensorboard.summary.writer.record_writer import RecordWriter
-
-    monkeypatch.setattr("time.time", lambda: 1234.5)
-    steps = [1, 127, 128, 300_000_000_000]  # one- to six-byte varints
-    columns = {"rollout/team_return": [1.25, -3.5, 1e-3, 7.0], "agents/é/return": [2.0, 1e39, -0.5, 3.0]}
-    writer = EventWriter(tmp_path)
-    writer.rows(steps, columns)
-    writer.close()
-
-    class Sink:
-        data = b""
-
-        def write(self, chunk):
-            Sink.data += chunk
-
-    expected = RecordWriter(Sink())
-    expected.write(Event(wall_time=1234.5, file_version="brain.Event:2").SerializeToString())
-    for i, step in enumerate(steps):
-        summary = Summary(value=[Summary.Value(tag=t, simple_value=v[i]) for t, v in columns.items()])
-        expected.write(Event(wall_time=1234.5, step=step, summary=summary).SerializeToString())
-    assert writer.path.read_bytes() == Sink.data
-
-
-def test_event_writer_round_trips_zeros_and_non_finite_values(tmp_path):
-    writer = EventWriter(tmp_path)
-    writer.rows([0, 5], {"a": np.array([0.0, np.nan]), "b": [-np.inf, 2.5]})
-    writer.close()
-    events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
-    events.Reload()
-    a, b = events.Scalars("a"), events.Scalars("b")
-    assert [e.step for e in a] == [0, 5] and a[0].value == 0.0 and math.isnan(a[1].value)
-    assert [(e.step, e.value) for e in b] == [(0, -math.inf), (5, 2.5)]
-
-
-def test_freed_tensor_memory_is_reused_rather_than_faulted_in_again():
-    """Blocks larger than glibc's largest mmap threshold (32 MiB) come from the heap too, and stay."""
-    if not keep_freed_memory():
-        pytest.skip("glibc's mallopt is not available here")
-
-    def faults_of_one_block() -> int:  # 64 MiB, allocated, touched and freed, as activations are
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        torch.empty(16 << 20).fill_(1.0)
-        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-
-    for _ in range(3):  # the heap settles on at most two such blocks, then reuses them
-        faults_of_one_block()
-    faults = sum(faults_of_one_block() for _ in range(3))
-    assert faults < 1024, f"{faults} pages faulted in over 3 blocks; a fresh 64 MiB block is 16,384"

@@ -1,5 +1,6 @@
 """Action masks: a masked action is never sampled or chosen, in rollouts, updates or greedy play."""
 
+import gymnasium as gym
 import pytest
 import torch
 from marl_ppo_examples.masked_guess import MaskedGuessEnv
@@ -7,7 +8,7 @@ from pettingzoo.test import parallel_api_test
 
 from marl_ppo.config import load_config
 from marl_ppo.envs.grouping import build_team_spec
-from marl_ppo.fast.distributions import Categorical, MultiCategorical
+from marl_ppo.models.distributions import make_distribution
 from marl_ppo.run.loop import train
 
 VARIANTS = [
@@ -62,12 +63,12 @@ def test_masked_categorical_never_samples_or_picks_a_masked_action():
     mask = torch.rand(2000, 3, 6) < 0.4
     mask[..., 0] |= ~mask[..., :2].any(-1)  # at least one allowed action in each part of [2, 4]
     mask[..., 2] |= ~mask[..., 2:].any(-1)
-    dist = Categorical(logits, mask)
+    dist = make_distribution(gym.spaces.Discrete(6), logits, None, mask)
     for actions in (dist.sample(), dist.mode()):
         assert mask.gather(-1, actions.unsqueeze(-1)).all()
     assert torch.isfinite(dist.entropy()).all()
     assert (dist.log_prob(dist.sample()) > -50).all()
-    multi = MultiCategorical(logits, [2, 4], mask)
+    multi = make_distribution(gym.spaces.MultiDiscrete([2, 4]), logits, None, mask)
     for actions in (multi.sample(), multi.mode()):
         assert mask[..., :2].gather(-1, actions[..., :1]).all()
         assert mask[..., 2:].gather(-1, actions[..., 1:]).all()
