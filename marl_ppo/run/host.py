@@ -1,4 +1,4 @@
-"""The host a run executes on: learner threads, glibc's allocator, and resident-memory probes."""
+"""The host a run executes on: learner threads and resident-memory probes."""
 
 from __future__ import annotations
 
