@@ -60,7 +60,9 @@ class SweepOutcome:
 
 def split_values(text: str) -> list[str]:
     """Split `v1,v2` on the commas outside brackets, braces and quotes (`[64,64],[32]` is two values)."""
-    values, depth, quote, current = [], 0, "", []
+    values: list[str] = []
+    current: list[str] = []
+    depth, quote = 0, ""
     for char in text:
         if quote:
             quote = "" if char == quote else quote
@@ -235,7 +237,8 @@ def run_sweep(
             outcome.skipped.append(run.name)
         else:
             pending.append(run)
-    total, running = len(pending), {}
+    total = len(pending)
+    running: dict[SweepRun, subprocess.Popen[bytes]] = {}
     try:
         while pending or running:
             while pending and len(running) < jobs:

@@ -12,7 +12,7 @@ import functools
 import os
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -193,6 +193,5 @@ def _first_allowed(group: GroupSpec, mask: np.ndarray) -> np.ndarray:
             return np.zeros((group.num_agents, *group.action_shape), dtype=np.int64)
         bounds = np.cumsum([0, *space.nvec.reshape(-1)])
         return np.stack([mask[:, a:b].argmax(-1) for a, b in zip(bounds[:-1], bounds[1:], strict=True)], -1)
-    box = cast(gym.spaces.Box, space)  # the team layout admits no other action space
-    middle = (np.clip(box.low, -1e6, 1e6) + np.clip(box.high, -1e6, 1e6)) / 2
+    middle = (np.clip(space.low, -1e6, 1e6) + np.clip(space.high, -1e6, 1e6)) / 2
     return np.broadcast_to(middle.reshape(-1), (group.num_agents, *group.action_shape)).astype(np.float32)
