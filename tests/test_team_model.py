@@ -220,7 +220,9 @@ def test_team_critic_trains_and_values_stay_equal_across_agents():
     model, buffer, rollout = collect_rollout(config)
     values = buffer.groups["agent"].values
     assert torch.equal(values, values[..., :1].expand_as(values))
-    trainer = Trainer(model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0))
+    trainer = Trainer(
+        model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0)
+    )
     before = copy.deepcopy(model.critics.state_dict())
     stats = trainer.update(
         rollout_batches(
@@ -269,7 +271,9 @@ def test_one_update_moves_every_actor_and_the_critic():
         ],
     )
     model, buffer, rollout = collect_rollout(config)
-    trainer = Trainer(model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0))
+    trainer = Trainer(
+        model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0)
+    )
     batches = rollout_batches(buffer, rollout.last_values, gamma=config.gamma, lam=config.gae_lambda)
     before = copy.deepcopy(model.state_dict())
     grads = {}
