@@ -39,15 +39,17 @@ def raw_pettingzoo_sps(
 ) -> float:
     """Env steps/s of one env copy in this process, with random actions drawn beforehand.
 
-    The env is stepped as its factory ships it; `bare` first strips the assertion-only wrappers, as
-    training does (`env.skip_check_wrappers`), to show how much of the step they cost.
+    The env is stepped as its factory ships it; `bare` first strips the assertion-only wrappers and
+    the discarded `last()` observations, as training does (`env.skip_check_wrappers`, `fast.lean_cycle`), to show
+    how much of the step they cost.
     """
     from marl_ppo.envs.adapters.check_wrappers import without_check_wrappers
     from marl_ppo.envs.registry import make_env
+    from marl_ppo.fast.lean_cycle import lean_cycle
 
     env = make_env(env_id, **kwargs)
     if bare:
-        env = without_check_wrappers(env)
+        env = lean_cycle(without_check_wrappers(env))
     env.reset(seed=seed)
     agents = list(env.possible_agents)
     for agent in agents:
@@ -301,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(options.repeats)
         ]
         print(
-            f"simple_spread raw without its assertion-only wrappers (how the adapter steps it): "
+            f"simple_spread raw without its assertion-only wrappers and discarded observations "
+            f"(how the adapter steps it): "
             f"{_median(bare):.0f} steps/s"
         )
     return 0

@@ -31,6 +31,7 @@ from marl_ppo.envs.vector.base import VectorEnv
 from marl_ppo.envs.vector.subprocess import SubprocessVectorEnv
 from marl_ppo.envs.vector.sync import SyncVectorEnv
 from marl_ppo.envs.vmas.adapter import VmasVectorEnv
+from marl_ppo.fast.lean_cycle import lean_cycle
 from marl_ppo.fast.screen_copy import one_screen_copy
 
 
@@ -64,6 +65,8 @@ def adapt(config: ExperimentConfig, spec: TeamSpec, env: Any) -> ParallelEnvAdap
         return TurnBasedAdapter(env, spec)
     if config.env.skip_check_wrappers:
         env = without_check_wrappers(env)
+    if config.fast.lean_cycle:
+        env = lean_cycle(env)
     if config.fast.screen_copy:
         env = one_screen_copy(env)
     return ParallelEnvAdapter(env, spec)
