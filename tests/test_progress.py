@@ -132,3 +132,38 @@ def test_a_closed_reader_stops_the_lines_not_the_run():
     lines.update(50, float("nan"), 0)  # raises inside, caught: progress stops
     lines.update(100, float("nan"), 0)
     assert ClosedPipe.writes == 1 and lines.stream is None
+
+
+def test_episodes_ending_at_one_step_are_each_logged_in_one_event(tmp_path):
+    """Every copy's episode that ends at a step keeps its own value of every tag, written as one event."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    logger = RunLogger(
+        tmp_path,
+        agents=("a", "b"),
+        groups={"agent": ("a", "b")},
+        total_steps=100,
+        return_window=10,
+        per_agent=True,
+        progress=False,
+    )
+    returns = [np.array([1.0, 2.0]), np.array([-1.5, 0.5]), np.array([4.0, 4.0])]
+    logger.episodes_done(
+        [EpisodeRecord(float(r.sum()), r, 25, step) for r, step in zip(returns, (50, 50, 75), strict=True)]
+    )
+    logger.scalars(75, {"eval/team_return": 7.0})
+    logger.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("rollout/team_return")] == [
+        (50, 3.0),
+        (50, -1.0),
+        (75, 8.0),
+    ]
+    assert [(e.step, e.value) for e in events.Scalars("agents/b/return")] == [(50, 2.0), (50, 0.5), (75, 4.0)]
+    assert [(e.step, e.value) for e in events.Scalars("eval/team_return")] == [(75, 7.0)]
+    (path,) = (tmp_path / "tensorboard").glob("events.out.tfevents.*")
+    written = [e for e in EventFileLoader(str(path)).Load() if e.HasField("summary")]
+    # one event per step of the episodes (every value inside: 2 episodes x 5 tags at step 50), then the call at 75
+    assert [(e.step, len(e.summary.value)) for e in written] == [(50, 10), (75, 5), (75, 1)]

@@ -6,12 +6,13 @@ import dataclasses
 import sys
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
 import torch
+from tensorboard.compat.proto.summary_pb2 import Summary
 
 from marl_ppo.algo.stats import TrainStats
 from marl_ppo.rollout.source import EpisodeRecord
@@ -102,8 +103,13 @@ class RunLogger:
             columns[f"groups/{name}/return"] = agents[:, members].sum(axis=1)
         if self.per_agent:
             columns.update((f"agents/{agent}/return", agents[:, i]) for i, agent in enumerate(self.agents))
+        by_step: dict[int, list[tuple[str, Any]]] = {}  # episodes of many copies end at the same step
         for row, episode in enumerate(episodes):
-            self._scalars(episode.end_step, {tag: column[row] for tag, column in columns.items()})
+            by_step.setdefault(episode.end_step, []).extend(
+                (tag, column[row]) for tag, column in columns.items()
+            )
+        for step, pairs in by_step.items():
+            self._write(step, pairs)
 
     def update_done(self, step: int, stats: TrainStats, extra: dict[str, float]) -> None:
         """Log one update's training statistics and `extra` scalars (full tags), advance the progress bar."""
@@ -147,8 +153,14 @@ class RunLogger:
         self._scalars(step, values)
 
     def _scalars(self, step: int, values: Mapping[str, Any]) -> None:
-        for tag, value in values.items():
-            self.writer.add_scalar(tag, float(value), step)
+        self._write(step, values.items())
+
+    def _write(self, step: int, pairs: Iterable[tuple[str, Any]]) -> None:
+        """One event holding every scalar of `step`: the Summary `add_scalar` writes for one value, with
+        all of them (a tag may repeat: each value is kept, as separate `add_scalar` calls keep them).
+        One event per logged step rather than one per scalar keeps logging off the profile."""
+        summary = Summary(value=[Summary.Value(tag=tag, simple_value=float(value)) for tag, value in pairs])
+        self.writer._get_file_writer().add_summary(summary, step)  # what add_scalar writes through
 
     def close(self) -> None:
         """Flush and close the event file and the progress bar."""
