@@ -5,7 +5,7 @@ import torch
 import marl_ppo.algo.stats as stats_module
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.run.loop import train
-from tests.conftest import collect_rollout
+from tests.conftest import ROOT, collect_rollout
 
 
 def test_diagnostic_rows_are_an_even_stride_with_both_ends(spread_config):
@@ -37,3 +37,17 @@ def test_the_diagnostic_subset_leaves_learning_unchanged(spread_config, tmp_path
     a = load_checkpoint(tmp_path / "all/checkpoints/final.pt")["model"]
     b = load_checkpoint(tmp_path / "subset/checkpoints/final.pt")["model"]
     assert all(torch.equal(a[key], b[key]) for key in a)
+
+
+def test_the_fingerprint_of_a_run_repeats_and_tells_another_run_apart():
+    """`python -m marl_ppo.bench.fingerprint` compares learning before and after a change: the same
+    seeded run gives the same hashes, another seed other ones."""
+    from marl_ppo.bench.fingerprint import fingerprint
+
+    tiny = ["total_steps=100", "num_envs=2", "rollout_steps=25", "vector=sync", "ppo.num_minibatches=2"]
+    first, again = (
+        fingerprint(str(ROOT / "experiments/mpe/simple_spread.yaml"), ["seed=0", *tiny]) for _ in range(2)
+    )
+    other = fingerprint(str(ROOT / "experiments/mpe/simple_spread.yaml"), ["seed=1", *tiny])
+    assert first == again and len(first["model"]) == len(first["trainer"]) == 16
+    assert other["model"] != first["model"] and other["trainer"] != first["trainer"]
