@@ -58,9 +58,9 @@ def _digest(value: Any, into: Any) -> None:
 
 def fingerprint(experiment: str, overrides: list[str]) -> dict[str, str]:
     """Train the run and hash its final checkpoint's model and trainer state (16 hex digits each)."""
-    from marl_ppo.api import train
     from marl_ppo.checkpoint import load_checkpoint
     from marl_ppo.config import load_config
+    from marl_ppo.run.loop import train
 
     run_dir = Path(tempfile.mkdtemp()) / "run"
     train(load_config(experiment, [*overrides, "log.progress=false"]), run_dir)
