@@ -90,8 +90,8 @@ class PolicyMemory:
         masks: Mapping[str, torch.Tensor],
         alive: Mapping[str, torch.Tensor],
     ) -> dict[str, ActionDistribution]:
-        """Per group the action distributions `(E, A_g)` of this step; the stepped actor states are
-        kept for `advance`."""
+        """Per group the action distributions `(E, A_g)` of this step; the stepped actor states, and
+        `alive` itself (so it must be a copy the env step does not overwrite), are kept for `advance`."""
         dists: dict[str, ActionDistribution] = {}
         for name, record in self.live.items():
             actor = self.model.group(name).actor
