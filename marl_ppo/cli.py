@@ -23,7 +23,7 @@ from marl_ppo.config import ConfigError, ExperimentConfig, load_config, parse_ov
 from marl_ppo.config.keys import config_yaml, defaults_notice, help_config_lines
 from marl_ppo.console import as_invoked, quiet_closed_outputs, shell_command
 from marl_ppo.envs.adapters.contract import EnvContractError
-from marl_ppo.envs.registry import EnvError, registered_specs, resolve_factory
+from marl_ppo.envs.registry import EnvError, id_families, registered_specs, resolve_factory
 from marl_ppo.eval.evaluate import EvalError
 from marl_ppo.faults import RunFault
 from marl_ppo.run.rundir import check_new_run_dir as _check_run_dir
@@ -266,6 +266,7 @@ def _envs(options: argparse.Namespace) -> int:
         {"id": s.id, "family": s.family, "installed": s.installed, "extra": s.extra}
         for s in registered_specs()
     ]
+    rows = sorted(rows + _family_rows({str(row["id"]) for row in rows}), key=lambda row: str(row["id"]))
     if options.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -273,6 +274,23 @@ def _envs(options: argparse.Namespace) -> int:
         status = "installed" if row["installed"] else f"needs: pip install 'marl-ppo[{row['extra']}]'"
         print(as_invoked(f"{row['id']:40s} {status}"))
     return 0
+
+
+def _family_rows(listed: set[str]) -> list[dict[str, Any]]:
+    """What each id family (`vmas/`, `mamujoco/`) offers beyond the registered ids; `family/*` when
+    its package is missing."""
+    rows = []
+    for family in id_families():
+        if family.names is None:
+            continue
+        name = family.prefix.rstrip("/")
+        offered = family.offered_ids() if family.installed else [family.prefix + "*"]
+        rows += [
+            {"id": env_id, "family": name, "installed": family.installed, "extra": family.extra}
+            for env_id in offered
+            if env_id not in listed
+        ]
+    return rows
 
 
 def _eval(options: argparse.Namespace) -> int:

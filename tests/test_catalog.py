@@ -85,6 +85,9 @@ EPISODES = {
     **{f"rware/{name}": ({"max_steps": 10}, {TRUNC}) for name in CATALOG_RWARE},
     "magent2/battle_v4": ({"max_cycles": 30}, {TRUNC}),
     **{f"vmas/{name}": ({"max_steps": 5}, {TRUNC}) for name in CATALOG_VMAS},
+    "mamujoco/HalfCheetah-2x3": ({"max_episode_steps": 20}, {TRUNC}),
+    "mamujoco/Ant-4x2": ({"max_episode_steps": 40}, {TERM, TRUNC}),  # falls, and the time limit
+    "mamujoco/Walker2d-2x3": ({"max_episode_steps": 12}, {TERM, TRUNC}),
 }
 
 

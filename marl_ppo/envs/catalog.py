@@ -10,7 +10,9 @@ their extras (`pip install 'marl-ppo[EXTRA]'`):
   both seats share one policy (self-play);
 - `lbf/*` (lbf) and `rware/*` (rware): Gymnasium multi-agent envs, time limits reported as truncation;
 - `magent2/battle_v4` (magent2): two armies of many agents;
-- `vmas/*` (vmas): VMAS scenarios as one batched simulator whose tensors stay on the training device.
+- `vmas/*` (vmas): VMAS scenarios as one batched simulator whose tensors stay on the training device;
+- `mamujoco/<Scenario>-<split>` (mamujoco): multi-agent MuJoCo, any scenario and agent split
+  (`marl_ppo.envs.mamujoco`); the ids with experiment files are registered, the others built by prefix.
 """
 
 from __future__ import annotations
@@ -67,6 +69,10 @@ DRAWN_BUTTERFLY = ("butterfly/pistonball_v6", "butterfly/cooperative_pong_v6")
 VMAS_SCENARIOS = ("navigation", "balance", "sampling", "transport", "wheel", "dispersion", "give_way")
 
 RWARE_TASKS = ("rware-tiny-2ag-v2", "rware-tiny-4ag-v2", "rware-small-4ag-v2")
+
+MAMUJOCO_TASKS = ("HalfCheetah-2x3", "Ant-4x2", "Walker2d-2x3")
+"""MaMuJoCo ids with experiment files (HARL's MAPPO tasks); every other split builds through the prefix."""
+MAMUJOCO_MODULES = ("gymnasium_robotics", "mujoco")
 
 
 def pettingzoo_parallel(name: str, **kwargs: Any) -> Any:
@@ -195,10 +201,28 @@ def register_catalog() -> None:
     for scenario in VMAS_SCENARIOS:
         factory = functools.partial(make_vmas, scenario)
         register_env(f"vmas/{scenario}", factory, extra="vmas", requires=("vmas",), batched=True)
+    register_mamujoco()
     register_env(
         "magent2/battle_v4",
         "magent2.environments.battle_v4:parallel_env",
         extra="magent2",
         requires=("magent2",),
         map_size=20,
+    )
+
+
+def register_mamujoco() -> None:
+    """The MaMuJoCo ids: the tasks with experiment files, and `mamujoco/` for every scenario and split."""
+    from marl_ppo.envs import mamujoco
+
+    for task in MAMUJOCO_TASKS:
+        factory = functools.partial(mamujoco.make_mamujoco, task)
+        register_env(f"mamujoco/{task}", factory, extra="mamujoco", requires=MAMUJOCO_MODULES)
+    register_prefix(
+        "mamujoco/",
+        mamujoco.make_mamujoco,
+        extra="mamujoco",
+        requires=MAMUJOCO_MODULES,
+        names=mamujoco.names,
+        closed=False,
     )

@@ -75,7 +75,56 @@ class EnvSpec:
 
 
 _REGISTRY: dict[str, EnvSpec] = {}
-_PREFIXES: dict[str, Callable[..., Any]] = {}
+
+
+@dataclass(frozen=True)
+class IdFamily:
+    """Every id `prefix + name` of a family, built by `factory(name, **kwargs)` (`vmas/flocking`)."""
+
+    prefix: str
+    factory: Callable[..., Any]
+    extra: str | None = None
+    """The optional dependency group that provides the family."""
+    requires: tuple[str, ...] = ()
+    """Top-level modules the family needs."""
+    batched: bool = False
+    """Its factory builds all copies at once (see EnvSpec.batched)."""
+    names: Callable[[], list[str]] | None = None
+    """The names the family offers, for `marl-ppo envs` and close-match hints (may import its package)."""
+    closed: bool = True
+    """Only the offered names build (an unknown one is refused with the closest); false: the factory
+    judges every name itself."""
+
+    def spec(self, env_id: str) -> EnvSpec:
+        """The spec of one id of the family (its name checked against the offered ones when closed)."""
+        name = env_id[len(self.prefix) :]
+        spec = EnvSpec(
+            env_id, functools.partial(self.factory, name), {}, self.extra, self.requires, self.batched
+        )
+        if self.closed and self.names is not None and spec.installed:
+            offered = self.names()
+            if name not in offered:
+                close = difflib.get_close_matches(name, offered, n=3, cutoff=0.5)
+                hint = ", ".join(f"'{self.prefix}{c}'" for c in close) if close else "none close"
+                raise EnvError(
+                    f"unknown env id '{env_id}': the {self.prefix.rstrip('/')} family has no '{name}' "
+                    f"(closest: {hint}); `marl-ppo envs` lists every id"
+                )
+        return spec
+
+    @property
+    def installed(self) -> bool:
+        """Whether every module the family needs can be imported (checked without importing them)."""
+        return all(importlib.util.find_spec(module) is not None for module in self.requires)
+
+    def offered_ids(self) -> list[str]:
+        """Every id the family offers (empty when it lists none or is not installed)."""
+        if self.names is None or not self.installed:
+            return []
+        return [self.prefix + name for name in self.names()]
+
+
+_PREFIXES: dict[str, IdFamily] = {}
 """Id prefixes whose rest names the env: `factory(rest, **kwargs)` builds it (`gymnasium/CartPole-v1`)."""
 _ENTRY_POINTS_LOADED = False
 ENTRY_POINT_GROUP = "marl_ppo.envs"
@@ -121,11 +170,27 @@ def register_env(
     return factory
 
 
-def register_prefix(prefix: str, factory: Callable[..., Any]) -> None:
-    """Make every id `prefix + rest` an env built by `factory(rest, **kwargs)` (registered ids win)."""
+def register_prefix(
+    prefix: str,
+    factory: Callable[..., Any],
+    *,
+    extra: str | None = None,
+    requires: tuple[str, ...] = (),
+    batched: bool = False,
+    names: Callable[[], list[str]] | None = None,
+    closed: bool = True,
+) -> None:
+    """Make every id `prefix + rest` an env built by `factory(rest, **kwargs)` (registered ids win);
+    `names` lists what the family offers (see IdFamily)."""
     if not prefix.endswith("/"):
         raise EnvError(f"invalid id prefix {prefix!r}; a prefix ends with '/', like 'gymnasium/'")
-    _PREFIXES[prefix] = factory
+    _PREFIXES[prefix] = IdFamily(prefix, factory, extra, tuple(requires), batched, names, closed)
+
+
+def id_families() -> list[IdFamily]:
+    """The registered id prefixes, longest first (`pettingzoo/classic/` before `pettingzoo/`)."""
+    _load_entry_points()
+    return sorted(_PREFIXES.values(), key=lambda family: -len(family.prefix))
 
 
 def registered_specs() -> list[EnvSpec]:
@@ -146,9 +211,9 @@ def env_spec(env_id: str) -> EnvSpec:
         _load_entry_points()
     if env_id in _REGISTRY:
         return _REGISTRY[env_id]
-    for prefix, factory in _PREFIXES.items():
-        if env_id.startswith(prefix) and len(env_id) > len(prefix):
-            return EnvSpec(env_id, functools.partial(factory, env_id[len(prefix) :]))
+    for family in sorted(_PREFIXES.values(), key=lambda family: -len(family.prefix)):
+        if env_id.startswith(family.prefix) and len(env_id) > len(family.prefix):
+            return family.spec(env_id)
     close = difflib.get_close_matches(env_id, list(_REGISTRY), n=3, cutoff=0.5)
     if close:
         hint = f"did you mean {', '.join(repr(c) for c in close)}?"

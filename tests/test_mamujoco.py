@@ -1,0 +1,108 @@
+"""MaMuJoCo through its ids: agent splits, the critic's state, the time limit as truncation, falls as
+terminations, continuous actions, and 4,000 training steps of a registered id and of a prefix id."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import ROOT
+
+from marl_ppo.cli import main
+from marl_ppo.config import load_config
+from marl_ppo.envs.factory import build_vector_env, team_spec
+from marl_ppo.envs.registry import EnvError, env_spec, make_env, registered_ids
+from marl_ppo.run.loop import train
+
+HALFCHEETAH = ROOT / "experiments/mamujoco/halfcheetah_2x3.yaml"
+
+
+def test_ids_split_the_robot_between_agents_and_give_the_critic_the_robot_state():
+    env = make_env("mamujoco/HalfCheetah-2x3", agent_obsk=0)
+    observations, _ = env.reset(seed=0)
+    assert env.possible_agents == ["agent_0", "agent_1"]
+    assert [env.action_space(a).shape for a in env.possible_agents] == [(3,), (3,)]  # 6 joints, 3 each
+    assert env.state_space.shape == (17,) and env.state().shape == (17,)  # HalfCheetah-v5's observation
+    # agent_obsk=0: each agent sees its own 3 joints' positions and velocities plus the root's velocities
+    assert {a: o.shape for a, o in observations.items()} == {"agent_0": (11,), "agent_1": (11,)}
+    ant = make_env("mamujoco/Ant-4x2")
+    assert len(ant.possible_agents) == 4 and ant.action_space("agent_3").shape == (2,)
+    assert make_env("mamujoco/Hopper-3x1").action_space("agent_2").shape == (1,)  # any split, by prefix
+    assert len(make_env("mamujoco/ManySegmentSwimmer-3x2").possible_agents) == 3  # any NxK
+
+
+def test_the_team_critic_reads_the_env_state_and_the_actions_are_boxes():
+    config = load_config(HALFCHEETAH, ["num_envs=2", "vector=sync"])
+    spec = team_spec(config)
+    (group,) = spec.groups
+    assert group.agents == ("agent_0", "agent_1") and group.action_shape == (3,)
+    assert spec.state_dim == 17  # the env's state, not the 22 numbers of the two observations
+
+
+def test_the_1000_step_limit_is_a_truncation_and_a_fall_a_termination():
+    config = load_config(HALFCHEETAH, ["num_envs=1", "vector=sync"])
+    venv = build_vector_env(config)
+    rng = np.random.default_rng(0)
+    try:
+        arrays = venv.reset(0)
+        (name,) = arrays.groups
+        for step in range(1, 1001):
+            arrays = venv.step({name: rng.uniform(-1, 1, size=(1, 2, 3)).astype(np.float32)})
+            assert bool(venv.episode_over[0]) == (step == 1000)
+        group = arrays.groups[name]
+        assert np.asarray(group.truncated)[0].all() and not np.asarray(group.terminated)[0].any()
+    finally:
+        venv.close()
+    walker = make_env("mamujoco/Walker2d-2x3")
+    walker.reset(seed=0)
+    for _ in range(1000):  # random torques topple the walker within a few dozen steps
+        _, _, terminated, truncated, _ = walker.step(
+            {a: walker.action_space(a).sample() for a in walker.agents}
+        )
+        if not walker.agents:
+            break
+    assert all(terminated.values()) and not any(truncated.values())
+
+
+def test_every_agent_is_paid_the_robot_reward():
+    env = make_env("mamujoco/Ant-4x2")
+    env.reset(seed=3)
+    _, rewards, _, _, _ = env.step({a: env.action_space(a).sample() for a in env.agents})
+    assert len(set(rewards.values())) == 1 and np.isfinite(list(rewards.values())).all()
+
+
+@pytest.mark.parametrize("env_id", ["mamujoco/HalfCheetah-2x3", "mamujoco/Hopper-3x1"])
+def test_a_registered_id_and_a_prefix_id_train_4000_steps(env_id, tmp_path):
+    overrides = [
+        f"env.id={env_id}",
+        "total_steps=4000",
+        "num_envs=4",
+        "rollout_steps=500",
+        "vector=sync",
+        "log.progress=false",
+        "ppo.train_pi_iters=2",
+        "ppo.train_vf_iters=2",
+    ]
+    result = train(load_config(HALFCHEETAH, overrides), tmp_path)
+    assert result.env_steps == 4000 and result.updates == 2
+    assert np.isfinite(result.team_return_mean) and result.episodes >= 4  # Hopper falls; the cheetah at 1000
+    assert (tmp_path / "checkpoints/final.pt").is_file()
+
+
+def test_the_family_lists_its_tasks_and_refuses_unknown_ones_in_one_line():
+    assert {"mamujoco/HalfCheetah-2x3", "mamujoco/Ant-4x2", "mamujoco/Walker2d-2x3"} <= set(registered_ids())
+    assert env_spec("mamujoco/Hopper-3x1").extra == "mamujoco"
+    for bad, says in [
+        ("mamujoco/Halfcheetah-2x3", "closest: 'mamujoco/HalfCheetah-2x3'"),
+        ("mamujoco/HalfCheetah-3x2", "HalfCheetah splits as 2x3, 6x1"),
+        ("mamujoco/Ant", "ids are mamujoco/<Scenario>-<split>"),
+    ]:
+        with pytest.raises(EnvError, match=says) as caught:
+            make_env(bad)
+        assert "\n" not in str(caught.value)
+
+
+def test_marl_ppo_envs_lists_every_split_the_family_offers(capsys):
+    assert main(["envs", "--json"]) == 0
+    rows = {row["id"]: row for row in json.loads(capsys.readouterr().out)}
+    for env_id in ("mamujoco/HalfCheetah-2x3", "mamujoco/HalfCheetah-6x1", "mamujoco/Humanoid-9|8"):
+        assert rows[env_id]["installed"] and rows[env_id]["extra"] == "mamujoco"
