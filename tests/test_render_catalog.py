@@ -17,6 +17,7 @@ RENDERED = {
     "rware/rware_tiny_2ag_v2": "either",  # its pyglet viewer draws rgb_array frames where a display is
     "magent2/battle_v4": "video",
     "vmas/navigation": "refused",
+    "mamujoco/HalfCheetah-2x3": "either",  # MuJoCo draws rgb_array frames where OpenGL (EGL, OSMesa) is
 }
 
 
