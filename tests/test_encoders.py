@@ -282,8 +282,8 @@ def test_a_recurrent_policy_behind_the_cnn_recomputes_its_acting_log_probs(env_i
     """Encoder -> MLP trunk -> GRU: before the first update the chunked replay of a rollout gives the
     log-probabilities it acted with (ratio 1), frames and all."""
     from marl_ppo.algo.batch import rollout_batches
+    from marl_ppo.algo.sequences import policy as _policy
     from marl_ppo.algo.sequences import unchunk
-    from marl_ppo.algo.trainer import _policy
 
     config = _config(
         env_id,

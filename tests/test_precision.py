@@ -8,7 +8,8 @@ import yaml
 from conftest import ROOT, common_twin, values_of
 
 from marl_ppo.algo.batch import rollout_batches
-from marl_ppo.algo.trainer import Trainer, _policy
+from marl_ppo.algo.sequences import policy as _policy
+from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import load_config
 from marl_ppo.models import layers
 from marl_ppo.models.layers import AgentMLP

@@ -10,7 +10,7 @@ from marl_ppo.algo.stats import TrainStats
 from marl_ppo.rollout.source import EpisodeRecord
 from marl_ppo.run.logger import ProgressLines, RunLogger
 
-STATS = TrainStats(**{field.name: 0.0 for field in dataclasses.fields(TrainStats)})
+STATS = TrainStats(**{field.name: 0.0 for field in dataclasses.fields(TrainStats) if field.name != "agents"})
 LINE = re.compile(r"^step (\d+)/(\d+) \((\d+)%\): (\d+) steps/s, (.*)$")
 
 

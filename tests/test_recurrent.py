@@ -12,8 +12,10 @@ from torch import nn
 
 from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.losses import approx_kl
+from marl_ppo.algo.sequences import critic_values as _critic_values
 from marl_ppo.algo.sequences import cut_batch, unchunk
-from marl_ppo.algo.trainer import Trainer, _critic_values, _policy
+from marl_ppo.algo.sequences import policy as _policy
+from marl_ppo.algo.trainer import Trainer
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.config import ConfigError, load_config
 from marl_ppo.models.layers import stacked_linear

@@ -115,20 +115,25 @@ def assert_same_run_state(path_a, path_b):
         assert np.array_equal(obs_a, obs_b) and np.array_equal(reward_a, reward_b)
 
 
+HAPPO = ("ppo.actor_update=sequential", "share_actor=false")  # the order's generator is in the checkpoint
+
+
 @pytest.mark.parametrize(
-    ("vector", "resumed_vector", "lag"),
+    ("vector", "resumed_vector", "lag", "algo"),
     [
-        ("sync", "sync", 0),
-        ("subprocess", "subprocess", 0),
-        ("subprocess", "sync", 0),
-        ("workers", "workers", 0),
-        ("workers", "workers", 1),  # a rollout is in flight at every checkpoint
+        ("sync", "sync", 0, ()),
+        ("subprocess", "subprocess", 0, ()),
+        ("subprocess", "sync", 0, ()),
+        ("workers", "workers", 0, ()),
+        ("workers", "workers", 1, ()),  # a rollout is in flight at every checkpoint
+        ("sync", "sync", 0, HAPPO),
+        ("workers", "workers", 1, HAPPO),
     ],
 )
 def test_killed_and_resumed_run_equals_the_uninterrupted_one(
-    tiny_overrides, tmp_path, monkeypatch, vector, resumed_vector, lag
+    tiny_overrides, tmp_path, monkeypatch, vector, resumed_vector, lag, algo
 ):
-    config = _config(tiny_overrides, f"vector={vector}", "num_workers=2", f"policy_lag={lag}")
+    config = _config(tiny_overrides, f"vector={vector}", "num_workers=2", f"policy_lag={lag}", *algo)
     straight = train(config, tmp_path / "straight")
 
     _crash_at_update(monkeypatch, K + 2)  # update K+1 was logged after the checkpoint at K: must be purged
@@ -136,7 +141,9 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(
         train(config, tmp_path / "resumed")
     monkeypatch.undo()
     assert load_checkpoint(tmp_path / "resumed/checkpoints/latest.pt")["updates"] == K
-    resumed_config = _config(tiny_overrides, f"vector={resumed_vector}", "num_workers=2", f"policy_lag={lag}")
+    resumed_config = _config(
+        tiny_overrides, f"vector={resumed_vector}", "num_workers=2", f"policy_lag={lag}", *algo
+    )
     resumed = train(resumed_config, tmp_path / "resumed", resume=True)  # env states are per env copy
 
     assert (resumed.updates, resumed.env_steps, resumed.episodes) == (2 * K, 120, 4)

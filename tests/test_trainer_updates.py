@@ -12,7 +12,8 @@ from torch import nn
 
 from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.losses import approx_kl
-from marl_ppo.algo.trainer import Trainer, _policy
+from marl_ppo.algo.sequences import policy as _policy
+from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import load_config
 
 TWO_GROUPS = "env.groups={first: [agent_0], rest: [agent_1, agent_2]}"

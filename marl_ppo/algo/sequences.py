@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from marl_ppo.algo.batch import AgentBatch
+from marl_ppo.models.distributions import ActionDistribution
+from marl_ppo.models.team import GroupActor, GroupCritic
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,22 @@ class Sequences:
             value_ref=steps(self.value_ref),
             weight=steps(self.weight),
         )
+
+
+def policy(actor: GroupActor, batch: Sequences) -> ActionDistribution:
+    """The actor's distributions over a batch's sequences, each chunk from its stored carry."""
+    inputs = batch.inputs
+    dist: ActionDistribution
+    dist, _ = actor(inputs.obs, inputs.action_mask, batch.actor_carry, inputs.is_first, inputs.acted)
+    return dist
+
+
+def critic_values(critic: GroupCritic, batch: Sequences) -> torch.Tensor:
+    """The critic's outputs over a batch's sequences (as in `policy`)."""
+    inputs = batch.inputs
+    values: torch.Tensor
+    values, _ = critic(inputs.state, inputs.obs, batch.critic_carry, inputs.is_first, inputs.acted)
+    return values
 
 
 def chunk_count(steps: int, length: int | None) -> int:

@@ -3,6 +3,7 @@ diagnostic rows the before/after evaluations run on, the batch's value statistic
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -55,6 +56,20 @@ class TrainStats:
     behaviour_weight_mean: float | None = None
     """With policy lag and `ppo.lagged_ratio: decoupled`: the mean over live samples of the advantages'
     truncated weights start policy / acting policy; None (not logged) otherwise."""
+    agents: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Per-agent diagnostics by full tag (`agents/<id>/...`) from a sequential actor update (HAPPO): each
+    agent's turn in the order, the mean and spread of the factor it was handed, and its KL and clip
+    fraction after its turn; empty otherwise."""
+
+    def scalars(self) -> dict[str, float]:
+        """Every statistic that applies to the run (None ones are left out) by full TensorBoard tag:
+        `train/<field>`, and the per-agent ones under `agents/<id>/`."""
+        values = {
+            f"train/{field.name}": float(value)
+            for field in dataclasses.fields(self)
+            if field.name != "agents" and (value := getattr(self, field.name)) is not None
+        }
+        return {**values, **self.agents}
 
 
 @dataclass(frozen=True)

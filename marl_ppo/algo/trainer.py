@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -19,17 +20,17 @@ from marl_ppo.algo.losses import (
     value_loss,
 )
 from marl_ppo.algo.optim import clip_grad_norms, make_optimizer
-from marl_ppo.algo.sequences import Sequences, chunk_minibatches, cut_batch
+from marl_ppo.algo.sequences import Sequences, chunk_minibatches, critic_values, cut_batch, policy
 from marl_ppo.algo.stats import Evaluation, TrainStats, batch_statistics, diagnostic_rows, lag_statistics
+from marl_ppo.algo.turns import Turn, everyone, make_actor_update
 from marl_ppo.config import PPOConfig
 from marl_ppo.faults import NonFiniteError
-from marl_ppo.models.distributions import ActionDistribution
-from marl_ppo.models.team import GroupActor, GroupCritic, TeamModel
+from marl_ppo.models.team import TeamModel
 
 
 class Trainer:
     """Runs `train_pi_iters` / `train_vf_iters` epochs of minibatch PPO over one batch per group (`ppo`
-    settled: no `auto` epochs)."""
+    settled: no `auto` epochs), once per turn of `ppo.actor_update` (`algo.turns`)."""
 
     def __init__(
         self, model: TeamModel, ppo: PPOConfig, *, generator: torch.Generator, optimizer: str = "flat_adam"
@@ -39,6 +40,13 @@ class Trainer:
         self.generator = generator
         self.actor_optimizer = make_optimizer(model.actors.parameters(), lr=ppo.pi_lr, kind=optimizer)
         self.critic_optimizer = make_optimizer(model.critics.parameters(), lr=ppo.vf_lr, kind=optimizer)
+        self.actor_update = make_actor_update(
+            ppo.actor_update,
+            model,
+            seed=_order_seed(generator.initial_seed()),
+            clip_ratio=ppo.clip_ratio,
+        )
+        """Whose actors learn in each turn of an update, in what order (`algo.turns`)."""
         self.updates = 0
         """Updates started by this trainer (named in non-finite errors)."""
         self._skips = 0
@@ -53,11 +61,13 @@ class Trainer:
                 group["lr"] = base * scale
 
     def state_dict(self) -> dict[str, Any]:
-        """Both optimizers' states and the minibatch-shuffling generator's state."""
+        """Both optimizers' states, the minibatch-shuffling generator's state and the actor update's
+        (a sequential update's order generator and Adam step counts)."""
         return {
             "actor_optimizer": self.actor_optimizer.state_dict(),
             "critic_optimizer": self.critic_optimizer.state_dict(),
             "generator": self.generator.get_state(),
+            **self.actor_update.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -65,6 +75,7 @@ class Trainer:
         self.actor_optimizer.load_state_dict(state["actor_optimizer"])
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.generator.set_state(state["generator"])
+        self.actor_update.load_state_dict(state)
 
     def prepare(self, batches: Mapping[str, AgentBatch], *, decoupled: bool = False) -> dict[str, Sequences]:
         """Update the value normalizers with the batch's returns, normalize advantages per group, and cut
@@ -108,7 +119,7 @@ class Trainer:
         advantages' weights start / acting policy truncated at `ppo.behaviour_weight_max`, and the
         critic's start outputs (one forward of each network over the batch)."""
         actor, critic, _ = self.model.group(name)
-        logp_start = _policy(actor, batch).log_prob(batch.actions)
+        logp_start = policy(actor, batch).log_prob(batch.actions)
         weight = (logp_start - batch.logp_old).exp()
         if self.ppo.behaviour_weight_max is not None:
             weight = weight.clamp(max=self.ppo.behaviour_weight_max)
@@ -116,7 +127,7 @@ class Trainer:
             batch,
             logp_ref=logp_start,
             weight=torch.where(batch.alive, weight, 1.0),  # absent agents' log-probs mean nothing
-            value_ref=_critic_values(critic, batch),
+            value_ref=critic_values(critic, batch),
         )
 
     def update(self, batches: Mapping[str, AgentBatch], *, lagged: bool = False) -> TrainStats:
@@ -133,7 +144,10 @@ class Trainer:
         probe = diagnostic_rows(sequences)  # the same rows before and after, so the deltas compare
         before = self._evaluate(probe)
         lag = lag_statistics(probe, before, decoupled=decoupled) if lagged else {}
-        pi_epochs, pi_steps = self._epochs(sequences)
+        pi_epochs, pi_steps = 0, 0
+        for turn in self.actor_update.turns(sequences, self.actor_optimizer):
+            epochs, steps = self._epochs(turn)
+            pi_epochs, pi_steps = max(pi_epochs, epochs), pi_steps + steps
         after = self._evaluate(probe)
         return TrainStats(
             loss_pi=after.loss_pi,
@@ -146,18 +160,20 @@ class Trainer:
             stop_iter=pi_epochs,
             pi_steps=pi_steps,
             nonfinite_skips=self._skips,
+            agents=self.actor_update.scalars(),
             **stats_in,
             **lag,
         )
 
-    def _epochs(self, batches: Mapping[str, Sequences]) -> tuple[int, int]:
-        """The actor and critic epochs over prepared batches; the actor epochs begun and steps taken.
+    def _epochs(self, turn: Turn) -> tuple[int, int]:
+        """A turn's actor and critic epochs over its prepared batches; the actor epochs begun and steps taken.
 
-        The actors stop at once when their KL from the start policy passes the bound (`_step`); the
-        critic finishes its epochs.
+        The turn's actors stop at once when their KL from the start policy passes the bound (`_step`);
+        the critic, when it learns in the turn, finishes its epochs.
         """
-        ppo = self.ppo
-        pi_iters, vf_iters = _settled(ppo.train_pi_iters), _settled(ppo.train_vf_iters)
+        ppo, batches = self.ppo, turn.batches
+        pi_iters = _settled(ppo.train_pi_iters)
+        vf_iters = _settled(ppo.train_vf_iters) if turn.critic else 0
         policy_active, pi_epochs, pi_steps = True, 0, 0
         for epoch in range(max(pi_iters, vf_iters)):
             train_vf = epoch < vf_iters
@@ -169,7 +185,12 @@ class Trainer:
                 if not (train_pi or train_vf):
                     break
                 trained_pi, stepped = self._step(
-                    minibatch, train_pi=train_pi, train_vf=train_vf, check_kl=pi_steps > 0, where=(epoch, k)
+                    minibatch,
+                    turn,
+                    train_pi=train_pi,
+                    train_vf=train_vf,
+                    check_kl=pi_steps > 0,
+                    where=(epoch, k),
                 )
                 if train_pi and not trained_pi:  # the KL stop: the actors sit out the rest
                     policy_active = False
@@ -183,16 +204,17 @@ class Trainer:
         minibatch about to be stepped on, exceeds 1.5 * target_kl in any group."""
         if self.ppo.target_kl is None:
             return False
-        kls = torch.stack([terms["kl"] for terms in diagnostics.values()])
+        kls = torch.stack([terms["kl"] for terms in diagnostics.values() if "kl" in terms])
         return bool(kls.max() > 1.5 * self.ppo.target_kl)
 
     def _losses(
-        self, batches: Mapping[str, Sequences], *, actors: bool = True
+        self, batches: Mapping[str, Sequences], learners: Mapping[str, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, dict[str, torch.Tensor]]]:
         """Summed actor and critic losses over groups, plus per-group diagnostics.
 
-        `actors=False` (a critic-only step): the actors' forward is skipped, the actor loss is 0 and
-        the diagnostics hold only `loss_v`.
+        `learners` (group -> `(A_g,)` bool, see `Turn.learners`): the agents whose actor terms enter the
+        loss; a group not named (every group in a critic-only step) skips its actors' forward and its
+        diagnostics hold only `loss_v`.
         """
         ppo = self.ppo
         loss_pi = torch.zeros(())
@@ -200,20 +222,23 @@ class Trainer:
         diagnostics: dict[str, dict[str, torch.Tensor]] = {}
         for name, batch in batches.items():
             actor, critic, _ = self.model.group(name)
-            count = mask_count(batch.alive)  # one divisor for the group's five means
+            count = mask_count(batch.alive)  # the value loss's divisor
             diagnostics[name] = {}
-            if actors:
-                dist = _policy(actor, batch)
+            agents = learners.get(name)
+            if agents is not None:
+                acting = batch.alive & agents  # every live sample when every agent learns
+                count_pi = mask_count(acting)  # one divisor for the actor's four means
+                dist = policy(actor, batch)
                 terms = policy_loss(
                     dist.log_prob(batch.actions),
                     batch.logp_ref,
                     batch.advantages,
-                    batch.alive,
+                    acting,
                     clip_ratio=ppo.clip_ratio,
                     weights=batch.weight,
-                    count=count,
+                    count=count_pi,
                 )
-                entropy = masked_mean(dist.entropy(), batch.alive, count)
+                entropy = masked_mean(dist.entropy(), acting, count_pi)
                 group_pi = terms.loss - ppo.entropy_coef * entropy
                 loss_pi = loss_pi + group_pi
                 diagnostics[name] = {
@@ -222,7 +247,7 @@ class Trainer:
                     "entropy": entropy.detach(),
                     "loss_pi": group_pi.detach(),
                 }
-            values = _critic_values(critic, batch)
+            values = critic_values(critic, batch)
             group_v = value_loss(  # prepared batches hold the clip's centre and returns in the critic's units
                 values,
                 batch.value_ref,
@@ -239,6 +264,7 @@ class Trainer:
     def _step(
         self,
         minibatch: Mapping[str, Sequences],
+        turn: Turn,
         *,
         train_pi: bool,
         train_vf: bool,
@@ -252,7 +278,7 @@ class Trainer:
         minibatch's forward (computed for the loss anyway) is checked against the bound; past it, the
         actors leave this step and every later one.
         """
-        loss_pi, loss_v, diagnostics = self._losses(minibatch, actors=train_pi)
+        loss_pi, loss_v, diagnostics = self._losses(minibatch, turn.learners if train_pi else {})
         if train_pi and check_kl and self._kl_exceeded(diagnostics):
             train_pi = False
         if not (train_pi or train_vf):
@@ -273,7 +299,7 @@ class Trainer:
             )
             return train_pi, False
         if train_pi:
-            self.actor_optimizer.step()
+            turn.step(self.actor_optimizer)
         if train_vf:
             self.critic_optimizer.step()
         return train_pi, True
@@ -291,7 +317,7 @@ class Trainer:
         """Name the first non-finite term of a failed step: a group's loss, else its gradient."""
         for group, terms in diagnostics.items():
             for term, active in (("loss_pi", train_pi), ("loss_v", train_vf)):
-                if active and not bool(torch.isfinite(terms[term])):
+                if active and term in terms and not bool(torch.isfinite(terms[term])):
                     return f"{term} ({float(terms[term])}) in group '{group}'"
         for group in self.model.group_names():
             actor, critic, _ = self.model.group(group)
@@ -315,7 +341,7 @@ class Trainer:
 
     @torch.no_grad()
     def _evaluate(self, batches: Mapping[str, Sequences]) -> Evaluation:
-        loss_pi, loss_v, diagnostics = self._losses(batches)
+        loss_pi, loss_v, diagnostics = self._losses(batches, everyone(batches))
 
         def mean(key: str) -> float:
             return float(sum(d[key] for d in diagnostics.values()) / len(diagnostics))
@@ -323,20 +349,9 @@ class Trainer:
         return Evaluation(float(loss_pi), float(loss_v), mean("kl"), mean("entropy"), mean("clipfrac"))
 
 
-def _policy(actor: GroupActor, batch: Sequences) -> ActionDistribution:
-    """The actor's distributions over a batch's sequences, each chunk from its stored carry."""
-    inputs = batch.inputs
-    dist: ActionDistribution
-    dist, _ = actor(inputs.obs, inputs.action_mask, batch.actor_carry, inputs.is_first, inputs.acted)
-    return dist
-
-
-def _critic_values(critic: GroupCritic, batch: Sequences) -> torch.Tensor:
-    """The critic's outputs over a batch's sequences (as in `_policy`)."""
-    inputs = batch.inputs
-    values: torch.Tensor
-    values, _ = critic(inputs.state, inputs.obs, batch.critic_carry, inputs.is_first, inputs.acted)
-    return values
+def _order_seed(seed: int) -> int:
+    """The seed of a sequential actor update's order, apart from the minibatch generator's `seed`."""
+    return int(np.random.SeedSequence([seed, 37]).generate_state(1)[0])
 
 
 def _settled(epochs: int | str) -> int:

@@ -180,6 +180,13 @@ class PPOConfig:
     copy (every agent of a group together), each unrolled from the recurrent state stored when it was
     collected; null: the whole rollout is one sequence per env copy. A rollout that does not divide
     evenly ends in a shorter chunk (padded, left out of the losses). Unused by feed-forward networks."""
+    actor_update: Literal["simultaneous", "sequential"] = "simultaneous"
+    """How the actors learn in an update: `simultaneous`, every agent's actor from the same batch at
+    once (MAPPO, IPPO); `sequential`, HAPPO (Kuba et al., ICLR 2022): one agent after another in a
+    fresh random order each update, every agent (across groups) in one sequence, each agent's
+    clipped objective weighted by the product of the probability ratios new / old of the agents
+    updated before it. Needs an actor per agent (share_actor=false). The critic learns alongside the
+    first agent of the order."""
     on_nonfinite: Literal["error", "skip"] = "error"
     """A NaN or inf loss, gradient or return: `error` stops the run naming the group, term and update;
     `skip` drops that minibatch step (or the update's value-norm statistics) and counts it in
@@ -425,6 +432,11 @@ class ExperimentConfig:
             raise ValueError(
                 "critic: team is one network per group (one value per env step, for every agent), so "
                 "share_critic=false (one critic per agent) cannot apply; drop it, or use critic: state"
+            )
+        if self.ppo.actor_update == "sequential" and self.share_actor:
+            raise ValueError(
+                "ppo.actor_update=sequential (HAPPO) updates each agent's own actor in turn, and a shared "
+                "actor has one set of weights for a group's agents; set share_actor=false"
             )
         if self.eval_teams is not None and self.eval_vs_random != "teams":
             raise ValueError(

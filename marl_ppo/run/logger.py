@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from collections import deque
@@ -113,12 +112,7 @@ class RunLogger:
 
     def update_done(self, step: int, stats: TrainStats, extra: dict[str, float]) -> None:
         """Log one update's training statistics and `extra` scalars (full tags), advance the progress bar."""
-        values = {  # a statistic that does not apply to this run (None) is not logged
-            f"train/{field.name}": float(value)
-            for field in dataclasses.fields(stats)
-            if (value := getattr(stats, field.name)) is not None
-        }
-        self._scalars(step, {**values, **extra})
+        self._scalars(step, {**stats.scalars(), **extra})
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
             self.bar.set_postfix(

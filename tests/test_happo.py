@@ -1,0 +1,211 @@
+"""HAPPO (`ppo.actor_update: sequential`): one agent is MAPPO bit for bit, the factor each agent is handed
+is the product of the ratios of the agents updated before it, computed here by hand, an agent's turn
+moves its own weights only, and the order is a fresh permutation each update."""
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from conftest import ROOT
+
+from marl_ppo.algo.batch import rollout_batches
+from marl_ppo.algo.sequences import policy
+from marl_ppo.algo.trainer import Trainer
+from marl_ppo.checkpoint import load_checkpoint
+from marl_ppo.config import ConfigError, load_config
+from marl_ppo.envs.factory import build_vector_env
+from marl_ppo.models.team import TeamModel
+from marl_ppo.rollout.buffer import RolloutBuffer
+from marl_ppo.rollout.collector import Collector
+from marl_ppo.run.loop import train
+from tests.test_resume import assert_identical
+
+HAPPO = ["ppo.actor_update=sequential", "share_actor=false"]
+SMALL = [
+    "num_envs=2",
+    "rollout_steps=25",
+    "vector=sync",
+    "policy_lag=0",
+    "ppo.train_pi_iters=2",
+    "ppo.train_vf_iters=2",
+    "ppo.num_minibatches=2",
+    "ppo.target_kl=null",
+    "model.hidden_sizes=[16,16]",
+    "log.progress=false",
+]
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        [],
+        ["env.kwargs.continuous_actions=true"],
+        ["model.recurrent=gru", "ppo.chunk_length=5"],
+        ["critic=obs", "ppo.target_kl=0.001"],  # IPPO's critic, and the KL stop inside the one turn
+    ],
+)
+def test_with_one_agent_happos_update_is_mappos_bit_for_bit(tmp_path, variant):
+    payloads = {}
+    for name, algo in (("mappo", ["share_actor=false"]), ("happo", HAPPO)):
+        config = load_config(
+            ROOT / "experiments/mpe/simple.yaml", [*SMALL, "total_steps=150", *algo, *variant]
+        )
+        train(config, tmp_path / name)
+        payloads[name] = load_checkpoint(tmp_path / name / "checkpoints/final.pt")
+    mappo, happo = payloads["mappo"], payloads["happo"]
+    assert_identical(happo["model"], mappo["model"], "model")
+    for key in ("actor_optimizer", "critic_optimizer", "generator"):
+        assert_identical(happo["trainer"][key], mappo["trainer"][key], key)
+    steps = float(mappo["trainer"]["actor_optimizer"]["state"][0]["step"])
+    assert happo["trainer"]["actor_adam_steps"].tolist() == [steps]
+
+
+def _setup(env, *overrides):
+    """A HAPPO trainer on a fresh model and the batches of one rollout."""
+    config = load_config(None if env is None else ROOT / env, [*SMALL, *HAPPO, *overrides])
+    torch.manual_seed(0)
+    venv = build_vector_env(config)
+    model = TeamModel(venv.spec, config)
+    buffer = RolloutBuffer(venv.spec, config.rollout_steps, config.num_envs, memory=model.memory_layout())
+    collector = Collector(venv, model, torch.device("cpu"))
+    collector.start(0)
+    rollout = collector.collect(buffer)
+    batches = rollout_batches(
+        buffer, rollout.last_values, rollout.last_alive, gamma=config.gamma, lam=config.gae_lambda
+    )
+    trainer = Trainer(
+        model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0)
+    )
+    return model, trainer, batches
+
+
+def _record_turns(monkeypatch):
+    """Each turn the trainer takes, with copies of the model and actor optimizer before and after it."""
+    turns, real = [], Trainer._epochs
+
+    def epochs(self, turn):
+        before = copy.deepcopy(self.model), copy.deepcopy(self.actor_optimizer.state_dict())
+        result = real(self, turn)
+        turns.append(
+            (turn, before, (copy.deepcopy(self.model), copy.deepcopy(self.actor_optimizer.state_dict())))
+        )
+        return result
+
+    monkeypatch.setattr(Trainer, "_epochs", epochs)
+    return turns
+
+
+def _learner(turn):
+    ((group, agents),) = turn.learners.items()
+    return group, int(agents.nonzero().item())
+
+
+def _ratio_by_hand(before, after, batch, group, agent):
+    """pi_after(a|o) / pi_before(a|o) of one agent over a prepared batch, 1 where it is absent."""
+    with torch.no_grad():
+        logp = [
+            policy(m.group(group).actor, batch).log_prob(batch.actions)[..., agent] for m in (before, after)
+        ]
+    return torch.where(batch.alive[..., agent], (logp[1] - logp[0]).exp(), 1.0)
+
+
+def _lagged(batches):
+    """The batches as if a policy one update behind had acted: each logp_old moved by U(-0.5, 0.5)."""
+    generator = torch.Generator().manual_seed(1)
+    return {
+        name: dataclasses.replace(
+            batch, logp_old=batch.logp_old + torch.rand(batch.logp_old.shape, generator=generator) - 0.5
+        )
+        for name, batch in batches.items()
+    }
+
+
+@pytest.mark.parametrize(
+    ("env", "overrides", "lagged"),
+    [
+        ("experiments/mpe/simple_speaker_listener.yaml", [], False),  # two groups of one agent each
+        ("experiments/mpe/simple_spread.yaml", [], False),  # three agents in one group
+        ("experiments/mpe/simple_spread.yaml", ["model.recurrent=lstm", "ppo.chunk_length=5"], False),
+        ("experiments/mpe/simple_spread.yaml", [], True),  # decoupled lag: ratios from the start policy
+        ("experiments/mpe/simple_spread.yaml", ["critic=team"], False),
+        # a Box and a MultiDiscrete agent in two groups; the signaller leaves after step 4 (ratio 1 after)
+        (None, ["env.id=envs/mixed_actions_v0", "env.kwargs={signaller_leaves_at: 4}"], False),
+    ],
+)
+def test_each_agent_is_handed_the_product_of_the_earlier_agents_ratios(monkeypatch, env, overrides, lagged):
+    model, trainer, batches = _setup(env, *overrides)
+    turns = _record_turns(monkeypatch)
+    trainer.update(_lagged(batches) if lagged else batches, lagged=lagged)
+    lag_weights = {name: batch.weight for name, batch in turns[0][0].batches.items()}
+    assert lagged != all(torch.equal(w, torch.ones_like(w)) for w in lag_weights.values())
+    assert len(turns) == sum(g.num_agents for g in model.spec.groups)
+    expected = None  # the factor the next agent should be handed: the product of the ratios so far
+    for k, (turn, (before, _), (after, _)) in enumerate(turns):
+        group, agent = _learner(turn)
+        batch = turn.batches[group]
+        assert turn.critic == (k == 0)
+        if expected is None:
+            assert torch.equal(batch.weight, lag_weights[group])
+        else:  # the lag's weight (1 on-policy) times the factor, the same for every agent of the env step
+            torch.testing.assert_close(
+                batch.weight, lag_weights[group] * expected.unsqueeze(-1), rtol=1e-5, atol=1e-6
+            )
+        ratio = _ratio_by_hand(before, after, batch, group, agent)
+        assert float((ratio - 1).abs().max()) > 1e-3  # the agent's update moved its policy
+        expected = ratio if expected is None else expected * ratio
+    assert float((expected - 1).abs().max()) > 1e-2
+
+
+def test_a_turn_moves_its_agents_weights_and_adam_moments_only(monkeypatch):
+    model, trainer, batches = _setup("experiments/mpe/simple_spread.yaml")
+    trainer.update(batches)  # the first update leaves every agent's Adam moments non-zero
+    turns = _record_turns(monkeypatch)
+    trainer.update(batches)
+    for turn, (before, moments_before), (after, moments_after) in turns:
+        group, agent = _learner(turn)
+        for (name, p0), p1 in zip(before.named_parameters(), after.parameters(), strict=True):
+            if not name.startswith("actors."):
+                continue
+            rows0, rows1 = p0.detach().view(3, -1), p1.detach().view(3, -1)
+            others = [i for i in range(3) if i != agent]
+            assert torch.equal(rows0[others], rows1[others]), name
+            assert not torch.equal(rows0[agent], rows1[agent]), name
+        for index, state in moments_after["state"].items():
+            for key in ("exp_avg", "exp_avg_sq"):
+                rows0 = moments_before["state"][index][key].view(3, -1)
+                rows1 = state[key].view(3, -1)
+                others = [i for i in range(3) if i != agent]
+                assert torch.equal(rows0[others], rows1[others])
+                assert bool((rows0[others] != 0).any())  # what a plain Adam step would have moved
+    # every agent has its own Adam step count: 2 updates x 2 epochs x 2 minibatches
+    assert trainer.actor_update.adam_steps.tolist() == [8.0, 8.0, 8.0]
+    assert float(trainer.actor_optimizer.state_dict()["state"][0]["step"]) == 8.0
+
+
+def test_the_order_is_a_fresh_permutation_each_update():
+    model, trainer, batches = _setup("experiments/mpe/simple_spread.yaml")
+    orders = []
+    for _ in range(6):
+        trainer.update(batches)
+        orders.append(tuple(trainer.actor_update.order))
+    assert all(sorted(order) == [0, 1, 2] for order in orders)
+    assert len(set(orders)) > 2
+    stats = trainer.update(batches)
+    tags = {
+        f"agents/agent_{i}/{key}"
+        for i in range(3)
+        for key in ("turn", "factor_mean", "factor_std", "kl", "clipfrac")
+    }
+    assert set(stats.agents) == tags
+    first = [i for i in range(3) if stats.agents[f"agents/agent_{i}/turn"] == 0.0]
+    assert len(first) == 1 and stats.agents[f"agents/agent_{first[0]}/factor_std"] == 0.0
+    assert all(stats.agents[f"agents/agent_{i}/kl"] > 0 for i in range(3))
+
+
+def test_a_shared_actor_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="share_actor=false") as refused:
+        load_config(
+            ROOT / "experiments/mpe/simple_spread.yaml", ["ppo.actor_update=sequential", "share_actor=true"]
+        )
+    assert "\n" not in str(refused.value)
