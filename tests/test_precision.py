@@ -10,6 +10,7 @@ from conftest import ROOT, common_twin, values_of
 from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.sequences import policy as _policy
 from marl_ppo.algo.trainer import Trainer
+from marl_ppo.algo.turns import everyone
 from marl_ppo.config import load_config
 from marl_ppo.models import layers
 from marl_ppo.models.layers import AgentMLP
@@ -94,7 +95,7 @@ def test_bf16_acting_and_learning_agree_so_every_first_ratio_is_one(critic, devi
     actor = model.group("agent").actor
     log_ratio = _policy(actor, batch).log_prob(batch.actions) - batch.logp_old
     assert torch.equal(log_ratio, torch.zeros_like(log_ratio))
-    _, _, diagnostics = probe._losses({"agent": batch})
+    _, _, diagnostics = probe._losses({"agent": batch}, everyone({"agent": batch}))
     assert diagnostics["agent"]["clipfrac"] == 0 and diagnostics["agent"]["kl"] == 0
     stats = Trainer(
         model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0)

@@ -14,6 +14,7 @@ from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.losses import approx_kl
 from marl_ppo.algo.sequences import policy as _policy
 from marl_ppo.algo.trainer import Trainer
+from marl_ppo.algo.turns import everyone
 from marl_ppo.config import load_config
 
 TWO_GROUPS = "env.groups={first: [agent_0], rest: [agent_1, agent_2]}"
@@ -177,9 +178,9 @@ def _run_recording_kl(model, config, batches):
     kls, weights, critic_steps, seen = [], [], [], []
     check, losses = trainer._kl_exceeded, trainer._losses
 
-    def recording_losses(minibatch, **kwargs):
+    def recording_losses(minibatch, learners):
         seen.append(minibatch)
-        return losses(minibatch, **kwargs)
+        return losses(minibatch, learners)
 
     def recording_check(diagnostics):
         with torch.no_grad():
@@ -247,7 +248,9 @@ def test_critic_only_steps_skip_the_actors_forward_and_train_the_critic_as_befor
         reference_model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0)
     )
     losses = reference._losses
-    reference._losses = lambda minibatch, **kwargs: losses(minibatch)  # actors in every step
+    reference._losses = lambda minibatch, learners: losses(
+        minibatch, everyone(minibatch)
+    )  # actors in every step
     actor = model.group(model.group_names()[0]).actor
     calls = []
     forward = actor.forward
