@@ -209,3 +209,19 @@ def test_a_shared_actor_is_refused_in_one_line():
             ROOT / "experiments/mpe/simple_spread.yaml", ["ppo.actor_update=sequential", "share_actor=true"]
         )
     assert "\n" not in str(refused.value)
+
+
+def test_torchs_adam_takes_the_same_turns_as_ours(tmp_path):
+    """With torch's Adam, whose parameters without a gradient are not stepped at all, the agents' rows
+    put back and their own step counts give the same weights as FlatAdam, where every row steps."""
+    final = {}
+    for kind in ("flat_adam", "adam"):
+        config = load_config(
+            ROOT / "experiments/mpe/simple_spread.yaml",
+            [*SMALL, *HAPPO, "total_steps=150", f"fast.optimizer={kind}"],
+        )
+        train(config, tmp_path / kind)
+        final[kind] = load_checkpoint(tmp_path / kind / "checkpoints/final.pt")
+    assert_identical(final["adam"]["model"], final["flat_adam"]["model"], "model")
+    steps = [float(entry["step"]) for entry in final["adam"]["trainer"]["actor_optimizer"]["state"].values()]
+    assert steps == [3 * 2 * 2] * len(steps)  # every agent's count, the same in every parameter

@@ -322,9 +322,13 @@ def test_a_sweep_stopped_midway_and_started_again_resumes_without_rerunning_the_
     assert "stopped by SIGTERM" in log and "done: 3000 env steps" in log  # one log, both parts
 
 
-def test_with_policy_lag_one_ray_worker_trains_as_one_local_worker(two_nodes, tiny_overrides, tmp_path):
-    """The rollout collected ahead, with the weights before the update, is the same on Ray."""
-    config = _config(tiny_overrides, "num_workers=1", "policy_lag=1", "total_steps=105")
+@pytest.mark.parametrize(
+    "algo", [(), ("ppo.actor_update=sequential", "share_actor=false")], ids=["mappo", "happo"]
+)
+def test_with_policy_lag_one_ray_worker_trains_as_one_local_worker(two_nodes, tiny_overrides, tmp_path, algo):
+    """The rollout collected ahead, with the weights before the update, is the same on Ray (for
+    HAPPO too, whose decoupled turns read the lagged batch)."""
+    config = _config(tiny_overrides, "num_workers=1", "policy_lag=1", "total_steps=105", *algo)
     final = {}
     for vector in ("workers", "ray"):
         train(dataclasses.replace(config, vector=vector), tmp_path / vector)
