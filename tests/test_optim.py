@@ -108,6 +108,27 @@ def test_replaced_weights_and_gradients_are_gathered_at_the_next_step():
         assert torch.equal(ours, theirs)
 
 
+def test_a_weight_replaced_after_a_clip_and_zero_grad_is_gathered_at_the_step():
+    """The step skips its own check only right after a clip; `zero_grad` ends that, so a tensor replaced
+    between a skipped step (clip, zero_grad) and the next step without a clip is still gathered."""
+    net = _net()
+    optimizer = FlatAdam(net.parameters(), lr=1e-3, eps=1e-5)
+    _loss(net, 0).backward()
+    optimizer.clip_grad_norm(1.0)
+    optimizer.zero_grad()  # a step dropped after its clip, as the trainer does for a non-finite loss
+    first = next(net.parameters())
+    first.data = torch.full_like(first, 0.5)
+    reference = _net()
+    next(reference.parameters()).data = torch.full_like(first, 0.5)
+    reference_optimizer = torch.optim.Adam(reference.parameters(), lr=1e-3, eps=1e-5, foreach=False)
+    for model, opt in ((net, optimizer), (reference, reference_optimizer)):
+        _loss(model, 1).backward()
+        opt.step()
+    assert next(net.parameters()).data_ptr() == optimizer.flat_data.data_ptr()
+    for ours, theirs in zip(net.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(ours, theirs)
+
+
 def test_state_dict_round_trips_through_torch_adam_both_ways():
     # a checkpoint written by torch.optim.Adam resumes in FlatAdam, and FlatAdam's resumes in torch's
     reference = _net()

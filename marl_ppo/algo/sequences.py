@@ -81,8 +81,13 @@ class Sequences:
         that is several times slower on CPU.
         """
 
+        taken: dict[int, torch.Tensor] = {}
+
         def steps(tensor: torch.Tensor) -> torch.Tensor:
-            return torch.index_select(tensor, 1, index)
+            # a field that is another field (on-policy, `logp_ref` is `logp_old`) is taken once
+            if id(tensor) not in taken:
+                taken[id(tensor)] = torch.index_select(tensor, 1, index)
+            return taken[id(tensor)]
 
         return Sequences(
             inputs=Inputs(

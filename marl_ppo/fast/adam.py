@@ -41,8 +41,8 @@ class FlatAdam(torch.optim.Adam):
     and autograd accumulates into an existing `.grad` in place, so a backward pass fills the flat
     gradient directly. Build it after the model is on its device and dtype. A parameter whose data
     or gradient something outside replaced (`module.to()`, `zero_grad(set_to_none=True)` on the
-    module) is copied back into the buffers at the next clip or step; a parameter left without a
-    gradient steps with a zero one. Takes a list of parameters (one param group).
+    module) is copied back into the buffers at the next clip, or at a step that no clip preceded; a
+    parameter left without a gradient steps with a zero one. Takes a list of parameters (one param group).
     """
 
     def __init__(
@@ -84,9 +84,12 @@ class FlatAdam(torch.optim.Adam):
             p.data = self.flat_data[start:stop].view_as(p)
             p.grad = grad
         self._data_pointers = [p.data_ptr() for p in params]
+        self._gathered = False
+        """A clip has just brought the buffers up to date: the step that follows it need not check again."""
 
     def _gather(self) -> None:
         """Bring replaced parameter data or gradients back into the flat buffers (a check when none was)."""
+        self._gathered = True
         if all(p.grad is g for p, g in zip(self._params, self._grads, strict=True)) and all(
             p.data_ptr() == pointer for p, pointer in zip(self._params, self._data_pointers, strict=True)
         ):
@@ -112,6 +115,7 @@ class FlatAdam(torch.optim.Adam):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the flat gradient buffer (the gradients stay views of it, whatever `set_to_none` says)."""
+        self._gathered = False
         self.flat_grad.zero_()
 
     def clip_grad_norm(self, max_norm: float | None, parts: Sequence[int] = ()) -> torch.Tensor:
@@ -148,7 +152,9 @@ class FlatAdam(torch.optim.Adam):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._gather()
+        if not self._gathered:
+            self._gather()
+        self._gathered = False
         group = self.param_groups[0]
         if self._step_count is None:
             self._start_state()

@@ -168,7 +168,8 @@ class AgentMLP(nn.Module):
 
     def _rest(self, h: torch.Tensor) -> torch.Tensor:
         """The layers after the first, on the first layer's pre-activation `(..., A, hidden)`."""
-        for layer in self.layers[1:]:
+        # the tuple, not `self.layers[1:]`: slicing a ModuleList builds a new module per call
+        for layer in self._linears[1:]:
             h = layer(self.activation(h))
         return h
 
