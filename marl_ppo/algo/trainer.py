@@ -39,7 +39,7 @@ class Trainer:
         self.ppo = ppo.require_settled()
         self.generator = generator
         self.actor_optimizer = make_optimizer(model.actors.parameters(), lr=ppo.pi_lr, kind=optimizer)
-        self.critic_optimizer = make_optimizer(model.critics.parameters(), lr=ppo.vf_lr, kind=optimizer)
+        self.critic_optimizer = make_optimizer(model.critic_parameters(), lr=ppo.vf_lr, kind=optimizer)
         self.actor_update = make_actor_update(
             ppo.actor_update,
             model,
@@ -308,7 +308,7 @@ class Trainer:
         """Clip the optimizer's gradients as `ppo.grad_clip` says; the norms before (1-D)."""
         if self.ppo.grad_clip == "per_group":
             networks = self.model.actors if optimizer is self.actor_optimizer else self.model.critics
-            return clip_grad_norms(optimizer, self.ppo.max_grad_norm, parts=_sizes(networks))
+            return clip_grad_norms(optimizer, self.ppo.max_grad_norm, parts=_sizes(networks, optimizer))
         return clip_grad_norms(optimizer, self.ppo.max_grad_norm)
 
     def _culprit(
@@ -364,6 +364,8 @@ _ADVANTAGE_NORMS = {"group": normalize_advantages, "agent": normalize_advantages
 """`ppo.advantage_norm`: over a group's live samples, or over each agent's."""
 
 
-def _sizes(networks: nn.ModuleList) -> list[int]:
-    """Parameters per group's network, in order: the parts that `grad_clip: per_group` clips apart."""
-    return [len(list(network.parameters())) for network in networks]
+def _sizes(networks: nn.ModuleList, optimizer: torch.optim.Optimizer) -> list[int]:
+    """Parameters of `optimizer` per group's network, in order: the parts that `grad_clip: per_group`
+    clips apart (a CNN the critic shares is the actor's)."""
+    owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    return [sum(id(p) in owned for p in network.parameters()) for network in networks]

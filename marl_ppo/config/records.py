@@ -38,6 +38,15 @@ class EnvConfig:
     """Average-pool image observations and states (Boxes of rank 3, HWC or CHW) over k x k pixel blocks;
     `auto` picks the smallest k that brings every image observation's longer side to at most 64 pixels
     (1 without images). For a CNN (model.encoder) uint8 frames stay uint8; for an MLP they become floats in [0, 1]."""
+    greyscale: bool = False
+    """Turn image observations (uint8 Boxes of rank 3) into one grey channel, 0.299 R + 0.587 G + 0.114 B,
+    before `resize` and `frame_stack` (parallel envs; the state is left to `image_pool`)."""
+    resize: tuple[PositiveInt, PositiveInt] | None = None
+    """Resize image observations to `[height, width]`: area averaging where both sides shrink, else
+    bilinear. `image_pool: auto` then leaves them at that size and pools only an image state."""
+    frame_stack: PositiveInt = 1
+    """Each agent observes its last k processed frames stacked on the channel axis, newest last, with
+    zero frames before its episode's first."""
     skip_check_wrappers: bool = True
     """Step an AEC-converted env without PettingZoo's OrderEnforcing/AssertOutOfBounds wrappers, which
     only assert what the adapter already guarantees, and without the observations the parallel
@@ -86,6 +95,11 @@ class ModelConfig:
     """Stride of each convolution."""
     cnn_features: PositiveInt = 128
     """Width of the linear layer (ReLU) after the convolutions: each image's feature vector for the MLP."""
+    shared_cnn: bool = False
+    """The critic reads the actor's CNN features of the observations: one CNN per group, learning from
+    both losses and stepped by the actor's optimizer, evaluated once per minibatch and acting step
+    for both (as SB3's CnnPolicy and CleanRL's Atari PPO). Needs `critic: obs` and `share_critic`
+    equal to `share_actor`. false: the actor and the critic each have their own CNN (as MAPPO)."""
 
     @property
     def critic_recurrent(self) -> bool:
@@ -437,6 +451,16 @@ class ExperimentConfig:
             raise ValueError(
                 "ppo.actor_update=sequential (HAPPO) updates each agent's own actor in turn, and a shared "
                 "actor has one set of weights for a group's agents; set share_actor=false"
+            )
+        if self.model.shared_cnn and self.ppo.actor_update == "sequential":
+            raise ValueError(
+                "model.shared_cnn=true trains one CNN from the critic's loss and every actor's, which "
+                "ppo.actor_update=sequential (HAPPO) cannot give to one agent's turn; set model.shared_cnn=false"
+            )
+        if self.model.shared_cnn and (self.critic != "obs" or self.share_critic != self.share_actor):
+            raise ValueError(
+                "model.shared_cnn=true gives the critic the actor's CNN of the observations, so it needs "
+                "critic: obs and share_critic equal to share_actor; set those, or model.shared_cnn=false"
             )
         if self.eval_teams is not None and self.eval_vs_random != "teams":
             raise ValueError(

@@ -24,6 +24,7 @@ from marl_ppo.envs.adapters.check_wrappers import without_check_wrappers
 from marl_ppo.envs.adapters.contract import EnvContractError
 from marl_ppo.envs.adapters.gymnasium import GymnasiumTeamEnv
 from marl_ppo.envs.adapters.pettingzoo import ParallelEnvAdapter
+from marl_ppo.envs.frames import FrameOptions, with_frame_options
 from marl_ppo.envs.grouping import build_team_spec
 from marl_ppo.envs.registry import EnvError, env_spec, make_env, registered_id
 from marl_ppo.envs.spec import GroupSpec, TeamArrays, TeamSpec
@@ -69,7 +70,7 @@ def adapt(config: ExperimentConfig, spec: TeamSpec, env: Any) -> ParallelEnvAdap
         env = lean_cycle(env)
     if config.fast.screen_copy:
         env = one_screen_copy(env)
-    return ParallelEnvAdapter(env, spec)
+    return ParallelEnvAdapter(with_frame_options(env, FrameOptions.of(config.env)), spec)
 
 
 def build_vector_env(
@@ -99,12 +100,13 @@ def team_spec(config: ExperimentConfig, env: Any = None) -> TeamSpec:
     from `make_team_env`, reset here and left open) or from one probe copy built and closed here."""
     probe = make_team_env(config) if env is None else env
     spec = build_team_spec(
-        probe,
+        with_frame_options(probe, FrameOptions.of(config.env)),
         config.env.id,
         config.env.groups,
         image_pool=config.env.image_pool,
         state=config.env.state,
         encoder=config.model.encoder,
+        sized_obs=config.env.resize is not None,
     )
     if env is None:
         probe.close()

@@ -90,11 +90,13 @@ def build_team_spec(
     image_pool: int | Literal["auto"] = 1,
     state: str = "auto",
     encoder: str = "mlp",
+    sized_obs: bool = False,
 ) -> TeamSpec:
     """Group the env's agents (by identical spaces, or by the `groups` mapping), find masks, size the state.
 
     `image_pool` is a factor or `auto` (see `layout.auto_pool`); `encoder` (`model.encoder`) other
-    than `mlp` lays out images as frames for a CNN (see `envs/layout.py`).
+    than `mlp` lays out images as frames for a CNN (see `envs/layout.py`). `sized_obs`: the
+    observations were resized to the user's size (`env.resize`), so `auto` pools only the state.
     """
     agents = tuple(env.possible_agents)
     if not agents:
@@ -107,7 +109,11 @@ def build_team_spec(
         )
     state_space = declared if state != "concat" and isinstance(declared, gym.spaces.Space) else None
     if image_pool == "auto":
-        image_pool = auto_pool((env.observation_space(a) for a in agents), state_space)
+        observed = () if sized_obs else (env.observation_space(a) for a in agents)
+        image_pool = auto_pool(observed, state_space)
+        obs_pool = 1 if sized_obs else image_pool
+    else:
+        obs_pool = image_pool
     frames = encoder != "mlp"
     specs = []
     for name, members in group_members(env, agents, groups):
@@ -128,14 +134,14 @@ def build_team_spec(
             mask_source = "info"
         else:
             mask_source = None
-        layout = _layout(obs_space, image_pool, frames)
+        layout = _layout(obs_space, obs_pool, frames)
         specs.append(GroupSpec(name, members, obs_space, act_space, layout.size, mask_source, layout))
     if state_space is not None:
         state_layout = _layout(state_space, image_pool, frames)
     else:
         state_layout = InputLayout(())
         for agent in agents:
-            state_layout = state_layout.then(_layout(env.observation_space(agent), image_pool, frames))
+            state_layout = state_layout.then(_layout(env.observation_space(agent), obs_pool, frames))
     if encoder == "cnn" and not (
         state_layout.has_image or any(g.obs_layout is not None and g.obs_layout.has_image for g in specs)
     ):

@@ -162,6 +162,33 @@ class FeatureEncoder(nn.Module):
         return torch.cat([encoder(chunk) for chunk in piece.split(NO_GRAD_CHUNK)])
 
 
+class ReusedFeatures(nn.Module):
+    """A FeatureEncoder that two networks read (`model.shared_cnn`): called again on the same input
+    (the same memory, shape and strides, unmodified since, in the same grad mode), it returns the
+    features it computed last instead of running its CNN a second time.
+
+    It holds the last input, so that memory cannot be reused by another tensor while it is compared
+    against, and the last output, whose autograd graph then serves both readers' losses."""
+
+    def __init__(self, encoder: FeatureEncoder) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.copies, self.out_dim = encoder.copies, encoder.out_dim
+        self._last: tuple[tuple[object, ...], torch.Tensor, torch.Tensor] | None = None
+        self.runs = 0
+        """CNN evaluations so far (what the reuse saves shows in tests)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """`FeatureEncoder.forward`, computed once for two calls on the same input."""
+        key = (x.data_ptr(), x.shape, x.stride(), x.dtype, x.device, x._version, torch.is_grad_enabled())
+        if self._last is not None and self._last[0] == key:
+            return self._last[2]
+        features: torch.Tensor = self.encoder(x)
+        self.runs += 1
+        self._last = (key, x, features)
+        return features
+
+
 def has_cnn(model: nn.Module) -> bool:
     """Whether `model` holds a CNN encoder."""
     return any(isinstance(module, nn.Conv2d) for module in model.modules())

@@ -10,11 +10,11 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from marl_ppo.config import ExperimentConfig, ModelConfig
+from marl_ppo.config import ConfigError, ExperimentConfig, ModelConfig
 from marl_ppo.envs.layout import InputLayout, InputPart
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
 from marl_ppo.models.distributions import ActionDistribution, head_size, make_distribution
-from marl_ppo.models.encoders import CnnShape, FeatureEncoder
+from marl_ppo.models.encoders import CnnShape, FeatureEncoder, ReusedFeatures
 from marl_ppo.models.layers import AgentMLP, StackedLinear
 from marl_ppo.models.recurrent import MemoryLayout, StackedRecurrent, Stateless
 from marl_ppo.models.value_norm import ValueNorm
@@ -148,7 +148,9 @@ class GroupActor(nn.Module):
     def __init__(self, group: GroupSpec, model: ModelConfig, *, shared: bool) -> None:
         super().__init__()
         self.action_space = group.action_space
-        self.features = _encoder(model, group.obs_layout, copies=1 if shared else group.num_agents)
+        self.features: FeatureEncoder | ReusedFeatures | None = _encoder(
+            model, group.obs_layout, copies=1 if shared else group.num_agents
+        )
         """The CNN encoder of an image observation, in front of the MLP; None for a vector."""
         in_dim = group.obs_dim if self.features is None else self.features.out_dim
         self.net, self.core, self.head = _network(
@@ -284,7 +286,7 @@ class CriticImages(nn.Module):
     def __init__(
         self,
         state: FeatureEncoder | None,
-        obs: FeatureEncoder | None,
+        obs: FeatureEncoder | ReusedFeatures | None,
         *,
         state_dim: int,
         agents: int,
@@ -400,6 +402,9 @@ class TeamModel(nn.Module):
         for module in self.modules():  # `fast.recurrent_cell`: our stacked step or torch's cells
             if isinstance(module, StackedRecurrent):
                 module.library_cell = not config.fast.recurrent_cell
+        if config.model.shared_cnn:
+            for group, actor, critic in zip(spec.groups, self.actors, self.critics, strict=True):
+                _share_cnn(group.name, cast(GroupActor, actor), cast(GroupCritic, critic))
         self._names = tuple(g.name for g in spec.groups)
         # plain references to the modules above (not registered twice); the acting and learning
         # loops look groups up by name at every step
@@ -422,6 +427,11 @@ class TeamModel(nn.Module):
             for name, nets in self._groups.items()
         }
 
+    def critic_parameters(self) -> list[nn.Parameter]:
+        """The critics' parameters that are not the actors' (a shared CNN learns with the actors)."""
+        actors = {id(p) for p in self.actors.parameters()}
+        return [p for p in self.critics.parameters() if id(p) not in actors]
+
     def group_names(self) -> tuple[str, ...]:
         """The groups' names in the team's group order (the order of actors, critics and value norms)."""
         return self._names
@@ -429,3 +439,16 @@ class TeamModel(nn.Module):
     def group(self, name: str) -> GroupNetworks:
         """The actor, critic and value normalizer of group `name`."""
         return self._groups[name]
+
+
+def _share_cnn(name: str, actor: GroupActor, critic: GroupCritic) -> None:
+    """Give the critic the actor's CNN of the observations (`model.shared_cnn`), evaluated once for both."""
+    if actor.features is None or critic.images is None or critic.images.obs is None:
+        raise ConfigError(
+            f"model.shared_cnn=true but group '{name}' observes no image for a CNN to share; "
+            "set model.shared_cnn=false"
+        )
+    assert isinstance(actor.features, FeatureEncoder)
+    reused = ReusedFeatures(actor.features)
+    actor.features = reused
+    critic.images.obs = reused
