@@ -183,3 +183,32 @@ def test_a_removed_switch_is_refused_in_one_line_naming_the_library_piece_and_th
         f"config key 'fast.{key}' was removed: {REMOVED_FAST_KEYS[key]} is always used now; "
         "delete the key from the experiment file or the overrides"
     )
+
+
+def test_sigmoid_tanh_agrees_with_torch_tanh_in_value_and_gradient():
+    from marl_ppo.fast.tanh import sigmoid_tanh
+
+    x = (torch.randn(600, 64, dtype=torch.float64) * 3).float().requires_grad_()
+    reference = x.detach().clone().requires_grad_()
+    weights = torch.randn(600, 64)
+    (sigmoid_tanh(x) * weights).sum().backward()
+    (torch.tanh(reference) * weights).sum().backward()
+    torch.testing.assert_close(sigmoid_tanh(x), torch.tanh(reference), rtol=0, atol=2.5e-7)
+    torch.testing.assert_close(x.grad, reference.grad, rtol=0, atol=1e-6)
+    assert float(sigmoid_tanh(torch.tensor(30.0))) == 1.0 and float(sigmoid_tanh(torch.tensor(-30.0))) == -1.0
+
+
+def test_the_sigmoid_tanh_switch_puts_it_in_every_tanh_mlp_and_keeps_relu():
+    from marl_ppo.fast.tanh import sigmoid_tanh
+    from marl_ppo.models.layers import AgentMLP
+    from marl_ppo.models.team import TeamModel
+
+    for overrides, expected in (
+        (["fast.sigmoid_tanh=true"], sigmoid_tanh),
+        ([], torch.tanh),
+        (["fast.sigmoid_tanh=true", "model.activation=relu"], torch.relu),
+    ):
+        config = load_config(SPREAD, overrides)
+        model = TeamModel(team_spec(config), config)
+        mlps = [m for m in model.modules() if isinstance(m, AgentMLP)]
+        assert mlps and all(m.activation is expected for m in mlps), overrides

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -106,7 +106,7 @@ class AgentMLP(nn.Module):
         self.layers = nn.ModuleList(linears)
         self._linears = tuple(linears)
         """The same layers, typed (plain references; the ModuleList registers them)."""
-        self.activation = _ACTIVATIONS[activation]
+        self.activation: Callable[[torch.Tensor], torch.Tensor] = _ACTIVATIONS[activation]
         if orthogonal_init:
             for layer in linears[:-1]:
                 layer.reset_orthogonal(math.sqrt(2.0))

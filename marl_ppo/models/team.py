@@ -13,6 +13,7 @@ from torch import nn
 from marl_ppo.config import ConfigError, ExperimentConfig, ModelConfig
 from marl_ppo.envs.layout import InputLayout, InputPart
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
+from marl_ppo.fast.tanh import sigmoid_tanh
 from marl_ppo.models.distributions import ActionDistribution, head_size, make_distribution
 from marl_ppo.models.encoders import CnnShape, FeatureEncoder, ReusedFeatures
 from marl_ppo.models.layers import AgentMLP, StackedLinear
@@ -402,6 +403,8 @@ class TeamModel(nn.Module):
         for module in self.modules():  # `fast.recurrent_cell`: our stacked step or torch's cells
             if isinstance(module, StackedRecurrent):
                 module.library_cell = not config.fast.recurrent_cell
+            if isinstance(module, AgentMLP) and config.fast.sigmoid_tanh and module.activation is torch.tanh:
+                module.activation = sigmoid_tanh
         if config.model.shared_cnn:
             for group, actor, critic in zip(spec.groups, self.actors, self.critics, strict=True):
                 _share_cnn(group.name, cast(GroupActor, actor), cast(GroupCritic, critic))
