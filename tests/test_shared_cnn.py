@@ -100,8 +100,13 @@ def test_reuse_needs_the_same_unchanged_input_in_the_same_grad_mode():
 
 
 @pytest.mark.parametrize(
-    "extra", [["critic=state"], ["critic=obs", "share_actor=false", "share_critic=true"]]
+    ("extra", "named"),
+    [
+        (["critic=state"], "critic: obs"),
+        (["critic=obs", "share_actor=false", "share_critic=true"], "critic: obs"),
+        (["critic=obs", "share_critic=false", "ppo.actor_update=sequential"], "sequential"),
+    ],
 )
-def test_shared_cnn_needs_an_obs_critic_with_the_actors_sharing(extra):
-    with pytest.raises(ValueError, match="model.shared_cnn=true .* critic: obs"):
+def test_shared_cnn_needs_an_obs_critic_with_the_actors_sharing_and_no_agent_turns(extra, named):
+    with pytest.raises(ValueError, match=f"model.shared_cnn=true .*{named}"):
         load_config(None, [f"env.id={SIGNAL}", "model.shared_cnn=true", *extra])
