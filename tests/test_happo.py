@@ -157,8 +157,19 @@ def test_each_agent_is_handed_the_product_of_the_earlier_agents_ratios(monkeypat
     assert float((expected - 1).abs().max()) > 1e-2
 
 
-def test_a_turn_moves_its_agents_weights_and_adam_moments_only(monkeypatch):
-    model, trainer, batches = _setup("experiments/mpe/simple_spread.yaml")
+@pytest.mark.parametrize(
+    ("env", "overrides"),
+    [
+        ("experiments/mpe/simple_spread.yaml", []),
+        ("experiments/mpe/simple_spread.yaml", ["model.recurrent=gru", "ppo.chunk_length=5"]),
+        # two agents' CNN encoders as one grouped convolution, and action masks
+        (None, ["env.id=envs/pixel_compass_v0"]),
+    ],
+)
+def test_a_turn_moves_its_agents_weights_and_adam_moments_only(monkeypatch, env, overrides):
+    model, trainer, batches = _setup(env, *overrides)
+    (group,) = model.spec.groups
+    agents = group.num_agents
     trainer.update(batches)  # the first update leaves every agent's Adam moments non-zero
     turns = _record_turns(monkeypatch)
     trainer.update(batches)
@@ -167,19 +178,19 @@ def test_a_turn_moves_its_agents_weights_and_adam_moments_only(monkeypatch):
         for (name, p0), p1 in zip(before.named_parameters(), after.parameters(), strict=True):
             if not name.startswith("actors."):
                 continue
-            rows0, rows1 = p0.detach().view(3, -1), p1.detach().view(3, -1)
-            others = [i for i in range(3) if i != agent]
+            rows0, rows1 = p0.detach().view(agents, -1), p1.detach().view(agents, -1)
+            others = [i for i in range(agents) if i != agent]
             assert torch.equal(rows0[others], rows1[others]), name
             assert not torch.equal(rows0[agent], rows1[agent]), name
         for index, state in moments_after["state"].items():
             for key in ("exp_avg", "exp_avg_sq"):
-                rows0 = moments_before["state"][index][key].view(3, -1)
-                rows1 = state[key].view(3, -1)
-                others = [i for i in range(3) if i != agent]
+                rows0 = moments_before["state"][index][key].view(agents, -1)
+                rows1 = state[key].view(agents, -1)
+                others = [i for i in range(agents) if i != agent]
                 assert torch.equal(rows0[others], rows1[others])
                 assert bool((rows0[others] != 0).any())  # what a plain Adam step would have moved
     # every agent has its own Adam step count: 2 updates x 2 epochs x 2 minibatches
-    assert trainer.actor_update.adam_steps.tolist() == [8.0, 8.0, 8.0]
+    assert trainer.actor_update.adam_steps.tolist() == [8.0] * agents
     assert float(trainer.actor_optimizer.state_dict()["state"][0]["step"]) == 8.0
 
 
