@@ -7,6 +7,9 @@ range), the training's timing split (env stepping, acting, learning) and its pea
 
     python -m marl_ppo.bench.speed [--repeats N] [--steps N] [--only NAME ...] [--device cpu|cuda]
 
+The peer cases (`marl_ppo/bench/pairs.py`) run marl_ppo and another framework at the same settings
+in turn and print the ratio of their env steps/s; each peer runs in a venv of its own (`peers.py`).
+
 On a machine with a GPU, `python -m marl_ppo.bench.speed --only vmas --device cuda` is the GPU check: the
 VMAS simulator, the rollout buffer and the learner all on the GPU, with 8,192 and 32,768 copies too.
 """
@@ -23,8 +26,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from marl_ppo.bench.pairs import PeerCase, peer_cases, peer_report, run_pair
 from marl_ppo.run.rundir import read_summary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -265,6 +269,14 @@ def paired_ratio(done: list[Case], case: str, reference: str) -> str | None:
     )
 
 
+CaseT = TypeVar("CaseT", Case, PeerCase)
+
+
+def _chosen(named: list[CaseT], only: list[str] | None) -> list[CaseT]:
+    """The cases whose name contains one of the words of `--only` (every case without it)."""
+    return [case for case in named if not only or any(word in case.name for word in only)]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every case `--repeats` times, the raw env before and after each training run, and print
     the medians; a case's ratio is the median over its runs of training over the raw rate around it."""
@@ -275,12 +287,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--only", nargs="*", help="run only cases whose name contains one of these words")
     parser.add_argument("--device", default="cpu", help="device of the VMAS cases: cpu or cuda (GPU check)")
+    parser.add_argument(
+        "--pistonball-steps",
+        type=int,
+        default=1024,
+        help="env steps of each pistonball_tutorial run, both sides",
+    )
+    parser.add_argument(
+        "--peer-spread-steps",
+        type=int,
+        default=24_000,
+        help="env steps of each spread_benchmarl run, both sides",
+    )
     options = parser.parse_args(argv)
-    selected = [
-        c
-        for c in cases(options.steps, options.device)
-        if not options.only or any(w in c.name for w in options.only)
-    ]
+    selected = _chosen(cases(options.steps, options.device), options.only)
+    pairs = _chosen(peer_cases(options.pistonball_steps, options.peer_spread_steps), options.only)
     for repeat in range(options.repeats):
         for case in selected:
             before = case.raw()
@@ -292,8 +313,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"ratio {case.ratios()[-1]:.2f}",
                 flush=True,
             )
+        for pair in pairs:  # marl_ppo and a peer in turn, in another order each repeat
+            print(f"[{repeat + 1}/{options.repeats}] {run_pair(pair, repeat, training_run)}", flush=True)
     print()
-    print(report(selected))
+    if selected:
+        print(report(selected))
+    if pairs:
+        print(peer_report(pairs))
     ray_line = paired_ratio(selected, "spread 2 ray workers", "spread 2 workers")
     if ray_line is not None:
         print(ray_line)
