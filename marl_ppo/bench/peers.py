@@ -43,8 +43,8 @@ SB3 = Peer(
 )
 BENCHMARL = Peer(
     "benchmarl",
-    # TorchRL 0.11 finds simple_spread in pettingzoo.mpe, which PettingZoo 1.25 moved out to mpe2
-    ("benchmarl==1.5.2", "torchrl==0.11.1", "tensordict==0.11.0", "pettingzoo==1.24.3"),
+    # TorchRL 0.11 finds simple_spread in pettingzoo.mpe (pygame through its extra), moved to mpe2 in 1.25
+    ("benchmarl==1.5.2", "torchrl==0.11.1", "tensordict==0.11.0", "pettingzoo[mpe]==1.24.3"),
     "peer_benchmarl_spread.py",
 )
 
