@@ -316,36 +316,37 @@ def _eval(options: argparse.Namespace) -> int:
         f"[95% CI {low:.2f}, {high:.2f}]; wrote {output.eval_json}{video}"
     )
     if output.versus is not None:
-        scores = ", ".join(
-            f"{key} {value:.2f}" for key, value in output.versus.to_dict().items() if isinstance(value, float)
-        )
-        print(f"against random opponents ({output.versus.mode}): {scores}")
+        print(f"against random opponents ({output.versus.mode}): {_scores(output.versus)}")
     return 0
 
 
+def _scores(versus: Any) -> str:
+    """A VersusResult's rates (or returns) as `key value, ...`."""
+    return ", ".join(
+        f"{key} {value:.2f}" for key, value in versus.to_dict().items() if isinstance(value, float)
+    )
+
+
 def _eval_random(options: argparse.Namespace) -> int:
-    from marl_ppo.eval.from_checkpoint import evaluate_random
+    from marl_ppo.eval.random_floor import evaluate_random
 
     if options.render or options.deterministic:
         raise EvalError("--random plays a uniform random policy: drop --render and --deterministic")
-    if options.target.suffix not in (".yaml", ".yml") or not options.target.is_file():
-        raise EvalError(
-            f"--random needs an experiment file, not '{options.target}'; e.g. experiments/mpe/simple_spread.yaml"
-        )
-    result, eval_json = evaluate_random(
-        options.target,
-        episodes=options.episodes,
-        overrides=options.overrides,
-        out=options.out,
-        seed=options.seed,
+    target, overrides = options.target, options.overrides
+    if "=" in str(target):  # `eval --random env.id=...`: overrides alone, on the defaults
+        target, overrides = None, [str(target), *overrides]
+    floor = evaluate_random(
+        target, episodes=options.episodes, overrides=overrides, out=options.out, seed=options.seed
     )
-    team = result.to_dict()["team_return"]
+    team = floor.result.to_dict()["team_return"]
     low, high = team["ci95"]
-    wrote = f"; wrote {eval_json}" if eval_json is not None else ""
+    wrote = f"; wrote {floor.eval_json}" if floor.eval_json is not None else ""
     print(
-        f"{len(result.team_returns)} episodes of the uniform random policy: team return (sum over agents) "
+        f"{len(floor.result.team_returns)} episodes of the uniform random policy: team return (sum over agents) "
         f"{team['mean']:.2f} [95% CI {low:.2f}, {high:.2f}]{wrote}"
     )
+    if floor.versus is not None:
+        print(f"random against random ({floor.versus.mode}): {_scores(floor.versus)}")
     return 0
 
 

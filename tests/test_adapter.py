@@ -160,6 +160,44 @@ def test_heterogeneous_agents_form_groups_in_agent_order():
     assert spec.groups[0].obs_dim != spec.groups[1].obs_dim
 
 
+class _TwoArmies:
+    """combined_arms' naming: red and blue melee units with identical spaces, two red ranged units."""
+
+    possible_agents = ["redmelee_0", "redmelee_1", "redranged_0", "bluemelee_0", "bluemelee_1"]
+
+    def observation_space(self, agent):
+        return spaces.Box(0.0, 1.0, (3,), np.float32)
+
+    def action_space(self, agent):
+        return spaces.Discrete(4)
+
+    def reset(self, seed=None, options=None):
+        return {a: np.zeros(3, np.float32) for a in self.possible_agents}, {}
+
+
+def test_automatic_groups_keep_sides_apart_whose_names_differ_though_spaces_match():
+    spec = build_team_spec(_TwoArmies(), "armies")
+    assert [(g.name, g.agents) for g in spec.groups] == [
+        ("redmelee", ("redmelee_0", "redmelee_1")),
+        ("redranged", ("redranged_0",)),
+        ("bluemelee", ("bluemelee_0", "bluemelee_1")),
+    ]
+    # names without a number say nothing about sides: the matrix game's row and column share a group
+    spec = build_team_spec(make_env("envs/matrix_game_v0"), "envs/matrix_game_v0")
+    assert [(g.name, g.agents) for g in spec.groups] == [("row", ("row", "column"))]
+
+
+def test_env_groups_may_name_agents_by_their_name_without_the_number():
+    env = _TwoArmies()
+    spec = build_team_spec(env, "armies", {"red": ["redmelee", "redranged_0"], "blue": ["bluemelee"]})
+    assert [(g.name, g.agents) for g in spec.groups] == [
+        ("red", ("redmelee_0", "redmelee_1", "redranged_0")),
+        ("blue", ("bluemelee_0", "bluemelee_1")),
+    ]
+    with pytest.raises(EnvContractError, match=r"unknown: \['green'\]"):
+        build_team_spec(env, "armies", {"red": ["redmelee", "redranged"], "blue": ["bluemelee", "green"]})
+
+
 def test_groups_by_name_must_cover_every_agent():
     env = make_env("mpe2/simple_spread_v3")
     spec = build_team_spec(env, "x", {"left": ["agent_0"], "right": ["agent_1", "agent_2"]})

@@ -160,6 +160,46 @@ def test_an_env_that_cannot_render_gets_one_line_and_eval_writes_nothing(tmp_pat
     assert main(["eval", str(run_dir), "--episodes", "2"]) == 0  # without --render it evaluates
 
 
+def _render_fails_after(monkeypatch, frames):
+    """mpe2's render raises as an env without OpenGL does, from its `frames + 1`-th call on."""
+    from mpe2._mpe_utils.simple_env import SimpleEnv
+
+    calls = []
+    render = SimpleEnv.render
+
+    def failing(self):
+        calls.append(1)
+        if len(calls) > frames:
+            raise RuntimeError("cannot create an OpenGL context")
+        return render(self)
+
+    monkeypatch.setattr(SimpleEnv, "render", failing)
+
+
+def test_render_is_checked_before_any_episode_is_played(trained_run, tmp_path, monkeypatch, capsys):
+    import marl_ppo.eval.from_checkpoint as from_checkpoint
+
+    _render_fails_after(monkeypatch, frames=0)
+    played = []
+    monkeypatch.setattr(from_checkpoint, "run_episodes", lambda *a, **k: played.append(1))
+    assert main(["eval", str(trained_run), "--episodes", "2", "--render", "gif", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "failed to render" in err and "cannot create an OpenGL context" in err and err.count("\n") == 1
+    assert played == [] and not (tmp_path / "eval.json").exists()
+
+
+def test_a_render_that_fails_after_the_episodes_keeps_their_eval_json(
+    trained_run, tmp_path, monkeypatch, capsys
+):
+    _render_fails_after(monkeypatch, frames=3)  # the check's frame and two of the recording's
+    assert main(["eval", str(trained_run), "--episodes", "3", "--render", "gif", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "failed to render" in err and f"the evaluation's numbers are in {tmp_path / 'eval.json'}" in err
+    report = json.loads((tmp_path / "eval.json").read_text())
+    assert report["episodes"] == 3 and report["per_episode"]["length"] == [25] * 3 and report["video"] is None
+    assert not (tmp_path / "episode.gif").exists()
+
+
 def test_periodic_eval_logs_eval_scalars_and_leaves_training_unchanged(tiny_overrides, tmp_path):
     plain = load_config(SPREAD, [*tiny_overrides, "vector=sync"])
     evaluated = load_config(SPREAD, [*tiny_overrides, "vector=sync", "eval_every=50", "eval_episodes=3"])
@@ -245,16 +285,19 @@ def test_the_random_policy_scores_the_mean_payoff_of_the_matrix_game(tmp_path, c
 def test_the_random_policy_draws_only_allowed_actions():
     """The masked guessing game refuses a masked action, so these episodes drew none; each agent's
     chance of the paid action is E[1 / allowed actions] over the env's masks: team return 6.2 over 8 steps."""
-    from marl_ppo.eval.from_checkpoint import evaluate_random
+    from marl_ppo.eval.random_floor import evaluate_random
 
-    result, _ = evaluate_random(ROOT / "experiments/examples/masked_guess_v0.yaml", episodes=400)
+    result = evaluate_random(ROOT / "experiments/examples/masked_guess_v0.yaml", episodes=400).result
     assert len(result.team_returns) == 400 and abs(result.team_returns.mean() - 6.2) < 0.3
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["runs", "--random"], "--random needs an experiment file, not 'runs'"),
+        (
+            ["no_such_run", "--random"],
+            "--random needs an experiment file or a run directory, not 'no_such_run'",
+        ),
         (["experiments/examples/matrix_game_v0.yaml", "--random", "--render", "gif"], "drop --render"),
     ],
 )
@@ -262,3 +305,30 @@ def test_bad_random_eval_input_is_one_line(args, message, capsys):
     assert main(["eval", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_random_eval_takes_a_run_directory_or_overrides_alone(trained_run, tmp_path, capsys):
+    assert main(["eval", str(trained_run), "--random", "--episodes", "4", "--out", str(tmp_path / "a")]) == 0
+    assert "4 episodes of the uniform random policy" in capsys.readouterr().out
+    record = json.loads((tmp_path / "a" / "eval.json").read_text())
+    assert (
+        record["experiment"] == str(trained_run / "config.yaml")
+        and record["env"]["id"] == "mpe2/simple_spread_v3"
+    )
+    assert record["per_episode"]["length"] == [25] * 4
+    args = ["eval", "--random", "env.id=envs/matrix_game_v0", "--episodes", "2", "--out", str(tmp_path / "b")]
+    assert main(args) == 0
+    assert json.loads((tmp_path / "b" / "eval.json").read_text())["env"]["id"] == "envs/matrix_game_v0"
+
+
+def test_random_eval_of_a_game_gives_random_against_random_rates(tmp_path, capsys):
+    """Tic-tac-toe between uniform random players: the first mover wins 58.5% of games, the second 28.8%,
+    12.7% are drawn; so a seat, over both seats, wins 0.44 of its games."""
+    experiment = ROOT / "experiments/classic/tictactoe_v3.yaml"
+    assert main(["eval", str(experiment), "--random", "--episodes", "400", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "random against random (seats): win_rate" in out
+    rates = json.loads((tmp_path / "eval.json").read_text())["vs_random"]
+    assert abs(rates["win_rate"] - 0.436) < 0.05 and abs(rates["draw_rate"] - 0.127) < 0.05
+    assert rates["win_rate"] + rates["draw_rate"] + rates["loss_rate"] == pytest.approx(1.0)
+    assert abs(rates["player_1/win_rate"] - 0.585) < 0.07 and abs(rates["player_2/win_rate"] - 0.288) < 0.07

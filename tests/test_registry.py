@@ -120,3 +120,54 @@ def test_conformance_checks_a_bare_gymnasium_env_as_training_wraps_it(tmp_path):
     )
     report = check_env(f"{path}:make")
     assert [result.status for result in report.results] == ["PASS"] * len(report.results), report.results
+
+
+def test_an_env_kwarg_named_env_id_reaches_the_users_factory(tmp_path):
+    (tmp_path / "named.py").write_text(
+        "from marl_ppo_examples.early_leaver import EarlyLeaverEnv\n"
+        "def make(env_id='default', **kwargs):\n"
+        "    env = EarlyLeaverEnv(**kwargs)\n"
+        "    env.chosen = env_id\n"
+        "    return env\n"
+    )
+    env_id = f"{tmp_path / 'named.py'}:make"
+    assert make_env(env_id, env_id="overcooked", max_steps=3).chosen == "overcooked"
+    from marl_ppo.config import load_config
+    from marl_ppo.envs.factory import make_team_env
+
+    config = load_config(None, [f"env.id={env_id}", "env.kwargs.env_id=overcooked"])
+    assert make_team_env(config).chosen == "overcooked"
+    report = check_env(env_id, env_id="overcooked")
+    assert report.passed, report.render()
+
+
+def test_a_missing_dependency_of_an_env_module_names_the_pip_install(tmp_path, monkeypatch):
+    package = tmp_path / "mygames"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "chessy.py").write_text("import not_installed_chess_lib.board\ndef env(): ...\n")
+    (tmp_path / "my_chess.py").write_text("import not_installed_chess_lib\ndef env(): ...\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for env_id, needed_by in (
+        ("mygames.chessy:env", "module 'mygames.chessy'"),
+        (f"{tmp_path / 'my_chess.py'}:env", f"'{tmp_path / 'my_chess.py'}'"),
+    ):
+        with pytest.raises(EnvError) as caught:
+            resolve_factory(env_id)
+        assert str(caught.value) == (
+            f"env '{env_id}': {needed_by} imports 'not_installed_chess_lib', which is not installed; "
+            "install it with: pip install not_installed_chess_lib"
+        )
+    # an id that names no module at all is still the id's fault
+    for env_id in ("mygames.nochess:env", "no_such_package.games:env"):
+        with pytest.raises(EnvError, match="cannot import module .*; check env.id$"):
+            resolve_factory(env_id)
+
+
+def test_a_batched_envs_kwargs_cannot_name_what_the_run_sets():
+    from marl_ppo.config import load_config
+    from marl_ppo.envs.factory import build_vector_env
+
+    config = load_config(None, ["env.id=vmas/navigation", "env.kwargs.num_envs=4"])
+    with pytest.raises(EnvError, match=r"the run sets its num_envs .*; drop env.kwargs.num_envs$"):
+        build_vector_env(config)

@@ -100,6 +100,35 @@ def test_sigterm_writes_a_checkpoint_and_exits_with_143(tiny_overrides, tmp_path
     assert not list((run_dir / "checkpoints").glob(".*.tmp"))
 
 
+def test_sigint_delivered_twice_as_timeout_sends_it_still_checkpoints(tiny_overrides, tmp_path):
+    """`timeout -s INT` signals the process, then its process group (the process again): two SIGINTs
+    a moment apart are one request to stop, answered with a checkpoint."""
+    run_dir = tmp_path / "run"
+    process = _start(tiny_overrides, run_dir, "log.checkpoint_every=3")
+    _wait_for_checkpoint(process, run_dir, updates=3)
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.3)  # the first one's handler has run by now, and a tiny run may have stopped
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1].startswith("stopped by SIGINT at env step ")
+    saved = load_checkpoint(run_dir / "checkpoints/latest.pt")
+    assert saved["env_steps"] == saved["updates"] * STEPS_PER_UPDATE and saved["updates"] >= 3
+
+
+def test_a_second_stop_signal_after_the_first_moment_aborts_without_a_checkpoint(monkeypatch):
+    from marl_ppo.run.signals import StopSignals
+
+    with StopSignals() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)  # the same request, as timeout delivers it
+        assert stop.received == signal.SIGINT
+        monkeypatch.setattr(StopSignals, "REPEAT_S", 0.0)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)  # asked again: stop now
+            time.sleep(1)  # the handler runs here at the latest
+
+
 @pytest.fixture
 def finished_run(tiny_overrides, tmp_path):
     run_dir = tmp_path / "finished"

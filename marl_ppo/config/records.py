@@ -30,7 +30,8 @@ class EnvConfig:
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Keyword arguments passed to the environment factory."""
     groups: dict[str, list[str]] | None = None
-    """Agent groups by name (`{group: [agent, ...]}`); default: agents with identical spaces form a group."""
+    """Agent groups by name (`{group: [agent, ...]}`; a name without its number, `red`, stands for
+    every `red_<n>`); default: agents with identical spaces and the same name without the number form a group."""
     state: Literal["auto", "env", "concat"] = "auto"
     """Global state for the critic: `env` calls env.state(), `concat` concatenates all observations,
     `auto` uses env.state() when the env declares a state_space."""

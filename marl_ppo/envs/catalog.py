@@ -75,14 +75,14 @@ MAMUJOCO_TASKS = ("HalfCheetah-2x3", "Ant-4x2", "Walker2d-2x3")
 MAMUJOCO_MODULES = ("gymnasium_robotics", "mujoco")
 
 
-def pettingzoo_parallel(name: str, **kwargs: Any) -> Any:
+def pettingzoo_parallel(name: str, /, **kwargs: Any) -> Any:
     """A PettingZoo ParallelEnv from PettingZoo's own registry."""
     import pettingzoo
 
     return pettingzoo.make("parallel", name, **kwargs)
 
 
-def drawn_butterfly(name: str, env_id: str, **kwargs: Any) -> Any:
+def drawn_butterfly(name: str, env_id: str, /, **kwargs: Any) -> Any:
     """A Butterfly pixel env (pistonball, cooperative_pong) that draws its frames every step.
 
     These envs draw their screen, which their observations and state are read from, only when a render
@@ -123,14 +123,14 @@ def multiwalker(**kwargs: Any) -> Any:
     return env
 
 
-def pettingzoo_aec(name: str, **kwargs: Any) -> Any:
+def pettingzoo_aec(name: str, /, **kwargs: Any) -> Any:
     """A PettingZoo AEC (turn-based) env from PettingZoo's own registry."""
     import pettingzoo
 
     return pettingzoo.make("aec", name, **kwargs)
 
 
-def gymnasium_team(gym_id: str, package: str, **kwargs: Any) -> Any:
+def gymnasium_team(gym_id: str, package: str, /, **kwargs: Any) -> Any:
     """An env of a package that registers its ids with Gymnasium (LBF, RWARE), as a team."""
     importlib.import_module(package)  # registers its ids with gymnasium
     # Gymnasium's passive checker tests the single-agent API and warns on these envs' per-agent reward
@@ -139,7 +139,7 @@ def gymnasium_team(gym_id: str, package: str, **kwargs: Any) -> Any:
     return gymnasium_id(gym_id, **kwargs)
 
 
-def gymnasium_id(gym_id: str, **kwargs: Any) -> Any:
+def gymnasium_id(gym_id: str, /, **kwargs: Any) -> Any:
     """Any id of Gymnasium's registry as a team (one agent, or one per element of Tuple spaces)."""
     import gymnasium
 
@@ -152,7 +152,7 @@ def gymnasium_id(gym_id: str, **kwargs: Any) -> Any:
     return GymnasiumTeamEnv(env)
 
 
-def make_vmas(scenario: str, *, num_envs: int = 32, device: str = "cpu", **kwargs: Any) -> Any:
+def make_vmas(scenario: str, /, *, num_envs: int = 32, device: str = "cpu", **kwargs: Any) -> Any:
     """The raw batched VMAS environment (terminated and truncated kept apart, dict spaces)."""
     import vmas
 

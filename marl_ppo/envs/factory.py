@@ -81,6 +81,12 @@ def build_vector_env(
     holds it; None reads it from one probe copy built here."""
     if is_batched(config):
         device = device or torch.device("cpu")
+        taken = sorted({"num_envs", "device", "seed"} & config.env.kwargs.keys())
+        if taken:
+            raise EnvError(
+                f"env '{config.env.id}' is batched: the run sets its {', '.join(taken)} "
+                f"(num_envs, device, seed keys of the config); drop env.kwargs.{taken[0]}"
+            )
         make = functools.partial(
             make_env, config.env.id, num_envs=config.num_envs, device=str(device), **config.env.kwargs
         )

@@ -22,11 +22,46 @@ from marl_ppo.envs.layout import (
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
 from marl_ppo.faults import one_line
 
-__all__ = ["build_team_spec", "feature_space", "group_members", "has_mask_in_obs", "is_image", "pool_image"]
+__all__ = [
+    "agent_stem",
+    "agents_named",
+    "build_team_spec",
+    "feature_space",
+    "group_members",
+    "has_mask_in_obs",
+    "is_image",
+    "pool_image",
+]
+
+
+def agent_stem(agent: str) -> str:
+    """An agent's name without its trailing number (`adversary_0` -> `adversary`, `redmelee_3` ->
+    `redmelee`): the side or kind its name puts it on."""
+    return re.sub(r"[_\-]?\d+$", "", agent) or agent
+
+
+def agents_named(names: Sequence[str], agents: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
+    """The agents that `names` name, each name an agent or a stem (`agent_stem`: its agents in agent
+    order), in the order named; and the names that match no agent."""
+    named: list[str] = []
+    unknown: list[str] = []
+    for name in names:
+        matches = [name] if name in agents else [a for a in agents if agent_stem(a) == name]
+        named += matches
+        if not matches:
+            unknown.append(name)
+    return tuple(named), unknown
+
+
+def _side(agent: str) -> str | None:
+    """The side a numbered agent's name puts it on (its stem: `redmelee_3` -> `redmelee`); None for a
+    name without a number (`row`, `column`), which says nothing about sides."""
+    stem = agent_stem(agent)
+    return stem if stem != agent else None
 
 
 def _group_name(agents: Sequence[str], taken: set[str]) -> str:
-    stem = re.sub(r"[_\-]?\d+$", "", agents[0]) or "group"
+    stem = agent_stem(agents[0])
     name, k = stem, 1
     while name in taken:
         name, k = f"{stem}{k}", k + 1
@@ -41,12 +76,18 @@ def _same_spaces(env: Any, first: str, other: str) -> bool:
 def group_members(
     env: Any, agents: tuple[str, ...], groups: Mapping[str, Sequence[str]] | None
 ) -> list[tuple[str, tuple[str, ...]]]:
-    """(name, agents) per group: as configured, else agents with identical spaces in agent order."""
+    """(name, agents) per group: as configured (each member an agent or a stem, `agents_named`), else
+    agents with identical spaces whose numbered names have the same stem (`redmelee_0` and
+    `bluemelee_0` are two sides whatever their spaces; `row` and `column` carry no number), in agent order."""
     if groups:
-        named = [(name, tuple(members)) for name, members in groups.items()]
+        named: list[tuple[str, tuple[str, ...]]] = []
+        unknown: list[str] = []
+        for name, names in groups.items():
+            members, missed = agents_named(names, agents)
+            named.append((name, members))
+            unknown += missed
         listed = [a for _, members in named for a in members]
         missing = sorted(set(agents) - set(listed))
-        unknown = sorted(set(listed) - set(agents))
         if unknown or missing or len(listed) != len(set(listed)):
             raise EnvContractError(
                 f"env.groups must list each of {list(agents)} exactly once (unknown: {unknown}, missing: {missing})"
@@ -54,7 +95,10 @@ def group_members(
         return named
     buckets: list[list[str]] = []
     for agent in agents:
-        bucket = next((b for b in buckets if _same_spaces(env, b[0], agent)), None)
+        bucket = next(
+            (b for b in buckets if _side(b[0]) == _side(agent) and _same_spaces(env, b[0], agent)),
+            None,
+        )
         if bucket is None:
             buckets.append([agent])
         else:

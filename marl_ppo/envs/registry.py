@@ -268,8 +268,9 @@ def resolve_factory(env_id: str) -> tuple[Factory, dict[str, Any]]:
     return _import_attr(env_id, extra=None, env_id=env_id), {}
 
 
-def make_env(env_id: str, **kwargs: Any) -> Any:
-    """Build the environment exactly as its factory returns it (registered defaults, then `kwargs`)."""
+def make_env(env_id: str, /, **kwargs: Any) -> Any:
+    """Build the environment exactly as its factory returns it (registered defaults, then `kwargs`;
+    any name, `env_id` too, reaches the factory)."""
     factory, defaults = resolve_factory(env_id)
     try:
         return factory(**{**defaults, **kwargs})
@@ -281,7 +282,7 @@ def make_env(env_id: str, **kwargs: Any) -> Any:
         name = registered_id(env_id)
         extra = _REGISTRY[name].extra if name in _REGISTRY else None
         if extra is None:
-            raise _factory_failed(env_id, err) from err
+            raise _missing_module(env_id, "its factory", err) from None
         raise EnvError(_missing_extra(env_id, str(err.name), extra)) from None
     except Exception as err:
         raise _factory_failed(env_id, err) from err
@@ -296,6 +297,34 @@ def _factory_failed(env_id: str, err: Exception) -> EnvError:
 
 def _missing_extra(env_id: str, package: str, extra: str) -> str:
     return f"env '{env_id}' needs the optional package '{package}'; install it with: pip install 'marl-ppo[{extra}]'"
+
+
+PIP_NAMES = {
+    "cv2": "opencv-python",
+    "PIL": "pillow",
+    "yaml": "pyyaml",
+    "sklearn": "scikit-learn",
+    "skimage": "scikit-image",
+    "OpenGL": "PyOpenGL",
+}
+"""Distribution names of modules whose `pip install` name differs from their import name."""
+
+
+def _missing_module(env_id: str, needed_by: str, err: ModuleNotFoundError) -> EnvError:
+    """A module that an env's code imports is not installed: name it and the `pip install` that brings it."""
+    if not err.name:
+        return _factory_failed(env_id, err)
+    top = err.name.split(".")[0]
+    return EnvError(
+        f"env '{env_id}': {needed_by} imports '{err.name}', which is not installed; "
+        f"install it with: pip install {PIP_NAMES.get(top, top)}"
+    )
+
+
+def _names_missing(module_name: str, err: ModuleNotFoundError) -> bool:
+    """Whether the module the id names (or a package on its path) is what is missing, rather than a
+    module that it imports."""
+    return err.name is not None and (module_name == err.name or module_name.startswith(err.name + "."))
 
 
 def _import_attr(entry_point: str, *, extra: str | None, env_id: str) -> Factory:
@@ -318,6 +347,8 @@ def _import_module(module_name: str, *, extra: str | None, env_id: str) -> Any:
     except ModuleNotFoundError as err:
         if extra is not None:
             raise EnvError(_missing_extra(env_id, str(err.name), extra)) from None
+        if not _names_missing(module_name, err):
+            raise _missing_module(env_id, f"module '{module_name}'", err) from None
         raise EnvError(
             f"env '{env_id}': cannot import module '{module_name}' ({err}); check env.id"
         ) from None
@@ -345,6 +376,9 @@ def _load_file(path: Path, env_id: str) -> Any:
         sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
+        except ModuleNotFoundError as err:  # the file imports a package that is not installed
+            del sys.modules[module_name]
+            raise _missing_module(env_id, f"'{path}'", err) from None
         except Exception as err:  # a syntax error or a failing import inside the file
             del sys.modules[module_name]
             raise EnvError(

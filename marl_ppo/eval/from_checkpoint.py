@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from marl_ppo.checkpoint import CheckpointError, load_checkpoint
@@ -102,78 +101,57 @@ def evaluate_checkpoint(
         )
     recorded = render_env(config) if render is not None else None  # an env that cannot render stops here
     try:
-        result, versus, frames, fps = _play(payload, config, device, recorded, episodes, seed, deterministic)
+        played = _play(payload, config, device, episodes, seed, deterministic)
+        out_dir = Path(out) if out is not None else run_dir
+        out_dir.mkdir(parents=True, exist_ok=True)
+        summary = {
+            "checkpoint": str(checkpoint),
+            "trained_env_steps": payload.get("env_steps"),
+            "env": {"id": config.env.id, "kwargs": config.env.kwargs},
+            "overrides": list(overrides),
+            **played.result.to_dict(),
+            "vs_random": played.versus.to_dict() if played.versus is not None else None,
+            "video": None,
+        }
+        eval_json = out_dir / "eval.json"
+        eval_json.write_text(json.dumps(summary, indent=2) + "\n")  # kept if the recording fails
+        video = None
+        if recorded is not None:
+            video = out_dir / f"episode.{render}"
+            try:
+                frames, fps = record_episode(
+                    recorded, played.spec, played.model, device, seed=seed, deterministic=deterministic
+                )
+                write_video(frames, video, fps=fps)
+            except EvalError as err:
+                raise EvalError(f"{err} (the evaluation's numbers are in {eval_json})") from err
+            summary["video"] = video.name
+            eval_json.write_text(json.dumps(summary, indent=2) + "\n")
     finally:
         if recorded is not None:
             recorded.close()
-    out_dir = Path(out) if out is not None else run_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    video = None
-    if render is not None:
-        video = out_dir / f"episode.{render}"
-        write_video(frames, video, fps=fps)
-    summary = {
-        "checkpoint": str(checkpoint),
-        "trained_env_steps": payload.get("env_steps"),
-        "env": {"id": config.env.id, "kwargs": config.env.kwargs},
-        "overrides": list(overrides),
-        **result.to_dict(),
-        "vs_random": versus.to_dict() if versus is not None else None,
-        "video": video.name if video is not None else None,
-    }
-    eval_json = out_dir / "eval.json"
-    eval_json.write_text(json.dumps(summary, indent=2) + "\n")
-    return EvalOutput(result, eval_json, video, versus)
+    return EvalOutput(played.result, eval_json, video, played.versus)
 
 
-def evaluate_random(
-    experiment: Path | str | None,
-    *,
-    episodes: int = 100,
-    overrides: Sequence[str] = (),
-    out: Path | str | None = None,
-    seed: int | None = None,
-) -> tuple[EvalResult, Path | None]:
-    """The uniform random policy's returns on an experiment's env (the floor a result is read against);
-    writes eval.json into `out` when given."""
-    from marl_ppo.config import load_config
+@dataclass(frozen=True)
+class _Played:
+    """The evaluation episodes' results, and the policy and team layout that played them."""
 
-    if episodes < 1:
-        raise EvalError(f"--episodes {episodes} must be at least 1")
-    config = load_config(experiment, overrides)
-    device = resolve_device(config.device)
-    seed = eval_seed(config) if seed is None else seed
-    venv = build_vector_env(eval_config(config, episodes), device)
-    try:
-        result = run_episodes(venv, None, device, episodes=episodes, seed=seed, deterministic=False)
-    finally:
-        venv.close()
-    if out is None:
-        return result, None
-    out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    summary = {
-        "policy": "uniform random",
-        "experiment": None if experiment is None else str(experiment),
-        "env": {"id": config.env.id, "kwargs": config.env.kwargs},
-        "overrides": list(overrides),
-        **result.to_dict(),
-    }
-    eval_json = out_dir / "eval.json"
-    eval_json.write_text(json.dumps(summary, indent=2) + "\n")
-    return result, eval_json
+    result: EvalResult
+    versus: VersusResult | None
+    model: TeamModel
+    spec: TeamSpec
 
 
 def _play(
     payload: dict[str, Any],
     config: ExperimentConfig,
     device: torch.device,
-    recorded: Any,
     episodes: int,
     seed: int,
     deterministic: bool,
-) -> tuple[EvalResult, VersusResult | None, list[np.ndarray], float]:
-    """The evaluation episodes (and those against random opponents, where configured), then, given an env to record (`render_env`), one more episode's frames and fps."""
+) -> _Played:
+    """The evaluation episodes, and those against random opponents where configured."""
     venv = build_vector_env(eval_config(config, episodes), device)
     try:
         spec = venv.spec
@@ -193,7 +171,4 @@ def _play(
             )
     finally:
         venv.close()
-    if recorded is None:
-        return result, versus, [], 0.0
-    frames, fps = record_episode(recorded, spec, model, device, seed=seed, deterministic=deterministic)
-    return result, versus, frames, fps
+    return _Played(result, versus, model, spec)

@@ -10,7 +10,6 @@ games); `teams`, agents are sides by their names without the trailing number (`a
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +18,7 @@ import numpy as np
 import torch
 
 from marl_ppo.config import ExperimentConfig
+from marl_ppo.envs.grouping import agent_stem, agents_named
 from marl_ppo.envs.spec import TeamArrays, TeamSpec
 from marl_ppo.envs.vector.base import VectorEnv
 from marl_ppo.eval.evaluate import (
@@ -76,7 +76,7 @@ def sides_of(
         return _named_teams(spec, teams)
     sides: dict[str, list[str]] = {}
     for agent in spec.agents:
-        sides.setdefault(agent if mode == "seats" else _stem(agent), []).append(agent)
+        sides.setdefault(agent if mode == "seats" else agent_stem(agent), []).append(agent)
     if len(sides) < 2:
         raise EvalError(
             f"eval_vs_random: {mode} needs two or more sides, but env '{spec.env_id}' has agents "
@@ -86,22 +86,16 @@ def sides_of(
     return {name: tuple(agents) for name, agents in sides.items()}
 
 
-def _stem(agent: str) -> str:
-    """An agent's name without its trailing number (`adversary_0` -> `adversary`)."""
-    return re.sub(r"_?\d+$", "", agent) or agent
-
-
 def _named_teams(spec: TeamSpec, teams: Mapping[str, Sequence[str]]) -> dict[str, tuple[str, ...]]:
     """The teams `eval_teams` names, each name an agent or a stem; every agent on exactly one team."""
     sides: dict[str, tuple[str, ...]] = {}
     for team, names in teams.items():
-        unknown = [n for n in names if not any(n in (a, _stem(a)) for a in spec.agents)]
+        sides[team], unknown = agents_named(names, spec.agents)
         if unknown:
             raise EvalError(
                 f"eval_teams: team '{team}' names {unknown}, which match none of env '{spec.env_id}''s "
                 f"agents {list(spec.agents)}; name agents or their names without the number"
             )
-        sides[team] = tuple(a for a in spec.agents if a in names or _stem(a) in names)
     counts = {a: sum(a in members for members in sides.values()) for a in spec.agents}
     if any(n != 1 for n in counts.values()) or len(sides) < 2:
         raise EvalError(

@@ -1,6 +1,7 @@
 """One episode rendered from the env's `rgb_array` frames, written as GIF (Pillow) or MP4 (imageio-ffmpeg).
 
-An env that cannot render is refused with one line (`render_env`, `_frame`); eval then writes nothing.
+An env that cannot render is refused with one line before any episode is played (`render_env`); one
+whose rendering fails later (`_frame`) leaves the evaluation's eval.json written.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ def render_env(config: ExperimentConfig) -> Any:
     """One copy of the configured env built with render_mode='rgb_array', to record an episode from.
 
     Refused with a one-line EvalError, before any episode is played, when the env's factory takes
-    no `render_mode` (neither that parameter nor `**kwargs`) or the env declares render modes
-    (`metadata["render_modes"]`) without 'rgb_array'.
+    no `render_mode` (neither that parameter nor `**kwargs`), the env declares render modes
+    (`metadata["render_modes"]`) without 'rgb_array', or its first frame after a reset fails.
     """
     env_id = config.env.id
     factory, _ = resolve_factory(env_id)
@@ -54,11 +55,29 @@ def render_env(config: ExperimentConfig) -> Any:
     finally:
         probe.close()
     try:
-        return make_team_env(eval_config(config, 1, render_mode="rgb_array"))
+        env = make_team_env(eval_config(config, 1, render_mode="rgb_array"))
     except EnvError as err:  # e.g. a factory with **kwargs that passes render_mode on to an env without one
         raise EvalError(
             f"env '{env_id}' cannot be built with render_mode='rgb_array' for --render: {err}"
         ) from err
+    try:
+        _first_frame(env, env_id)  # an env without a display or OpenGL fails here, not after the episodes
+    except BaseException:
+        env.close()
+        raise
+    return env
+
+
+def _first_frame(env: Any, env_id: str) -> np.ndarray:
+    """The frame after a reset: proof that the env renders (the recording resets it again, with its seed)."""
+    try:
+        env.reset(seed=0)
+    except Exception as err:
+        raise EvalError(
+            f"env '{env_id}' built with render_mode='rgb_array' failed to reset: {type(err).__name__}: "
+            f"{' '.join(str(err).split())}; drop --render"
+        ) from err
+    return _frame(env, env_id)
 
 
 def _takes_render_mode(factory: Callable[..., Any]) -> bool:

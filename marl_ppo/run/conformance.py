@@ -218,7 +218,7 @@ CHECKS: tuple[tuple[str, Callable[[str, dict[str, Any]], str]], ...] = (
 )
 
 
-def check_env(env_id: str, **kwargs: Any) -> CheckReport:
+def check_env(env_id: str, /, **kwargs: Any) -> CheckReport:
     """Run every conformance check on `env_id` built with `kwargs`; failures are reported, not raised."""
     report = CheckReport(env_id)
     for name, check in CHECKS:

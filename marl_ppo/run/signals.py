@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
@@ -34,11 +35,18 @@ class Interrupted(Exception):
 class StopSignals:
     """While active, the first SIGINT/SIGTERM sets `received`; a second one raises KeyboardInterrupt at once.
 
+    The same signal again within `REPEAT_S` of the first is the same request, not a second one:
+    `timeout -s INT` sends its signal to the process and then to its whole process group, so the
+    process receives it twice, and on a busy machine the handler can run between the two.
+
     Signal handlers can only be installed from the main thread; elsewhere this does nothing.
     """
 
+    REPEAT_S = 1.0
+
     def __init__(self) -> None:
         self.received: int | None = None
+        self._received_at = 0.0
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopSignals:
@@ -50,14 +58,18 @@ class StopSignals:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
+        if self.received is not None and self._previous:  # a repeat still on its way is the same request
+            time.sleep(max(0.0, self._received_at + self.REPEAT_S - time.monotonic()))
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is not None:
+            if signum == self.received and time.monotonic() - self._received_at < self.REPEAT_S:
+                return  # the same request delivered twice (to the process, then to its group)
             raise KeyboardInterrupt  # asked twice: stop now, without a checkpoint
-        self.received = signum
+        self.received, self._received_at = signum, time.monotonic()
         print(
             f"\n{signal.Signals(signum).name}: finishing this update, then writing a checkpoint "
             "(send it again to abort without one)",
