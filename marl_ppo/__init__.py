@@ -8,18 +8,18 @@ The Python API, each name with its own docstring:
 - `register_env(env_id, factory)` and `make_env(env_id, **kwargs)`: environment ids;
 - `GymnasiumTeamEnv`: a Gymnasium env as a team.
 
-`import marl_ppo` stays light: `train`, `evaluate`, `TrainResult` and `GymnasiumTeamEnv` are
-imported on first use (torch, Gymnasium, PettingZoo and TensorBoard are not light).
+`import marl_ppo` stays light: everything but `register_env` and `make_env` is imported on first use
+(torch, Gymnasium, PettingZoo, TensorBoard and pydantic are not light).
 """
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from marl_ppo.config import ExperimentConfig, load_config
 from marl_ppo.envs.registry import make_env, register_env
 
 if TYPE_CHECKING:
     from marl_ppo.api import evaluate, train
+    from marl_ppo.config import ExperimentConfig, load_config
     from marl_ppo.envs.adapters.gymnasium import GymnasiumTeamEnv
     from marl_ppo.run.loop import TrainResult
 
@@ -36,6 +36,8 @@ __all__ = [
 __version__ = "0.1.0"
 
 _LAZY = {
+    "ExperimentConfig": "marl_ppo.config",
+    "load_config": "marl_ppo.config",
     "train": "marl_ppo.api",
     "evaluate": "marl_ppo.api",
     "TrainResult": "marl_ppo.run.loop",

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from marl_ppo.faults import CheckpointWriteError, NonFiniteError
+from marl_ppo.faults import CheckpointWriteError, NonFiniteError, UserError
 
 FORMAT = "marl_ppo.checkpoint.v2"
 """The layout of every checkpoint this marl_ppo writes and the only one it reads. A change to what a
@@ -27,7 +27,7 @@ _FAMILY = FORMAT.rpartition(".")[0] + "."
 _PERIODIC = re.compile(r"update_(\d+)\.pt")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint file that cannot be read; the message names the file and what to do."""
 
 

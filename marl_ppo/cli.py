@@ -14,23 +14,19 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-from marl_ppo.analysis.runlogs import ReportError
-from marl_ppo.analysis.sweep import SweepError
-from marl_ppo.checkpoint import CheckpointError
-from marl_ppo.config import ConfigError, ExperimentConfig, load_config, parse_overrides
-from marl_ppo.config.keys import config_yaml, defaults_notice, help_config_lines
+# light imports only: `--help` and `envs` answer without torch, NumPy or pydantic; each command
+# imports what it needs
 from marl_ppo.console import as_invoked, quiet_closed_outputs, shell_command
-from marl_ppo.envs.adapters.contract import EnvContractError
-from marl_ppo.envs.registry import EnvError, id_families, registered_specs, resolve_factory
-from marl_ppo.eval.evaluate import EvalError
-from marl_ppo.faults import RunFault
-from marl_ppo.run.rundir import check_new_run_dir as _check_run_dir
-from marl_ppo.run.rundir import default_run_dir as _default_run_dir
-from marl_ppo.run.signals import Interrupted
+from marl_ppo.envs.registry import id_families, registered_specs, resolve_factory
+from marl_ppo.faults import RunFault, UserError
 
-USER_ERRORS = (ConfigError, EnvError, CheckpointError, EnvContractError, EvalError, SweepError, ReportError)
+if TYPE_CHECKING:
+    from marl_ppo.config import ExperimentConfig
+    from marl_ppo.run.signals import Interrupted
+
+USER_ERRORS = (UserError,)
 """Bad input (config, arguments, files, an env that breaks its contract): one line, exit status 2."""
 RUN_FAULTS = (RunFault,)
 """A run that stopped on a fault (numerical, worker, disk): one line, exit status 1."""
@@ -192,6 +188,8 @@ def _add_envs(commands: Commands) -> argparse.ArgumentParser:
 
 def _split(args: Sequence[str]) -> tuple[str | None, list[str]]:
     """The experiment file (the one argument without `=`, wherever it stands) and the key=value overrides."""
+    from marl_ppo.config import ConfigError
+
     experiment, overrides = None, []
     for arg in args:
         if "=" in arg:
@@ -206,6 +204,12 @@ def _split(args: Sequence[str]) -> tuple[str | None, list[str]]:
 
 
 def _train(options: argparse.Namespace) -> int:
+    from marl_ppo.config import load_config
+    from marl_ppo.config.keys import config_yaml, defaults_notice, help_config_lines
+    from marl_ppo.run.rundir import check_new_run_dir as _check_run_dir
+    from marl_ppo.run.rundir import default_run_dir as _default_run_dir
+    from marl_ppo.run.signals import Interrupted
+
     if options.help_config:
         for line in help_config_lines(shutil.get_terminal_size((100, 24)).columns):
             print(line)
@@ -243,6 +247,8 @@ def _resumed(
     options: argparse.Namespace, experiment: str | None, overrides: list[str]
 ) -> tuple[ExperimentConfig, Path]:
     """The config and run directory of `--resume RUN_DIR [key=value ...]`."""
+    from marl_ppo.config import ConfigError
+
     if options.run_dir is not None and options.run_dir != options.resume:
         raise ConfigError("--resume RUN_DIR continues in RUN_DIR itself; drop --run-dir")
     if experiment is not None:
@@ -256,6 +262,7 @@ def _resumed(
 
 def _envs(options: argparse.Namespace) -> int:
     if options.env_command == "check":
+        from marl_ppo.config import parse_overrides
         from marl_ppo.run.conformance import check_env
 
         resolve_factory(options.env_id)
@@ -328,6 +335,7 @@ def _scores(versus: Any) -> str:
 
 
 def _eval_random(options: argparse.Namespace) -> int:
+    from marl_ppo.eval.evaluate import EvalError
     from marl_ppo.eval.random_floor import evaluate_random
 
     if options.render or options.deterministic:

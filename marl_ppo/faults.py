@@ -6,6 +6,12 @@ The CLI prints them as one line and exits with status 1 (bad input exits with 2 
 from __future__ import annotations
 
 
+class UserError(Exception):
+    """Bad input (config, arguments, files, an env that breaks its contract): the CLI prints its one
+    line and exits with status 2. Each kind lives with its layer and derives from this one, so the
+    CLI catches them all without importing those layers."""
+
+
 class RunFault(RuntimeError):
     """The run stopped on a fault that is not bad input; the last checkpoint on disk is untouched."""
 

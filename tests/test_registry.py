@@ -171,3 +171,14 @@ def test_a_batched_envs_kwargs_cannot_name_what_the_run_sets():
     config = load_config(None, ["env.id=vmas/navigation", "env.kwargs.num_envs=4"])
     with pytest.raises(EnvError, match=r"the run sets its num_envs .*; drop env.kwargs.num_envs$"):
         build_vector_env(config)
+
+
+def test_help_and_envs_import_neither_torch_nor_numpy_nor_pydantic():
+    """`marl-ppo --help` and `marl-ppo envs` answer in well under a second: the heavy packages stay unloaded."""
+    code = (
+        "import sys\nfrom marl_ppo.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "main(['envs'])\n"
+        "print(sorted(m for m in ('torch', 'numpy', 'pydantic', 'gymnasium', 'tensorboard') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "mpe2/simple_spread_v3" in out and out.strip().splitlines()[-1] == "[]"

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import yaml
 
+from marl_ppo.faults import UserError
+
 EXECUTION_KEYS = ("seed", "log", "device", "torch_threads", "num_workers", "vector", "ray")
 """Top-level config keys that do not define a configuration (seeds are its runs; the rest is how it ran)."""
 
@@ -29,7 +31,7 @@ trained: runs that differ only there are one configuration, and `sweep` reuses t
 RETURN_TAGS = ("rollout/team_return", "eval/team_return")
 
 
-class ReportError(ValueError):
+class ReportError(UserError, ValueError):
     """A user-facing report problem; its message is one line naming the value and the fix."""
 
 

@@ -26,11 +26,12 @@ import yaml
 from marl_ppo.analysis.runlogs import CHECK_KEYS, flatten_config, with_defaults
 from marl_ppo.config import ConfigError, ExperimentConfig, config_to_dict, load_config
 from marl_ppo.envs.factory import usable_cores
+from marl_ppo.faults import UserError
 from marl_ppo.run.host import run_cores, settled_epochs
 from marl_ppo.run.rundir import is_finished, read_summary
 
 
-class SweepError(ValueError):
+class SweepError(UserError, ValueError):
     """A user-facing sweep problem; its message is one line naming the value and the fix."""
 
 

@@ -11,13 +11,15 @@ from pydantic import ConfigDict, Field, model_validator
 from pydantic.dataclasses import dataclass
 from pydantic_core import ArgsKwargs
 
+from marl_ppo.faults import UserError
+
 _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A user-facing configuration problem; its message is one line naming the key and the fix."""
 
     __module__ = "marl_ppo.config"  # where users import it from, as tracebacks name it

@@ -28,10 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from marl_ppo.faults import UserError
+
 Factory = Callable[..., Any]
 
 
-class EnvError(ValueError):
+class EnvError(UserError, ValueError):
     """A user-facing environment problem (unknown id, missing extra, bad factory); one line."""
 
 

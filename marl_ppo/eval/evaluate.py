@@ -20,6 +20,7 @@ import torch
 from marl_ppo.config import ExperimentConfig, build_config, config_to_dict
 from marl_ppo.envs.vector.base import VectorEnv
 from marl_ppo.eval.random_policy import RandomActing
+from marl_ppo.faults import UserError
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.stepper import Acting, EpisodeLimitError, Finished, PolicyActing, Stepper
 
@@ -30,7 +31,7 @@ MAX_EPISODE_STEPS = 100_000
 """An evaluation stops with an error when an env copy runs this many steps without ending an episode."""
 
 
-class EvalError(ValueError):
+class EvalError(UserError, ValueError):
     """A user-facing evaluation problem; its message is one line naming the value and the fix."""
 
 

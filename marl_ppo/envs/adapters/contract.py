@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 
 from marl_ppo.envs.spec import TeamArrays, TeamSpec
-from marl_ppo.faults import one_line
+from marl_ppo.faults import UserError, one_line
 
 REJOIN_KEY = "agents_can_rejoin"
 """An env whose `metadata[REJOIN_KEY]` is true may bring an agent back after it terminated."""
@@ -18,7 +18,7 @@ REJOIN_KEY = "agents_can_rejoin"
 _NUMERIC_KINDS = "biuf"
 
 
-class EnvContractError(RuntimeError):
+class EnvContractError(UserError, RuntimeError):
     """The environment broke the PettingZoo contract; the message names env, copy, step and agent."""
 
 
