@@ -167,3 +167,28 @@ def test_episodes_ending_at_one_step_are_each_logged_in_one_event(tmp_path):
     written = [e for e in EventFileLoader(str(path)).Load() if e.HasField("summary")]
     # one event per step of the episodes (every value inside: 2 episodes x 5 tags at step 50), then the call at 75
     assert [(e.step, len(e.summary.value)) for e in written] == [(50, 10), (75, 5), (75, 1)]
+
+
+def test_a_run_says_what_it_builds_as_it_starts_and_a_resume_where_it_continues(tmp_path, capsys):
+    from marl_ppo.cli import main
+
+    run_dir = tmp_path / "run"
+    tiny = [
+        "env.id=envs/matrix_game_v0",
+        "num_envs=2",
+        "rollout_steps=5",
+        "vector=sync",
+        "model.hidden_sizes=[8]",
+    ]
+    assert main(["train", *tiny, "total_steps=10", "--run-dir", str(run_dir)]) == 0
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first == (
+        "training MAPPO on envs/matrix_game_v0 (2 agents in 1 group): 2 env copies in this process, "
+        f"1 torch thread; 10 env steps, logs and checkpoints in {run_dir}"
+    )
+    assert main(["train", "--resume", str(run_dir), "total_steps=20"]) == 0
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first == (
+        f"resuming {run_dir} from env step 10 (update 1) to 20: MAPPO on envs/matrix_game_v0 "
+        "(2 agents in 1 group): 2 env copies in this process, 1 torch thread"
+    )

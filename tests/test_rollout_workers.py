@@ -266,11 +266,46 @@ def test_a_cnn_learner_gets_every_core(monkeypatch, encoder, expected):
 
 
 @pytest.mark.parametrize(
+    ("overrides", "cores", "expected"),
+    [
+        (["vector=subprocess", "num_workers=2"], 2, 1),  # two env workers on two cores: one thread
+        (["vector=workers", "num_workers=2"], 2, 1),
+        (["vector=workers", "num_workers=2"], 8, 6),
+        (["vector=subprocess", "num_workers=4"], 2, 1),
+        (["vector=sync"], 2, 2),
+    ],
+)
+def test_a_cnn_learner_leaves_the_cores_its_workers_use(monkeypatch, overrides, cores, expected):
+    """torch_threads: auto never oversubscribes the cores with the run's own processes."""
+    import marl_ppo.run.host as host
+    from marl_ppo.run.plan import plan_run
+
+    monkeypatch.setattr(host, "usable_cores", lambda: cores)
+    config = load_config(None, ["env.id=envs/pixel_signal_v0", "num_envs=4", "model.encoder=cnn", *overrides])
+    plan = plan_run(config)
+    assert plan.convolutional and plan.threads == expected
+
+
+def test_acting_that_dwarfs_the_env_steps_with_several_threads_gets_one_line_naming_the_key():
+    from marl_ppo.run.host import acting_hint
+
+    sync = load_config(None, ["vector=sync"])
+    line = acting_hint(sync, threads=2, act_s=24.5, env_s=1.2)
+    assert (
+        line is not None and "torch_threads=1" in line and "24.50 s per update" in line and "\n" not in line
+    )
+    assert acting_hint(sync, threads=1, act_s=24.5, env_s=1.2) is None  # one thread already
+    assert acting_hint(sync, threads=2, act_s=2.0, env_s=1.2) is None  # the env steps take their share
+    workers = load_config(None, ["vector=workers"])
+    assert acting_hint(workers, threads=2, act_s=24.5, env_s=1.2) is None  # workers act, on one thread each
+
+
+@pytest.mark.parametrize(
     ("overrides", "expected"),
     [
         (["vector=sync"], 8),  # a CNN learner on every core
         (["vector=sync", "model.encoder=mlp"], 1),
-        (["vector=subprocess", "num_workers=3"], 8),  # its workers wait while the CNN learns
+        (["vector=subprocess", "num_workers=3"], 5),  # a CNN learner on the cores its workers leave
         (["vector=subprocess", "num_workers=3", "model.encoder=mlp"], 3),
         (["vector=sync", "torch_threads=2"], 2),
         (["vector=ray"], 1),  # Ray workers reserve their own CPUs

@@ -99,9 +99,52 @@ def test_a_run_in_rollout_workers_resumes_in_a_new_process_on_the_files_id(tmp_p
     assert first.returncode == 0, first.stderr
     assert (
         yaml.safe_load((tmp_path / "run/config.yaml").read_text())["env"]["id"]
-        == "my_env.py:mine/rendezvous_v0"
+        == f"{(tmp_path / 'my_env.py').resolve()}:mine/rendezvous_v0"
     )
     resumed = _marl_ppo("train", "--resume", "run", "total_steps=120", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert "done: 120 env steps" in resumed.stdout
     assert "not exact" not in resumed.stderr  # the pickled env copies found their class in the reloaded file
+
+
+def test_a_file_env_run_resumes_and_evaluates_from_another_directory_and_follows_a_moved_file(
+    tmp_path, monkeypatch, capsys
+):
+    """The file is recorded by its absolute path and content hash; a moved file gets one line naming
+    the old path and the override, and the override resumes it (its env copies restart)."""
+    import hashlib
+    import json
+    import shutil
+
+    from marl_ppo.cli import main
+
+    start, elsewhere, moved_to = tmp_path / "project", tmp_path / "elsewhere", tmp_path / "moved"
+    for directory in (start, elsewhere, moved_to):
+        directory.mkdir()
+    env_file = write_env_file(start)
+    tiny = ["num_envs=2", "rollout_steps=10", "vector=sync", "log.progress=false", "model.hidden_sizes=[8]"]
+    monkeypatch.chdir(start)
+    assert main(["train", "env.id=my_env.py:Rendezvous", *tiny, "total_steps=20", "--run-dir", "run"]) == 0
+    run_dir = start / "run"
+    absolute = f"{env_file.resolve()}:Rendezvous"
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["env"]["id"] == absolute
+    recorded = json.loads((run_dir / "code.json").read_text())["env_file"]
+    assert recorded == {"path": str(env_file.resolve()), "sha256": hashlib.sha256(env_file.read_bytes()).hexdigest()}
+
+    monkeypatch.chdir(elsewhere)
+    assert main(["train", "--resume", str(run_dir), "total_steps=40"]) == 0
+    assert "done: 40 env steps" in capsys.readouterr().out
+    assert main(["eval", str(run_dir), "--episodes", "2", "--out", "eval"]) == 0
+    assert json.loads((elsewhere / "eval" / "eval.json").read_text())["env"]["id"] == absolute
+
+    shutil.move(env_file, moved_to / "my_env.py")
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir), "total_steps=60"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"file '{env_file.resolve()}' does not exist" in err
+    assert "env.id=NEW/PATH/my_env.py:Rendezvous" in err
+    override = f"env.id={moved_to / 'my_env.py'}:Rendezvous"
+    with pytest.warns(UserWarning, match="the env file moved from"):
+        assert main(["train", "--resume", str(run_dir), "total_steps=60", override]) == 0
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["env"]["id"] == f"{moved_to / 'my_env.py'}:Rendezvous"
+    assert main(["eval", str(run_dir), "--episodes", "2", "--out", "eval2"]) == 0  # the new path, recorded

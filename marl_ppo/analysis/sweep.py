@@ -28,6 +28,7 @@ from marl_ppo.config import ConfigError, ExperimentConfig, config_to_dict, load_
 from marl_ppo.envs.factory import usable_cores
 from marl_ppo.faults import UserError
 from marl_ppo.run.host import run_cores, settled_epochs
+from marl_ppo.run.plan import anchored_config
 from marl_ppo.run.rundir import is_finished, read_summary
 
 
@@ -143,7 +144,7 @@ AUTO_KEYS = ("vector", "model.precision", "torch_threads")
 
 def config_differences(planned: ExperimentConfig, recorded: dict[str, Any]) -> list[str]:
     """The dotted keys in which a finished run's config.yaml differs from the config the sweep would start."""
-    wanted = flatten_config(config_to_dict(planned))
+    wanted = flatten_config(config_to_dict(anchored_config(planned)))  # as the run records it
     found = flatten_config(with_defaults(recorded))
     settled = {key for key in AUTO_KEYS if wanted.get(key) == '"auto"' and key in found}
     if "vector" in settled and found["vector"] != '"workers"' and found.get("policy_lag") == "0":

@@ -255,6 +255,30 @@ def registered_id(env_id: str) -> str | None:
     return name
 
 
+def env_file(env_id: str) -> Path | None:
+    """The user's Python file that `env_id` names (`path/to/file.py:name`), or None."""
+    source, _, _ = env_id.rpartition(":")
+    return Path(source) if source.endswith(".py") else None
+
+
+def anchored(env_id: str) -> str:
+    """`env_id` with its file (if it names one) as an absolute path: the same env from any directory."""
+    path = env_file(env_id)
+    if path is None or path.is_absolute():
+        return env_id
+    return f"{path.resolve()}:{env_id.rpartition(':')[2]}"
+
+
+def moved(recorded: str, env_id: str) -> bool:
+    """Whether `env_id` names the same callable or id as `recorded`, in a file of another path (the
+    override that follows a user's env file to where it went)."""
+    return (
+        env_file(recorded) is not None
+        and env_file(env_id) is not None
+        and recorded.rpartition(":")[2] == env_id.rpartition(":")[2]
+    )
+
+
 def resolve_factory(env_id: str) -> tuple[Factory, dict[str, Any]]:
     """The factory behind an env id and its registered default kwargs."""
     name = registered_id(env_id)
@@ -364,7 +388,10 @@ def _import_module(module_name: str, *, extra: str | None, env_id: str) -> Any:
 def _load_file(path: Path, env_id: str) -> Any:
     """The module of a user's `file.py`, executed once per process (its `register_env` calls included)."""
     if not path.is_file():
-        raise EnvError(f"env '{env_id}': file '{path}' does not exist; check env.id")
+        raise EnvError(
+            f"env '{env_id}': file '{path}' does not exist; check env.id, or if the file moved, point to it "
+            f"with env.id=NEW/PATH/{path.name}:{env_id.rpartition(':')[2]}"
+        )
     # named by the file's absolute path, the same in every process: pickled env copies (a resumed
     # run's env states) find their classes again once the file is loaded
     digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]

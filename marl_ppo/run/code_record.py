@@ -3,18 +3,22 @@
 A run records the package version and, when marl_ppo is imported from a git checkout, the commit,
 the git tree of the package directory at that commit (`tree`: it changes only when the package's
 code does, not with a docs or experiment-file commit) and whether the package's tracked files
-differed from it (`dirty`). A resumed run keeps the record of its start
+differed from it (`dirty`); a run of a user's env file also records the file's absolute path and
+content hash (`env_file`). A resumed run keeps the record of its start
 and appends the code of each resume that ran other code (`resumes`), so a run trained by two
 versions says so.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from marl_ppo.envs.registry import env_file
 
 FILE = "code.json"
 
@@ -45,10 +49,23 @@ def _git(where: Path, *args: str) -> str:
     return done.stdout.strip()
 
 
-def write_code_record(run_dir: Path, *, resume: bool) -> None:
-    """Write `code.json` for a new run; on resume, add today's code to `resumes` when it differs."""
+def env_file_record(env_id: str) -> dict[str, str] | None:
+    """A user's env file that `env_id` names: `{"path", "sha256"}` (its absolute path and its content's
+    hash); None for other ids."""
+    path = env_file(env_id)
+    if path is None or not path.is_file():
+        return None
+    return {"path": str(path.resolve()), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def write_code_record(run_dir: Path, *, resume: bool, env_id: str | None = None) -> None:
+    """Write `code.json` for a new run (with the user's env file that `env_id` names, `env_file`); on
+    resume, add today's code to `resumes` when it differs."""
     path = run_dir / FILE
     code = current_code()
+    file = None if env_id is None else env_file_record(env_id)
+    if file is not None:
+        code["env_file"] = file
     if resume and path.is_file():
         record = json.loads(path.read_text())
         ran = [{k: record.get(k) for k in code}, *record.get("resumes", [])]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import resource
+import sys
+from collections.abc import Mapping
 
 from marl_ppo.config import ExperimentConfig
 from marl_ppo.envs.factory import is_batched, team_spec, usable_cores
@@ -12,17 +14,66 @@ from marl_ppo.envs.spec import TeamSpec
 
 
 def learner_threads(config: ExperimentConfig, *, convolutional: bool = False) -> int:
-    """Torch threads of the learner: `torch_threads`, or for `auto` every core with a batched simulator
-    (large tensors, nothing else running) or a CNN encoder (`convolutional`: convolutions over many
-    frames per minibatch; a synchronous run's env workers wait while it learns), and 1 otherwise.
+    """Torch threads of the learner: `torch_threads`, or for `auto`, with a batched simulator (large
+    tensors) or a CNN encoder (`convolutional`: convolutions over many frames per minibatch), the cores
+    that the run's worker processes leave (`worker_processes`, at least 1), and 1 otherwise.
 
-    Other networks here are small: a second thread buys nothing on their matrices, and where env
-    workers or other processes keep the cores busy, threads that wait for each other slow a small
-    run down several times over.
+    Other networks here are small: a second thread buys nothing on their matrices. Threads that
+    share their cores with busy processes wait for each other: a CNN learner with as many threads as
+    cores next to two env workers acted 20 times slower than with one thread.
     """
     if config.torch_threads != "auto":
         return config.torch_threads
-    return usable_cores() if is_batched(config) or convolutional else 1
+    if not (is_batched(config) or convolutional):
+        return 1
+    return max(1, usable_cores() - worker_processes(config))
+
+
+def worker_processes(config: ExperimentConfig) -> int:
+    """Processes the run starts on this machine besides itself: env or rollout workers (`vector:
+    subprocess`, `workers`, and `auto`, which may pick workers); none for a batched simulator, in
+    this process, or Ray's workers, which reserve their own CPUs."""
+    if is_batched(config) or config.vector not in ("subprocess", "workers", "auto"):
+        return 0
+    return config.num_workers
+
+
+ACTING_DWARFS_ENV = 4.0
+"""Acting this many times slower than the env steps it acts on (per update) is worth a line."""
+
+
+def acting_hint(config: ExperimentConfig, threads: int, act_s: float, env_s: float) -> str | None:
+    """One line when this process's acting (`act_s`, over some updates) dwarfs its env time (`env_s`)
+    while it runs several torch threads: threads that share busy cores wait for each other."""
+    acting_here = config.vector in ("sync", "subprocess") or is_batched(config)
+    if not acting_here or threads < 2 or act_s < ACTING_DWARFS_ENV * max(env_s, 1e-3):
+        return None
+    return (
+        f"note: acting takes {act_s:.2f} s per update against {env_s:.2f} s of env steps with "
+        f"{threads} torch threads; where other work shares the cores, torch_threads=1 is often faster"
+    )
+
+
+class ActingWatch:
+    """Watches a run's first updates (the very first, which warms up, aside) and prints `acting_hint`'s
+    line once, where it has one."""
+
+    def __init__(self, config: ExperimentConfig, threads: int, *, updates: int = 3) -> None:
+        self.config, self.threads, self.updates = config, threads, updates
+        self.seen: list[Mapping[str, float]] = []
+
+    def update_done(self, seconds: Mapping[str, float]) -> None:
+        """Take one update's `act_s` and `env_s`; after the watched updates, print the line if any."""
+        if len(self.seen) > self.updates:
+            return
+        self.seen.append(seconds)
+        if len(self.seen) == self.updates + 1 and self.config.log.progress:
+            watched = self.seen[1:]
+            act = sum(s["act_s"] for s in watched) / self.updates
+            env = sum(s["env_s"] for s in watched) / self.updates
+            line = acting_hint(self.config, self.threads, act, env)
+            if line is not None:
+                print(line, file=sys.stderr, flush=True)
 
 
 def convolutional(config: ExperimentConfig, spec: TeamSpec | None = None) -> bool:
@@ -48,11 +99,8 @@ def run_cores(config: ExperimentConfig) -> int:
     model will have a CNN encoder."""
     if config.vector == "ray":
         return 1
-    workers = (
-        config.num_workers if config.vector in ("subprocess", "workers", "auto") else 0
-    )  # auto may pick workers
     images = config.torch_threads == "auto" and convolutional(config)
-    return max(workers, learner_threads(config, convolutional=images))
+    return max(worker_processes(config), learner_threads(config, convolutional=images))
 
 
 def rss_mb(pid: int | str = "self") -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,10 +27,10 @@ from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.source import RolloutSource
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.code_record import write_code_record
-from marl_ppo.run.host import cpu_seconds, peak_rss_mb, rss_mb
+from marl_ppo.run.host import ActingWatch, cpu_seconds, peak_rss_mb, rss_mb
 from marl_ppo.run.logger import RunLogger
 from marl_ppo.run.memory import check_memory
-from marl_ppo.run.plan import plan_run
+from marl_ppo.run.plan import RunPlan, plan_run
 from marl_ppo.run.resume import load_resumable, restore_run_state, run_state
 from marl_ppo.run.rundir import write_summary
 from marl_ppo.run.seeding import seed_everything
@@ -70,6 +71,8 @@ def train(
     plan = plan_run(config)  # before seeding: the probe steps an env copy
     config, device = plan.config, plan.device  # the settled choices are what config.yaml records
     saved = load_resumable(run_dir, config) if resume else None  # a bad checkpoint fails before any work
+    if config.log.progress:
+        print(_start_line(plan, run_dir, saved), file=sys.stderr, flush=True)
     torch.set_num_threads(plan.build_threads)
     # before any allocation (and before touching run_dir): a run that cannot fit stops here
     estimate = check_memory(plan)
@@ -82,14 +85,16 @@ def train(
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
-        write_code_record(run_dir, resume=resume)
+        write_code_record(run_dir, resume=resume, env_id=config.env.id)
         trainer = Trainer(model, config.ppo, generator=generator, optimizer=config.fast.optimizer)
         if config.eval_every:  # deterministic episodes on env copies of their own, logged under eval/
             eval_venv = build_vector_env(eval_config(config, config.eval_episodes), device, spec=plan.spec)
             evaluation = periodic_evaluation(config, eval_venv, model, device)
         logger = _make_logger(config, run_dir, spec, None if saved is None else saved["env_steps"])
         try:
-            run = _Run(config, run_dir, model, trainer, collector, logger, evaluation, on_update)
+            run = _Run(
+                config, run_dir, model, trainer, collector, logger, evaluation, on_update, plan.threads
+            )
             run.begin(saved)
             buffer = RolloutBuffer(spec, config.rollout_steps, config.num_envs, device, model.memory_layout())
             with StopSignals() as stop:  # also covers the last save: a first signal cannot cut it short
@@ -109,6 +114,17 @@ def train(
     result = run.result()
     _write_summary(result, None if estimate is None else estimate.total)
     return result
+
+
+def _start_line(plan: RunPlan, run_dir: Path, saved: dict[str, Any] | None) -> str:
+    """The line a run prints as it starts: what it builds and where it logs, or where it continues from."""
+    total = plan.config.total_steps
+    if saved is None:
+        return f"training {plan.describe()}; {total} env steps, logs and checkpoints in {run_dir}"
+    return (
+        f"resuming {run_dir} from env step {saved['env_steps']} (update {saved['updates']}) to {total}: "
+        f"{plan.describe()}"
+    )
 
 
 def _make_logger(
@@ -139,10 +155,12 @@ class _Run:
         logger: RunLogger,
         evaluation: PeriodicEvaluation | None = None,
         on_update: Callable[[int], None] | None = None,
+        threads: int = 1,
     ) -> None:
         self.config, self.run_dir = config, run_dir
         self.model, self.trainer, self.collector, self.logger = model, trainer, collector, logger
         self.evaluation, self.on_update = evaluation, on_update
+        self.acting = ActingWatch(config, threads)
         self.updates = 0
         self.saved_updates: int | None = None
         """The update count of the last checkpoint written (or resumed from)."""
@@ -187,6 +205,7 @@ class _Run:
                 raise self._stopped_short(lost) from None
             for name, value in seconds.items():
                 self.timing[name] += value
+            self.acting.update_done(seconds)
             self.updates += 1
             if self.evaluation is not None:  # before the checkpoint, which then covers it
                 steps = self.collector.env_steps

@@ -13,6 +13,7 @@ import torch
 
 from marl_ppo.config import ExperimentConfig
 from marl_ppo.envs.factory import is_batched, make_team_env, probe_step_seconds, resolve_vector, team_spec
+from marl_ppo.envs.registry import anchored
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.models.layers import resolve_device, resolve_precision
 from marl_ppo.run.host import convolutional, learner_threads, settled_epochs
@@ -44,10 +45,43 @@ class RunPlan:
         """Whether the networks have a CNN encoder (an image input and `model.encoder` other than `mlp`)."""
         return self.spec is not None and convolutional(self.config, self.spec)
 
+    def describe(self) -> str:
+        """What the run builds, in one line: algorithm, env, team, env copies and where they run, threads."""
+        config = self.config
+        algorithm = "IPPO" if config.critic == "obs" else "MAPPO"
+        if self.spec is None:
+            team, where = "", f"in one batched simulator on {self.device}"
+        else:
+            groups = len(self.spec.groups)
+            team = f" ({self.spec.num_agents} agents in {groups} group{'s' * (groups > 1)})"
+            where = {
+                "sync": "in this process",
+                "subprocess": f"in {config.num_workers} env worker processes",
+                "workers": f"in {config.num_workers} rollout worker processes",
+                "ray": f"in {config.num_workers} Ray workers",
+            }[config.vector]
+        encoder = ", a CNN encoder" if self.convolutional else ""
+        threads = f"{self.threads} torch thread{'s' * (self.threads > 1)}"
+        return (
+            f"{algorithm} on {config.env.id}{team}: {config.num_envs} env copies {where}, {threads}{encoder}"
+        )
+
+
+def anchored_config(config: ExperimentConfig) -> ExperimentConfig:
+    """`config` with a user's env file named by its absolute path (`registry.anchored`): what a run
+    records, so that resume and eval find the file from any directory."""
+    env_id = anchored(config.env.id)
+    return (
+        config
+        if env_id == config.env.id
+        else dataclasses.replace(config, env=dataclasses.replace(config.env, id=env_id))
+    )
+
 
 def plan_run(config: ExperimentConfig) -> RunPlan:
     """`config` settled for a run on this machine. Builds at most one env copy, the probe (none for a
     batched simulator): its layout is the plan's `spec`, and `vector: auto` times its steps."""
+    config = anchored_config(config)
     device = resolve_device(config.device)
     precision = cast(Literal["fp32", "bf16"], resolve_precision(config.model.precision, device))
     config = dataclasses.replace(config, model=dataclasses.replace(config.model, precision=precision))

@@ -30,11 +30,12 @@ from marl_ppo.config import (
     merge,
     parse_overrides,
 )
+from marl_ppo.envs.registry import env_file, moved
 from marl_ppo.envs.vector.state import EnvStateError
 from marl_ppo.rollout.source import RolloutSource
 from marl_ppo.run.seeding import restore_rng_state, resume_seed, rng_state
 
-RESUMABLE_KEYS = (
+RESUMABLE_KEYS = (  # and env.id, where it points to the run's env file at another path
     "total_steps",
     "vector",
     "num_workers",
@@ -82,6 +83,8 @@ def resume_config(run_dir: Path, overrides: Iterable[str] = ()) -> ExperimentCon
     payload = load_resumable(run_dir)
     changes = parse_overrides(overrides)
     for key in _dotted_keys(changes):
+        if key == "env.id" and moved(payload["config"]["env"]["id"], str(changes["env"]["id"])):
+            continue  # the run's env file, where it went
         if key not in RESUMABLE_KEYS:
             raise ConfigError(
                 f"--resume: config key '{key}' cannot change when resuming (only {', '.join(RESUMABLE_KEYS)}); "
@@ -106,6 +109,9 @@ def load_resumable(run_dir: Path, config: ExperimentConfig | None = None) -> dic
             )
         saved, wanted = _flat(payload["config"]), _flat(config_to_dict(config))
         for key in sorted(saved.keys() | wanted.keys()):
+            if key == "env.id" and moved(saved[key], wanted[key]):
+                payload = _env_states_if_same_file(payload, config.env.id)
+                continue
             if key not in RESUMABLE_KEYS and saved.get(key) != wanted.get(key):
                 raise ConfigError(
                     f"--resume: config key '{key}' is {wanted.get(key)!r} but the run in '{run_dir}' used "
@@ -113,6 +119,17 @@ def load_resumable(run_dir: Path, config: ExperimentConfig | None = None) -> dic
                 )
         _check_unfinished(payload, config, run_dir)
     return payload
+
+
+def _env_states_if_same_file(payload: dict[str, Any], env_id: str) -> dict[str, Any]:
+    """`payload`, without its env copies' states where the run's env file is now another file: they
+    were pickled as the classes of the file at its old path, so the copies restart fresh episodes."""
+    recorded = payload["config"]["env"]["id"]
+    before, now = env_file(recorded), env_file(env_id)
+    if before is None or now is None or before.resolve() == now.resolve():
+        return payload
+    reason = f"the env file moved from '{before}' to '{now}'"
+    return {**payload, "envs": {"unavailable": reason}}
 
 
 def _check_unfinished(payload: Mapping[str, Any], config: ExperimentConfig, run_dir: Path) -> None:
@@ -161,7 +178,7 @@ def restore_run_state(
         collector.load_state_dict(payload["collector"])
     else:
         warnings.warn(
-            f"resume is not exact: the env copies could not be pickled ({envs['unavailable']}), so they restart "
+            f"resume is not exact: the env copies' states are not restored ({envs['unavailable']}), so they restart "
             f"with fresh episodes (reset seed derived from seed={seed}, update={payload['updates']})",
             NotExactResumeWarning,
             stacklevel=2,
