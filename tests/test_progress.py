@@ -99,7 +99,7 @@ def test_a_terminal_gets_the_redrawn_bar(tmp_path):
         logger.update_done(step, STATS, {"perf/sps": 123.0})
     logger.close()
     output = stream.getvalue()
-    assert "\r" in output and "1.00k/1.00k" in output and "sps=123" in output
+    assert "\r" in output and "1.00k/1.00k" in output and "sps=123, no episode finished yet" in output
     assert not LINE.search(output.split("\r")[-1])
 
 
@@ -129,8 +129,8 @@ def test_a_closed_reader_stops_the_lines_not_the_run():
             raise BrokenPipeError(32, "Broken pipe")
 
     lines = ProgressLines(ClosedPipe(), total_steps=100)
-    lines.update(50, float("nan"), 0)  # raises inside, caught: progress stops
-    lines.update(100, float("nan"), 0)
+    lines.update(50, "no episode finished yet")  # raises inside, caught: progress stops
+    lines.update(100, "no episode finished yet")
     assert ClosedPipe.writes == 1 and lines.stream is None
 
 
@@ -192,3 +192,33 @@ def test_a_run_says_what_it_builds_as_it_starts_and_a_resume_where_it_continues(
         f"resuming {run_dir} from env step 10 (update 1) to 20: MAPPO on envs/matrix_game_v0 "
         "(2 agents in 1 group): 2 env copies in this process, 1 torch thread"
     )
+
+
+def test_a_games_progress_shows_its_last_win_rate_episode_length_and_entropy(tmp_path):
+    """A zero-sum game's team return is always 0: its line says what moves instead."""
+    from marl_ppo.run.logger import game_headline
+
+    stream = io.StringIO()
+    logger = RunLogger(
+        tmp_path,
+        agents=["a", "b"],
+        groups={"player": ["a", "b"]},
+        total_steps=100,
+        return_window=100,
+        per_agent=False,
+        progress=True,
+        stream=stream,
+        headline=game_headline,
+    )
+    stats = dataclasses.replace(STATS, entropy=1.234)
+    logger.update_done(10, stats, {})
+    logger.episodes_done([_episode(0.0, 15), dataclasses.replace(_episode(0.0, 20), length=8)])
+    logger.update_done(20, stats, {})
+    logger.scalars(20, {"eval/vs_random/win_rate": 0.75, "eval/vs_random/draw_rate": 0.05})
+    logger.update_done(30, stats, {})
+    logger.close()
+    lines = stream.getvalue().splitlines()
+    assert lines[0].endswith("steps/s, no episode finished yet")
+    assert lines[1].endswith("steps/s, no evaluation against random yet, episode length 6.5, entropy 1.23")
+    assert lines[2].endswith("steps/s, vs random win rate 0.75 (at step 20), episode length 6.5, entropy 1.23")
+    assert all("team return" not in line for line in lines)

@@ -129,7 +129,10 @@ def test_a_file_env_run_resumes_and_evaluates_from_another_directory_and_follows
     absolute = f"{env_file.resolve()}:Rendezvous"
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["env"]["id"] == absolute
     recorded = json.loads((run_dir / "code.json").read_text())["env_file"]
-    assert recorded == {"path": str(env_file.resolve()), "sha256": hashlib.sha256(env_file.read_bytes()).hexdigest()}
+    assert recorded == {
+        "path": str(env_file.resolve()),
+        "sha256": hashlib.sha256(env_file.read_bytes()).hexdigest(),
+    }
 
     monkeypatch.chdir(elsewhere)
     assert main(["train", "--resume", str(run_dir), "total_steps=40"]) == 0
@@ -146,5 +149,8 @@ def test_a_file_env_run_resumes_and_evaluates_from_another_directory_and_follows
     override = f"env.id={moved_to / 'my_env.py'}:Rendezvous"
     with pytest.warns(UserWarning, match="the env file moved from"):
         assert main(["train", "--resume", str(run_dir), "total_steps=60", override]) == 0
-    assert yaml.safe_load((run_dir / "config.yaml").read_text())["env"]["id"] == f"{moved_to / 'my_env.py'}:Rendezvous"
+    assert (
+        yaml.safe_load((run_dir / "config.yaml").read_text())["env"]["id"]
+        == f"{moved_to / 'my_env.py'}:Rendezvous"
+    )
     assert main(["eval", str(run_dir), "--episodes", "2", "--out", "eval2"]) == 0  # the new path, recorded

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -15,6 +15,42 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 
 from marl_ppo.algo.stats import TrainStats
 from marl_ppo.rollout.source import EpisodeRecord
+
+Headline = Callable[["RunLogger"], str]
+"""What a progress line says of the run after its step and speed (`team_return_headline`, `game_headline`)."""
+
+
+def team_return_headline(logger: RunLogger) -> str:
+    """The mean team return of the recent episodes."""
+    if not logger.team_returns:
+        return "no episode finished yet"
+    return f"team return {logger.team_return_mean:.2f} (last {len(logger.team_returns)} episodes)"
+
+
+def game_headline(logger: RunLogger) -> str:
+    """For a game, whose team return says nothing (zero-sum: always 0): the last scores against random
+    opponents (`eval_vs_random`), the recent episodes' length and the policy's entropy."""
+    if not logger.team_returns:
+        return "no episode finished yet"
+    scores = {
+        k.removeprefix("eval/vs_random/"): v
+        for k, v in logger.latest.items()
+        if k.startswith("eval/vs_random/")
+    }
+    if "win_rate" in scores:
+        versus = f"vs random win rate {scores['win_rate']:.2f} (at step {logger.versus_step})"
+    elif scores:
+        teams = ", ".join(
+            f"{k.removesuffix('/team_return')} {v:.2f}"
+            for k, v in scores.items()
+            if k.endswith("/team_return")
+        )
+        versus = f"vs random team return {teams} (at step {logger.versus_step})"
+    else:
+        versus = "no evaluation against random yet"
+    length = float(np.mean(logger.episode_lengths))
+    entropy = logger.latest.get("train/entropy", float("nan"))
+    return f"{versus}, episode length {length:.1f}, entropy {entropy:.2f}"
 
 
 class RunLogger:
@@ -32,8 +68,10 @@ class RunLogger:
         progress: bool,
         resume_step: int | None = None,
         stream: TextIO | None = None,
+        headline: Headline = team_return_headline,
     ) -> None:
         """`resume_step`: continue a run checkpointed at this env step, dropping what it logged after.
+        `headline`: what a progress line says of the run.
 
         `progress` writes to `stream` (default stderr): a redrawn bar on a terminal, else `ProgressLines`.
         """
@@ -54,6 +92,12 @@ class RunLogger:
         )
         self.per_agent = per_agent
         self.team_returns: deque[float] = deque(maxlen=return_window)
+        self.episode_lengths: deque[int] = deque(maxlen=return_window)
+        self.latest: dict[str, float] = {}
+        """The last value of each tag logged by an update or `scalars` (not per episode)."""
+        self.versus_step = 0
+        """The step of the last scores against random opponents (`eval/vs_random/`)."""
+        self.headline = headline
         self.agent_returns: deque[np.ndarray] = deque(maxlen=return_window)
         self.episodes = 0
         self.bar = None
@@ -92,6 +136,7 @@ class RunLogger:
         team = np.array([e.team_return for e in episodes], dtype=np.float64)
         agents = np.stack([e.agent_returns for e in episodes])  # (episodes, agents)
         self.team_returns.extend(team.tolist())
+        self.episode_lengths.extend(e.length for e in episodes)
         self.agent_returns.extend(agents)
         columns = {
             "rollout/team_return": team,
@@ -115,11 +160,9 @@ class RunLogger:
         self._scalars(step, {**stats.scalars(), **extra})
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
-            self.bar.set_postfix(
-                sps=f"{extra.get('perf/sps', 0):.0f}", team_return=f"{self.team_return_mean:.1f}"
-            )
+            self.bar.set_postfix_str(f"sps={extra.get('perf/sps', 0):.0f}, {self.headline(self)}")
         if self.lines is not None:
-            self.lines.update(step, self.team_return_mean, len(self.team_returns))
+            self.lines.update(step, self.headline(self))
 
     def state_dict(self) -> dict[str, Any]:
         """The episode counter and the return window."""
@@ -147,6 +190,9 @@ class RunLogger:
         self._scalars(step, values)
 
     def _scalars(self, step: int, values: Mapping[str, Any]) -> None:
+        self.latest.update(values)
+        if any(tag.startswith("eval/vs_random/") for tag in values):
+            self.versus_step = step
         self._write(step, values.items())
 
     def _write(self, step: int, pairs: Iterable[tuple[str, Any]]) -> None:
@@ -178,8 +224,8 @@ def wait_for_a_later_event_file_name(log_dir: Path) -> None:
 class ProgressLines:
     """Progress as plain lines, for a log file or a pipe: one each `1/lines` of total_steps, one at the end.
 
-    A line reads `step 50000/1000000 (5%): 1234 steps/s, team return -65.30 (last 100 episodes)`;
-    steps/s is measured since the previous line.
+    A line reads `step 50000/1000000 (5%): 1234 steps/s, team return -65.30 (last 100 episodes)` (the
+    part after the speed is the run's `Headline`); steps/s is measured since the previous line.
     """
 
     def __init__(self, stream: TextIO, *, total_steps: int, start_step: int = 0, lines: int = 20) -> None:
@@ -193,8 +239,8 @@ class ProgressLines:
         """How many `1/lines` parts of total_steps `step` has completed."""
         return min(step, self.total_steps) * self.lines // self.total_steps
 
-    def update(self, step: int, team_return: float, episodes: int) -> None:
-        """Write a line when `step` completes a new part (the last part ends at total_steps)."""
+    def update(self, step: int, recent: str) -> None:
+        """Write a line, ending in `recent`, when `step` completes a new part (the last part ends at total_steps)."""
         part = self._part(step)
         if self.stream is None or part <= self.shown:
             return
@@ -202,11 +248,6 @@ class ProgressLines:
         sps = (step - self.last_step) / max(now - self.last_time, 1e-9)
         self.shown, self.last_step, self.last_time = part, step, now
         percent = 100 * min(step, self.total_steps) // self.total_steps
-        recent = (
-            f"team return {team_return:.2f} (last {episodes} episodes)"
-            if episodes
-            else "no episode finished yet"
-        )
         try:
             print(
                 f"step {step}/{self.total_steps} ({percent}%): {sps:.0f} steps/s, {recent}",

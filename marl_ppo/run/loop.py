@@ -28,7 +28,7 @@ from marl_ppo.rollout.source import RolloutSource
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.code_record import write_code_record
 from marl_ppo.run.host import ActingWatch, cpu_seconds, peak_rss_mb, rss_mb
-from marl_ppo.run.logger import RunLogger
+from marl_ppo.run.logger import RunLogger, game_headline, team_return_headline
 from marl_ppo.run.memory import check_memory
 from marl_ppo.run.plan import RunPlan, plan_run
 from marl_ppo.run.resume import load_resumable, restore_run_state, run_state
@@ -139,6 +139,8 @@ def _make_logger(
         per_agent=config.log.per_agent,
         progress=config.log.progress,
         resume_step=resume_step,
+        # a game's team return says nothing (zero-sum): its progress shows its scores against random
+        headline=team_return_headline if config.eval_vs_random is None else game_headline,
     )
 
 
