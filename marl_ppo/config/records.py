@@ -408,9 +408,9 @@ class ExperimentConfig:
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     """Torch device for the networks."""
     torch_threads: PositiveInt | Literal["auto"] = "auto"
-    """torch.set_num_threads for the learner; `auto`: every core with a batched simulator (VMAS) or a CNN
-    encoder, else 1 (the small MLPs gain nothing from more, and threads contending with busy cores slow
-    them down)."""
+    """torch.set_num_threads for the learner; `auto`: with a batched simulator (VMAS) or a CNN encoder, the
+    cores the run's env or rollout worker processes leave (at least 1), else 1 (the small MLPs gain
+    nothing from more, and threads contending with busy cores slow them down)."""
     memory_check: bool = True
     """Before allocating, estimate the memory the run holds (rollout buffer, networks and optimizer
     state, the update's copies) and stop (exit 2) when it exceeds the memory available; false runs anyway."""
