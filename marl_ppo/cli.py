@@ -24,6 +24,7 @@ from marl_ppo.faults import RunFault, UserError
 
 if TYPE_CHECKING:
     from marl_ppo.config import ExperimentConfig
+    from marl_ppo.eval.versus import VersusResult
     from marl_ppo.run.signals import Interrupted
 
 USER_ERRORS = (UserError,)
@@ -327,7 +328,7 @@ def _eval(options: argparse.Namespace) -> int:
     return 0
 
 
-def _scores(versus: Any) -> str:
+def _scores(versus: VersusResult) -> str:
     """A VersusResult's rates (or returns) as `key value, ...`."""
     return ", ".join(
         f"{key} {value:.2f}" for key, value in versus.to_dict().items() if isinstance(value, float)

@@ -125,8 +125,7 @@ def evaluate_checkpoint(
                 write_video(frames, video, fps=fps)
             except EvalError as err:
                 raise EvalError(f"{err} (the evaluation's numbers are in {eval_json})") from err
-            summary["video"] = video.name
-            eval_json.write_text(json.dumps(summary, indent=2) + "\n")
+            eval_json.write_text(json.dumps({**summary, "video": video.name}, indent=2) + "\n")
     finally:
         if recorded is not None:
             recorded.close()
