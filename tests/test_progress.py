@@ -220,5 +220,7 @@ def test_a_games_progress_shows_its_last_win_rate_episode_length_and_entropy(tmp
     lines = stream.getvalue().splitlines()
     assert lines[0].endswith("steps/s, no episode finished yet")
     assert lines[1].endswith("steps/s, no evaluation against random yet, episode length 6.5, entropy 1.23")
-    assert lines[2].endswith("steps/s, vs random win rate 0.75 (at step 20), episode length 6.5, entropy 1.23")
+    assert lines[2].endswith(
+        "steps/s, vs random win rate 0.75 (at step 20), episode length 6.5, entropy 1.23"
+    )
     assert all("team return" not in line for line in lines)
