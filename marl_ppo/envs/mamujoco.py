@@ -42,7 +42,7 @@ def names() -> list[str]:
     return [f"{scenario}-{split}" for scenario, splits in SPLITS.items() for split in splits]
 
 
-def make_mamujoco(name: str, **kwargs: Any) -> Any:
+def make_mamujoco(name: str, /, **kwargs: Any) -> Any:
     """The MaMuJoCo parallel env `name` (`HalfCheetah-2x3`), with a `state_space` for the critic."""
     scenario, split = _parse(name)
     # importing gymnasium_robotics prints a notice about its Adroit hand envs, unrelated to MaMuJoCo, to
