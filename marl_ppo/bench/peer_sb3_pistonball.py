@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
+import traceback
 
 PISTONS = 20
 ENV_KWARGS = {
@@ -67,6 +70,7 @@ def main() -> None:
     import supersuit as ss  # type: ignore[import-not-found]
     from pettingzoo.butterfly import pistonball_v6
     from stable_baselines3 import PPO  # type: ignore[import-not-found]
+    from stable_baselines3.common.utils import set_random_seed  # type: ignore[import-not-found]
 
     env = pistonball_v6.parallel_env(**ENV_KWARGS)
     env = ss.color_reduction_v0(env, mode="B")
@@ -77,7 +81,8 @@ def main() -> None:
     vector = ss.concat_vec_envs_v1(
         vector, options.copies, num_cpus=options.cpus, base_class="stable_baselines3"
     )
-    model = PPO("CnnPolicy", vector, verbose=0, seed=options.seed, **PPO_KWARGS)
+    set_random_seed(options.seed)  # PPO(seed=...) would call the vector env's seed(), which SuperSuit's lacks
+    model = PPO("CnnPolicy", vector, verbose=0, **PPO_KWARGS)
 
     started = time.perf_counter()
     model.learn(total_timesteps=options.env_steps * PISTONS)
@@ -87,4 +92,12 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # SuperSuit's env worker processes wait for commands until closed, and closing them can fail, so
+    # the script leaves without waiting for them, after an error too.
+    try:
+        main()
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    os._exit(0)
