@@ -76,3 +76,10 @@ def rollout_log_probs(model, buffer, name):
         storage.obs, storage.action_mask, memory.actor_state[0], memory.is_first, storage.alive
     )
     return dist.log_prob(storage.actions)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked `jax` run last: once JAX is loaded, every worker process this session starts uses
+    spawn rather than fork (`marl_ppo.envs.vector.pool.default_start_method`), and tests that run
+    before it keep the fork they were written for."""
+    items.sort(key=lambda item: item.get_closest_marker("jax") is not None)

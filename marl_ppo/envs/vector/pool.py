@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import signal
+import sys
 import time
 import traceback
 import weakref
@@ -67,13 +68,39 @@ def serve(conn: Connection, parent_end: Connection, make_handler: Callable[..., 
             return
 
 
-def context(start_method: str | None) -> ProcessContext:
-    """The multiprocessing context for `start_method`; by default 'fork' where there is one.
+FORK_UNSAFE_MODULES = ("jax", "jaxlib", "tensorflow")
+"""Libraries whose thread pools do not survive a fork: a forked child that uses them can hang on a
+lock that a parent's thread held at the fork (JAX's XLA runtime does)."""
 
-    Forked workers inherit the parent's modules and need nothing pickled but their commands.
+
+def fork_unsafe_reason() -> str | None:
+    """Why forking this process now would leave its children unsafe, or None where a fork is safe."""
+    loaded = [name for name in FORK_UNSAFE_MODULES if name in sys.modules]
+    if loaded:
+        return f"{loaded[0]} is loaded (its threads do not survive a fork)"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "CUDA is initialised (a forked child cannot use it)"
+    return None
+
+
+def default_start_method() -> str | None:
+    """'fork' where there is one and it is safe (fast: children inherit the parent's modules), else
+    'spawn' (children start a fresh interpreter, so threaded libraries start clean there); None:
+    the platform's default."""
+    if "fork" not in mp.get_all_start_methods():
+        return None
+    return "spawn" if fork_unsafe_reason() else "fork"
+
+
+def context(start_method: str | None) -> ProcessContext:
+    """The multiprocessing context for `start_method`; None: `default_start_method()`.
+
+    Forked workers inherit the parent's modules and need nothing pickled but their commands; spawned
+    ones are sent their factories pickled and import what those need.
     """
     if start_method is None:
-        start_method = "fork" if "fork" in mp.get_all_start_methods() else None
+        start_method = default_start_method()
     # get_context returns a concrete context; typeshed types a `str` method's as the base class
     return cast("ProcessContext", mp.get_context(start_method))
 
