@@ -42,6 +42,12 @@ def is_batched(config: ExperimentConfig) -> bool:
     return name is not None and env_spec(name).batched
 
 
+def has_own_threads(config: ExperimentConfig) -> bool:
+    """Whether the configured env is a batched simulator with a thread pool of its own (JAX)."""
+    name = registered_id(config.env.id)
+    return name is not None and env_spec(name).own_threads
+
+
 def make_team_env(config: ExperimentConfig) -> Any:
     """Build one env copy and check it is a PettingZoo env (parallel or AEC)."""
     env = make_env(config.env.id, **config.env.kwargs)
@@ -90,7 +96,10 @@ def build_vector_env(
         make = functools.partial(
             make_env, config.env.id, num_envs=config.num_envs, device=str(device), **config.env.kwargs
         )
-        return VmasVectorEnv(make(seed=config.seed), config.env.id, make_spare=make)
+        env = make(seed=config.seed)
+        if isinstance(env, VectorEnv):  # a batched factory that builds its own vector env (JAX)
+            return env
+        return VmasVectorEnv(env, config.env.id, make_spare=make)
     if spec is None:
         spec = team_spec(config)
     make_copy = functools.partial(make_adapter, config, spec)

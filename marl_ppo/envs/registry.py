@@ -50,6 +50,10 @@ class EnvSpec:
     """Top-level modules the env needs; default: the entry point's package."""
     batched: bool = False
     """The factory builds all copies at once: it takes `num_envs`, `device` and `seed` (VMAS)."""
+    own_threads: bool = False
+    """The batched simulator computes on a thread pool of its own (JAX's): with `torch_threads: auto`
+    the learner then keeps to one torch thread, since two spinning pools on the same cores slow each
+    other's small operations tenfold."""
 
     @property
     def family(self) -> str:
@@ -156,6 +160,7 @@ def register_env(
     extra: str | None = None,
     requires: tuple[str, ...] = (),
     batched: bool = False,
+    own_threads: bool = False,
     **default_kwargs: Any,
 ) -> Any:
     """Register `factory` under `env_id`; without a factory, returns a decorator that registers its target."""
@@ -163,7 +168,9 @@ def register_env(
         raise EnvError(f"invalid env id {env_id!r}; use a name like 'myfamily/my_env_v0'")
 
     def add(target: Factory | str) -> Factory | str:
-        _REGISTRY[env_id] = EnvSpec(env_id, target, dict(default_kwargs), extra, tuple(requires), batched)
+        _REGISTRY[env_id] = EnvSpec(
+            env_id, target, dict(default_kwargs), extra, tuple(requires), batched, own_threads
+        )
         return target
 
     if factory is None:

@@ -48,6 +48,8 @@ class EvalResult:
     """`(N,)`: env steps of each episode."""
     seed: int
     deterministic: bool
+    won: np.ndarray | None = None
+    """`(N,)` bools: the episodes the team won, for an env whose episodes can be won (SMAX); else None."""
 
     def scalars(self, *, per_agent: bool) -> dict[str, float]:
         """Mean returns as TensorBoard tags under `eval/` (per agent under `eval/agents/<id>/`)."""
@@ -56,6 +58,8 @@ class EvalResult:
             "eval/agent_return": float(self.agent_returns.mean()),
             "eval/episode_length": float(self.lengths.mean()),
         }
+        if self.won is not None:
+            scalars["eval/win_rate"] = float(self.won.mean())
         if per_agent:
             for agent, returns in zip(self.agents, self.agent_returns.T, strict=True):
                 scalars[f"eval/agents/{agent}/return"] = float(returns.mean())
@@ -74,6 +78,7 @@ class EvalResult:
                 for agent, returns in zip(self.agents, self.agent_returns.T, strict=True)
             },
             "episode_length": mean_ci95(self.lengths),
+            **({} if self.won is None else {"win_rate": mean_ci95(self.won.astype(np.float64))}),
             "per_episode": {
                 "team_return": self.team_returns.tolist(),
                 "agent_returns": self.agent_returns.tolist(),
@@ -149,6 +154,7 @@ def run_episodes(
         lengths=np.array([episode.length for episode in kept]),
         seed=seed,
         deterministic=deterministic,
+        won=None if kept[0].won is None else np.array([bool(episode.won) for episode in kept]),
     )
 
 

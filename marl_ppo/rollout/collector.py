@@ -15,7 +15,7 @@ from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import GroupStep, RolloutBuffer
 from marl_ppo.rollout.memory import make_memory
 from marl_ppo.rollout.source import EpisodeRecord, RolloutResult
-from marl_ppo.rollout.stepper import Stepper, to_tensor
+from marl_ppo.rollout.stepper import Finished, Stepper, to_tensor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +91,7 @@ class Collector:
         try:
             while not buffer.full:
                 for episode in self.stepper.step(self):  # env_steps counts the step in `advance`
-                    result.episodes.append(self._record(episode.agent_returns, episode.length))
+                    result.episodes.append(self._record(episode))
         finally:
             self._buffer, self._acted = None, None
         result.env_seconds = self.stepper.env_seconds - env_seconds
@@ -150,8 +150,9 @@ class Collector:
         self.env_steps += self.venv.num_envs
         self.memory.advance(arrays, episode_over)
 
-    def _record(self, agent_returns: np.ndarray, length: int) -> EpisodeRecord:
-        return EpisodeRecord(float(agent_returns.sum()), agent_returns, length, self.env_steps)
+    def _record(self, episode: Finished) -> EpisodeRecord:
+        returns = episode.agent_returns
+        return EpisodeRecord(float(returns.sum()), returns, episode.length, self.env_steps, episode.won)
 
 
 def _arrays_state(arrays: TeamArrays) -> dict[str, Any]:

@@ -25,6 +25,8 @@ class EpisodeRecord:
     length: int
     end_step: int
     """Total env steps of the run when the episode ended."""
+    won: bool | None = None
+    """Whether the team won it, for an env whose episodes can be won (SMAX); else None."""
 
 
 @dataclass

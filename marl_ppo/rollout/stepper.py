@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from marl_ppo.envs.spec import TeamArrays
-from marl_ppo.envs.vector.base import VectorEnv
+from marl_ppo.envs.vector.base import VectorEnv, WinsEpisodes
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.memory import PolicyMemory, make_memory
 
@@ -49,6 +49,8 @@ class Finished:
     """`(num_agents,)` float64: each agent's return, in the team's agent order."""
     length: int
     """Env steps of the episode."""
+    won: bool | None = None
+    """Whether the team won it, for an env whose episodes can be won (`WinsEpisodes`); else None."""
 
 
 def to_tensor(value: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -76,6 +78,7 @@ class Stepper:
         self._lengths = torch.zeros(venv.num_envs, dtype=torch.int64, device=self._where)
         self.env_seconds = 0.0
         """Wall time spent inside the vector env's step since the last `reset`."""
+        self._wins = venv if isinstance(venv, WinsEpisodes) else None
 
     def reset(self, seed: int) -> TeamArrays:
         """Reset every env copy (copy i with `seed + i`) and clear the running returns and lengths."""
@@ -114,9 +117,14 @@ class Stepper:
         lengths = self._lengths[ended].tolist()
         self._returns[ended] = 0.0
         self._lengths[ended] = 0
+        won: list[bool | None] = (
+            [None] * len(lengths) if self._wins is None else self._wins.episode_won[ended.cpu()].tolist()
+        )
         return [
-            Finished(int(copy), agent_returns, length)
-            for copy, agent_returns, length in zip(ended.tolist(), returns, lengths, strict=True)
+            Finished(int(copy), agent_returns, length, copy_won)
+            for copy, agent_returns, length, copy_won in zip(
+                ended.tolist(), returns, lengths, won, strict=True
+            )
         ]
 
     def state_dict(self) -> dict[str, Any]:

@@ -9,14 +9,15 @@ import sys
 from collections.abc import Mapping
 
 from marl_ppo.config import ExperimentConfig
-from marl_ppo.envs.factory import is_batched, team_spec, usable_cores
+from marl_ppo.envs.factory import has_own_threads, is_batched, team_spec, usable_cores
 from marl_ppo.envs.spec import TeamSpec
 
 
 def learner_threads(config: ExperimentConfig, *, convolutional: bool = False) -> int:
     """Torch threads of the learner: `torch_threads`, or for `auto`, with a batched simulator (large
     tensors) or a CNN encoder (`convolutional`: convolutions over many frames per minibatch), the cores
-    that the run's worker processes leave (`worker_processes`, at least 1), and 1 otherwise.
+    that the run's worker processes leave (`worker_processes`, at least 1), and 1 otherwise, a batched
+    simulator with threads of its own (JAX) included.
 
     Other networks here are small: a second thread buys nothing on their matrices. Threads that
     share their cores with busy processes wait for each other: a CNN learner with as many threads as
@@ -24,7 +25,7 @@ def learner_threads(config: ExperimentConfig, *, convolutional: bool = False) ->
     """
     if config.torch_threads != "auto":
         return config.torch_threads
-    if not (is_batched(config) or convolutional):
+    if has_own_threads(config) or not (is_batched(config) or convolutional):
         return 1
     return max(1, usable_cores() - worker_processes(config))
 

@@ -143,6 +143,8 @@ class RunLogger:
             "rollout/agent_return": agents.mean(axis=1),
             "rollout/episode_length": np.array([e.length for e in episodes]),
         }
+        if episodes[0].won is not None:  # 1 for a won episode, 0 otherwise: its mean is the win rate
+            columns["rollout/won"] = np.array([float(bool(e.won)) for e in episodes])
         for name, members in self.group_columns.items():
             columns[f"groups/{name}/return"] = agents[:, members].sum(axis=1)
         if self.per_agent:

@@ -49,7 +49,11 @@ def check_finite(
 def box_mismatch(array: np.ndarray, space: gym.spaces.Box) -> str | None:
     """Why `array` cannot be an observation of `space` (shape or dtype), else None."""
     kind = array.dtype.kind
-    if array.shape == space.shape and kind in _NUMERIC_KINDS and (kind != "f" or space.dtype.kind == "f"):
+    if (
+        array.shape == space.shape
+        and kind in _NUMERIC_KINDS
+        and (kind != "f" or np.dtype(space.dtype).kind == "f")
+    ):
         return None
     return (
         f"observation has shape {array.shape} and dtype {array.dtype}; expected shape {space.shape} "

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
+
+import torch
 
 from marl_ppo.envs.spec import Array, TeamArrays, TeamSpec
 
 
+@runtime_checkable
 class VectorEnv(Protocol[Array]):
     """E copies of one env, stepped together, with auto-reset, writing into preallocated `arrays`.
 
@@ -49,4 +52,14 @@ class VectorEnv(Protocol[Array]):
 
     def close(self) -> None:
         """Release the copies (and any worker processes)."""
+        ...
+
+
+@runtime_checkable
+class WinsEpisodes(Protocol):
+    """A vector env whose episodes end won or not (SMAX): the stepper records each episode's outcome."""
+
+    @property
+    def episode_won(self) -> torch.Tensor:
+        """`(E,)` bools: the copy's episode ended at the last step with a win."""
         ...

@@ -1,0 +1,45 @@
+"""The `jaxmarl/*` ids, registered through their own `marl_ppo.envs` entry point (imports nothing).
+
+Every id is a batched env: its factory builds all E copies as one `JaxVectorEnv` (extra `jax`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from marl_ppo.envs.registry import EnvError, register_env
+
+JAX_REQUIRES = ("jax", "jaxmarl")
+
+
+def make_jaxmarl(
+    name: str, *, num_envs: int = 64, device: str = "cpu", seed: int | None = None, **kwargs: Any
+) -> Any:
+    """All `num_envs` copies of the JaxMARL env `name` (a key of `jaxmarl_families()`) as one vector env.
+
+    JAX runs on its default device; its arrays reach torch by DLPack, and the collector moves them to
+    the training device where that differs. `seed` is unused: `reset(seed)` seeds every copy.
+    """
+    from marl_ppo.envs.jax.families import jaxmarl_families
+    from marl_ppo.envs.jax.runtime import jax_modules
+    from marl_ppo.envs.jax.vector import jax_vector_env
+
+    jax_modules()  # a missing JAX fails here in one line, and the compilation cache is on
+    family = jaxmarl_families()[name]
+    try:
+        env = family.make(**kwargs)
+    except TypeError as err:
+        raise EnvError(f"env 'jaxmarl/{name}' rejected its kwargs: {err}; check env.kwargs") from None
+    return jax_vector_env(env, family, f"jaxmarl/{name}", num_envs)
+
+
+def register_jaxmarl() -> None:
+    """Register every `jaxmarl/<name>` id (SMAX maps, Overcooked layouts, Hanabi, MPE)."""
+    from marl_ppo.envs.jax.families import jaxmarl_families
+
+    for name in jaxmarl_families():
+        factory = functools.partial(make_jaxmarl, name)
+        register_env(
+            f"jaxmarl/{name}", factory, extra="jax", requires=JAX_REQUIRES, batched=True, own_threads=True
+        )

@@ -1,0 +1,49 @@
+"""JAX imported on first use, with its persistent compilation cache on, so a second run of an env skips
+most of the compile (SMAX's batched step takes tens of seconds to compile on a CPU)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+from marl_ppo.envs.registry import EnvError
+
+CACHE_ENV_VAR = "MARL_PPO_JAX_CACHE"
+"""Where compiled JAX functions are kept between runs; default `~/.cache/marl_ppo/jax`; `off` disables it."""
+
+_CONFIGURED = False
+
+
+def cache_dir() -> Path | None:
+    """The persistent compilation cache's folder, or None when `MARL_PPO_JAX_CACHE=off`."""
+    value = os.environ.get(CACHE_ENV_VAR, "")
+    if value.lower() == "off":
+        return None
+    return Path(value).expanduser() if value else Path.home() / ".cache" / "marl_ppo" / "jax"
+
+
+def jax_modules() -> tuple[Any, Any]:
+    """`(jax, jax.numpy)`, the compilation cache configured on first call; an EnvError names the
+    install when JAX is missing."""
+    global _CONFIGURED
+    try:
+        import jax
+        import jax.numpy as jnp
+
+        with contextlib.redirect_stdout(io.StringIO()):  # it prints which optional envs it skipped
+            importlib.import_module("jaxmarl")
+    except ModuleNotFoundError as err:
+        raise EnvError(
+            f"JAX envs need the optional package '{err.name}'; install it with: pip install 'marl-ppo[jax]'"
+        ) from None
+    if not _CONFIGURED:
+        _CONFIGURED = True
+        folder = cache_dir()
+        if folder is not None:
+            jax.config.update("jax_compilation_cache_dir", str(folder))
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    return jax, jnp
