@@ -12,7 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from marl_ppo.config import load_config
 from marl_ppo.envs.factory import build_vector_env
-from marl_ppo.envs.registry import registered_ids
+from marl_ppo.envs.registry import EnvError, env_spec, id_families
 from marl_ppo.envs.vector.base import VectorEnv, WinsEpisodes
 from marl_ppo.run.loop import train
 from marl_ppo.run.plan import plan_run
@@ -48,7 +48,8 @@ def smax():
 
 
 def test_the_family_is_listed_and_builds_a_vector_env(smax):
-    ids = set(registered_ids())
+    (family,) = [family for family in id_families() if family.prefix == "jaxmarl/"]
+    ids = set(family.offered_ids())
     for name in ("smax_2s3z", "smax_3s5z", "smax_6h_vs_8z", "smax_5m_vs_6m", "overcooked_cramped_room"):
         assert f"jaxmarl/{name}" in ids
     assert {"jaxmarl/overcooked_coord_ring", "jaxmarl/hanabi", "jaxmarl/mpe_simple_spread_v3"} <= ids
@@ -61,6 +62,8 @@ def test_the_family_is_listed_and_builds_a_vector_env(smax):
     assert arrays.groups[group.name].obs.shape == (COPIES, 3, group.obs_dim)
     assert arrays.state.shape == (COPIES, venv.spec.state_dim)
     assert not isinstance(_venv("overcooked_cramped_room"), WinsEpisodes)  # no wins to report
+    with pytest.raises(EnvError, match="closest: 'jaxmarl/smax_2s3z'"):
+        env_spec("jaxmarl/smax_2s3zz")
 
 
 def test_each_step_is_jaxmarls_own_step_and_a_finished_copy_restarts_from_its_reset(smax):

@@ -34,6 +34,7 @@ from marl_ppo.run.rundir import read_summary
 ROOT = Path(__file__).resolve().parents[2]
 SPREAD_YAML = ROOT / "experiments" / "mpe" / "simple_spread.yaml"
 NAVIGATION_YAML = ROOT / "experiments" / "vmas" / "navigation.yaml"
+SMAX_YAML = ROOT / "experiments" / "jaxmarl" / "smax_2s3z.yaml"
 SPREAD_KWARGS = {"N": 3, "max_cycles": 25, "continuous_actions": False}
 """The default experiment's env.kwargs, for the raw-env baseline."""
 
@@ -94,6 +95,34 @@ def raw_vmas_sps(
                 for index in finished:
                     env.reset_at(index)
             steps += num_envs
+    return steps / (time.perf_counter() - started)
+
+
+def raw_jax_sps(name: str, num_envs: int, seconds: float = 4.0) -> float:
+    """Env steps/s (vector steps x copies) of a JaxMARL env as its own API steps it: `jit(vmap(step))`
+    (JaxMARL's auto-reset included) from a Python loop, random actions drawn beforehand."""
+    import torch
+
+    from marl_ppo.envs.jax.families import jaxmarl_families
+    from marl_ppo.envs.jax.runtime import jax_modules
+
+    jax, _ = jax_modules()
+    torch.set_num_threads(1)  # as training does beside JAX (the family registers own_threads)
+    env = jaxmarl_families()[name].make()
+    keys = jax.random.split(jax.random.PRNGKey(0), num_envs)
+    _, state = jax.jit(jax.vmap(env.reset))(keys)
+    step = jax.jit(jax.vmap(env.step))
+    draws = jax.random.split(jax.random.PRNGKey(1), 50)
+    pool = [
+        {a: jax.random.randint(k, (num_envs,), 0, env.action_space(a).n) for a in env.agents} for k in draws
+    ]
+    jax.block_until_ready(step(keys, state, pool[0]))  # compiled before the clock starts
+    steps, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        for actions in pool:
+            _, state, _, _, _ = step(keys, state, actions)
+            steps += num_envs
+        jax.block_until_ready(state)
     return steps / (time.perf_counter() - started)
 
 
@@ -207,6 +236,21 @@ def cases(steps: int, device: str = "cpu") -> list[Case]:
                 agents,
             )
             for size, agents, total in ((12, 4, 4000), (23, 28, 800), (62, 288, 400))
+        ),
+        # the JAX family against JaxMARL's own jit(vmap(step)) loop with as many copies; the learner's
+        # share sets the ratio, so the experiment's 4 epochs and 2
+        *(
+            Case(
+                name,
+                functools.partial(raw_jax_sps, "smax_2s3z", num_envs),
+                SMAX_YAML,
+                [f"num_envs={num_envs}", f"total_steps={num_envs * 128 * 4}", "eval_every=null", *ppo],
+                5,
+            )
+            for name, num_envs, ppo in (
+                ("jax smax 2s3z 64", 64, []),
+                ("jax smax 2s3z 64 2 ep", 64, ["ppo.train_pi_iters=2", "ppo.train_vf_iters=2"]),
+            )
         ),
         # image observations through the CNN encoder, frames stored as uint8 (a cheap env: the
         # encoder's and the frames' cost per agent-step)

@@ -95,6 +95,8 @@ class IdFamily:
     """Top-level modules the family needs."""
     batched: bool = False
     """Its factory builds all copies at once (see EnvSpec.batched)."""
+    own_threads: bool = False
+    """Its batched simulator computes on a thread pool of its own (see EnvSpec.own_threads)."""
     names: Callable[[], list[str]] | None = None
     """The names the family offers, for `marl-ppo envs` and close-match hints (may import its package)."""
     closed: bool = True
@@ -105,7 +107,13 @@ class IdFamily:
         """The spec of one id of the family (its name checked against the offered ones when closed)."""
         name = env_id[len(self.prefix) :]
         spec = EnvSpec(
-            env_id, functools.partial(self.factory, name), {}, self.extra, self.requires, self.batched
+            env_id,
+            functools.partial(self.factory, name),
+            {},
+            self.extra,
+            self.requires,
+            self.batched,
+            self.own_threads,
         )
         if self.closed and self.names is not None and spec.installed:
             offered = self.names()
@@ -186,6 +194,7 @@ def register_prefix(
     extra: str | None = None,
     requires: tuple[str, ...] = (),
     batched: bool = False,
+    own_threads: bool = False,
     names: Callable[[], list[str]] | None = None,
     closed: bool = True,
 ) -> None:
@@ -193,7 +202,7 @@ def register_prefix(
     `names` lists what the family offers (see IdFamily)."""
     if not prefix.endswith("/"):
         raise EnvError(f"invalid id prefix {prefix!r}; a prefix ends with '/', like 'gymnasium/'")
-    _PREFIXES[prefix] = IdFamily(prefix, factory, extra, tuple(requires), batched, names, closed)
+    _PREFIXES[prefix] = IdFamily(prefix, factory, extra, tuple(requires), batched, own_threads, names, closed)
 
 
 def id_families() -> list[IdFamily]:

@@ -97,7 +97,7 @@ def evaluate_checkpoint(
     seed = eval_seed(config) if seed is None else seed
     if render is not None and is_batched(config):
         raise EvalError(
-            f"env '{config.env.id}' is a batched VMAS env, which cannot be rendered yet; drop --render"
+            f"env '{config.env.id}' is a batched env (VMAS, JaxMARL), which cannot be rendered yet; drop --render"
         )
     recorded = render_env(config) if render is not None else None  # an env that cannot render stops here
     try:

@@ -1,14 +1,14 @@
-"""The `jaxmarl/*` ids, registered through their own `marl_ppo.envs` entry point (imports nothing).
+"""The `jaxmarl/*` ids, an id family registered through its own `marl_ppo.envs` entry point (imports
+nothing until an env is built or listed).
 
 Every id is a batched env: its factory builds all E copies as one `JaxVectorEnv` (extra `jax`).
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
-from marl_ppo.envs.registry import EnvError, register_env
+from marl_ppo.envs.registry import EnvError, register_prefix
 
 JAX_REQUIRES = ("jax", "jaxmarl")
 
@@ -34,12 +34,22 @@ def make_jaxmarl(
     return jax_vector_env(env, family, f"jaxmarl/{name}", num_envs)
 
 
-def register_jaxmarl() -> None:
-    """Register every `jaxmarl/<name>` id (SMAX maps, Overcooked layouts, Hanabi, MPE)."""
+def family_names() -> list[str]:
+    """Every name after `jaxmarl/` (SMAX maps, Overcooked layouts, Hanabi, MPE scenarios)."""
     from marl_ppo.envs.jax.families import jaxmarl_families
 
-    for name in jaxmarl_families():
-        factory = functools.partial(make_jaxmarl, name)
-        register_env(
-            f"jaxmarl/{name}", factory, extra="jax", requires=JAX_REQUIRES, batched=True, own_threads=True
-        )
+    return sorted(jaxmarl_families())
+
+
+def register_jaxmarl() -> None:
+    """Register the `jaxmarl/` id family: every name of `family_names()`, an unknown one refused with
+    the closest."""
+    register_prefix(
+        "jaxmarl/",
+        make_jaxmarl,
+        extra="jax",
+        requires=JAX_REQUIRES,
+        batched=True,
+        own_threads=True,
+        names=family_names,
+    )
