@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import io
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,24 @@ def cache_dir() -> Path | None:
     return Path(value).expanduser() if value else Path.home() / ".cache" / "marl_ppo" / "jax"
 
 
+@contextlib.contextmanager
+def _stdout_silenced() -> Iterator[None]:
+    """Discard what is written to file descriptor 1 meanwhile (an import in JaxMARL's chain puts back
+    `sys.stdout`, so `contextlib.redirect_stdout` misses its prints)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 1)
+            try:
+                yield
+            finally:
+                sys.stdout.flush()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def jax_modules() -> tuple[Any, Any]:
     """`(jax, jax.numpy)`, the compilation cache configured on first call; an EnvError names the
     install when JAX is missing."""
@@ -34,8 +53,8 @@ def jax_modules() -> tuple[Any, Any]:
         import jax
         import jax.numpy as jnp
 
-        with contextlib.redirect_stdout(io.StringIO()):  # it prints which optional envs it skipped
-            importlib.import_module("jaxmarl")
+        with _stdout_silenced():  # it prints which optional envs it skipped
+            importlib.import_module("jaxmarl.environments")
     except ModuleNotFoundError as err:
         raise EnvError(
             f"JAX envs need the optional package '{err.name}'; install it with: pip install 'marl-ppo[jax]'"
