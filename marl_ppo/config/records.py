@@ -231,8 +231,52 @@ class PPOConfig:
         return self
 
 
+LOG_BACKENDS = ("tensorboard", "csv", "wandb", "mlflow")
+"""Where a run's scalars go (`log.backends`); docs/tracking.md shows how to view each."""
+
+
+@dataclass(frozen=True, config=_STRICT)
+class WandbConfig:
+    """Weights & Biases (`log.backends: [..., wandb]`, needs `pip install 'marl-ppo[wandb]'`)."""
+
+    project: str | None = None
+    """W&B project; null: `WANDB_PROJECT`, else `marl-ppo`."""
+    entity: str | None = None
+    """W&B team or user; null: `WANDB_ENTITY`, else the account's default."""
+    group: str | None = None
+    """Group of runs (e.g. the seeds of one configuration); null: `WANDB_RUN_GROUP`, else none."""
+    tags: tuple[str, ...] = ()
+    """Tags of the run (added to those in `WANDB_TAGS`)."""
+    mode: Literal["auto", "online", "offline"] = "auto"
+    """`online` streams to the W&B server; `offline` writes the run under `<run_dir>/wandb` for a later
+    `wandb sync`; `auto`: `WANDB_MODE` when set, else online when a W&B login exists (`wandb login` or
+    `WANDB_API_KEY`), else offline."""
+    init_timeout_s: PositiveFloat = 60.0
+    """Seconds `wandb.init` may take to reach the server; past that the run goes on without W&B."""
+
+
+@dataclass(frozen=True, config=_STRICT)
+class MlflowConfig:
+    """MLflow (`log.backends: [..., mlflow]`, needs `pip install 'marl-ppo[mlflow]'`)."""
+
+    tracking_uri: str | None = None
+    """MLflow tracking URI (`http://host:5000`, `sqlite:///path.db`, ...); null: `MLFLOW_TRACKING_URI`,
+    else a sqlite store in the run directory, `sqlite:///<run_dir>/mlflow.db`."""
+    experiment: str | None = None
+    """MLflow experiment name; null: `MLFLOW_EXPERIMENT_NAME`, else `marl-ppo`."""
+
+
 @dataclass(frozen=True, config=_STRICT)
 class LogConfig:
+    backends: tuple[Literal["tensorboard", "csv", "wandb", "mlflow"], ...] = ("tensorboard",)
+    """Where scalars, the resolved config and the final summary go, any combination of
+    `tensorboard` (`<run_dir>/tensorboard`), `csv` (`<run_dir>/csv`), `wandb` and `mlflow`: each gets
+    the same scalars under the same names. A tracker that fails (no network, a server down) costs a
+    one-line warning and the run goes on with the others. `report` and `compare` read TensorBoard or CSV."""
+    wandb: WandbConfig = dataclasses.field(default_factory=WandbConfig)
+    """Weights & Biases settings (used when `backends` names wandb)."""
+    mlflow: MlflowConfig = dataclasses.field(default_factory=MlflowConfig)
+    """MLflow settings (used when `backends` names mlflow)."""
     checkpoint_every: PositiveInt = 50
     """Write a checkpoint (`checkpoints/update_<N>.pt` and `latest.pt`) every this many updates, at the end,
     and when stopped by Ctrl-C or SIGTERM."""
@@ -246,6 +290,10 @@ class LogConfig:
     """Also log per-agent returns under `agents/<agent_id>/`."""
     return_window: PositiveInt = 100
     """Episodes averaged for `team_return_mean` in the progress bar and summary.json."""
+
+    def __post_init__(self) -> None:
+        if len(set(self.backends)) != len(self.backends):
+            raise ValueError(f"log.backends names a backend twice: {list(self.backends)}; name each once")
 
 
 @dataclass(frozen=True, config=_STRICT)

@@ -1,4 +1,4 @@
-"""Run logging: TensorBoard scalars, console progress, and the episode-return window."""
+"""Run logging: scalars to the backends (`log.backends`), console progress, and the episode-return window."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any, TextIO
 
 import numpy as np
 import torch
-from tensorboard.compat.proto.summary_pb2 import Summary
 
 from marl_ppo.algo.stats import TrainStats
 from marl_ppo.rollout.source import EpisodeRecord
+from marl_ppo.run.backends import LogBackend, TensorBoardBackend
 
 Headline = Callable[["RunLogger"], str]
 """What a progress line says of the run after its step and speed (`team_return_headline`, `game_headline`)."""
@@ -54,7 +54,7 @@ def game_headline(logger: RunLogger) -> str:
 
 
 class RunLogger:
-    """Writes `train/`, `rollout/`, `perf/` and `agents/<id>/` scalars against env steps, and the progress."""
+    """Writes `train/`, `rollout/`, `perf/` and `agents/<id>/` scalars against env steps to its backends, and the progress."""
 
     def __init__(
         self,
@@ -69,20 +69,17 @@ class RunLogger:
         resume_step: int | None = None,
         stream: TextIO | None = None,
         headline: Headline = team_return_headline,
+        backends: Sequence[LogBackend] | None = None,
     ) -> None:
         """`resume_step`: continue a run checkpointed at this env step, dropping what it logged after.
         `headline`: what a progress line says of the run.
 
         `progress` writes to `stream` (default stderr): a redrawn bar on a terminal, else `ProgressLines`.
+        `backends` receive the scalars (default: TensorBoard in `run_dir/tensorboard`).
         """
-        log_dir = run_dir / "tensorboard"
-        if resume_step is not None:
-            wait_for_a_later_event_file_name(log_dir)
-        # purge_step: TensorBoard's reader drops the killed run's events from this step on
-        purge_step = None if resume_step is None else resume_step + 1
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.writer = SummaryWriter(str(log_dir), purge_step=purge_step, flush_secs=30)
+        self.backends = (
+            list(backends) if backends is not None else [TensorBoardBackend(run_dir, resume_step=resume_step)]
+        )
         self.agents = tuple(agents)
         # per-group returns matter for competitive teams (red vs blue); one group needs no breakdown
         self.group_columns = (
@@ -184,12 +181,23 @@ class RunLogger:
         self.agent_returns.extend(row.numpy() for row in state["agent_returns"])
 
     def flush(self) -> None:
-        """Write pending events to disk (before a checkpoint, so that a killed run loses none of them)."""
-        self.writer.flush()
+        """Write pending scalars to disk (before a checkpoint, so that a killed run loses none of them)."""
+        for backend in self.backends:
+            backend.flush()
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         """Log scalars given by full tag (e.g. an evaluation's `eval/` tags) at `step`."""
         self._scalars(step, values)
+
+    def hyperparameters(self, config: Mapping[str, Any]) -> None:
+        """Give every backend the run's resolved config."""
+        for backend in self.backends:
+            backend.hyperparameters(config)
+
+    def summary(self, values: Mapping[str, Any]) -> None:
+        """Give every backend the finished run's summary."""
+        for backend in self.backends:
+            backend.summary(values)
 
     def _scalars(self, step: int, values: Mapping[str, Any]) -> None:
         self.latest.update(values)
@@ -198,29 +206,17 @@ class RunLogger:
         self._write(step, values.items())
 
     def _write(self, step: int, pairs: Iterable[tuple[str, Any]]) -> None:
-        """One event holding every scalar of `step`: the Summary `add_scalar` writes for one value, with
-        all of them (a tag may repeat: each value is kept, as separate `add_scalar` calls keep them).
-        One event per logged step rather than one per scalar keeps logging off the profile."""
-        summary = Summary(value=[Summary.Value(tag=tag, simple_value=float(value)) for tag, value in pairs])
-        self.writer._get_file_writer().add_summary(summary, step)  # what add_scalar writes through
+        """Every scalar of `step` to every backend, as `(tag, float)` pairs (a tag may repeat)."""
+        logged = [(tag, float(value)) for tag, value in pairs]
+        for backend in self.backends:
+            backend.scalars(step, logged)
 
     def close(self) -> None:
-        """Flush and close the event file and the progress bar."""
-        self.writer.close()
+        """Close the backends and the progress bar."""
+        for backend in self.backends:
+            backend.close()
         if self.bar is not None:
             self.bar.close()
-
-
-def wait_for_a_later_event_file_name(log_dir: Path) -> None:
-    """Make the next event file sort after the existing ones (TensorBoard reads them in name order).
-
-    Event file names start with the creation second, then host and pid: a run resumed within the
-    same second as an earlier writer (or on another host) could otherwise be read before it.
-    """
-    fields = [path.name.split(".") for path in log_dir.glob("events.out.tfevents.*")]
-    stamps = [int(parts[3]) for parts in fields if parts[3].isdigit()]
-    while stamps and int(time.time()) <= max(stamps):
-        time.sleep(0.05)
 
 
 class ProgressLines:

@@ -35,6 +35,7 @@ from marl_ppo.run.resume import load_resumable, restore_run_state, run_state
 from marl_ppo.run.rundir import write_summary
 from marl_ppo.run.seeding import seed_everything
 from marl_ppo.run.signals import Interrupted, StopSignals
+from marl_ppo.run.trackers import check_backends_installed, open_backends
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ def train(
     saved = load_resumable(run_dir, config) if resume else None  # a bad checkpoint fails before any work
     if config.log.progress:
         print(_start_line(plan, run_dir, saved), file=sys.stderr, flush=True)
+    check_backends_installed(config)  # a missing tracker extra fails before any work
     torch.set_num_threads(plan.build_threads)
     # before any allocation (and before touching run_dir): a run that cannot fit stops here
     estimate = check_memory(plan)
@@ -82,16 +84,19 @@ def train(
     torch.set_num_threads(plan.threads)
     spec = model.spec
     evaluation = None
+    logger: RunLogger | None = None
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
-        write_code_record(run_dir, resume=resume, env_id=config.env.id)
-        trainer = Trainer(model, config.ppo, generator=generator, optimizer=config.fast.optimizer)
-        if config.eval_every:  # deterministic episodes on env copies of their own, logged under eval/
-            eval_venv = build_vector_env(eval_config(config, config.eval_episodes), device, spec=plan.spec)
-            evaluation = periodic_evaluation(config, eval_venv, model, device)
-        logger = _make_logger(config, run_dir, spec, None if saved is None else saved["env_steps"])
         try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
+            write_code_record(run_dir, resume=resume, env_id=config.env.id)
+            trainer = Trainer(model, config.ppo, generator=generator, optimizer=config.fast.optimizer)
+            if config.eval_every:  # deterministic episodes on env copies of their own, logged under eval/
+                eval_venv = build_vector_env(
+                    eval_config(config, config.eval_episodes), device, spec=plan.spec
+                )
+                evaluation = periodic_evaluation(config, eval_venv, model, device)
+            logger = _make_logger(config, run_dir, spec, None if saved is None else saved["env_steps"])
             run = _Run(
                 config, run_dir, model, trainer, collector, logger, evaluation, on_update, plan.threads
             )
@@ -106,13 +111,16 @@ def train(
                     )
                 run.save(final=True)
         finally:
-            logger.close()
+            collector.close()  # before the summary: the CPU time of worker processes counts once they end
+            if evaluation is not None:
+                evaluation.close()
+        result = run.result()
+        summary = _summary(result, None if estimate is None else estimate.total)
+        logger.summary(summary)
     finally:
-        collector.close()
-        if evaluation is not None:
-            evaluation.close()
-    result = run.result()
-    _write_summary(result, None if estimate is None else estimate.total)
+        if logger is not None:
+            logger.close()
+    write_summary(run_dir, summary)
     return result
 
 
@@ -130,7 +138,7 @@ def _start_line(plan: RunPlan, run_dir: Path, saved: dict[str, Any] | None) -> s
 def _make_logger(
     config: ExperimentConfig, run_dir: Path, spec: TeamSpec, resume_step: int | None
 ) -> RunLogger:
-    return RunLogger(
+    logger = RunLogger(
         run_dir,
         agents=spec.agents,
         groups={g.name: g.agents for g in spec.groups},
@@ -141,7 +149,10 @@ def _make_logger(
         resume_step=resume_step,
         # a game's team return says nothing (zero-sum): its progress shows its scores against random
         headline=team_return_headline if config.eval_vs_random is None else game_headline,
+        backends=open_backends(config, run_dir, resume_step=resume_step),
     )
+    logger.hyperparameters(config_to_dict(config))
+    return logger
 
 
 class _Run:
@@ -316,8 +327,9 @@ def _one_update(
     return {"env_s": extra["perf/env_s"], "act_s": extra["perf/act_s"], "learn_s": extra["perf/learn_s"]}
 
 
-def _write_summary(result: TrainResult, memory_estimate: int | None) -> None:
-    summary = {
+def _summary(result: TrainResult, memory_estimate: int | None) -> dict[str, Any]:
+    """What summary.json records of a finished run."""
+    return {
         "env_steps": result.env_steps,
         "updates": result.updates,
         "episodes": result.episodes,
@@ -331,4 +343,3 @@ def _write_summary(result: TrainResult, memory_estimate: int | None) -> None:
         "cpu_s": cpu_seconds(),
         **result.timing,
     }
-    write_summary(result.run_dir, summary)
