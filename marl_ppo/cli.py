@@ -1,4 +1,4 @@
-"""Command line: `marl-ppo train` (with `--resume RUN_DIR`), `eval`, `sweep`, `reproduce`, `report` and `envs` (see `marl-ppo -h`).
+"""Command line: `marl-ppo train` (with `--resume RUN_DIR`), `eval`, `sweep`, `reproduce`, `report`, `compare` and `envs` (see `marl-ppo -h`).
 
 Parses arguments (options and key=value overrides in any order) and calls the library; user errors
 print one line and exit with status 2. A run stopped by Ctrl-C or SIGTERM prints how to resume it
@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="marl-ppo", description="Multi-agent PPO (MAPPO / IPPO).")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks for errors")
     commands = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_train, _add_eval, _add_sweep, _add_reproduce, _add_report, _add_envs):
+    for add in (_add_train, _add_eval, _add_sweep, _add_reproduce, _add_report, _add_compare, _add_envs):
         _debug_after(add(commands))
     return parser
 
@@ -171,6 +171,31 @@ def _add_report(commands: Commands) -> argparse.ArgumentParser:
         help="count runs of different marl_ppo code (version, commit: code.json) as one configuration",
     )
     return report
+
+
+def _add_compare(commands: Commands) -> argparse.ArgumentParser:
+    """`compare`: algorithms over tasks and seeds by the evaluation protocol (docs/tracking.md)."""
+    compare = commands.add_parser(
+        "compare",
+        help="algorithms over tasks and seeds: IQM, probability of improvement, profiles, marl-eval JSON",
+    )
+    compare.add_argument(
+        "paths",
+        nargs="+",
+        type=Path,
+        metavar="RUN_DIR",
+        help="run directories, or directories that hold them",
+    )
+    compare.add_argument(
+        "--out", type=Path, default=Path("compare"), help="output directory (default: compare)"
+    )
+    compare.add_argument(
+        "--by",
+        metavar="KEY[,KEY]",
+        help="config keys that name the algorithms (default: the keys that differ among a task's runs)",
+    )
+    compare.add_argument("--reps", type=int, default=5000, help="bootstrap resamples (default: 5000)")
+    return compare
 
 
 def _add_envs(commands: Commands) -> argparse.ArgumentParser:
@@ -426,6 +451,22 @@ def _report(options: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(options: argparse.Namespace) -> int:
+    from marl_ppo.analysis.compare import write_comparison  # heavy imports (tensorboard, rliable, matplotlib)
+
+    by = options.by.split(",") if options.by else None
+    comparison = write_comparison(options.paths, options.out, by=by, reps=options.reps)
+    table = comparison.table
+    seeds = len(table.of(table.tasks[0], table.algorithms[0]))
+    print(
+        f"{len(table.algorithms)} algorithm(s) x {len(table.tasks)} task(s) x {seeds} seed(s): wrote "
+        + ", ".join(str(path) for path in comparison.files)
+    )
+    for algorithm, aggregates in comparison.aggregates.items():
+        print(f"{algorithm}: IQM {aggregates['iqm']}, mean {aggregates['mean']}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `marl-ppo` console script."""
     try:
@@ -450,6 +491,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return _sweep(options)
         if options.command == "report":
             return _report(options)
+        if options.command == "compare":
+            return _compare(options)
         if options.command == "reproduce":
             return _reproduce(options)
         return _envs(options)

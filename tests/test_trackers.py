@@ -228,3 +228,22 @@ def test_a_backend_named_twice_or_unknown_is_refused():
         load_config(SPREAD, ["log.backends=[csv,csv]"])
     with pytest.raises(ConfigError, match="log.backends"):
         load_config(SPREAD, ["log.backends=[neptune]"])
+
+
+def test_report_and_compare_read_a_run_that_logged_csv_alone(tmp_path, tiny_overrides):
+    import shutil
+
+    from marl_ppo.analysis.runlogs import RETURN_TAGS, find_run_dirs, last_values, read_run
+
+    run_dir = tmp_path / "run"
+    train(_config(tiny_overrides, "log.backends=[tensorboard,csv]", "eval_every=50"), run_dir)
+    from_tensorboard = read_run(run_dir).series
+    last = last_values(run_dir, RETURN_TAGS)
+    shutil.rmtree(run_dir / "tensorboard")
+    assert find_run_dirs([tmp_path]) == [run_dir]
+    from_csv = read_run(run_dir).series
+    assert set(from_csv) == set(RETURN_TAGS) == set(from_tensorboard)
+    for tag in RETURN_TAGS:
+        assert np.array_equal(from_csv[tag][0], from_tensorboard[tag][0])
+        assert np.allclose(from_csv[tag][1], from_tensorboard[tag][1], rtol=1e-6)  # TensorBoard keeps float32
+    assert last_values(run_dir, RETURN_TAGS) == pytest.approx(last, rel=1e-6)

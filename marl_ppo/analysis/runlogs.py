@@ -72,7 +72,35 @@ class Configuration:
 
 
 def _is_run_dir(path: Path) -> bool:
-    return (path / "config.yaml").is_file() and (path / "tensorboard").is_dir()
+    logged = (path / "tensorboard").is_dir() or (path / "csv" / "scalars.csv").is_file()
+    return (path / "config.yaml").is_file() and logged
+
+
+def scalar_series(run_dir: Path, tags: Iterable[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """`(steps, values)` of each of `tags` the run logged, in the order written: from its TensorBoard
+    event files, or from `csv/scalars.csv` when it logged no TensorBoard (`log.backends`)."""
+    wanted = set(tags)
+    points: dict[str, list[tuple[int, float]]] = {}
+    if (run_dir / "tensorboard").is_dir():
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})  # 0 keeps all
+        events.Reload()
+        for tag in wanted & set(events.Tags()["scalars"]):
+            points[tag] = [(p.step, p.value) for p in events.Scalars(tag)]
+    else:
+        from marl_ppo.run.backends import read_scalars_csv
+
+        for step, tag, value in read_scalars_csv(run_dir / "csv" / "scalars.csv"):
+            if tag in wanted:
+                points.setdefault(tag, []).append((step, value))
+    return {
+        tag: (
+            np.array([s for s, _ in pairs], dtype=np.int64),
+            np.array([v for _, v in pairs], dtype=np.float64),
+        )
+        for tag, pairs in points.items()
+    }
 
 
 def find_run_dirs(paths: Iterable[Path | str]) -> list[Path]:
@@ -84,48 +112,31 @@ def find_run_dirs(paths: Iterable[Path | str]) -> list[Path]:
         below = [path] if _is_run_dir(path) else sorted(p.parent for p in path.rglob("config.yaml"))
         runs = [p for p in below if _is_run_dir(p)]
         if not runs:
-            raise ReportError(f"no run directory (config.yaml and tensorboard/) in or under '{path}'")
+            raise ReportError(
+                f"no run directory (config.yaml with tensorboard/ or csv/) in or under '{path}'"
+            )
         found.extend(run for run in runs if run not in found)
     return found
 
 
 def read_run(run_dir: Path) -> RunLog:
-    """Read a run's config.yaml and every point of its return tags from its TensorBoard event files."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
+    """Read a run's config.yaml and every point of its return tags (TensorBoard or CSV)."""
     from marl_ppo.run.code_record import code_label
     from marl_ppo.run.rundir import read_summary
 
     config = with_defaults(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
-    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})  # 0 keeps all
-    events.Reload()
-    tags = set(events.Tags()["scalars"])
-    series = {}
-    for tag in RETURN_TAGS:
-        if tag in tags:
-            points = events.Scalars(tag)
-            series[tag] = (
-                np.array([p.step for p in points], dtype=np.int64),
-                np.array([p.value for p in points], dtype=np.float64),
-            )
+    series = scalar_series(run_dir, RETURN_TAGS)
     return RunLog(run_dir, config, series, code_label(run_dir), read_summary(run_dir))
 
 
 def last_values(run_dir: Path, tags: Iterable[str]) -> dict[str, float | None]:
-    """The last logged value of each of `tags` in a run's TensorBoard event files (None where never logged)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    """The last logged value of each of `tags` (None where never logged); of equal steps, the latest written."""
+    series = scalar_series(run_dir, tags)
 
-    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
-    events.Reload()
-    logged = set(events.Tags()["scalars"])
+    def last(steps: np.ndarray, values: np.ndarray) -> float:
+        return float(values[max(range(len(steps)), key=lambda i: (steps[i], i))])
 
-    def last(tag: str) -> float:
-        points = events.Scalars(tag)
-        return float(
-            max(enumerate(points), key=lambda p: (p[1].step, p[0]))[1].value
-        )  # latest write wins a tie
-
-    return {tag: last(tag) if tag in logged else None for tag in tags}
+    return {tag: last(*series[tag]) if tag in series else None for tag in tags}
 
 
 def with_defaults(config: dict[str, Any]) -> dict[str, Any]:

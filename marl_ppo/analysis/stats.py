@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -28,11 +28,16 @@ def iqm(scores: np.ndarray) -> np.ndarray:
 
 
 def interval_estimates(
-    scores: dict[str, np.ndarray], statistic: Callable[[np.ndarray], np.ndarray], *, reps: int, seed: int
+    scores: Mapping[str, np.ndarray | tuple[np.ndarray, ...]],
+    statistic: Callable[..., np.ndarray],
+    *,
+    reps: int,
+    seed: int,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Point estimates and 95% stratified-bootstrap intervals (`(2, ...)`: low, high) of `statistic`.
 
-    Each score array is `(runs, tasks, ...)`; runs are resampled within each task.
+    Each score array is `(runs, tasks, ...)`; runs are resampled within each task. A tuple of arrays
+    (two algorithms' scores) is resampled array by array and passed to `statistic` as its arguments.
     """
     library, _ = rliable()
     with warnings.catch_warnings():  # arch warns about the random_state argument rliable passes it

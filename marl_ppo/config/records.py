@@ -467,6 +467,10 @@ class ExperimentConfig:
     each multiple, and at the end), logged under `eval/`; 0 or null disables."""
     eval_episodes: PositiveInt = 10
     """Episodes per periodic evaluation, on their own env copies seeded apart from training's."""
+    eval_absolute: Annotated[int, Field(ge=0)] = 10
+    """The evaluation protocol's absolute metric: with eval_every, the best evaluated policy (kept as
+    `checkpoints/best.pt`) plays this many times eval_episodes fresh deterministic episodes at the end of
+    the run, written to `absolute_metric.json` and logged as `eval/absolute_team_return`; 0: none."""
     eval_vs_random: Literal["seats", "teams"] | None = None
     """Also score the policy against a uniformly random opponent at each evaluation (periodic, logged
     under `eval/vs_random/`, and `marl-ppo eval`, in eval.json). `seats`: every agent is a player of a

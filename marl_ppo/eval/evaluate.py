@@ -189,6 +189,8 @@ class PeriodicEvaluation:
         self.seed = eval_seed(config)
         self.venv, self.model, self.device = venv, model, device
         self.next_step = self.every
+        self.last_result: EvalResult | None = None
+        """The latest evaluation's episodes."""
 
     def after_update(self, env_steps: int, *, final: bool) -> dict[str, float]:
         """Evaluate when `env_steps` reached the next multiple of eval_every, or at the end; tags -> values."""
@@ -196,7 +198,7 @@ class PeriodicEvaluation:
             return {}
         self.next_step = (env_steps // self.every + 1) * self.every
         start = time.perf_counter()
-        result = run_episodes(
+        result = self.last_result = run_episodes(
             self.venv, self.model, self.device, episodes=self.episodes, seed=self.seed, deterministic=True
         )
         return {**result.scalars(per_agent=self.per_agent), "perf/eval_s": time.perf_counter() - start}

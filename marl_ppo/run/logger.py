@@ -208,6 +208,8 @@ class RunLogger:
     def _write(self, step: int, pairs: Iterable[tuple[str, Any]]) -> None:
         """Every scalar of `step` to every backend, as `(tag, float)` pairs (a tag may repeat)."""
         logged = [(tag, float(value)) for tag, value in pairs]
+        if not logged:
+            return
         for backend in self.backends:
             backend.scalars(step, logged)
 

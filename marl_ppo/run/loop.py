@@ -31,6 +31,7 @@ from marl_ppo.run.host import ActingWatch, cpu_seconds, peak_rss_mb, rss_mb
 from marl_ppo.run.logger import RunLogger, game_headline, team_return_headline
 from marl_ppo.run.memory import check_memory
 from marl_ppo.run.plan import RunPlan, plan_run
+from marl_ppo.run.protocol import BEST_CHECKPOINT, EvaluationRecord, absolute_metric
 from marl_ppo.run.resume import load_resumable, restore_run_state, run_state
 from marl_ppo.run.rundir import write_summary
 from marl_ppo.run.seeding import seed_everything
@@ -110,12 +111,13 @@ def train(
                         stop.received, run_dir=run_dir, checkpoint=checkpoint, env_steps=collector.env_steps
                     )
                 run.save(final=True)
+                run.absolute_metric()  # the best evaluated policy, once the final one is saved
         finally:
             collector.close()  # before the summary: the CPU time of worker processes counts once they end
             if evaluation is not None:
                 evaluation.close()
         result = run.result()
-        summary = _summary(result, None if estimate is None else estimate.total)
+        summary = _summary(result, None if estimate is None else estimate.total) | run.absolute
         logger.summary(summary)
     finally:
         if logger is not None:
@@ -181,9 +183,16 @@ class _Run:
         self.schedule = LrSchedule(config.ppo.lr_schedule, config.total_steps)
         self.start = time.perf_counter()
         """perf_counter() at the run's start; a resumed run moves it back by the time already trained."""
+        self.record: EvaluationRecord | None = None
+        """The periodic evaluations' episodes and the best of them (with `evaluation`)."""
+        self.absolute: dict[str, float] = {}
+        """The absolute metric's team return for the summary, once measured."""
 
     def begin(self, saved: dict[str, Any] | None) -> None:
         """Reset the envs for a new run, or restore everything a checkpoint saved."""
+        if self.evaluation is not None:
+            resume_step = None if saved is None else int(saved["env_steps"])
+            self.record = EvaluationRecord(self.run_dir, resume_step=resume_step)
         if saved is None:
             self.collector.start(self.config.seed)
             return
@@ -223,7 +232,10 @@ class _Run:
             if self.evaluation is not None:  # before the checkpoint, which then covers it
                 steps = self.collector.env_steps
                 final = steps >= self.config.total_steps
-                self.logger.scalars(steps, self.evaluation.after_update(steps, final=final))
+                scalars = self.evaluation.after_update(steps, final=final)
+                self.logger.scalars(steps, scalars)
+                if scalars:
+                    self._evaluated(steps)
             if self.updates % self.config.log.checkpoint_every == 0:
                 try:
                     self.save()
@@ -231,6 +243,26 @@ class _Run:
                     raise self._stopped_short(lost) from None
             if self.on_update is not None:
                 self.on_update(self.updates)
+
+    def _evaluated(self, steps: int) -> None:
+        """Record the evaluation's episodes; keep the policy as `checkpoints/best.pt` when it scored best."""
+        assert self.evaluation is not None and self.record is not None
+        assert self.evaluation.last_result is not None
+        if self.record.add(steps, self.evaluation.last_result):
+            save_checkpoint(self.run_dir / "checkpoints" / BEST_CHECKPOINT, self._payload())
+
+    def absolute_metric(self) -> None:
+        """The evaluation protocol's absolute metric of the best evaluated policy (`run.protocol`)."""
+        if self.evaluation is None or self.record is None:
+            return
+        evaluation = self.evaluation
+        metric = absolute_metric(
+            self.config, self.run_dir, self.record, self.model, evaluation.venv, evaluation.device
+        )
+        if metric is not None:
+            team_return = float(metric["team_return"]["mean"])
+            self.logger.scalars(self.collector.env_steps, {"eval/absolute_team_return": team_return})
+            self.absolute = {"absolute_team_return": team_return}
 
     def _stopped_short(self, lost: WorkersLost) -> WorkersLost:
         """Checkpoint the state after the last update (unless the last checkpoint holds it already, with

@@ -46,6 +46,7 @@ RESUMABLE_KEYS = (  # and env.id, where it points to the run's env file at anoth
     "log.backends",
     "log.wandb.mode",
     "log.wandb.init_timeout_s",
+    "eval_absolute",
     "ray.address",
     "ray.num_cpus_per_worker",
     "ray.max_worker_restarts",

@@ -1,0 +1,132 @@
+"""`marl-ppo compare`: normalised scores, aggregates and probability of improvement checked against
+hand-computed values, the figures and the marl-eval JSON of 2 configurations x 2 tasks x 3 seeds."""
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from marl_ppo.analysis.compare import aggregates_of, improvements_of, write_comparison
+from marl_ppo.analysis.runlogs import ReportError
+from marl_ppo.analysis.scores import RunScores, ScoreTable, marl_eval_json
+from marl_ppo.cli import main
+
+# absolute metrics (one episode each) of algorithms x and y on two tasks, three seeds each; every
+# run's first evaluation returned 0, so each task's bounds are 0 and its highest absolute return
+ABSOLUTE = {
+    ("mpe2/a", "x"): [10.0, 6.0, 4.0],
+    ("mpe2/a", "y"): [2.0, 4.0, 8.0],
+    ("mpe2/b", "x"): [5.0, 5.0, 3.0],
+    ("mpe2/b", "y"): [5.0, 1.0, 2.0],
+}
+
+
+def _table():
+    runs = tuple(
+        RunScores(
+            task,
+            algorithm,
+            seed,
+            Path(f"{task}-{algorithm}-{seed}"),
+            (10, 20),
+            ((0.0,), (value,)),
+            (value,),
+            True,
+        )
+        for (task, algorithm), values in ABSOLUTE.items()
+        for seed, value in enumerate(values)
+    )
+    return ScoreTable(runs, ("mpe2/a", "mpe2/b"), ("x", "y"), {"mpe2/a": (0.0, 10.0), "mpe2/b": (0.0, 5.0)})
+
+
+def test_aggregates_and_probability_of_improvement_match_the_hand_computed_values():
+    table = _table()
+    # normalised: x = [1, .6, .4] on a, [1, 1, .6] on b; y = [.2, .4, .8] and [1, .2, .4]
+    aggregates = aggregates_of(table, reps=200, seed=0)
+    # IQM of six scores drops the lowest and the highest: x (.6 + .6 + 1 + 1) / 4, y (.2 + .4 + .4 + .8) / 4
+    assert aggregates["x"]["iqm"].value == pytest.approx(0.8, abs=1e-5)
+    assert aggregates["y"]["iqm"].value == pytest.approx(0.45, abs=1e-5)
+    # median (rliable's): over tasks of each task's mean over runs, (2 / 3 + 2.6 / 3) / 2
+    assert aggregates["x"]["median"].value == pytest.approx(4.6 / 6, abs=1e-5)
+    assert aggregates["x"]["mean"].value == pytest.approx(4.6 / 6, abs=1e-5)
+    assert aggregates["y"]["optimality_gap"].value == pytest.approx(
+        (0.8 + 0.6 + 0.2 + 0 + 0.8 + 0.6) / 6, abs=1e-5
+    )
+    low, high = aggregates["x"]["iqm"].low, aggregates["x"]["iqm"].high
+    assert 0.4 <= low <= 0.8 <= high <= 1.0
+    # P(x > y): on a, 6.5 of 9 pairs (4 vs 4 counts half); on b, 7 of 9 (5 vs 5 counts half)
+    improvement = improvements_of(table, reps=200, seed=0)
+    assert list(improvement) == [("x", "y")]
+    assert improvement[("x", "y")].value == pytest.approx((6.5 / 9 + 7 / 9) / 2)
+
+
+def test_the_marl_eval_layout_nests_env_task_algorithm_run_step():
+    data = marl_eval_json(_table())
+    run = data["mpe2"]["a"]["x"]["seed_0"]
+    assert run == {
+        "step_0": {"step_count": 10, "return": [0.0]},
+        "step_1": {"step_count": 20, "return": [10.0]},
+        "absolute_metrics": {"return": [10.0]},
+    }
+    assert sorted(data["mpe2"]) == ["a", "b"] and sorted(data["mpe2"]["b"]["y"]) == [
+        "seed_0",
+        "seed_1",
+        "seed_2",
+    ]
+
+
+def _fake_run(path, env_id, critic, seed, finals):
+    """A finished run directory as training writes it: config, evaluations and the absolute metric."""
+    path.mkdir(parents=True)
+    (path / "tensorboard").mkdir()
+    config = {"env": {"id": env_id}, "seed": seed, "critic": critic, "total_steps": 300, "eval_every": 100}
+    (path / "config.yaml").write_text(yaml.safe_dump(config))
+    with (path / "evaluations.jsonl").open("w") as handle:
+        for step, value in zip((100, 200, 300), finals, strict=True):
+            episodes = [value - 1.0, value + 1.0]
+            handle.write(
+                json.dumps({"step": step, "team_return_mean": value, "team_return": episodes}) + "\n"
+            )
+    best = max(finals)
+    absolute = {"step": 300, "per_episode": {"team_return": [best - 0.5, best + 0.5, best, best]}}
+    (path / "absolute_metric.json").write_text(json.dumps(absolute))
+
+
+def test_compare_on_two_configurations_two_tasks_three_seeds_writes_every_output(tmp_path, capsys):
+    for task, offset in (("mpe2/simple_spread_v3", -60.0), ("mpe2/simple_reference_v3", -30.0)):
+        for critic, gain in (("state", 10.0), ("obs", 5.0)):
+            for seed in range(3):
+                finals = [offset, offset + gain / 2 + seed, offset + gain + seed]
+                _fake_run(
+                    tmp_path / "runs" / f"{task.split('/')[1]}-{critic}-{seed}", task, critic, seed, finals
+                )
+    out = tmp_path / "out"
+    assert main(["compare", str(tmp_path / "runs"), "--out", str(out), "--reps", "300"]) == 0
+    printed = capsys.readouterr().out
+    assert "2 algorithm(s) x 2 task(s) x 3 seed(s)" in printed
+    markdown = (out / "compare.md").read_text()
+    assert "| critic=state |" in markdown and "| critic=obs |" in markdown
+    assert "P(X > Y)" in markdown
+    for name in ("performance_profiles.png", "sample_efficiency.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+    data = json.loads((out / "marl_eval.json").read_text())
+    run = data["mpe2"]["simple_spread_v3"]["critic=state"]["seed_2"]
+    assert run["step_2"] == {"step_count": 300, "return": [-49.0, -47.0]}
+    assert run["absolute_metrics"]["return"] == [-48.5, -47.5, -48.0, -48.0]
+    rows = list(csv.DictReader((out / "scores.csv").open()))
+    assert len(rows) == 2 * 2 * 3 * 4  # 3 evaluations and the absolute metric per run
+    spread = [float(r["return_mean"]) for r in rows if r["task"] == "simple_spread_v3"]
+    low, high = -61.0, -47.0  # the task's lowest and highest episode return
+    normalised = [float(r["normalised_return_mean"]) for r in rows if r["task"] == "simple_spread_v3"]
+    assert np.allclose(normalised, (np.array(spread) - low) / (high - low + 1e-6))
+
+
+def test_compare_refuses_an_incomplete_table(tmp_path):
+    _fake_run(tmp_path / "a", "mpe2/simple_spread_v3", "state", 0, [0.0, 1.0, 2.0])
+    _fake_run(tmp_path / "b", "mpe2/simple_spread_v3", "obs", 0, [0.0, 1.0, 2.0])
+    _fake_run(tmp_path / "c", "mpe2/simple_spread_v3", "obs", 1, [0.0, 1.0, 2.0])
+    with pytest.raises(ReportError, match="same number of seeds"):
+        write_comparison([tmp_path], tmp_path / "out", reps=10)
