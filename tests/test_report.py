@@ -131,7 +131,7 @@ def test_report_cli_writes_table_and_figures(runs, tmp_path, capsys):
     ("make", "message"),
     [
         (lambda root: root / "missing", "does not exist; pass run directories"),
-        (lambda root: root, "no run directory (config.yaml and tensorboard/) in or under"),
+        (lambda root: root, "no run directory (config.yaml with tensorboard/ or csv/) in or under"),
     ],
 )
 def test_bad_report_input_is_one_line_and_exit_status_2(tmp_path, capsys, make, message):
