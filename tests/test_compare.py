@@ -130,3 +130,20 @@ def test_compare_refuses_an_incomplete_table(tmp_path):
     _fake_run(tmp_path / "c", "mpe2/simple_spread_v3", "obs", 1, [0.0, 1.0, 2.0])
     with pytest.raises(ReportError, match="same number of seeds"):
         write_comparison([tmp_path], tmp_path / "out", reps=10)
+
+
+def test_every_task_exports_as_many_evaluations_as_the_task_with_fewest():
+    table = _table()
+    longer = tuple(
+        RunScores(
+            r.task, r.algorithm, r.seed, r.run_dir, (10, 20, 30), (*r.returns, (1.0,)), r.absolute, True
+        )
+        if r.task == "mpe2/b"
+        else r
+        for r in table.runs
+    )
+    table = ScoreTable(longer, table.tasks, table.algorithms, table.bounds)
+    data = marl_eval_json(table)
+    assert sorted(data["mpe2"]["b"]["x"]["seed_0"]) == ["absolute_metrics", "step_0", "step_1"]
+    steps, curves = table.curve_scores()
+    assert steps.tolist() == [10, 20] and curves["x"].shape == (3, 2, 2)

@@ -11,6 +11,7 @@ from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.config import build_config, load_config
 from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.eval.evaluate import eval_config, eval_seed, run_episodes
+from marl_ppo.eval.from_checkpoint import evaluate_checkpoint
 from marl_ppo.models.team import TeamModel
 from marl_ppo.run.loop import train
 from marl_ppo.run.protocol import ABSOLUTE_SEED_OFFSET, read_absolute_metric, read_evaluations
@@ -57,6 +58,12 @@ def test_evaluations_the_best_policy_and_its_absolute_metric_are_recorded(tmp_pa
     assert metric["per_episode"]["team_return"] == replay.team_returns.tolist()
     assert metric["team_return"]["mean"] == float(replay.team_returns.mean())
     assert read_summary(run_dir)["absolute_team_return"] == metric["team_return"]["mean"]
+    # best.pt holds the policy alone, which marl-ppo eval plays
+    assert "trainer" not in checkpoint and "envs" not in checkpoint
+    output = evaluate_checkpoint(
+        run_dir / "checkpoints/best.pt", episodes=2, deterministic=True, out=tmp_path / "e"
+    )
+    assert output.result.team_returns.tolist() == evaluations[best]["team_return"]
 
 
 def test_a_resumed_run_keeps_its_evaluations_and_appends_the_new_ones(tmp_path, tiny_overrides):

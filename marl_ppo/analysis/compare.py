@@ -141,7 +141,10 @@ def plot_sample_efficiency(table: ScoreTable, path: Path, *, reps: int, seed: in
             alpha=0.2,
             linewidth=0,
         )
-    axes.set_xlabel(f"env steps ({table.tasks[0]})" if len(table.tasks) > 1 else "env steps")
+    shared = all(table.evaluation_steps(task) == list(steps) for task in table.tasks)
+    axes.set_xlabel(
+        "env steps" if shared else f"env steps of {table.tasks[0]} (the tasks' evaluations in order)"
+    )
     axes.set_ylabel("IQM normalised team return")
     axes.set_title("sample efficiency (periodic evaluations)", fontsize=10)
     axes.grid(alpha=0.3)
@@ -161,7 +164,7 @@ def markdown_summary(comparison: Comparison, *, reps: int) -> str:
         "their last evaluation), min-max normalised per task over every algorithm, run, step and episode. "
         f"Intervals are 95% stratified-bootstrap confidence intervals (rliable, {reps} resamples).",
         "",
-        "| algorithm | " + " | ".join(AGGREGATES) + " |",
+        "| algorithm | median | IQM | mean | optimality gap (lower is better) |",
         "|---|" + "---|" * len(AGGREGATES),
     ]
     lines += [

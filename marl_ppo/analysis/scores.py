@@ -166,23 +166,27 @@ class ScoreTable:
             for algorithm in self.algorithms
         }
 
+    def evaluation_steps(self, task: str) -> list[int]:
+        """The env steps of `task` at which every run of it was evaluated, as many on every task
+        (marl-eval reads the same number of evaluations everywhere): the first ones."""
+        length = min(len(self.common_steps(t)) for t in self.tasks)
+        return self.common_steps(task)[:length]
+
     def curve_scores(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """(env steps, per algorithm `(runs, tasks, evaluations)`): normalised mean returns at each of
-        the evaluations every run has (the first task's steps on the x axis)."""
-        counts = [len(self.common_steps(task)) for task in self.tasks]
-        length = min(counts)
+        the `evaluation_steps` (the first task's steps on the x axis)."""
         scores = {}
         for algorithm in self.algorithms:
             per_task = []
             for task in self.tasks:
-                steps = self.common_steps(task)[:length]
+                steps = self.evaluation_steps(task)
                 rows = []
                 for r in self.of(task, algorithm):
                     means = {s: float(np.mean(v)) for s, v in zip(r.steps, r.returns, strict=True)}
                     rows.append(self.normalised(task, np.array([means[s] for s in steps])))
                 per_task.append(np.stack(rows))
             scores[algorithm] = np.stack(per_task, axis=1)
-        return np.array(self.common_steps(self.tasks[0])[:length], dtype=np.int64), scores
+        return np.array(self.evaluation_steps(self.tasks[0]), dtype=np.int64), scores
 
     def common_steps(self, task: str) -> list[int]:
         """The env steps at which every run of `task` was evaluated."""
@@ -222,10 +226,10 @@ def score_table(runs: Sequence[RunLog], by: Sequence[str] | None = None) -> Scor
 
 def marl_eval_json(table: ScoreTable) -> dict[str, Any]:
     """marl-eval's layout: env -> task -> algorithm -> run -> `step_<k>` {step_count, return: [episodes]},
-    and `absolute_metrics` {return: [episodes]}, at the evaluations every run of the task has."""
+    and `absolute_metrics` {return: [episodes]}, at the `evaluation_steps` of each task."""
     data: dict[str, Any] = {}
     for task in table.tasks:
-        steps = table.common_steps(task)
+        steps = table.evaluation_steps(task)
         for algorithm in table.algorithms:
             for r in table.of(task, algorithm):
                 by_step = dict(zip(r.steps, r.returns, strict=True))

@@ -249,7 +249,7 @@ class _Run:
         assert self.evaluation is not None and self.record is not None
         assert self.evaluation.last_result is not None
         if self.record.add(steps, self.evaluation.last_result):
-            save_checkpoint(self.run_dir / "checkpoints" / BEST_CHECKPOINT, self._payload())
+            save_checkpoint(self.run_dir / "checkpoints" / BEST_CHECKPOINT, self._policy_payload())
 
     def absolute_metric(self) -> None:
         """The evaluation protocol's absolute metric of the best evaluated policy (`run.protocol`)."""
@@ -286,7 +286,8 @@ class _Run:
         prune_checkpoints(directory, self.config.log.keep_last)
         return path
 
-    def _payload(self) -> dict[str, Any]:
+    def _policy_payload(self) -> dict[str, Any]:
+        """What `marl-ppo eval` reads: the config, the agents and the networks (no optimizer or env state)."""
         spec = self.model.spec
         return {
             "format": FORMAT,
@@ -295,6 +296,12 @@ class _Run:
             "groups": {g.name: list(g.agents) for g in spec.groups},
             "updates": self.updates,
             "env_steps": self.collector.env_steps,
+            "model": self.model.state_dict(),
+        }
+
+    def _payload(self) -> dict[str, Any]:
+        return {
+            **self._policy_payload(),
             "wall_s": time.perf_counter() - self.start,
             "timing": dict(self.timing),
             "lr_schedule": self.schedule.state_dict(),
