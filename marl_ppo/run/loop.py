@@ -102,6 +102,7 @@ def train(
                 config, run_dir, model, trainer, collector, logger, evaluation, on_update, plan.threads
             )
             run.begin(saved)
+            logger.hyperparameters(config_to_dict(config))
             buffer = RolloutBuffer(spec, config.rollout_steps, config.num_envs, device, model.memory_layout())
             with StopSignals() as stop:  # also covers the last save: a first signal cannot cut it short
                 run.loop(buffer, stop)
@@ -140,7 +141,7 @@ def _start_line(plan: RunPlan, run_dir: Path, saved: dict[str, Any] | None) -> s
 def _make_logger(
     config: ExperimentConfig, run_dir: Path, spec: TeamSpec, resume_step: int | None
 ) -> RunLogger:
-    logger = RunLogger(
+    return RunLogger(
         run_dir,
         agents=spec.agents,
         groups={g.name: g.agents for g in spec.groups},
@@ -153,8 +154,6 @@ def _make_logger(
         headline=team_return_headline if config.eval_vs_random is None else game_headline,
         backends=open_backends(config, run_dir, resume_step=resume_step),
     )
-    logger.hyperparameters(config_to_dict(config))
-    return logger
 
 
 class _Run:
