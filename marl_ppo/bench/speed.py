@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SPREAD_YAML = ROOT / "experiments" / "mpe" / "simple_spread.yaml"
 NAVIGATION_YAML = ROOT / "experiments" / "vmas" / "navigation.yaml"
 SMAX_YAML = ROOT / "experiments" / "jaxmarl" / "smax_2s3z.yaml"
+HALFCHEETAH_YAML = ROOT / "experiments" / "mamujoco" / "halfcheetah_2x3.yaml"
 SPREAD_KWARGS = {"N": 3, "max_cycles": 25, "continuous_actions": False}
 """The default experiment's env.kwargs, for the raw-env baseline."""
 
@@ -252,6 +253,21 @@ def cases(steps: int, device: str = "cpu") -> list[Case]:
             for name, num_envs, ppo in (
                 ("jax smax 2s3z 64", 64, []),
                 ("jax smax 2s3z 64 2 ep", 64, ["ppo.train_pi_iters=2", "ppo.train_vf_iters=2"]),
+            )
+        ),
+        # multi-agent MuJoCo as its experiment runs it (20 copies, rollout workers chosen by `vector:
+        # auto`), and with collection overlapping the update (policy lag 1)
+        *(
+            Case(
+                name,
+                functools.partial(raw_pettingzoo_sps, "mamujoco/HalfCheetah-2x3", {"agent_obsk": 0}),
+                HALFCHEETAH_YAML,
+                ["total_steps=40000", *overrides],
+                2,
+            )
+            for name, overrides in (
+                ("mamujoco cheetah", []),
+                ("mamujoco cheetah lag", ["vector=workers", "policy_lag=1"]),
             )
         ),
         # image observations through the CNN encoder, frames stored as uint8 (a cheap env: the

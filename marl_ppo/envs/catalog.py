@@ -6,13 +6,15 @@ their extras (`pip install 'marl-ppo[EXTRA]'`):
 - `sisl/*` (sisl): multiwalker (its time limit reported as truncation), pursuit (PettingZoo 1.27 no
   longer ships waterworld);
 - `butterfly/*` (butterfly): pistonball, cooperative_pong, knights_archers_zombies;
-- `classic/*` (classic): rock-paper-scissors (parallel), connect four and tic-tac-toe (turn-based);
-  both seats share one policy (self-play);
+- `classic/*` (classic): rock-paper-scissors (parallel), connect four, tic-tac-toe and Hanabi
+  (turn-based); the seats share one policy (self-play);
 - `lbf/*` (lbf) and `rware/*` (rware): Gymnasium multi-agent envs, time limits reported as truncation;
 - `magent2/battle_v4` (magent2): two armies of many agents;
 - `vmas/*` (vmas): VMAS scenarios as one batched simulator whose tensors stay on the training device;
 - `mamujoco/<Scenario>-<split>` (mamujoco): multi-agent MuJoCo, any scenario and agent split
-  (`marl_ppo.envs.mamujoco`); the ids with experiment files are registered, the others built by prefix.
+  (`marl_ppo.envs.mamujoco`); the ids with experiment files are registered, the others built by prefix;
+- `vmas/<scenario>`, `magent2/<env>` and `pettingzoo/<family>/<env>`: every scenario of those installed
+  families (`marl_ppo.envs.families`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import functools
 import importlib
 from typing import Any
 
+from marl_ppo.envs import families
 from marl_ppo.envs.registry import EnvError, Factory, register_env, register_prefix
 
 MPE2_SCENARIOS = (
@@ -202,6 +205,8 @@ def register_catalog() -> None:
         factory = functools.partial(make_vmas, scenario)
         register_env(f"vmas/{scenario}", factory, extra="vmas", requires=("vmas",), batched=True)
     register_mamujoco()
+    register_hanabi()
+    families.register_families()
     register_env(
         "magent2/battle_v4",
         "magent2.environments.battle_v4:parallel_env",
@@ -225,4 +230,15 @@ def register_mamujoco() -> None:
         requires=MAMUJOCO_MODULES,
         names=mamujoco.names,
         closed=False,
+    )
+
+
+def register_hanabi() -> None:
+    """Hanabi through PettingZoo (OpenSpiel's game through Shimmy), turn-based: two-player Hanabi-Full
+    (5 colours, 5 ranks, hand of 5, 8 hint and 3 life tokens) unless env.kwargs say otherwise."""
+    register_env(
+        "classic/hanabi_v5",
+        functools.partial(pettingzoo_aec, "classic/hanabi-v5"),
+        extra="classic",
+        requires=("pettingzoo", "pyspiel", "shimmy"),
     )

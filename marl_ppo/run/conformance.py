@@ -21,9 +21,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from marl_ppo.config import build_config, config_to_dict, merge
+from marl_ppo.config import ExperimentConfig, build_config, config_to_dict, merge
 from marl_ppo.envs.adapters.aec import is_aec
-from marl_ppo.envs.registry import make_env
+from marl_ppo.envs.registry import env_spec, make_env, registered_id
 
 
 @dataclass(frozen=True)
@@ -193,18 +193,25 @@ def _check_spaces(env_id: str, kwargs: dict[str, Any], steps: int = 200) -> str:
     )
 
 
+def _config(env_id: str, kwargs: dict[str, Any], **overrides: Any) -> ExperimentConfig:
+    """The default config on `env_id` built with `kwargs`, with `overrides`."""
+    return build_config(
+        merge(config_to_dict(build_config({})), {"env": {"id": env_id, "kwargs": kwargs}, **overrides})
+    )
+
+
 def _check_train(env_id: str, kwargs: dict[str, Any]) -> str:
     from marl_ppo.run.loop import train
 
-    overrides = {
-        "env": {"id": env_id, "kwargs": kwargs},
-        "num_envs": 2,
-        "rollout_steps": 16,
-        "total_steps": 32,
-        "log": {"progress": False},
-        "ppo": {"train_pi_iters": 1, "train_vf_iters": 1, "num_minibatches": 1},
-    }
-    config = build_config(merge(config_to_dict(build_config({})), overrides))
+    config = _config(
+        env_id,
+        kwargs,
+        num_envs=2,
+        rollout_steps=16,
+        total_steps=32,
+        log={"progress": False},
+        ppo={"train_pi_iters": 1, "train_vf_iters": 1, "num_minibatches": 1},
+    )
     with tempfile.TemporaryDirectory() as run_dir:
         result = train(config, run_dir)
     return f"{result.env_steps} env steps and {result.updates} update through marl_ppo"
@@ -218,10 +225,75 @@ CHECKS: tuple[tuple[str, Callable[[str, dict[str, Any]], str]], ...] = (
 )
 
 
+def _batched(env_id: str) -> bool:
+    name = registered_id(env_id)
+    return name is not None and env_spec(name).batched
+
+
+def _skip_batched_api(env_id: str, kwargs: dict[str, Any]) -> str:
+    raise Skipped("a batched simulator holds every copy in one object, not a PettingZoo env")
+
+
+def _batched_steps(env_id: str, kwargs: dict[str, Any], seed: int, steps: int = 50) -> list[dict[str, Any]]:
+    """Observations, rewards and flags of 4 copies of a batched env over `steps` seeded random steps."""
+    import torch
+
+    from marl_ppo.envs.factory import build_vector_env
+    from marl_ppo.eval.random_policy import random_actions
+
+    venv = build_vector_env(_config(env_id, kwargs, num_envs=4, seed=seed))
+    torch.manual_seed(seed)
+    arrays = venv.reset(seed)
+    record = []
+    for _ in range(steps):
+        arrays = venv.step(random_actions(venv.spec, arrays, torch.device("cpu")))
+        record.append(
+            {
+                name: [torch.as_tensor(x).clone() for x in (g.obs, g.reward, g.terminated, g.truncated)]
+                for name, g in arrays.groups.items()
+            }
+            | {"state": torch.as_tensor(arrays.state).clone()}
+        )
+    return record
+
+
+def _check_batched_determinism(env_id: str, kwargs: dict[str, Any]) -> str:
+    first, second = (_batched_steps(env_id, kwargs, seed=7) for _ in range(2))
+    for step, (a, b) in enumerate(zip(first, second, strict=True)):
+        if not _equal({k: _as_numpy(v) for k, v in a.items()}, {k: _as_numpy(v) for k, v in b.items()}):
+            raise AssertionError(f"two simulators seeded 7 diverge at step {step}; seed every RNG in reset()")
+    return f"{len(first)} steps of 4 copies with seed 7 repeat exactly"
+
+
+def _check_batched_spaces(env_id: str, kwargs: dict[str, Any]) -> str:
+    record = _batched_steps(env_id, kwargs, seed=0)
+    for step, arrays in enumerate(record):
+        for name, value in arrays.items():
+            values = value if isinstance(value, list) else [value]
+            if not all(np.isfinite(_as_numpy(x)).all() for x in values):
+                raise AssertionError(f"step {step}: group '{name}' has a NaN or infinite value")
+    return f"{len(record)} steps of 4 copies: observations, rewards and state finite"
+
+
+def _as_numpy(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_as_numpy(x) for x in value]
+    return value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
+
+
+BATCHED_CHECKS: tuple[tuple[str, Callable[[str, dict[str, Any]], str]], ...] = (
+    ("PettingZoo API", _skip_batched_api),
+    ("same seed, same run", _check_batched_determinism),
+    ("spaces and state", _check_batched_spaces),
+    ("one-update train", _check_train),
+)
+"""The checks of a batched simulator (VMAS), through the vector env a run builds from it."""
+
+
 def check_env(env_id: str, /, **kwargs: Any) -> CheckReport:
     """Run every conformance check on `env_id` built with `kwargs`; failures are reported, not raised."""
     report = CheckReport(env_id)
-    for name, check in CHECKS:
+    for name, check in BATCHED_CHECKS if _batched(env_id) else CHECKS:
         try:
             report.results.append(CheckResult(name, "PASS", check(env_id, kwargs)))
         except Skipped as why:

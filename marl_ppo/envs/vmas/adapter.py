@@ -83,6 +83,24 @@ def vmas_team_spec(env: Any, env_id: str) -> TeamSpec:
     return TeamSpec(env_id, agents, tuple(groups), state_dim, state_from_env=False)
 
 
+def _check_vmas_flags(env: Any, env_id: str) -> None:
+    """Refuse, in one line, a batched factory's env that is not a VMAS env made as the adapter reads it."""
+    if not hasattr(env, "num_envs") or not hasattr(env, "agents"):
+        raise EnvContractError(
+            f"env '{env_id}' is registered with batched=True, so its factory must return a VMAS "
+            f"environment (vmas.make_env), not {type(env).__name__}; register other envs without batched"
+        )
+    missing = [
+        flag for flag in ("dict_spaces", "terminated_truncated") if getattr(env, flag, None) is not True
+    ]
+    if missing:
+        raise EnvContractError(
+            f"env '{env_id}': its VMAS environment was made without {' and '.join(f'{m}=True' for m in missing)}; "
+            "pass dict_spaces=True, terminated_truncated=True to vmas.make_env (the adapter reads spaces by "
+            "agent name and keeps a time limit apart from a termination)"
+        )
+
+
 def allocate_tensors(spec: TeamSpec, num_envs: int, device: torch.device) -> TeamArrays[torch.Tensor]:
     """TeamArrays of zero tensors (masks all True) on `device`, leading dim `num_envs`."""
     return TeamArrays.allocate(spec, (num_envs,)).map(lambda array: torch.from_numpy(array).to(device))
@@ -106,6 +124,7 @@ class VmasVectorEnv:
         """`make_spare` builds a second simulator like `env` (any seed) whose batched resets supply
         the initial states of finished copies (`FreshCopies`); without it, or where the scenario
         fails `FreshCopies.check`, finished copies are reset one at a time."""
+        _check_vmas_flags(env, env_id)
         self.env = env
         self.spec = vmas_team_spec(env, env_id)
         self.num_envs = int(env.num_envs)
