@@ -81,6 +81,7 @@ EPISODES = {
     "classic/rps_v2": ({"max_cycles": 3}, {TRUNC}),
     "classic/connect_four_v3": ({}, {TERM}),
     "classic/tictactoe_v3": ({}, {TERM}),
+    "classic/hanabi_v5": ({}, {TERM}),  # the third life lost (or the deck out)
     **{f"lbf/{name}": _LBF for name in CATALOG_LBF},
     **{f"rware/{name}": ({"max_steps": 10}, {TRUNC}) for name in CATALOG_RWARE},
     "magent2/battle_v4": ({"max_cycles": 30}, {TRUNC}),
