@@ -24,6 +24,7 @@ import importlib
 from typing import Any
 
 from marl_ppo.envs import families
+from marl_ppo.envs.families import make_vmas
 from marl_ppo.envs.registry import EnvError, Factory, register_env, register_prefix
 
 MPE2_SCENARIOS = (
@@ -153,22 +154,6 @@ def gymnasium_id(gym_id: str, /, **kwargs: Any) -> Any:
     except gymnasium.error.Error as err:
         raise EnvError(f"Gymnasium env '{gym_id}': {err}") from None
     return GymnasiumTeamEnv(env)
-
-
-def make_vmas(scenario: str, /, *, num_envs: int = 32, device: str = "cpu", **kwargs: Any) -> Any:
-    """The raw batched VMAS environment (terminated and truncated kept apart, dict spaces)."""
-    import vmas
-
-    kwargs.setdefault("continuous_actions", True)
-    kwargs.setdefault("max_steps", 100)
-    return vmas.make_env(
-        scenario=scenario,
-        num_envs=num_envs,
-        device=device,
-        dict_spaces=True,
-        terminated_truncated=True,
-        **kwargs,
-    )
 
 
 def _slug(gym_id: str) -> str:

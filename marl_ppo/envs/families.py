@@ -55,11 +55,20 @@ def vmas_names() -> list[str]:
     return sorted({*vmas.scenarios, *vmas.mpe_scenarios, *vmas.debug_scenarios})
 
 
-def make_vmas_scenario(name: str, **kwargs: Any) -> Any:
-    """Any VMAS scenario as the catalog's VMAS ids build theirs (batched, dict spaces, truncation apart)."""
-    from marl_ppo.envs.catalog import make_vmas
+def make_vmas(scenario: str, /, *, num_envs: int = 32, device: str = "cpu", **kwargs: Any) -> Any:
+    """The raw batched VMAS environment (terminated and truncated kept apart, dict spaces)."""
+    import vmas
 
-    return make_vmas(name, **kwargs)
+    kwargs.setdefault("continuous_actions", True)
+    kwargs.setdefault("max_steps", 100)
+    return vmas.make_env(
+        scenario=scenario,
+        num_envs=num_envs,
+        device=device,
+        dict_spaces=True,
+        terminated_truncated=True,
+        **kwargs,
+    )
 
 
 def magent2_names() -> list[str]:
@@ -109,9 +118,7 @@ def _turn_based(module: Any) -> bool:
 
 def register_families() -> None:
     """The `vmas/`, `magent2/` and `pettingzoo/` prefixes (registered catalog ids win over them)."""
-    register_prefix(
-        "vmas/", make_vmas_scenario, extra="vmas", requires=("vmas",), batched=True, names=vmas_names
-    )
+    register_prefix("vmas/", make_vmas, extra="vmas", requires=("vmas",), batched=True, names=vmas_names)
     register_prefix("magent2/", make_magent2, extra="magent2", requires=("magent2",), names=magent2_names)
     register_prefix(
         "pettingzoo/", make_pettingzoo, extra="classic", requires=("pettingzoo",), names=pettingzoo_names
