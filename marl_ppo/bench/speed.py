@@ -77,8 +77,8 @@ def raw_vmas_sps(
     """Env steps/s (vector steps x copies) of a batched VMAS simulator with pre-drawn random actions."""
     import torch
 
-    from marl_ppo.envs.families import make_vmas
     from marl_ppo.envs.factory import usable_cores
+    from marl_ppo.envs.families import make_vmas
 
     torch.set_num_threads(usable_cores())  # as training does with a batched simulator (torch_threads: auto)
     env = make_vmas(scenario, num_envs=num_envs, device=device, seed=0, **kwargs)
