@@ -4,7 +4,7 @@
 Each family is an id prefix (`registry.register_prefix`) whose names are read from the installed
 package, so `marl-ppo envs` lists what the installed version offers, and an unknown name is refused
 with the closest ones. Listing a family imports nothing of its envs: names come from the package's
-module files (MAgent2, PettingZoo) or its scenario list (VMAS, which `marl-ppo envs` then imports).
+module files (MAgent2, PettingZoo, and VMAS's scenario folders).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import pkgutil
 import re
+from pathlib import Path
 from typing import Any
 
 from marl_ppo.envs.registry import EnvError, make_env, register_prefix, registered_ids
@@ -39,20 +40,25 @@ PETTINGZOO_CLASSIC_NEEDS = {
 
 
 def env_modules(package: str) -> list[str]:
-    """The versioned env modules of `package`, read from its files (nothing is imported but the package)."""
-    spec = importlib.util.find_spec(package)
+    """The versioned env modules of `package` (dotted), read from its files: nothing is imported, not
+    even the top package (whose own imports would load numpy or gymnasium for `marl-ppo envs`)."""
+    top, *rest = package.split(".")
+    spec = importlib.util.find_spec(top)
     if spec is None or spec.submodule_search_locations is None:
         return []
-    return sorted(
-        m.name for m in pkgutil.iter_modules(spec.submodule_search_locations) if ENV_MODULE.match(m.name)
-    )
+    folder = Path(next(iter(spec.submodule_search_locations))).joinpath(*rest)
+    return sorted(m.name for m in pkgutil.iter_modules([str(folder)]) if ENV_MODULE.match(m.name))
 
 
 def vmas_names() -> list[str]:
-    """VMAS's scenarios (its own list), MPE ports and debug scenarios included."""
-    import vmas
-
-    return sorted({*vmas.scenarios, *vmas.mpe_scenarios, *vmas.debug_scenarios})
+    """VMAS's scenarios, MPE ports and debug scenarios included, read from its scenario files
+    (importing vmas would import torch, which `marl-ppo envs` does not)."""
+    spec = importlib.util.find_spec("vmas")
+    if spec is None or spec.submodule_search_locations is None:
+        return []
+    root = Path(next(iter(spec.submodule_search_locations))) / "scenarios"
+    folders = [str(root / sub) for sub in ("", "mpe", "debug")]
+    return sorted({m.name for m in pkgutil.iter_modules(folders) if not m.ispkg})
 
 
 def make_vmas(scenario: str, /, *, num_envs: int = 32, device: str = "cpu", **kwargs: Any) -> Any:
