@@ -60,28 +60,28 @@ def test_an_update_runs_the_cnn_once_per_minibatch_and_both_losses_train_it():
     assert {id(p) for p in reused.parameters()} <= actor_params - critic_params
 
 
-def test_the_critics_loss_reaches_the_shared_cnn():
-    config = load_config(None, SHARED)
-    model, buffer, _ = collect_rollout(config)
-    _, critic, _ = model.group("seer")
+def _rollout_values(obs_of=lambda obs: obs):
+    """A rollout of the shared-CNN config, and the critic's raw values over it, each env copy's
+    rollout as one sequence (`obs_of` gives the observations the critic reads)."""
+    model, buffer, _ = collect_rollout(load_config(None, SHARED))
+    _, critic, norm = model.group("seer")
     storage = buffer.groups["seer"]
     flags = torch.zeros(storage.alive.shape, dtype=torch.bool)
-    values, _ = critic(buffer.state, storage.obs, torch.zeros(flags.shape[1], 2, 0), flags, ~flags)
+    carry = torch.zeros(flags.shape[1], 2, 0)
+    values, _ = critic(buffer.state, obs_of(storage.obs), carry, flags, ~flags)
+    return critic, norm, storage, values
+
+
+def test_the_critics_loss_reaches_the_shared_cnn():
+    critic, _, _, values = _rollout_values()
     values.square().sum().backward()
     conv = critic.images.obs.encoder.images["0"].convs[0]
     assert conv.weight.grad is not None and conv.weight.grad.abs().sum() > 0
 
 
 def test_acting_stores_the_values_the_critic_computes_afresh():
-    config = load_config(None, SHARED)
-    model, buffer, _ = collect_rollout(config)
-    _, critic, norm = model.group("seer")
-    storage = buffer.groups["seer"]
-    flags = torch.zeros(storage.alive.shape, dtype=torch.bool)
-    with torch.no_grad():
-        values, _ = critic(
-            buffer.state, storage.obs.clone(), torch.zeros(flags.shape[1], 2, 0), flags, ~flags
-        )
+    with torch.no_grad():  # a copy of the observations: the features are computed anew, not reused
+        _, norm, storage, values = _rollout_values(torch.clone)
     torch.testing.assert_close(norm.denormalize(values), storage.values)
 
 
