@@ -87,3 +87,20 @@ def test_eval_absolute_0_measures_no_absolute_metric(tmp_path, tiny_overrides):
     assert read_absolute_metric(tmp_path / "run") is None
     assert len(read_evaluations(tmp_path / "run")) == 3
     assert "absolute_team_return" not in read_summary(tmp_path / "run")
+
+
+def test_an_env_that_cannot_render_costs_the_video_a_warning_not_the_run(tmp_path):
+    import warnings
+
+    from marl_ppo.run.protocol import VideoWarning
+
+    tiny = ["num_envs=2", "rollout_steps=10", "total_steps=20", "log.progress=false", "vector=sync"]
+    config = load_config(None, ["env.id=envs/matrix_game_v0", *tiny, "log.video=gif"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = train(config, tmp_path / "run")
+    assert result.env_steps == 20 and read_summary(tmp_path / "run") is not None
+    messages = [str(w.message) for w in caught if issubclass(w.category, VideoWarning)]
+    assert len(messages) == 1
+    assert messages[0].startswith("log.video: env 'envs/matrix_game_v0' declares render modes")
+    assert not (tmp_path / "run/videos").exists()

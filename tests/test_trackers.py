@@ -82,13 +82,16 @@ def _wandb(run_dir):
             if kind == "run":
                 ids.append(record.run.run_id)
             elif kind == "history":
-                row = {
+                row = {  # a video is a dict, which W&B may also write flattened into nested keys
                     item.nested_key[0] if item.nested_key else item.key: json.loads(item.value_json)
                     for item in record.history.item
+                    if len(item.nested_key) <= 1
                 }
                 step = row.pop("env_step")
                 points += [
-                    (tag, step, float(np.float32(v))) for tag, v in row.items() if not tag.startswith("_")
+                    (tag, step, float(np.float32(v)))
+                    for tag, v in row.items()
+                    if not tag.startswith("_") and isinstance(v, int | float)
                 ]
     return ids, sorted(points)
 
@@ -114,7 +117,7 @@ def test_four_backends_get_the_same_series_and_resume_appends_to_the_same_runs(
 ):
     run_dir = tmp_path / "run"
     backends = "log.backends=[tensorboard,csv,wandb,mlflow]"
-    train(_config(tiny_overrides, backends), run_dir)
+    train(_config(tiny_overrides, backends, "eval_every=50", "log.video=gif"), run_dir)
     first_ids, first_wandb = _wandb(run_dir)
     train(resume_config(run_dir, ["total_steps=200"]), run_dir, resume=True)
 
@@ -138,8 +141,28 @@ def test_four_backends_get_the_same_series_and_resume_appends_to_the_same_runs(
         for row in (line.split(",") for line in (run_dir / "csv/summary.csv").read_text().split()[1:])
     )
     assert int(summary["env_steps"]) == 200
+    _the_videos_are_shown_where_they_can_be(run_dir, run)
     trackers = json.loads((run_dir / "trackers.json").read_text())
     assert trackers["wandb"]["id"] == ids[0] and trackers["mlflow"]["run_id"] == run.info.run_id
+
+
+def _the_videos_are_shown_where_they_can_be(run_dir, mlflow_run):
+    """Each run (the first and the resumed one) ended with a GIF in videos/, shown by TensorBoard (an
+    animated image), W&B (a video row) and MLflow (an artifact)."""
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    videos = sorted(run_dir.glob("videos/episode_*.gif"))
+    assert videos and all(path.read_bytes()[:6] == b"GIF89a" for path in videos)
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"images": 0})
+    events.Reload()
+    shown = events.Images("eval/video")
+    assert {image.encoded_image_string for image in shown} == {path.read_bytes() for path in videos}
+    media = [path for path in (run_dir / "wandb").rglob("*.gif") if "media" in path.parts]
+    assert {path.read_bytes() for path in media} == {path.read_bytes() for path in videos}
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+    artifacts = [a.path for a in client.list_artifacts(mlflow_run.info.run_id, "videos")]
+    assert sorted(artifacts) == [f"videos/{path.name}" for path in videos]
 
 
 def test_unreachable_trackers_cost_one_line_each_and_the_run_goes_on(

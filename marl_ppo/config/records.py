@@ -273,6 +273,11 @@ class LogConfig:
     `tensorboard` (`<run_dir>/tensorboard`), `csv` (`<run_dir>/csv`), `wandb` and `mlflow`: each gets
     the same scalars under the same names. A tracker that fails (no network, a server down) costs a
     one-line warning and the run goes on with the others. `report` and `compare` read TensorBoard or CSV."""
+    video: Literal["gif", "mp4"] | None = None
+    """At the end of the run, record one deterministic episode of the best evaluated policy (the final
+    one without eval_every) as `<run_dir>/videos/episode_<step>.<gif|mp4>` and show it in the backends
+    that show videos: TensorBoard's Images tab (GIF), W&B, MLflow (an artifact). An env that cannot
+    render costs a one-line warning. null: no video."""
     wandb: WandbConfig = dataclasses.field(default_factory=WandbConfig)
     """Weights & Biases settings (used when `backends` names wandb)."""
     mlflow: MlflowConfig = dataclasses.field(default_factory=MlflowConfig)

@@ -36,6 +36,9 @@ class LogBackend(Protocol):
     def summary(self, values: Mapping[str, Any]) -> None:
         """Record the finished run's summary (summary.json's values)."""
 
+    def video(self, step: int, path: Path) -> None:
+        """Show a recorded episode (a GIF or MP4 file in the run directory), where the tracker can."""
+
     def flush(self) -> None:
         """Write what is pending (before a checkpoint)."""
 
@@ -109,6 +112,22 @@ class TensorBoardBackend:
             "summary", "    " + text.replace("\n", "\n    "), int(values.get("env_steps", 0))
         )
 
+    def video(self, step: int, path: Path) -> None:
+        """A GIF as an animated image under `eval/video` (the Images tab); TensorBoard shows no MP4."""
+        if path.suffix != ".gif":
+            return
+        from PIL import Image
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        with Image.open(path) as gif:
+            width, height = gif.size
+        image = Summary.Image(
+            height=height, width=width, colorspace=3, encoded_image_string=path.read_bytes()
+        )
+        self.writer._get_file_writer().add_summary(
+            Summary(value=[Summary.Value(tag="eval/video", image=image)]), step
+        )
+
     def flush(self) -> None:
         """Write pending events to disk."""
         self.writer.flush()
@@ -166,6 +185,9 @@ class CsvBackend:
     def summary(self, values: Mapping[str, Any]) -> None:
         """`summary.csv`: `key,value` per summary field."""
         _write_table(self.directory / "summary.csv", ("key", "value"), list(values.items()))
+
+    def video(self, step: int, path: Path) -> None:
+        """A table shows no video: the file stays in the run directory."""
 
     def flush(self) -> None:
         """Write buffered rows to disk."""
@@ -225,6 +247,10 @@ class Guarded:
     def summary(self, values: Mapping[str, Any]) -> None:
         """Forward, or drop the tracker."""
         self._call(lambda backend: backend.summary(values))
+
+    def video(self, step: int, path: Path) -> None:
+        """Forward, or drop the tracker."""
+        self._call(lambda backend: backend.video(step, path))
 
     def flush(self) -> None:
         """Forward, or drop the tracker."""

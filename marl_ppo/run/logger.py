@@ -199,6 +199,11 @@ class RunLogger:
         for backend in self.backends:
             backend.summary(values)
 
+    def video(self, step: int, path: Path) -> None:
+        """Give every backend a recorded episode (a file in the run directory)."""
+        for backend in self.backends:
+            backend.video(step, path)
+
     def _scalars(self, step: int, values: Mapping[str, Any]) -> None:
         self.latest.update(values)
         if any(tag.startswith("eval/vs_random/") for tag in values):

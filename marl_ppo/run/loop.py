@@ -31,7 +31,7 @@ from marl_ppo.run.host import ActingWatch, cpu_seconds, peak_rss_mb, rss_mb
 from marl_ppo.run.logger import RunLogger, game_headline, team_return_headline
 from marl_ppo.run.memory import check_memory
 from marl_ppo.run.plan import RunPlan, plan_run
-from marl_ppo.run.protocol import BEST_CHECKPOINT, EvaluationRecord, absolute_metric
+from marl_ppo.run.protocol import BEST_CHECKPOINT, EvaluationRecord, absolute_metric, record_video
 from marl_ppo.run.resume import load_resumable, restore_run_state, run_state
 from marl_ppo.run.rundir import write_summary
 from marl_ppo.run.seeding import seed_everything
@@ -113,6 +113,7 @@ def train(
                     )
                 run.save(final=True)
                 run.absolute_metric()  # the best evaluated policy, once the final one is saved
+                run.video()
         finally:
             collector.close()  # before the summary: the CPU time of worker processes counts once they end
             if evaluation is not None:
@@ -262,6 +263,15 @@ class _Run:
             team_return = float(metric["team_return"]["mean"])
             self.logger.scalars(self.collector.env_steps, {"eval/absolute_team_return": team_return})
             self.absolute = {"absolute_team_return": team_return}
+
+    def video(self) -> None:
+        """With `log.video`, an episode of the model as it is now (the best evaluated policy after
+        `absolute_metric`), shown by the backends at the step that policy was evaluated."""
+        step = self.record.best_step if self.record is not None and self.absolute else None
+        step = step if step is not None else self.collector.env_steps
+        path = record_video(self.config, self.run_dir, self.model, step)
+        if path is not None:
+            self.logger.video(step, path)
 
     def _stopped_short(self, lost: WorkersLost) -> WorkersLost:
         """Checkpoint the state after the last update (unless the last checkpoint holds it already, with

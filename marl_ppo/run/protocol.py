@@ -3,13 +3,15 @@
 Every periodic evaluation (`eval_every`) appends its episodes' team returns to `evaluations.jsonl`;
 the best evaluated policy so far is kept as `checkpoints/best.pt`; at the end of the run that
 policy plays `eval_absolute` times `eval_episodes` fresh episodes: the absolute metric, written to
-`absolute_metric.json`. `marl-ppo compare` reads both files.
+`absolute_metric.json`. `marl-ppo compare` reads both files. With `log.video`, the run ends with a
+recorded episode of that policy (`record_video`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ import torch
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.config import ExperimentConfig
 from marl_ppo.envs.vector.base import VectorEnv
-from marl_ppo.eval.evaluate import EvalResult, eval_seed, mean_ci95, run_episodes
+from marl_ppo.eval.evaluate import EvalError, EvalResult, eval_seed, mean_ci95, run_episodes
 from marl_ppo.models.team import TeamModel
 
 EVALUATIONS = "evaluations.jsonl"
@@ -113,3 +115,32 @@ def absolute_metric(
     temporary.write_text(json.dumps(metric, indent=2) + "\n")
     temporary.replace(run_dir / ABSOLUTE_METRIC)
     return metric
+
+
+class VideoWarning(UserWarning):
+    """The run's video could not be recorded; the run is complete without it."""
+
+
+def record_video(config: ExperimentConfig, run_dir: Path, model: TeamModel, step: int) -> Path | None:
+    """One deterministic episode of `model` as `<run_dir>/videos/episode_<step>.<log.video>`; None, with a
+    one-line warning, when the env cannot render."""
+    from marl_ppo.eval.video import record_episode, render_env, write_video
+
+    if config.log.video is None:
+        return None
+    path = run_dir / "videos" / f"episode_{step}.{config.log.video}"
+    device = next(model.parameters()).device
+    try:
+        env = render_env(config)
+        try:
+            frames, fps = record_episode(
+                env, model.spec, model, device, seed=eval_seed(config), deterministic=True
+            )
+        finally:
+            env.close()
+        path.parent.mkdir(exist_ok=True)
+        write_video(frames, path, fps=fps)
+    except EvalError as err:
+        warnings.warn(f"log.video: {err}", VideoWarning, stacklevel=2)
+        return None
+    return path

@@ -119,6 +119,12 @@ class WandbBackend:
         """W&B's run summary, under `summary/` (the run table's columns)."""
         self.run.summary.update({f"summary/{key}": value for key, value in values.items()})
 
+    def video(self, step: int, path: Path) -> None:
+        """The episode as a W&B video under `eval/video`."""
+        import wandb
+
+        self.run.log({"eval/video": wandb.Video(str(path)), STEP_KEY: step})
+
     def flush(self) -> None:
         """W&B writes in the background."""
 
@@ -207,6 +213,10 @@ class MlflowBackend:
         now, step = int(time.time() * 1000), int(values.get("env_steps", 0))
         metrics = [Metric(f"summary/{key}", value, now, step) for key, value in numbers.items()]
         self.client.log_batch(self.run_id, metrics=metrics)
+
+    def video(self, step: int, path: Path) -> None:
+        """The episode as an artifact under `videos/`."""
+        self.client.log_artifact(self.run_id, str(path), "videos")
 
     def flush(self) -> None:
         """MLflow writes at each call."""
