@@ -155,6 +155,16 @@ def test_floats_in_scientific_notation_are_numbers_and_fractions_stay_errors(tmp
         load_config(path)
 
 
+def test_a_list_key_given_comma_separated_words_names_the_yaml_list_form():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["log.backends=tensorboard, csv"])
+    assert str(info.value) == (
+        "config key 'log.backends' takes a list, got 'tensorboard, csv'; "
+        "write it as log.backends=[tensorboard,csv] (YAML's list form)"
+    )
+    assert load_config(None, ["log.backends=[tensorboard,csv]"]).log.backends == ("tensorboard", "csv")
+
+
 @pytest.mark.parametrize(
     ("typo", "offered"),
     [

@@ -163,6 +163,9 @@ def describe_error(error: Mapping[str, Any]) -> str:
     if kind == "value_error":
         return str(error["msg"]).removeprefix("Value error, ")
     got = error.get("input")
+    if kind in ("tuple_type", "list_type") and isinstance(got, str):
+        items = ",".join(part.strip() for part in got.split(","))
+        return f"config key '{key}' takes a list, got {got!r}; write it as {key}=[{items}] (YAML's list form)"
     docs = config_keys()
     hint = f" ({' '.join(docs[key].split())})" if key in docs and docs[key] else ""  # docs may span lines
     return f"config key '{key}': {error['msg'].lower()}, got {got!r}{hint}"
