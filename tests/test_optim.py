@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from marl_ppo.algo.optim import clip_grad_norms, make_optimizer
 from marl_ppo.fast.adam import FlatAdam
@@ -71,6 +72,23 @@ def test_flat_adam_is_a_torch_adam_with_its_param_groups():
     }
     assert ours[0]["params"] == list(net.parameters())
     assert optimizer.state_dict() == {"state": {}, "param_groups": reference.state_dict()["param_groups"]}
+
+
+def test_step_hooks_and_the_profiler_see_a_flat_step_as_any_optimizers_step():
+    hooked, plain = _net(), _net()
+    calls: list[str] = []
+    optimizer = FlatAdam(hooked.parameters(), lr=3e-3, eps=1e-5)
+    optimizer.register_step_pre_hook(lambda *_: calls.append("pre"))
+    post = register_optimizer_step_post_hook(lambda *_: calls.append("global post"))
+    try:
+        _flat_steps(hooked, optimizer, range(2), 1.0)
+    finally:
+        post.remove()
+    assert calls == ["pre", "global post"] * 2
+    with torch.profiler.profile() as profile:
+        _flat_steps(plain, FlatAdam(plain.parameters(), lr=3e-3, eps=1e-5), range(2), 1.0)
+    assert [e.count for e in profile.key_averages() if e.key == "Optimizer.step#FlatAdam.step"] == [2]
+    _assert_same_weights(hooked, plain)  # the same steps, with or without hooks and profiler
 
 
 def test_parameters_and_gradients_are_views_of_the_flat_buffers():

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
 
 _STATE_KEYS = ("exp_avg", "exp_avg_sq")
 _UNSUPPORTED = {"amsgrad": False, "weight_decay": 0.0, "maximize": False}
@@ -141,13 +142,27 @@ class FlatAdam(torch.optim.Adam):
                 self.flat_grad[start:stop].mul_(coefficient)
         return norms
 
-    @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        """One Adam step on the flat buffer.
+        """One Adam step on the flat buffer (`_flat_step`).
 
-        `torch.optim.Adam`'s single-tensor arithmetic, operation for operation (the same numbers), on
-        one tensor instead of one per parameter.
+        Step hooks (this optimizer's or global ones) and a running profiler see it as any optimizer's
+        step: then it goes through torch's own step wrapper. Without them it skips that wrapper, whose
+        profiler range costs more than the step's arithmetic on a small network.
         """
+        if (
+            self._optimizer_step_pre_hooks
+            or self._optimizer_step_post_hooks
+            or _global_optimizer_pre_hooks
+            or _global_optimizer_post_hooks
+            or torch._C._autograd._profiler_enabled()
+        ):
+            return self._hooked_step(self, closure)
+        return self._flat_step(closure)
+
+    @torch.no_grad()
+    def _flat_step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """`torch.optim.Adam`'s single-tensor arithmetic, operation for operation (the same numbers), on
+        one tensor instead of one per parameter."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -225,3 +240,11 @@ class FlatAdam(torch.optim.Adam):
                 for key in _STATE_KEYS
             }
             self._start_state(steps.pop(), moments)
+
+    _hooked_step = staticmethod(torch.optim.Optimizer.profile_hook_step(_flat_step))
+    """`_flat_step` inside torch's step wrapper: profiler range, then step hooks around the step."""
+
+
+# torch wraps an optimizer class's `step` in its profiler-and-hooks wrapper unless it is marked as
+# wrapped already; `FlatAdam.step` calls that wrapper itself when something would see it
+FlatAdam.step.hooked = True  # type: ignore[attr-defined]
