@@ -19,7 +19,7 @@ FAKE = peers.Peer("fake", ("fakepkg==1.0",), "fake_script.py")
 def test_sb3_agent_steps_count_as_env_steps_over_the_pistons():
     record = result_record(20_480, 80.0, [2.0, 4.0])
     assert record["env_steps"] == 1_024 and record["agent_steps"] == 20_480 and record["agents"] == 20
-    assert record["piston_return_mean"] == 3.0
+    assert record["piston_return_mean"] == 3.0 and record["team_return"] == 60.0
     result = PeerResult(1_024, 80.0, 20)
     assert result.sps == pytest.approx(12.8) and result.agent_sps == pytest.approx(256.0)
 
@@ -27,6 +27,12 @@ def test_sb3_agent_steps_count_as_env_steps_over_the_pistons():
 def test_the_result_line_is_found_among_other_output():
     output = 'Starting training\nPEER_RESULT {"env_steps": 800, "seconds": 2.0, "agents": 3}\nbye\n'
     assert parse_result(output) == PeerResult(800, 2.0, 3)
+    assert (
+        parse_result(
+            'PEER_RESULT {"env_steps": 8, "seconds": 2.0, "agents": 3, "team_return": -5}'
+        ).team_return
+        == -5.0
+    )
     with pytest.raises(ValueError, match="no result line"):
         parse_result("Traceback ...\n")
 

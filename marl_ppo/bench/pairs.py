@@ -140,8 +140,15 @@ def run_pair(case: PeerCase, repeat: int, train: Train) -> str:
     return (
         f"{case.name}: marl_ppo {ours['sps']:.2f} env steps/s, {case.peer.name} "
         f"{theirs.sps:.2f} ({theirs.agent_sps:.1f} agent-steps/s), ratio {case.ratios()[-1]:.2f}"
-        f" ({'marl_ppo' if ours_first else case.peer.name} ran first)"
+        f" ({'marl_ppo' if ours_first else case.peer.name} ran first){_returns(ours, theirs)}"
     )
+
+
+def _returns(ours: dict[str, Any], theirs: PeerResult) -> str:
+    """Both sides' team return over their last episodes, where the peer reports one."""
+    if theirs.team_return is None:
+        return ""
+    return f"; team return marl_ppo {ours['team_return_mean']:.1f}, {theirs.team_return:.1f}"
 
 
 def _median(values: list[float]) -> float:

@@ -48,13 +48,17 @@ PPO_KWARGS = {
 
 
 def result_record(agent_steps: int, seconds: float, piston_returns: list[float]) -> dict[str, object]:
-    """The result line's fields: SB3's agent-steps as env steps (over the pistons), the time, the returns."""
+    """The result line's fields: SB3's agent-steps as env steps (over the pistons), the time, the returns
+    (per piston episode, and as a team return over the 20 pistons)."""
+    piston_mean = sum(piston_returns) / len(piston_returns) if piston_returns else None
     return {
         "env_steps": agent_steps // PISTONS,
         "seconds": seconds,
         "agents": PISTONS,
         "agent_steps": agent_steps,
-        "piston_return_mean": sum(piston_returns) / len(piston_returns) if piston_returns else None,
+        "piston_return_mean": piston_mean,
+        # every piston is paid its own reward: the team return is the sum over the 20 slots of an episode
+        "team_return": None if piston_mean is None else piston_mean * PISTONS,
     }
 
 
@@ -71,6 +75,7 @@ def main() -> None:
     from pettingzoo.butterfly import pistonball_v6
     from stable_baselines3 import PPO  # type: ignore[import-not-found]
     from stable_baselines3.common.utils import set_random_seed  # type: ignore[import-not-found]
+    from stable_baselines3.common.vec_env import VecMonitor  # type: ignore[import-not-found]
 
     env = pistonball_v6.parallel_env(**ENV_KWARGS)
     env = ss.color_reduction_v0(env, mode="B")
@@ -81,13 +86,14 @@ def main() -> None:
     vector = ss.concat_vec_envs_v1(
         vector, options.copies, num_cpus=options.cpus, base_class="stable_baselines3"
     )
+    vector = VecMonitor(vector)  # episode returns per piston slot, for `ep_info_buffer`
     set_random_seed(options.seed)  # PPO(seed=...) would call the vector env's seed(), which SuperSuit's lacks
     model = PPO("CnnPolicy", vector, verbose=0, **PPO_KWARGS)
 
     started = time.perf_counter()
     model.learn(total_timesteps=options.env_steps * PISTONS)
     seconds = time.perf_counter() - started
-    returns = [float(episode["r"]) for episode in model.ep_info_buffer]
+    returns = [float(episode["r"]) for episode in model.ep_info_buffer]  # the last 100 pistons' episodes
     print("PEER_RESULT " + json.dumps(result_record(model.num_timesteps, seconds, returns)), flush=True)
 
 

@@ -57,6 +57,8 @@ class PeerResult:
     """Parallel env steps (every agent acts once); SB3's agent-steps divided by the team size."""
     seconds: float
     agents: int
+    team_return: float | None = None
+    """The mean team return of the script's last episodes, where it reports one."""
 
     @property
     def sps(self) -> float:
@@ -131,7 +133,13 @@ def parse_result(output: str) -> PeerResult:
     if not lines:
         raise ValueError("no result line")
     record = json.loads(lines[-1][len(RESULT_PREFIX) :])
-    return PeerResult(int(record["env_steps"]), float(record["seconds"]), int(record["agents"]))
+    team_return = record.get("team_return")
+    return PeerResult(
+        int(record["env_steps"]),
+        float(record["seconds"]),
+        int(record["agents"]),
+        None if team_return is None else float(team_return),
+    )
 
 
 def run_peer(peer: Peer, args: list[str], env: dict[str, str] | None = None) -> PeerResult:
