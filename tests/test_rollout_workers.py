@@ -276,15 +276,56 @@ def test_a_cnn_learner_gets_every_core(monkeypatch, encoder, expected):
     ],
 )
 def test_a_cnn_learner_leaves_the_cores_its_workers_use(monkeypatch, overrides, cores, expected):
-    """torch_threads: auto never oversubscribes the cores with the run's own processes."""
+    """torch_threads: auto never oversubscribes the cores with the run's own processes: acting leaves
+    the workers theirs, an update without policy lag (the workers idle) takes them all."""
     import marl_ppo.run.host as host
     from marl_ppo.run.plan import plan_run
 
     monkeypatch.setattr(host, "usable_cores", lambda: cores)
-    config = load_config(None, ["env.id=envs/pixel_signal_v0", "num_envs=4", "model.encoder=cnn", *overrides])
-    plan = plan_run(config)
+    written = ["env.id=envs/pixel_signal_v0", "num_envs=4", "model.encoder=cnn", *overrides]
+    plan = plan_run(load_config(None, written))
     assert plan.convolutional and plan.threads == expected
+    # the workers wait for the next rollout while the learner updates: it takes every core then
+    assert plan.update_threads == cores
+    lagged = plan_run(load_config(None, [*written, "policy_lag=1"]))
+    # rollout workers collect the next rollout meanwhile; env workers cannot (the lag is settled to 0)
+    assert lagged.update_threads == (lagged.threads if lagged.config.policy_lag else cores)
 
+
+
+def test_a_cnn_run_updates_on_every_core_and_acts_on_the_cores_its_workers_leave(
+    tiny_overrides, monkeypatch, tmp_path
+):
+    """The thread count switches around each update, and back before the next rollout."""
+    import marl_ppo.run.host as host
+    from marl_ppo.algo.trainer import Trainer
+
+    monkeypatch.setattr(host, "usable_cores", lambda: 2)
+    seen: list[tuple[str, int]] = []
+    update = Trainer.update
+
+    def counting_update(self, *args, **kwargs):
+        seen.append(("update", torch.get_num_threads()))
+        return update(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "update", counting_update)
+    config = load_config(
+        None,
+        [
+            *tiny_overrides,
+            "env.id=envs/pixel_signal_v0",
+            "model.encoder=cnn",
+            "vector=subprocess",
+            "num_workers=2",
+            "total_steps=150",
+        ],
+    )
+    before = torch.get_num_threads()
+    try:
+        train(config, tmp_path, on_update=lambda _: seen.append(("after", torch.get_num_threads())))
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [("update", 2), ("after", 1)] * 3
 
 def test_acting_that_dwarfs_the_env_steps_with_several_threads_gets_one_line_naming_the_key():
     from marl_ppo.run.host import acting_hint
@@ -305,7 +346,8 @@ def test_acting_that_dwarfs_the_env_steps_with_several_threads_gets_one_line_nam
     [
         (["vector=sync"], 8),  # a CNN learner on every core
         (["vector=sync", "model.encoder=mlp"], 1),
-        (["vector=subprocess", "num_workers=3"], 5),  # a CNN learner on the cores its workers leave
+        (["vector=subprocess", "num_workers=3"], 8),  # its workers wait while a CNN learner updates
+        (["vector=subprocess", "num_workers=3", "policy_lag=1"], 5),  # they collect while it updates
         (["vector=subprocess", "num_workers=3", "model.encoder=mlp"], 3),
         (["vector=sync", "torch_threads=2"], 2),
         (["vector=ray"], 1),  # Ray workers reserve their own CPUs

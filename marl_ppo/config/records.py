@@ -462,7 +462,8 @@ class ExperimentConfig:
     """Torch device for the networks."""
     torch_threads: PositiveInt | Literal["auto"] = "auto"
     """torch.set_num_threads for the learner; `auto`: with a batched simulator (VMAS) or a CNN encoder, the
-    cores the run's env or rollout worker processes leave (at least 1), else 1 (the small MLPs gain
+    cores the run's env or rollout worker processes leave (at least 1) while it acts, and every core
+    while it updates unless the workers collect meanwhile (policy_lag 1); else 1 (the small MLPs gain
     nothing from more, and threads contending with busy cores slow them down)."""
     memory_check: bool = True
     """Before allocating, estimate the memory the run holds (rollout buffer, networks and optimizer

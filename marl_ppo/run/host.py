@@ -30,6 +30,19 @@ def learner_threads(config: ExperimentConfig, *, convolutional: bool = False) ->
     return max(1, usable_cores() - worker_processes(config))
 
 
+def update_threads(config: ExperimentConfig, *, convolutional: bool = False) -> int:
+    """Torch threads while the learner updates: `learner_threads`, except that for `auto` a learner
+    with large tensors (a CNN encoder or a batched simulator) takes every usable core when nothing
+    else runs during the update (`policy_lag: 0`: env and rollout workers wait for the next rollout).
+    Collecting goes back to `learner_threads`: then the workers need their cores."""
+    threads = learner_threads(config, convolutional=convolutional)
+    if config.torch_threads != "auto" or config.policy_lag > 0 or has_own_threads(config):
+        return threads
+    if not (is_batched(config) or convolutional):
+        return threads
+    return max(threads, usable_cores())
+
+
 def worker_processes(config: ExperimentConfig) -> int:
     """Processes the run starts on this machine besides itself: env or rollout workers (`vector:
     subprocess`, `workers`, and `auto`, which may pick workers); none for a batched simulator, in
@@ -95,13 +108,13 @@ def settled_epochs(config: ExperimentConfig, spec: TeamSpec | None = None) -> Ex
 
 def run_cores(config: ExperimentConfig) -> int:
     """Cores one training process keeps busy: its env or rollout worker processes while it collects
-    or its learner threads while it learns, whichever are more (`vector: ray`: 1, its workers reserve
-    their own as Ray actors). With `torch_threads: auto` one env copy is built to see whether the
-    model will have a CNN encoder."""
+    or its learner threads while it learns (`update_threads`), whichever are more (`vector: ray`: 1,
+    its workers reserve their own as Ray actors). With `torch_threads: auto` one env copy is built to
+    see whether the model will have a CNN encoder."""
     if config.vector == "ray":
         return 1
     images = config.torch_threads == "auto" and convolutional(config)
-    return max(worker_processes(config), learner_threads(config, convolutional=images))
+    return max(worker_processes(config), update_threads(config, convolutional=images))
 
 
 def rss_mb(pid: int | str = "self") -> float:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,7 +100,16 @@ def train(
                 evaluation = periodic_evaluation(config, eval_venv, model, device)
             logger = _make_logger(config, run_dir, spec, None if saved is None else saved["env_steps"])
             run = _Run(
-                config, run_dir, model, trainer, collector, logger, evaluation, on_update, plan.threads
+                config,
+                run_dir,
+                model,
+                trainer,
+                collector,
+                logger,
+                evaluation,
+                on_update,
+                plan.threads,
+                plan.update_threads,
             )
             run.begin(saved)
             logger.hyperparameters(config_to_dict(config))
@@ -171,11 +181,14 @@ class _Run:
         evaluation: PeriodicEvaluation | None = None,
         on_update: Callable[[int], None] | None = None,
         threads: int = 1,
+        update_threads: int | None = None,
     ) -> None:
         self.config, self.run_dir = config, run_dir
         self.model, self.trainer, self.collector, self.logger = model, trainer, collector, logger
         self.evaluation, self.on_update = evaluation, on_update
         self.acting = ActingWatch(config, threads)
+        self.update_threads = threads if update_threads is None else update_threads
+        """torch threads while the trainer updates (the rest of the run uses `threads`)."""
         self.updates = 0
         self.saved_updates: int | None = None
         """The update count of the last checkpoint written (or resumed from)."""
@@ -221,7 +234,14 @@ class _Run:
         while self.collector.env_steps < self.config.total_steps and stop.received is None:
             try:
                 seconds = _one_update(
-                    self.config, self.collector, buffer, self.trainer, self.logger, self.start, self.schedule
+                    self.config,
+                    self.collector,
+                    buffer,
+                    self.trainer,
+                    self.logger,
+                    self.start,
+                    self.schedule,
+                    self.update_threads,
                 )
             except WorkersLost as lost:
                 raise self._stopped_short(lost) from None
@@ -334,6 +354,20 @@ class _Run:
         )
 
 
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """`count` torch threads inside the block, the count before it after (nothing done when equal)."""
+    before = torch.get_num_threads()
+    if count == before:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _one_update(
     config: ExperimentConfig,
     collector: RolloutSource,
@@ -342,6 +376,7 @@ def _one_update(
     logger: RunLogger,
     start: float,
     schedule: LrSchedule,
+    update_threads: int,
 ) -> dict[str, float]:
     t0 = time.perf_counter()
     buffer.reset()
@@ -356,7 +391,8 @@ def _one_update(
         buffer, rollout.last_values, rollout.last_alive, gamma=config.gamma, lam=config.gae_lambda, team=team
     )
     trainer.set_lr_scale(schedule.scale(collector.env_steps - rollout.env_steps))
-    stats = trainer.update(batches, lagged=config.policy_lag > 0)
+    with torch_threads(update_threads):
+        stats = trainer.update(batches, lagged=config.policy_lag > 0)
     t2 = time.perf_counter()
     logger.episodes_done(rollout.episodes)
     act_s = rollout.act_seconds if rollout.act_seconds is not None else (t1 - t0) - rollout.env_seconds

@@ -16,7 +16,7 @@ from marl_ppo.envs.factory import is_batched, make_team_env, probe_step_seconds,
 from marl_ppo.envs.registry import anchored
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.models.layers import resolve_device, resolve_precision
-from marl_ppo.run.host import convolutional, learner_threads, settled_epochs
+from marl_ppo.run.host import convolutional, learner_threads, settled_epochs, update_threads
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,9 @@ class RunPlan:
     """Where the networks live (`device: auto` settled)."""
     threads: int
     """torch threads of the learner (`torch_threads: auto` settled, `run.host.learner_threads`)."""
+    update_threads: int
+    """torch threads while the learner updates (`run.host.update_threads`): `threads`, or every core
+    for a CNN or batched-simulator learner that nothing runs beside during its update."""
     build_threads: int
     """torch threads while the networks are built and initialised: `threads` without the rule for CNN
     encoders (1 unless set or batched), since the orthogonal init of a CNN's weights varies with the
@@ -49,6 +52,8 @@ class RunPlan:
         """What the run builds, in one line: algorithm, env, team, env copies and where they run, threads."""
         config = self.config
         algorithm = "IPPO" if config.critic == "obs" else "MAPPO"
+        if config.ppo.actor_update == "sequential":
+            algorithm = "HAPPO"
         if self.spec is None:
             team, where = "", f"in one batched simulator on {self.device}"
         else:
@@ -62,6 +67,8 @@ class RunPlan:
             }[config.vector]
         encoder = ", a CNN encoder" if self.convolutional else ""
         threads = f"{self.threads} torch thread{'s' * (self.threads > 1)}"
+        if self.update_threads != self.threads:
+            threads += f" ({self.update_threads} while updating)"
         return (
             f"{algorithm} on {config.env.id}{team}: {config.num_envs} env copies {where}, {threads}{encoder}"
         )
@@ -103,5 +110,6 @@ def plan_run(config: ExperimentConfig) -> RunPlan:
         spec=spec,
         device=device,
         threads=learner_threads(config, convolutional=cnn),
+        update_threads=update_threads(config, convolutional=cnn),
         build_threads=learner_threads(config),
     )
