@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 
 from marl_ppo.config import load_config
 
@@ -83,3 +84,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     spawn rather than fork (`marl_ppo.envs.vector.pool.default_start_method`), and tests that run
     before it keep the fork they were written for."""
     items.sort(key=lambda item: item.get_closest_marker("jax") is not None)
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread inside the test, as rollout workers and MLP learners compute: products of
+    different batch shapes then agree bit for bit."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -26,6 +26,8 @@ from tests.conftest import ROOT, rollout_log_probs
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # workers compute with one thread: bit-identical products
+
 SPREAD_YAML = ROOT / "experiments/mpe/simple_spread.yaml"
 FAST_NODE_DEATH = {"health_check_period_ms": 500, "health_check_failure_threshold": 2}
 """The head notices a removed node within about a second (Ray's default: about 15 s)."""
@@ -68,15 +70,6 @@ def two_nodes(nodes):
     nodes.restore_worker()
     yield nodes
     nodes.restore_worker()
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Workers compute with one thread; so does the reference here, for bit-identical matmuls."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _config(tiny_overrides, *extra):

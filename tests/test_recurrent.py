@@ -27,16 +27,9 @@ from tests.conftest import ROOT
 from tests.test_devices import DEVICES
 from tests.test_resume import K, _crash_at_update, _Killed, assert_same_run_state
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # workers compute with one thread: bit-identical products
+
 SPREAD_YAML = ROOT / "experiments/mpe/simple_spread.yaml"
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Rollout workers compute with one thread; so does everything here, for bit-identical products."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _spread(tiny_overrides, *extra):

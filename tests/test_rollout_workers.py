@@ -18,17 +18,10 @@ from marl_ppo.run.build import build_collector
 from marl_ppo.run.loop import train
 from tests.conftest import ROOT, rollout_log_probs
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # workers compute with one thread: bit-identical products
+
 SPREAD_YAML = ROOT / "experiments/mpe/simple_spread.yaml"
 EARLY_LEAVER = "envs/early_leaver_v0"
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Workers compute with one thread; so does the reference here, for bit-identical matmuls."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _config(tiny_overrides, *extra, env=None):
@@ -292,7 +285,6 @@ def test_a_cnn_learner_leaves_the_cores_its_workers_use(monkeypatch, overrides, 
     assert lagged.update_threads == (lagged.threads if lagged.config.policy_lag else cores)
 
 
-
 def test_a_cnn_run_updates_on_every_core_and_acts_on_the_cores_its_workers_leave(
     tiny_overrides, monkeypatch, tmp_path
 ):
@@ -326,6 +318,7 @@ def test_a_cnn_run_updates_on_every_core_and_acts_on_the_cores_its_workers_leave
     finally:
         torch.set_num_threads(before)
     assert seen == [("update", 2), ("after", 1)] * 3
+
 
 def test_acting_that_dwarfs_the_env_steps_with_several_threads_gets_one_line_naming_the_key():
     from marl_ppo.run.host import acting_hint

@@ -355,6 +355,7 @@ def _final_weights(config, batches, lagged, model):
     return model.state_dict()
 
 
+@pytest.mark.usefixtures("one_thread")  # the acting and the batch forward agree bit for bit on one thread
 @pytest.mark.parametrize("lagged_ratio", ["decoupled", "behaviour"])
 def test_a_lagged_update_of_an_on_policy_batch_is_the_on_policy_update_bit_for_bit(lagged_ratio):
     """Where the acting policy is the start policy the decoupled ratio, weights (all 1) and KL stop are
