@@ -50,6 +50,10 @@ def test_the_tutorial_is_the_same_on_both_sides():
     assert config.ppo.train_pi_iters == config.ppo.train_vf_iters == PPO_KWARGS["n_epochs"] == 5
     # SB3's batch of 256 agent-steps out of 4 copies x 256 steps x 20 pistons: 80 minibatches an epoch
     assert config.ppo.num_minibatches == 4 * 256 * 20 // PPO_KWARGS["batch_size"] == 80
+    # SB3's NatureCNN: 32/64/64 channels, kernels 8/4/3, strides 4/2/1, unpadded, 512 features
+    model = config.model
+    assert (model.cnn_channels, model.cnn_kernels, model.cnn_strides) == ((32, 64, 64), (8, 4, 3), (4, 2, 1))
+    assert model.cnn_padding == "valid" and model.cnn_features == 512 and model.shared_cnn
 
 
 def test_the_spread_cases_ask_both_sides_for_the_same_budget_and_widths():

@@ -13,7 +13,7 @@ from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import ConfigError, PPOConfig, load_config
 from marl_ppo.envs.factory import build_vector_env, team_spec
 from marl_ppo.envs.layout import InputLayout, InputPart, auto_pool, channels_last, layout_of, pool_frame
-from marl_ppo.models.encoders import CnnShape, FeatureEncoder
+from marl_ppo.models.encoders import CnnShape, FeatureEncoder, ImageEncoder, conv_activation_floats
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.run.build import build_collector
@@ -181,6 +181,24 @@ def test_cnn_encoder_refuses_an_env_without_images():
 def test_cnn_layer_lists_must_have_one_value_per_layer():
     with pytest.raises(ConfigError, match="give each one value per layer"):
         load_config(None, ["model.cnn_channels=[8,8]", "model.cnn_kernels=[3]", "model.cnn_strides=[1]"])
+
+
+def test_valid_padding_is_the_nature_cnn_and_too_small_a_frame_names_the_key():
+    """84x84 frames through kernels 8/4/3, strides 4/2/1: 7x7 maps unpadded (SB3's NatureCNN flattens
+    3136 features at 64 channels), 12x12 padded by half the kernel."""
+    part = InputPart(0, 3 * 84 * 84, shape=(3, 84, 84), frames=True)
+    shapes = {
+        padding: CnnShape((32, 64, 64), (8, 4, 3), (4, 2, 1), features=512, padding=padding)
+        for padding in ("same", "valid")
+    }
+    assert ImageEncoder(part, copies=1, cnn=shapes["valid"]).flat_dim == 64 * 7 * 7 == 3136
+    assert ImageEncoder(part, copies=1, cnn=shapes["same"]).flat_dim == 64 * 12 * 12
+    layout = InputLayout((part,))
+    assert conv_activation_floats(layout, shapes["valid"]) < conv_activation_floats(layout, shapes["same"])
+    small = InputPart(0, 2 * 6 * 6, shape=(2, 6, 6), frames=True)
+    with pytest.raises(ConfigError, match=r"\(6x6\) is too small .* set model.cnn_padding=same"):
+        ImageEncoder(small, copies=1, cnn=shapes["valid"])
+    assert load_config(None, ["model.cnn_padding=valid"]).model.cnn_padding == "valid"
 
 
 def _encoder(layout: InputLayout, copies: int) -> FeatureEncoder:

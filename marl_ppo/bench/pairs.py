@@ -31,6 +31,7 @@ PISTONBALL_TUTORIAL = [
     "model.encoder=cnn",
     "model.cnn_channels=[32,64,64]",
     "model.cnn_features=512",
+    "model.cnn_padding=valid",
     "model.shared_cnn=true",
     "critic=obs",
     "share_actor=true",

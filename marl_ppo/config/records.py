@@ -93,9 +93,14 @@ class ModelConfig:
     cnn_channels: tuple[PositiveInt, ...] = (16, 32, 32)
     """Output channels of the CNN's convolutions, one per layer (ReLU after each)."""
     cnn_kernels: tuple[PositiveInt, ...] = (8, 4, 3)
-    """Kernel size of each convolution (padded by half the kernel, so small frames keep a pixel)."""
+    """Kernel size of each convolution (padded as `cnn_padding` says)."""
     cnn_strides: tuple[PositiveInt, ...] = (4, 2, 1)
     """Stride of each convolution."""
+    cnn_padding: Literal["same", "valid"] = "same"
+    """`same`: each convolution is padded by half its kernel, so small frames keep a pixel; `valid`: no
+    padding, as the Nature DQN CNN that SB3's CnnPolicy and CleanRL's Atari PPO use (84x84 frames through
+    kernels 8/4/3 and strides 4/2/1 leave 7x7 maps where `same` leaves 12x12, for about half the
+    compute)."""
     cnn_features: PositiveInt = 128
     """Width of the linear layer (ReLU) after the convolutions: each image's feature vector for the MLP."""
     shared_cnn: bool = False

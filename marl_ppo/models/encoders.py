@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from marl_ppo.config import ModelConfig
+from marl_ppo.config import ConfigError, ModelConfig
 from marl_ppo.envs.layout import InputLayout, InputPart
 from marl_ppo.models.layers import StackedLinear
 
@@ -41,6 +41,8 @@ class CnnShape:
     strides: Sequence[int]
     features: int
     orthogonal_init: bool = True
+    padding: str = "same"
+    """`same` (half the kernel on each side) or `valid` (none), as `model.cnn_padding`."""
 
     @classmethod
     def of(cls, model: ModelConfig) -> CnnShape:
@@ -51,6 +53,7 @@ class CnnShape:
             model.cnn_strides,
             model.cnn_features,
             model.orthogonal_init,
+            model.cnn_padding,
         )
 
     def layers(self) -> zip[tuple[int, int, int]]:
@@ -58,9 +61,15 @@ class CnnShape:
         return zip(self.channels, self.kernels, self.strides, strict=True)
 
 
-def conv_output_side(side: int, kernel: int, stride: int) -> int:
-    """A spatial side after a convolution padded by `kernel // 2` (never below 1 pixel)."""
-    return (side + 2 * (kernel // 2) - kernel) // stride + 1
+def conv_padding(kernel: int, padding: str) -> int:
+    """Pixels a convolution pads each side with: half its kernel (`same`) or none (`valid`)."""
+    return kernel // 2 if padding == "same" else 0
+
+
+def conv_output_side(side: int, kernel: int, stride: int, padding: str = "same") -> int:
+    """A spatial side after a convolution (`same`: never below 1 pixel; `valid`: 0 where the kernel
+    is wider than the side)."""
+    return max(0, (side + 2 * conv_padding(kernel, padding) - kernel) // stride + 1)
 
 
 class ImageEncoder(nn.Module):
@@ -80,13 +89,20 @@ class ImageEncoder(nn.Module):
                 out_channels * copies,
                 kernel,
                 stride,
-                padding=kernel // 2,
+                padding=conv_padding(kernel, cnn.padding),
                 groups=copies,
             )
             self.convs.append(conv)
             convs.append(conv)
             in_channels = out_channels
-            height, width = conv_output_side(height, kernel, stride), conv_output_side(width, kernel, stride)
+            height = conv_output_side(height, kernel, stride, cnn.padding)
+            width = conv_output_side(width, kernel, stride, cnn.padding)
+            if min(height, width) < 1:
+                raise ConfigError(
+                    f"image input {part.key or 'observation'!r} ({part.chw[1]}x{part.chw[2]}) is too small for "
+                    f"model.cnn_kernels {tuple(cnn.kernels)} without padding; set model.cnn_padding=same or "
+                    "smaller kernels"
+                )
         self.flat_dim = in_channels * height * width
         self.linear = StackedLinear(copies, self.flat_dim, cnn.features)
         self.out_dim = cnn.features
@@ -204,6 +220,7 @@ def conv_activation_floats(layout: InputLayout, cnn: CnnShape) -> int:
         in_channels, height, width = part.chw
         total += in_channels * height * width
         for out_channels, kernel, stride in cnn.layers():
-            height, width = conv_output_side(height, kernel, stride), conv_output_side(width, kernel, stride)
+            height = conv_output_side(height, kernel, stride, cnn.padding)
+            width = conv_output_side(width, kernel, stride, cnn.padding)
             total += 2 * out_channels * height * width  # the convolution's output and its ReLU's
     return total
