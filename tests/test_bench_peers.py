@@ -65,6 +65,7 @@ def test_the_spread_cases_ask_both_sides_for_the_same_budget_and_widths():
     assert config.total_steps == 24_000 and config.num_envs * config.rollout_steps == 800
     assert tuple(config.model.hidden_sizes) == (256, 256) and config.torch_threads == 1
     assert config.ppo.num_minibatches == 4 and config.ppo.train_pi_iters == 10 and config.gamma == 0.95
+    assert config.critic == "team"  # BenchMARL's shared centralised critic: one value per env step
 
 
 def test_the_venv_commands_pin_torch_and_take_extra_pip_options(tmp_path, monkeypatch):

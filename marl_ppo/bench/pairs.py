@@ -64,9 +64,13 @@ SPREAD_BENCHMARL = [
     "ppo.vf_lr=1e-3",
     "ppo.lr_schedule=constant",
     "gamma=0.95",
+    "critic=team",
 ]
 """The default experiment at BenchMARL's on-policy settings: 800 env steps a batch from 32 copies,
-10 epochs of 4 minibatches of 200, lr 1e-3, gamma 0.95, one thread."""
+10 epochs of 4 minibatches of 200, lr 1e-3, gamma 0.95, one thread, and BenchMARL's MAPPO critic
+(`share_param_critic`, its default): one network on the global state, one value per env step for
+every agent, which is `critic: team`'s network (its targets differ: BenchMARL regresses the one
+value to each agent's return, `team` to the return of the agents' mean reward)."""
 
 
 @dataclass
