@@ -26,6 +26,13 @@ def _on(value: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
     return torch.as_tensor(value, device=device)
 
 
+def _either(a: np.ndarray | torch.Tensor, b: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`a | b` as a tensor on `device` (one NumPy operation where both are NumPy arrays)."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return torch.from_numpy(a | b).to(device)
+    return _on(a, device) | _on(b, device)
+
+
 class FirstStep:
     """The distributions `(E, A)` of a one-step sequence's `(1, E, A)` ones: the step axis dropped."""
 
@@ -139,17 +146,18 @@ class PolicyMemory:
         every agent of a group whose agents are all out (each ended and has not acted since) with one
         ending here, where the group's episode ends for a team critic as it does in `algo.gae`."""
         over = _on(episode_over, self.device).reshape(-1, 1)
+        continuing = ~over
         for name, record in self.live.items():
             group = arrays.groups[name]
-            if name in self._actor_next:
+            if name in self._actor_next and record.actor_state.numel():  # a feed-forward carry is empty
                 record.actor_state.copy_(self._actor_next[name])
-            if name in self._critic_next:
+            if name in self._critic_next and record.critic_state.numel():
                 record.critic_state.copy_(self._critic_next[name])
-            done = _on(group.terminated, self.device) | _on(group.truncated, self.device)
+            done = _either(group.terminated, group.truncated, self.device)
             out = done | (self._out[name] & ~self._acted[name])
             group_over = out.all(-1, keepdim=True) & done.any(-1, keepdim=True)
             record.is_first.copy_(done | over | group_over)
-            self._out[name] = out & ~over
+            self._out[name] = out & continuing
         self._actor_next, self._critic_next, self._acted = {}, {}, {}
 
     def state_dict(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ episodes that ended.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -68,14 +68,22 @@ class Stepper:
         self.venv = venv
         self.max_episode_steps = max_episode_steps
         spec = venv.spec
-        self._where = venv.arrays.state.device if venv.tensor_io else torch.device("cpu")
-        # the column of each group's agents in the team's agent order, for per-agent returns
-        self._columns = {
-            g.name: torch.tensor([spec.agents.index(a) for a in g.agents], device=self._where)
-            for g in spec.groups
-        }
-        self._returns = torch.zeros((venv.num_envs, spec.num_agents), dtype=torch.float64, device=self._where)
-        self._lengths = torch.zeros(venv.num_envs, dtype=torch.int64, device=self._where)
+        # the running totals live where the env's arrays do: torch tensors on the simulator's device
+        # for a tensor env, NumPy arrays otherwise (a few small in-place NumPy operations per step,
+        # where torch ones cost several times as much)
+        self._where = venv.arrays.state.device if venv.tensor_io else None
+        self._columns = {g.name: _columns(spec.agents, g.agents, self._where) for g in spec.groups}
+        """The columns of each group's agents in the team's agent order: a slice where contiguous."""
+        self._returns: Any
+        self._lengths: Any
+        if self._where is None:
+            self._returns = np.zeros((venv.num_envs, spec.num_agents), dtype=np.float64)
+            self._lengths = np.zeros(venv.num_envs, dtype=np.int64)
+        else:
+            self._returns = torch.zeros(
+                (venv.num_envs, spec.num_agents), dtype=torch.float64, device=self._where
+            )
+            self._lengths = torch.zeros(venv.num_envs, dtype=torch.int64, device=self._where)
         self.env_seconds = 0.0
         """Wall time spent inside the vector env's step since the last `reset`."""
         self._wins = venv if isinstance(venv, WinsEpisodes) else None
@@ -102,9 +110,9 @@ class Stepper:
 
     def _account(self) -> list[Finished]:
         for name, group in self.venv.arrays.groups.items():
-            self._returns[:, self._columns[name]] += torch.as_tensor(group.reward, device=self._where)
+            self._returns[:, self._columns[name]] += group.reward
         self._lengths += 1
-        over = torch.as_tensor(self.venv.episode_over, device=self._where)
+        over = self.venv.episode_over
         if self.max_episode_steps is not None and int(self._lengths.max()) >= self.max_episode_steps:
             raise EpisodeLimitError(
                 f"env '{self.venv.spec.env_id}' ran {self.max_episode_steps} steps without ending an "
@@ -112,29 +120,53 @@ class Stepper:
             )
         if not over.any():
             return []
-        ended = torch.nonzero(over).flatten()
-        returns = self._returns[ended].cpu().numpy()  # only the ended episodes' totals leave the device
+        ended: Any = np.flatnonzero(over) if self._where is None else torch.nonzero(over).flatten()
+        returns = self._returns[ended]  # an advanced index: a copy of the ended episodes' totals
+        if self._where is not None:
+            returns = returns.cpu().numpy()  # only the ended episodes' totals leave the device
         lengths = self._lengths[ended].tolist()
         self._returns[ended] = 0.0
         self._lengths[ended] = 0
+        copies = ended.tolist()
         won: list[bool | None] = (
-            [None] * len(lengths) if self._wins is None else self._wins.episode_won[ended.cpu()].tolist()
+            [None] * len(copies) if self._wins is None else _as_list(self._wins.episode_won, copies)
         )
         return [
             Finished(int(copy), agent_returns, length, copy_won)
-            for copy, agent_returns, length, copy_won in zip(
-                ended.tolist(), returns, lengths, won, strict=True
-            )
+            for copy, agent_returns, length, copy_won in zip(copies, returns, lengths, won, strict=True)
         ]
 
     def state_dict(self) -> dict[str, Any]:
-        """The unfinished episodes' running returns and lengths."""
-        return {"returns": self._returns.cpu().clone(), "lengths": self._lengths.cpu().clone()}
+        """The unfinished episodes' running returns and lengths (CPU tensors)."""
+        return {
+            "returns": torch.as_tensor(self._returns).cpu().clone(),
+            "lengths": torch.as_tensor(self._lengths).cpu().clone(),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore `state_dict()`."""
-        self._returns.copy_(state["returns"])
-        self._lengths.copy_(state["lengths"])
+        if self._where is None:
+            self._returns[...] = torch.as_tensor(state["returns"]).numpy()
+            self._lengths[...] = torch.as_tensor(state["lengths"]).numpy()
+        else:
+            self._returns.copy_(state["returns"])
+            self._lengths.copy_(state["lengths"])
+
+
+def _columns(agents: Sequence[str], members: Sequence[str], device: torch.device | None) -> slice | Any:
+    """The columns of `members` among `agents`: a slice where they are contiguous and in order, else an
+    index (NumPy, or a torch tensor on `device`)."""
+    columns = [agents.index(a) for a in members]
+    if columns == list(range(columns[0], columns[0] + len(columns))):
+        return slice(columns[0], columns[0] + len(columns))
+    return np.array(columns) if device is None else torch.tensor(columns, device=device)
+
+
+def _as_list(flags: np.ndarray | torch.Tensor, copies: list[int]) -> list[bool | None]:
+    """`flags` of the copies named, as Python bools."""
+    if isinstance(flags, torch.Tensor):
+        flags = flags.cpu().numpy()
+    return [bool(flags[copy]) for copy in copies]
 
 
 class PolicyActing:
