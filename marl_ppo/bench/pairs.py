@@ -156,7 +156,8 @@ def _returns(ours: dict[str, Any], theirs: PeerResult) -> str:
     return f"; team return marl_ppo {ours['team_return_mean']:.1f}, {theirs.team_return:.1f}"
 
 
-def _median(values: list[float]) -> float:
+def median(values: list[float]) -> float:
+    """The median, or nan for no values (a case that never ran)."""
     return statistics.median(values) if values else float("nan")
 
 
@@ -171,13 +172,13 @@ def peer_report(done: list[PeerCase]) -> str:
         if case.unavailable is not None and not case.ours:
             lines.append(f"{case.name:20s} {case.peer.name:>9s} skipped: {case.unavailable}")
             continue
-        ours = _median([summary["sps"] for summary in case.ours])
-        theirs = _median([result.sps for result in case.theirs])
+        ours = median([summary["sps"] for summary in case.ours])
+        theirs = median([result.sps for result in case.theirs])
         ratios = case.ratios()
         spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else ""
         agent_steps = f"{ours * case.agents:.0f} / {theirs * case.agents:.0f}"
         lines.append(
             f"{case.name:20s} {case.peer.name:>9s} {ours:12.2f} {theirs:9.2f} {agent_steps:>21s} "
-            f"{_median(ratios):6.2f} {spread:>11s} {len(ratios):5d}"
+            f"{median(ratios):6.2f} {spread:>11s} {len(ratios):5d}"
         )
     return "\n".join(lines)

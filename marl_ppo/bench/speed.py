@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from marl_ppo.bench.pairs import PeerCase, peer_cases, peer_report, run_pair
+from marl_ppo.bench.pairs import PeerCase, median, peer_cases, peer_report, run_pair
 from marl_ppo.run.rundir import read_summary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -289,10 +288,6 @@ def cases(steps: int, device: str = "cpu") -> list[Case]:
     ]
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
 def report(done: list[Case]) -> str:
     """The table of medians."""
     header = (
@@ -301,20 +296,20 @@ def report(done: list[Case]) -> str:
     )
     lines = [header]
     for case in done:
-        raw = _median([value for pair in case.raw_sps for value in pair])
-        sps = _median([r["sps"] for r in case.results])
+        raw = median([value for pair in case.raw_sps for value in pair])
+        sps = median([r["sps"] for r in case.results])
         ratios = case.ratios()
         spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else ""
         shares = {}
         for key in ("env_s", "act_s", "learn_s"):
-            shares[key] = _median(
+            shares[key] = median(
                 [r[key] / max(r["env_s"] + r["act_s"] + r["learn_s"], 1e-9) for r in case.results]
             )
         per_agent_step = 1e6 / (sps * case.agents) if sps else float("nan")
         lines.append(
-            f"{case.name:20s} {raw:9.0f} {sps:9.0f} {_median(ratios):6.2f} {spread:>11s} {per_agent_step:13.1f} "
+            f"{case.name:20s} {raw:9.0f} {sps:9.0f} {median(ratios):6.2f} {spread:>11s} {per_agent_step:13.1f} "
             f"{100 * shares['env_s']:6.1f} {100 * shares['act_s']:6.1f} {100 * shares['learn_s']:7.1f} "
-            f"{_median([r['peak_rss_mb'] for r in case.results]):8.0f}"
+            f"{median([r['peak_rss_mb'] for r in case.results]):8.0f}"
         )
     return "\n".join(lines)
 
@@ -326,7 +321,7 @@ def paired_ratio(done: list[Case], case: str, reference: str) -> str | None:
         return None
     ratios = [a["sps"] / b["sps"] for a, b in zip(found[case].results, found[reference].results, strict=True)]
     return (
-        f"{case} / {reference}: {_median(ratios):.2f} steps/s ratio (range {min(ratios):.2f}-{max(ratios):.2f}, "
+        f"{case} / {reference}: {median(ratios):.2f} steps/s ratio (range {min(ratios):.2f}-{max(ratios):.2f}, "
         f"{len(ratios)} pairs)"
     )
 
@@ -393,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"simple_spread raw without its assertion-only wrappers and discarded observations "
             f"(how the adapter steps it): "
-            f"{_median(bare):.0f} steps/s"
+            f"{median(bare):.0f} steps/s"
         )
     return 0
 
