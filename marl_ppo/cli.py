@@ -131,7 +131,7 @@ def _add_sweep(commands: Commands) -> argparse.ArgumentParser:
     sweep.add_argument(
         "--ray",
         metavar="ADDRESS",
-        help="run each run as a Ray task on the cluster at ADDRESS (auto or host:port); resumes unfinished runs",
+        help="run each run as a Ray task on the cluster at ADDRESS (auto or host:port)",
     )
     return sweep
 
@@ -388,9 +388,7 @@ def _sweep(options: argparse.Namespace) -> int:
     from marl_ppo.analysis.sweep import default_jobs, parse_grid, plan_sweep, run_sweep, summary_line
 
     grid = parse_grid(options.overrides)
-    runs, config = plan_sweep(
-        options.experiment, grid, options.seeds, options.out, resume=options.ray is not None
-    )
+    runs, config = plan_sweep(options.experiment, grid, options.seeds, options.out)
     resolve_factory(config.env.id)  # unknown ids and missing extras fail here, before any process starts
     if options.ray is not None:
         return _sweep_on_ray(options, runs, config)

@@ -1,13 +1,17 @@
 """Sweeps: grid parsing, run directories, one process per run, failures named with their logs."""
 
 import json
+import signal
+import subprocess
 import sys
+import threading
 
 import pytest
 import yaml
 
 from marl_ppo.analysis import sweep as sweep_module
 from marl_ppo.analysis.sweep import parse_grid, plan_sweep, split_values
+from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.cli import main
 from marl_ppo.config import config_to_dict, load_config
 from marl_ppo.run.host import settled_epochs
@@ -149,11 +153,51 @@ def test_bad_sweep_input_stops_before_any_run(experiment, tmp_path, capsys, grid
     assert not (tmp_path / "runs").exists()
 
 
-def test_an_unfinished_run_dir_is_an_error_not_overwritten(experiment, tmp_path, capsys):
+def test_an_unfinished_run_of_another_config_is_an_error_not_overwritten(experiment, tmp_path, capsys):
     (tmp_path / "matrix" / "seed0").mkdir(parents=True)
     (tmp_path / "matrix" / "seed0" / "config.yaml").write_text("seed: 0\n")
     assert main(["sweep", str(experiment), "--seeds", "1", "--out", str(tmp_path)]) == 2
-    assert "holds an unfinished run; remove it or pass another --out" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "holds an unfinished run of another config" in err and err.count("\n") == 1
+    assert (tmp_path / "matrix" / "seed0" / "config.yaml").read_text() == "seed: 0\n"
+
+
+def test_a_local_sweep_stopped_midway_and_started_again_resumes_its_unfinished_seed(tmp_path, capsys):
+    experiment = tmp_path / "matrix.yaml"
+    experiment.write_text(yaml.safe_dump({**TINY_MATRIX, "total_steps": 400, "log": {"checkpoint_every": 1}}))
+    out = tmp_path / "runs"
+    args = ["sweep", str(experiment), "--seeds", "2", "--jobs", "1", "--out", str(out)]
+    first, second = out / "matrix" / "seed0", out / "matrix" / "seed1"
+    sweep = subprocess.Popen([sys.executable, "-m", "marl_ppo", *args], stdout=subprocess.PIPE, text=True)
+    try:
+        while not (first / "summary.json").exists() or not (second / "checkpoints" / "latest.pt").exists():
+            assert sweep.poll() is None, "the sweep ended before it could be stopped"
+            threading.Event().wait(0.05)
+        sweep.send_signal(signal.SIGINT)  # Ctrl-C: the sweep stops its training, which checkpoints
+        sweep.communicate(timeout=120)
+    finally:
+        sweep.kill()
+    assert not (second / "summary.json").exists()
+    stopped = load_checkpoint(second / "checkpoints" / "latest.pt")["env_steps"]
+    assert 0 < stopped < 400
+    finished = (first / "summary.json").read_bytes(), (first / "summary.json").stat().st_mtime_ns
+
+    assert main(args) == 0
+    assert "sweep matrix: 1 finished, 1 skipped (already finished), 0 failed" in capsys.readouterr().out
+    assert ((first / "summary.json").read_bytes(), (first / "summary.json").stat().st_mtime_ns) == finished
+    assert json.loads((second / "summary.json").read_text())["env_steps"] == 400
+    log = second.with_name("seed1.log").read_text()
+    assert "stopped by SIGTERM" in log and "done: 400 env steps" in log  # one log, both parts: resumed
+
+
+def test_a_run_stopped_before_its_first_checkpoint_starts_over(experiment, tmp_path, monkeypatch):
+    run_dir = tmp_path / "matrix" / "seed0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "tensorboard").mkdir()  # what a run leaves before it writes its config
+    runs, _ = plan_sweep(experiment, {}, 1, tmp_path)
+    words, mode = sweep_module.launch_words(experiment, runs[0])
+    assert mode == "w" and "--resume" not in words and words[-2:] == ["--run-dir", str(run_dir)]
+    assert not run_dir.exists()
 
 
 @pytest.mark.parametrize("command", [[], ["eval"], ["sweep"], ["report"]])

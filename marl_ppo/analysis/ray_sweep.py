@@ -12,10 +12,8 @@ tasks' trainings the way Ctrl-C stops a training: after a checkpoint.
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -23,7 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from marl_ppo.analysis.sweep import SweepError, SweepOutcome, SweepRun, _command, _result_line
+from marl_ppo.analysis.sweep import SweepError, SweepOutcome, SweepRun, _result_line, launch_words
 from marl_ppo.config import ExperimentConfig
 from marl_ppo.rollout.ray_workers import connect_ray, import_ray
 from marl_ppo.run.host import run_cores
@@ -40,26 +38,16 @@ def run_finished(run: SweepRun) -> bool:
     return is_finished(run.run_dir)
 
 
-def train_run(command: list[str], run_dir: str, log_file: str) -> tuple[int, str]:
-    """A Ray task: finish one run of the sweep (resume it, or start it); its exit status and node.
-
-    `command` is the fresh run's `marl-ppo train` command. A cancelled task stops its training with
-    SIGTERM, which checkpoints it.
-    """
+def train_run(experiment: Path, run: SweepRun) -> tuple[int, str]:
+    """A Ray task: finish one run of the sweep (resume it, or start it, as a local sweep does); its
+    exit status and node. A cancelled task stops its training with SIGTERM, which checkpoints it."""
     import ray
 
     node = ray.get_runtime_context().get_node_id()
-    directory = Path(run_dir)
-    if is_finished(directory):
+    if is_finished(run.run_dir):
         return 0, node
-    if (directory / "checkpoints" / "latest.pt").exists():
-        words = [sys.executable, "-m", "marl_ppo", "train", "--resume", run_dir, "log.progress=false"]
-        mode = "a"  # the log goes on where the stopped run's ended
-    else:
-        if directory.exists():  # stopped before its first checkpoint: nothing to resume
-            shutil.rmtree(directory)
-        words, mode = [sys.executable, *command[1:]], "w"
-    with open(log_file, mode) as log:
+    words, mode = launch_words(experiment, run)
+    with open(run.log_file, mode) as log:
         process = subprocess.Popen(words, stdout=log, stderr=log)
         try:
             while process.poll() is None:  # not a blocking wait: Ray's cancel arrives between bytecodes
@@ -101,8 +89,7 @@ def run_sweep_on_ray(
             while pending and (jobs is None or len(running) < jobs):
                 run = pending.pop(0)
                 run.run_dir.parent.mkdir(parents=True, exist_ok=True)
-                command = _command(experiment.absolute(), _absolute(run))
-                running[task.remote(command, str(run.run_dir.absolute()), str(run.log_file.absolute()))] = run
+                running[task.remote(experiment.absolute(), _absolute(run))] = run
             ready, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
             for ref in ready:
                 _finish(ray, ref, running.pop(ref), outcome, total, echo)

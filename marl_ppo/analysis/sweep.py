@@ -6,13 +6,17 @@ validated before the first process starts. A run whose directory already holds a
 (`summary.json`) is skipped only when that run's resolved config (its `config.yaml`) is the one the
 sweep would start; a finished run of another config stops the sweep before any process starts,
 with one line naming the keys that differ, so a re-run after a failure reuses exactly its own runs
-and a changed setting never passes off another config's results as its own.
+and a changed setting never passes off another config's results as its own. An unfinished run of
+the same config (a sweep stopped by Ctrl-C, a lost machine) continues from its last checkpoint
+(`train --resume`), or starts over when it stopped before its first one: the same sweep started
+again finishes what the stopped one left.
 """
 
 from __future__ import annotations
 
 import itertools
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -108,11 +112,9 @@ def _dir_name(assignments: Sequence[tuple[str, str]]) -> str:
 
 
 def plan_sweep(
-    experiment: Path, grid: dict[str, list[str]], seeds: int, out: Path, *, resume: bool = False
+    experiment: Path, grid: dict[str, list[str]], seeds: int, out: Path
 ) -> tuple[list[SweepRun], ExperimentConfig]:
-    """Every (grid point, seed) run with its validated overrides and run directory; the first config.
-
-    `resume`: the executor continues unfinished runs (a sweep on Ray), so their directories are not refused."""
+    """Every (grid point, seed) run with its validated overrides and run directory; the first config."""
     if seeds < 1:
         raise SweepError(f"--seeds {seeds} must be at least 1")
     sweep_dir = out / experiment.stem
@@ -131,7 +133,7 @@ def plan_sweep(
             run_dir = config_dir / f"seed{seed}" if varying else sweep_dir / f"seed{seed}"
             name = run_dir.relative_to(sweep_dir).as_posix()
             run = SweepRun(name, (*overrides, f"seed={seed}"), run_dir)
-            _check_reusable(run, config, resume=resume)
+            _check_reusable(run, config)
             runs.append(run)
     assert first is not None
     return runs, first
@@ -162,20 +164,15 @@ def _ignored(key: str) -> bool:
     return key == "log.progress" or key.split(".")[0] in CHECK_KEYS
 
 
-def _check_reusable(run: SweepRun, config: ExperimentConfig, *, resume: bool = False) -> None:
-    """Refuse a run directory that holds a run of another config, or an unfinished run unless `resume`
-    (the executor continues it then)."""
+def _check_reusable(run: SweepRun, config: ExperimentConfig) -> None:
+    """Refuse a run directory that holds a run, finished or not, of another config (an unfinished run
+    of this config is continued by `launch_words`)."""
     if not run.run_dir.exists() or not any(run.run_dir.iterdir()):
         return
     saved = run.run_dir / "config.yaml"
     finished = is_finished(run.run_dir)
-    if not finished:
-        if not resume:
-            raise SweepError(
-                f"run directory '{run.run_dir}' holds an unfinished run; remove it or pass another --out"
-            )
-        if not saved.exists():
-            return  # stopped before it wrote its config: the run starts afresh there
+    if not finished and not saved.exists():
+        return  # stopped before it wrote its config: the run starts afresh there
     try:
         recorded = yaml.safe_load(saved.read_text())
     except (OSError, yaml.YAMLError):
@@ -219,6 +216,18 @@ def _command(experiment: Path, run: SweepRun) -> list[str]:
     ]
 
 
+def launch_words(experiment: Path, run: SweepRun) -> tuple[list[str], str]:
+    """The command that finishes an unfinished run, and the mode its log file opens in: `train
+    --resume` for a run with a checkpoint (its log goes on), a fresh `train` otherwise (a directory a
+    run left before its first checkpoint is cleared first)."""
+    if (run.run_dir / "checkpoints" / "latest.pt").exists():
+        resume = [sys.executable, "-m", "marl_ppo", "train", "--resume", str(run.run_dir)]
+        return [*resume, "log.progress=false"], "a"
+    if run.run_dir.exists():
+        shutil.rmtree(run.run_dir)
+    return _command(experiment, run), "w"
+
+
 def _result_line(run: SweepRun) -> str:
     summary = read_summary(run.run_dir)
     if summary is None:  # exit 0 without a summary: it did not train to its end
@@ -246,8 +255,9 @@ def run_sweep(
             while pending and len(running) < jobs:
                 run = pending.pop(0)
                 run.run_dir.parent.mkdir(parents=True, exist_ok=True)
-                with open(run.log_file, "w") as log:
-                    running[run] = subprocess.Popen(_command(experiment, run), stdout=log, stderr=log)
+                words, mode = launch_words(experiment, run)
+                with open(run.log_file, mode) as log:
+                    running[run] = subprocess.Popen(words, stdout=log, stderr=log)
             time.sleep(0.1)
             for run, process in list(running.items()):
                 if process.poll() is None:
