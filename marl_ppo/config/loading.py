@@ -94,6 +94,21 @@ def build_config(data: Mapping[str, Any]) -> ExperimentConfig:
 
 
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> ExperimentConfig:
-    """Experiment file (optional) plus `key=value` overrides -> validated ExperimentConfig."""
+    """Experiment file (optional) plus `key=value` overrides -> validated ExperimentConfig.
+
+    Where neither sets `num_envs`, an env registered with its own number of copies (a batched
+    simulator: VMAS, JaxMARL) gets that number instead of the default."""
     data = load_yaml(path) if path is not None else {}
-    return build_config(merge(data, parse_overrides(overrides)))
+    return build_config(with_family_copies(merge(data, parse_overrides(overrides))))
+
+
+def with_family_copies(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with `num_envs` set to the copies its env's registration asks for, when it sets none."""
+    env = data.get("env")
+    env_id = env.get("id") if isinstance(env, Mapping) else None
+    if "num_envs" in data or not isinstance(env_id, str):
+        return data
+    from marl_ppo.envs.registry import default_copies  # the registry imports nothing heavy
+
+    copies = default_copies(env_id)
+    return data if copies is None else {**data, "num_envs": copies}

@@ -420,7 +420,9 @@ class ExperimentConfig:
     total_steps: PositiveInt = 1_000_000
     """Environment steps to train for (one step of one env copy counts once, not once per agent)."""
     num_envs: PositiveInt = 16
-    """Environment copies stepped in parallel."""
+    """Environment copies stepped in parallel. An env registered with a number of copies of its own
+    (a batched simulator: `vmas/*` 1,024, `jaxmarl/*` 64) gets that number when a config does not set
+    `num_envs`."""
     vector: Literal["auto", "sync", "subprocess", "workers", "ray"] = "auto"
     """Where the env copies run: `sync` in this process; `subprocess` in `num_workers` processes that
     step them while this process acts; `workers` in `num_workers` processes that also act, each with a

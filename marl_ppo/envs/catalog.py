@@ -24,7 +24,7 @@ import importlib
 from typing import Any
 
 from marl_ppo.envs import families
-from marl_ppo.envs.families import make_vmas
+from marl_ppo.envs.families import VMAS_COPIES, make_vmas
 from marl_ppo.envs.registry import EnvError, Factory, register_env, register_prefix
 
 MPE2_SCENARIOS = (
@@ -188,7 +188,9 @@ def register_catalog() -> None:
         register_env(f"rware/{_slug(task)}", factory, extra="rware", requires=("rware",))
     for scenario in VMAS_SCENARIOS:
         factory = functools.partial(make_vmas, scenario)
-        register_env(f"vmas/{scenario}", factory, extra="vmas", requires=("vmas",), batched=True)
+        register_env(
+            f"vmas/{scenario}", factory, extra="vmas", requires=("vmas",), batched=True, copies=VMAS_COPIES
+        )
     register_mamujoco()
     register_hanabi()
     families.register_families()

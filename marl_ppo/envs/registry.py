@@ -54,6 +54,9 @@ class EnvSpec:
     """The batched simulator computes on a thread pool of its own (JAX's): with `torch_threads: auto`
     the learner then keeps to one torch thread, since two spinning pools on the same cores slow each
     other's small operations tenfold."""
+    copies: int | None = None
+    """The `num_envs` a config that does not set it gets (a batched simulator pays off only with many
+    copies); None: the config's own default."""
 
     @property
     def family(self) -> str:
@@ -97,6 +100,8 @@ class IdFamily:
     """Its factory builds all copies at once (see EnvSpec.batched)."""
     own_threads: bool = False
     """Its batched simulator computes on a thread pool of its own (see EnvSpec.own_threads)."""
+    copies: int | None = None
+    """Its ids' `num_envs` when a config does not set it (see EnvSpec.copies)."""
     names: Callable[[], list[str]] | None = None
     """The names the family offers, for `marl-ppo envs` and close-match hints (may import its package)."""
     closed: bool = True
@@ -114,6 +119,7 @@ class IdFamily:
             self.requires,
             self.batched,
             self.own_threads,
+            self.copies,
         )
         if self.closed and self.names is not None and spec.installed:
             offered = self.names()
@@ -169,15 +175,20 @@ def register_env(
     requires: tuple[str, ...] = (),
     batched: bool = False,
     own_threads: bool = False,
+    copies: int | None = None,
     **default_kwargs: Any,
 ) -> Any:
-    """Register `factory` under `env_id`; without a factory, returns a decorator that registers its target."""
+    """Register `factory` under `env_id`; without a factory, returns a decorator that registers its target.
+
+    `batched=True`: the factory builds every copy at once (it takes `num_envs`, `device` and `seed`);
+    `copies`: the `num_envs` a config that does not set it gets (for a batched simulator, the number
+    at which it pays off)."""
     if not env_id or env_id != env_id.strip() or " " in env_id:
         raise EnvError(f"invalid env id {env_id!r}; use a name like 'myfamily/my_env_v0'")
 
     def add(target: Factory | str) -> Factory | str:
         _REGISTRY[env_id] = EnvSpec(
-            env_id, target, dict(default_kwargs), extra, tuple(requires), batched, own_threads
+            env_id, target, dict(default_kwargs), extra, tuple(requires), batched, own_threads, copies
         )
         return target
 
@@ -195,6 +206,7 @@ def register_prefix(
     requires: tuple[str, ...] = (),
     batched: bool = False,
     own_threads: bool = False,
+    copies: int | None = None,
     names: Callable[[], list[str]] | None = None,
     closed: bool = True,
 ) -> None:
@@ -202,7 +214,9 @@ def register_prefix(
     `names` lists what the family offers (see IdFamily)."""
     if not prefix.endswith("/"):
         raise EnvError(f"invalid id prefix {prefix!r}; a prefix ends with '/', like 'gymnasium/'")
-    _PREFIXES[prefix] = IdFamily(prefix, factory, extra, tuple(requires), batched, own_threads, names, closed)
+    _PREFIXES[prefix] = IdFamily(
+        prefix, factory, extra, tuple(requires), batched, own_threads, copies, names, closed
+    )
 
 
 def id_families() -> list[IdFamily]:
@@ -241,6 +255,25 @@ def env_spec(env_id: str) -> EnvSpec:
             f"first: env.id=path/to/file.py:{env_id}"
         )
     raise EnvError(f"unknown env id '{env_id}'; {hint}")
+
+
+def default_copies(env_id: str) -> int | None:
+    """The `num_envs` that `env_id`'s registration asks for when a config does not set it (see
+    EnvSpec.copies); None for an unknown id (refused later, with its hint) or a bare callable."""
+    try:
+        name = registered_id(env_id)
+    except EnvError:
+        return None
+    if name is None:
+        return None
+    if name not in _REGISTRY:
+        _load_entry_points()
+    if name in _REGISTRY:
+        return _REGISTRY[name].copies
+    for family in sorted(_PREFIXES.values(), key=lambda family: -len(family.prefix)):
+        if name.startswith(family.prefix) and len(name) > len(family.prefix):
+            return family.copies
+    return None
 
 
 def registered_id(env_id: str) -> str | None:

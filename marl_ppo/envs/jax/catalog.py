@@ -12,6 +12,10 @@ from marl_ppo.envs.registry import EnvError, register_prefix
 
 JAX_REQUIRES = ("jax", "jaxmarl")
 
+JAX_COPIES = 64
+"""JaxMARL's `num_envs` when a config does not set it: the copies step as one compiled batch, whose
+cost grows far slower than the number of copies."""
+
 
 def make_jaxmarl(
     name: str, *, num_envs: int = 64, device: str = "cpu", seed: int | None = None, **kwargs: Any
@@ -51,5 +55,6 @@ def register_jaxmarl() -> None:
         requires=JAX_REQUIRES,
         batched=True,
         own_threads=True,
+        copies=JAX_COPIES,
         names=family_names,
     )
