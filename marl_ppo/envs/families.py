@@ -129,7 +129,13 @@ def _turn_based(module: Any) -> bool:
 def register_families() -> None:
     """The `vmas/`, `magent2/` and `pettingzoo/` prefixes (registered catalog ids win over them)."""
     register_prefix(
-        "vmas/", make_vmas, extra="vmas", requires=("vmas",), batched=True, copies=VMAS_COPIES, names=vmas_names
+        "vmas/",
+        make_vmas,
+        extra="vmas",
+        requires=("vmas",),
+        batched=True,
+        copies=VMAS_COPIES,
+        names=vmas_names,
     )
     register_prefix("magent2/", make_magent2, extra="magent2", requires=("magent2",), names=magent2_names)
     register_prefix(
