@@ -243,9 +243,9 @@ def env_spec(env_id: str) -> EnvSpec:
         _load_entry_points()
     if env_id in _REGISTRY:
         return _REGISTRY[env_id]
-    for family in sorted(_PREFIXES.values(), key=lambda family: -len(family.prefix)):
-        if env_id.startswith(family.prefix) and len(env_id) > len(family.prefix):
-            return family.spec(env_id)
+    family = _family_of(env_id)
+    if family is not None:
+        return family.spec(env_id)
     close = difflib.get_close_matches(env_id, list(_REGISTRY), n=3, cutoff=0.5)
     if close:
         hint = f"did you mean {', '.join(repr(c) for c in close)}?"
@@ -270,9 +270,15 @@ def default_copies(env_id: str) -> int | None:
         _load_entry_points()
     if name in _REGISTRY:
         return _REGISTRY[name].copies
+    family = _family_of(name)
+    return None if family is None else family.copies
+
+
+def _family_of(env_id: str) -> IdFamily | None:
+    """The registered prefix family `env_id` belongs to (the longest prefix that matches), or None."""
     for family in sorted(_PREFIXES.values(), key=lambda family: -len(family.prefix)):
-        if name.startswith(family.prefix) and len(name) > len(family.prefix):
-            return family.copies
+        if env_id.startswith(family.prefix) and len(env_id) > len(family.prefix):
+            return family
     return None
 
 
