@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 # light imports only: `--help` and `envs` answer without torch, NumPy or pydantic; each command
 # imports what it needs
 from marl_ppo.console import as_invoked, quiet_closed_outputs, shell_command
-from marl_ppo.envs.registry import id_families, registered_specs, resolve_factory
 from marl_ppo.faults import RunFault, UserError
+from marl_ppo.registry import id_families, registered_specs, resolve_factory
 
 if TYPE_CHECKING:
     from marl_ppo.config import ExperimentConfig

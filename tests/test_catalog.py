@@ -11,9 +11,9 @@ from conftest import ROOT
 
 from marl_ppo.config import load_config, yaml_value
 from marl_ppo.envs.factory import build_vector_env, team_spec
-from marl_ppo.envs.registry import registered_specs
 from marl_ppo.eval.random_policy import random_actions
 from marl_ppo.eval.versus import sides_of
+from marl_ppo.registry import registered_specs
 from marl_ppo.run.loop import train
 
 CATALOG = [spec for spec in registered_specs() if spec.family != "envs"]
@@ -150,7 +150,7 @@ def _snapshot(x):
 def test_a_butterfly_pixel_env_refuses_no_render_mode_with_one_line():
     """Pistonball draws its frames only under a render mode: asked for none, the run would learn from a
     frozen first frame, so building it says so in one line."""
-    from marl_ppo.envs.registry import EnvError, make_env
+    from marl_ppo.registry import EnvError, make_env
 
     pytest.importorskip("pymunk")
     with pytest.raises(EnvError) as caught:

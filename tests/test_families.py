@@ -10,7 +10,7 @@ from conftest import ROOT
 import marl_ppo
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
-from marl_ppo.envs.registry import EnvError, env_spec, make_env
+from marl_ppo.registry import EnvError, env_spec, make_env
 from marl_ppo.run.conformance import check_env
 from marl_ppo.run.loop import train
 

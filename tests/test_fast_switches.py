@@ -14,9 +14,9 @@ from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.config import ConfigError, load_config
 from marl_ppo.config.records import REMOVED_FAST_KEYS
 from marl_ppo.envs.factory import make_adapter, team_spec
-from marl_ppo.envs.registry import make_env
 from marl_ppo.fast.adam import FlatAdam
 from marl_ppo.fast.screen_copy import one_screen_copy
+from marl_ppo.registry import make_env
 from marl_ppo.run.loop import train
 
 SPREAD = ROOT / "experiments/mpe/simple_spread.yaml"

@@ -12,8 +12,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from marl_ppo.config import load_config
 from marl_ppo.envs.factory import build_vector_env
-from marl_ppo.envs.registry import EnvError, env_spec, id_families
 from marl_ppo.envs.vector.base import VectorEnv, WinsEpisodes
+from marl_ppo.registry import EnvError, env_spec, id_families
 from marl_ppo.run.loop import train
 from marl_ppo.run.plan import plan_run
 

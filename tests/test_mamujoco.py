@@ -10,7 +10,7 @@ from conftest import ROOT
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
 from marl_ppo.envs.factory import build_vector_env, team_spec
-from marl_ppo.envs.registry import EnvError, env_spec, make_env, registered_ids
+from marl_ppo.registry import EnvError, env_spec, make_env, registered_ids
 from marl_ppo.run.loop import train
 
 HALFCHEETAH = ROOT / "experiments/mamujoco/halfcheetah_2x3.yaml"

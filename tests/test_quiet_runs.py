@@ -7,7 +7,7 @@ import pytest
 from conftest import ROOT
 
 from marl_ppo.config import load_config
-from marl_ppo.envs.registry import make_env
+from marl_ppo.registry import make_env
 from marl_ppo.run.loop import train
 
 

@@ -5,7 +5,7 @@ from test_catalog import EPISODES, _experiments
 
 from marl_ppo.cli import main
 from marl_ppo.config import yaml_value
-from marl_ppo.envs.registry import env_spec
+from marl_ppo.registry import env_spec
 
 RENDERED = {
     # one id per family: "video" where its env draws rgb_array frames here, else "refused" (exit 2)

@@ -12,9 +12,9 @@ from marl_ppo.algo.schedule import LrSchedule
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import load_config
 from marl_ppo.envs.grouping import build_team_spec
-from marl_ppo.envs.registry import make_env
 from marl_ppo.models.layers import AgentMLP
 from marl_ppo.models.team import TeamModel
+from marl_ppo.registry import make_env
 
 SPREAD = "mpe2/simple_spread_v3"
 

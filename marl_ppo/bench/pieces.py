@@ -34,8 +34,8 @@ def paired(name: str, ours: Callable[[], None], library: Callable[[], None], rep
 
 def lean_cycle() -> None:
     from marl_ppo.envs.adapters.check_wrappers import without_check_wrappers
-    from marl_ppo.envs.registry import make_env
     from marl_ppo.fast.lean_cycle import lean_cycle as lean
+    from marl_ppo.registry import make_env
 
     kwargs = {"N": 3, "max_cycles": 25, "continuous_actions": False}
     ours = lean(without_check_wrappers(make_env("mpe2/simple_spread_v3", **kwargs)))
@@ -70,9 +70,9 @@ def _raw_steps(env: Any, actions: list[dict[str, Any]], *, state: bool = False) 
 def screen_copy() -> None:
     """Pistonball's and cooperative_pong's observations and state per step, from one screen copy and
     from the envs' own calls."""
-    from marl_ppo.envs.registry import make_env
     from marl_ppo.fast.lean_cycle import lean_cycle as lean
     from marl_ppo.fast.screen_copy import one_screen_copy
+    from marl_ppo.registry import make_env
 
     for env_id, short in (
         ("butterfly/pistonball_v6", "pistonball"),

@@ -49,8 +49,8 @@ def raw_pettingzoo_sps(
     how much of the step they cost.
     """
     from marl_ppo.envs.adapters.check_wrappers import without_check_wrappers
-    from marl_ppo.envs.registry import make_env
     from marl_ppo.fast.lean_cycle import lean_cycle
+    from marl_ppo.registry import make_env
 
     env = make_env(env_id, **kwargs)
     if bare:

@@ -108,7 +108,7 @@ def with_family_copies(data: dict[str, Any]) -> dict[str, Any]:
     env_id = env.get("id") if isinstance(env, Mapping) else None
     if "num_envs" in data or not isinstance(env_id, str):
         return data
-    from marl_ppo.envs.registry import default_copies  # the registry imports nothing heavy
+    from marl_ppo.registry import default_copies  # the registry imports nothing heavy
 
     copies = default_copies(env_id)
     return data if copies is None else {**data, "num_envs": copies}

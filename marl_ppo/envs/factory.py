@@ -26,7 +26,6 @@ from marl_ppo.envs.adapters.gymnasium import GymnasiumTeamEnv
 from marl_ppo.envs.adapters.pettingzoo import ParallelEnvAdapter
 from marl_ppo.envs.frames import FrameOptions, with_frame_options
 from marl_ppo.envs.grouping import build_team_spec
-from marl_ppo.envs.registry import EnvError, env_spec, make_env, registered_id
 from marl_ppo.envs.spec import GroupSpec, TeamArrays, TeamSpec
 from marl_ppo.envs.vector.base import VectorEnv
 from marl_ppo.envs.vector.subprocess import SubprocessVectorEnv
@@ -34,6 +33,7 @@ from marl_ppo.envs.vector.sync import SyncVectorEnv
 from marl_ppo.envs.vmas.adapter import VmasVectorEnv
 from marl_ppo.fast.lean_cycle import lean_cycle
 from marl_ppo.fast.screen_copy import one_screen_copy
+from marl_ppo.registry import EnvError, env_spec, make_env, registered_id
 
 
 def is_batched(config: ExperimentConfig) -> bool:

@@ -13,9 +13,9 @@ import torch
 
 from marl_ppo.config import ExperimentConfig
 from marl_ppo.envs.factory import is_batched, make_team_env, probe_step_seconds, resolve_vector, team_spec
-from marl_ppo.envs.registry import anchored
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.models.layers import resolve_device, resolve_precision
+from marl_ppo.registry import anchored
 from marl_ppo.run.host import convolutional, learner_threads, settled_epochs, update_threads
 
 
