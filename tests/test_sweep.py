@@ -1,10 +1,13 @@
 """Sweeps: grid parsing, run directories, one process per run, failures named with their logs."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -162,11 +165,33 @@ def test_an_unfinished_run_of_another_config_is_an_error_not_overwritten(experim
     assert (tmp_path / "matrix" / "seed0" / "config.yaml").read_text() == "seed: 0\n"
 
 
+def _children(pid):
+    """The process ids of `pid`'s children (Linux's /proc)."""
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _wait_until(condition, seconds=60.0):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "waited a minute for the sweep's processes"
+        threading.Event().wait(0.01)
+
+
+def _state(pid):
+    """A process's state letter (R running, S sleeping, T stopped, ...), from Linux's /proc."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+
+
+def _pending(pid, signum):
+    """Whether `signum` waits, undelivered, for process `pid` (held by SIGSTOP)."""
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    mask = int(status["ShdPnd"], 16) | int(status["SigPnd"], 16)
+    return bool(mask & (1 << (signum - 1)))
+
+
 def test_a_local_sweep_stopped_midway_and_started_again_resumes_its_unfinished_seed(tmp_path, capsys):
     experiment = tmp_path / "matrix.yaml"
-    # seed 1 has some 490 updates left after its first checkpoint: time for the Ctrl-C to land on a busy machine
-    steps = {"total_steps": 4000, "log": {"checkpoint_every": 10}}
-    experiment.write_text(yaml.safe_dump({**TINY_MATRIX, **steps}))
+    experiment.write_text(yaml.safe_dump({**TINY_MATRIX, "total_steps": 800, "log": {"checkpoint_every": 2}}))
     out = tmp_path / "runs"
     args = ["sweep", str(experiment), "--seeds", "2", "--jobs", "1", "--out", str(out)]
     first, second = out / "matrix" / "seed0", out / "matrix" / "seed1"
@@ -175,21 +200,29 @@ def test_a_local_sweep_stopped_midway_and_started_again_resumes_its_unfinished_s
         while not (first / "summary.json").exists() or not (second / "checkpoints" / "latest.pt").exists():
             assert sweep.poll() is None, "the sweep ended before it could be stopped"
             threading.Event().wait(0.05)
+        # seed 1 is held still until the sweep's SIGTERM reaches it, so that it cannot finish first on a busy machine
+        (training,) = _children(sweep.pid)
+        os.kill(training, signal.SIGSTOP)
+        _wait_until(lambda: _state(training) == "T")  # stopped before the SIGTERM comes, which then waits
         sweep.send_signal(signal.SIGINT)  # Ctrl-C: the sweep stops its training, which checkpoints
+        _wait_until(lambda: _pending(training, signal.SIGTERM))
+        os.kill(training, signal.SIGCONT)
         sweep.communicate(timeout=120)
     finally:
+        for pid in _children(sweep.pid) if sweep.poll() is None else []:
+            os.kill(pid, signal.SIGKILL)  # a held training must not outlive a failed test
         sweep.kill()
     assert not (second / "summary.json").exists()
     stopped = load_checkpoint(second / "checkpoints" / "latest.pt")["env_steps"]
-    assert 0 < stopped < 4000
+    assert 0 < stopped < 800
     finished = (first / "summary.json").read_bytes(), (first / "summary.json").stat().st_mtime_ns
 
     assert main(args) == 0
     assert "sweep matrix: 1 finished, 1 skipped (already finished), 0 failed" in capsys.readouterr().out
     assert ((first / "summary.json").read_bytes(), (first / "summary.json").stat().st_mtime_ns) == finished
-    assert json.loads((second / "summary.json").read_text())["env_steps"] == 4000
+    assert json.loads((second / "summary.json").read_text())["env_steps"] == 800
     log = second.with_name("seed1.log").read_text()
-    assert "stopped by SIGTERM" in log and "done: 4000 env steps" in log  # one log, both parts: resumed
+    assert "stopped by SIGTERM" in log and "done: 800 env steps" in log  # one log, both parts: resumed
 
 
 def test_a_run_stopped_before_its_first_checkpoint_starts_over(experiment, tmp_path, monkeypatch):
