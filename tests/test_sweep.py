@@ -1,5 +1,6 @@
 """Sweeps: grid parsing, run directories, one process per run, failures named with their logs."""
 
+import functools
 import json
 import os
 import signal
@@ -195,7 +196,10 @@ def test_a_local_sweep_stopped_midway_and_started_again_resumes_its_unfinished_s
     out = tmp_path / "runs"
     args = ["sweep", str(experiment), "--seeds", "2", "--jobs", "1", "--out", str(out)]
     first, second = out / "matrix" / "seed0", out / "matrix" / "seed1"
-    sweep = subprocess.Popen([sys.executable, "-m", "marl_ppo", *args], stdout=subprocess.PIPE, text=True)
+    # Ctrl-C reaches the sweep even where this test runs with SIGINT ignored (a background job's default)
+    default_sigint = functools.partial(signal.signal, signal.SIGINT, signal.SIG_DFL)
+    command = [sys.executable, "-m", "marl_ppo", *args]
+    sweep = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     try:
         while not (first / "summary.json").exists() or not (second / "checkpoints" / "latest.pt").exists():
             assert sweep.poll() is None, "the sweep ended before it could be stopped"
