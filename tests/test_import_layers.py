@@ -14,10 +14,9 @@ from conftest import ROOT
 PACKAGE = ROOT / "marl_ppo"
 
 LAYERS = [
-    # shared small types, and the hand-written library pieces (which import nothing of ours);
-    # checkpoint files are read by eval and written by run
-    # and the env id registry (ids -> factories, no env library imported), read by the config for a
-    # batched family's own num_envs
+    # shared small types, the hand-written library pieces (which import nothing of ours), checkpoint
+    # files (read by eval, written by run) and the env id registry (ids -> factories, no env library
+    # imported; the config reads it for a batched family's own num_envs)
     (
         "marl_ppo.faults",
         "marl_ppo.config",

@@ -36,9 +36,9 @@ def update_threads(config: ExperimentConfig, *, convolutional: bool = False) -> 
     else runs during the update (`policy_lag: 0`: env and rollout workers wait for the next rollout).
     Collecting goes back to `learner_threads`: then the workers need their cores.
 
-    An MLP learner keeps its one thread for the update too: on an idle machine a second core updates
-    a few hundred minibatch rows 1.2-1.6x as fast, but beside other busy processes the two threads
-    wait for each other at every small product: simple_spread's updates took 12-17x as long."""
+    An MLP learner keeps its one thread for the update too: a second thread speeds its small products
+    up only on an idle machine, and beside other busy processes (a sweep's other runs, the user's own
+    work) two threads wait for each other at every product and make the update many times slower."""
     threads = learner_threads(config, convolutional=convolutional)
     if config.torch_threads != "auto" or config.policy_lag > 0 or has_own_threads(config):
         return threads
