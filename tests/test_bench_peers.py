@@ -56,6 +56,16 @@ def test_the_tutorial_is_the_same_on_both_sides():
     assert model.cnn_padding == "valid" and model.cnn_features == 512 and model.shared_cnn
 
 
+def test_the_tutorial_runs_in_float32_and_at_auto_precision_against_the_same_peer_script():
+    tutorial = {case.name: case for case in peer_cases(2048, 24_000) if case.name.startswith("pistonball")}
+    assert set(tutorial) == {"pistonball_tutorial", "pistonball_tutorial_auto"}
+    for name, precision in (("pistonball_tutorial", "fp32"), ("pistonball_tutorial_auto", "auto")):
+        case = tutorial[name]
+        assert case.peer is peers.SB3 and case.peer_args == ["--env-steps", "2048"]
+        config = load_config(case.experiment, case.overrides)
+        assert config.model.precision == precision and config.total_steps == 2048
+
+
 def test_the_spread_cases_ask_both_sides_for_the_same_budget_and_widths():
     spread = {case.name: case for case in peer_cases(1024, 24_000) if case.name.startswith("spread")}
     assert set(spread) == {"spread_benchmarl_64", "spread_benchmarl_256"}

@@ -126,3 +126,56 @@ def test_native_bf16_answers_for_this_machine():
     assert hasattr(torch.cpu, "_is_avx512_bf16_supported") and hasattr(torch.cpu, "_is_amx_tile_supported")
     assert isinstance(layers.native_bf16(torch.device("cpu")), bool)
     assert layers.native_bf16(torch.device("meta")) is False
+
+
+@pytest.mark.parametrize("copies", [1, 2])
+def test_bf16_cnn_reads_frames_as_bfloat16_and_returns_float32_close_to_fp32(copies):
+    """uint8 frames enter the first convolution as bfloat16 (grey levels are exact there) with the 1/255
+    scale in its filters; the features come back float32 and near the float32 network's, and every
+    gradient is float32 and points the same way."""
+    from marl_ppo.envs.layout import InputPart
+    from marl_ppo.models.encoders import CnnShape, ImageEncoder
+
+    part = InputPart(0, 36 * 36 * 3, shape=(36, 36, 3), frames=True)
+    shape = CnnShape((16, 32), (8, 4), (4, 2), features=64, padding="valid")
+    torch.manual_seed(0)
+    net = ImageEncoder(part, copies=copies, cnn=shape)
+    half = copy.deepcopy(net)
+    half.precision = "bf16"
+    frames = torch.randint(0, 256, (64, copies, part.size), dtype=torch.uint8)
+    weights = torch.randn(64, copies, 64)
+    outputs = {}
+    for name, model in (("fp32", net), ("bf16", half)):
+        seen = []
+        hook = model.convs[1].register_forward_pre_hook(lambda module, args, seen=seen: seen.append(args[0]))
+        out = model(frames)
+        hook.remove()
+        (out * weights).sum().backward()
+        assert out.dtype == torch.float32 and out.shape == (64, copies, 64)
+        assert seen[0].dtype == (torch.bfloat16 if name == "bf16" else torch.float32)
+        assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
+        outputs[name] = out.detach()
+    scale = outputs["fp32"].abs().max()
+    torch.testing.assert_close(outputs["bf16"] / scale, outputs["fp32"] / scale, rtol=0, atol=0.03)
+    for p, q in zip(net.parameters(), half.parameters(), strict=True):
+        cosine = torch.nn.functional.cosine_similarity(p.grad.flatten(), q.grad.flatten(), dim=0)
+        assert cosine > 0.99
+
+
+def test_bf16_cnn_features_of_a_row_do_not_depend_on_the_rows_beside_it():
+    """Acting evaluates frames in chunks of up to 1,024 rows, the update in minibatches: each row's
+    bfloat16 features must be the same either way, or PPO's first ratio would not be 1."""
+    from marl_ppo.envs.layout import InputPart
+    from marl_ppo.models.encoders import CnnShape, ImageEncoder
+
+    part = InputPart(0, 36 * 36 * 3, shape=(36, 36, 3), frames=True)
+    torch.manual_seed(0)
+    encoder = ImageEncoder(
+        part, copies=1, cnn=CnnShape((16, 32), (8, 4), (4, 2), features=64, padding="valid")
+    )
+    encoder.precision = "bf16"
+    frames = torch.randint(0, 256, (512, 1, part.size), dtype=torch.uint8)
+    rows = torch.randperm(512, generator=torch.Generator().manual_seed(1))[:96]
+    with torch.no_grad():
+        whole = encoder(frames)
+    assert torch.equal(whole[rows], encoder(frames[rows]).detach())

@@ -95,7 +95,8 @@ class PeerCase:
 
 
 def peer_cases(pistonball_steps: int, spread_steps: int) -> list[PeerCase]:
-    """The peer cases: pistonball at SB3's tutorial settings, simple_spread at BenchMARL's with two widths."""
+    """The peer cases: pistonball at SB3's tutorial settings (float32 layers and `model.precision: auto`),
+    simple_spread at BenchMARL's with two widths."""
     spread = [
         PeerCase(
             f"spread_benchmarl_{width}",
@@ -107,17 +108,19 @@ def peer_cases(pistonball_steps: int, spread_steps: int) -> list[PeerCase]:
         )
         for width in (64, 256)
     ]
-    return [
+    pistonball = [
         PeerCase(
-            "pistonball_tutorial",
+            f"pistonball_tutorial{suffix}",
             SB3,
             ["--env-steps", str(pistonball_steps)],
             None,
-            [*PISTONBALL_TUTORIAL, f"total_steps={pistonball_steps}"],
+            [*PISTONBALL_TUTORIAL, f"model.precision={precision}", f"total_steps={pistonball_steps}"],
             20,
-        ),
-        *spread,
+        )
+        # float32 as SB3 computes; `auto`: bfloat16 layers where the CPU has bfloat16 instructions
+        for suffix, precision in (("", "fp32"), ("_auto", "auto"))
     ]
+    return [*pistonball, *spread]
 
 
 PEER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

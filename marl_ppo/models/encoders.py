@@ -24,7 +24,7 @@ from torch import nn
 
 from marl_ppo.config import ConfigError, ModelConfig
 from marl_ppo.envs.layout import InputLayout, InputPart
-from marl_ppo.models.layers import StackedLinear
+from marl_ppo.models.layers import StackedLinear, arithmetic, resolve_precision
 
 NO_GRAD_CHUNK = 1024
 """Rows of images a CNN evaluates at once without gradients (acting, diagnostics): bounds the
@@ -43,6 +43,8 @@ class CnnShape:
     orthogonal_init: bool = True
     padding: str = "same"
     """`same` (half the kernel on each side) or `valid` (none), as `model.cnn_padding`."""
+    precision: str = "fp32"
+    """`model.precision`: the convolutions and the linear layer in float32 or bfloat16 (`layers.arithmetic`)."""
 
     @classmethod
     def of(cls, model: ModelConfig) -> CnnShape:
@@ -54,6 +56,7 @@ class CnnShape:
             model.cnn_features,
             model.orthogonal_init,
             model.cnn_padding,
+            model.precision,
         )
 
     def layers(self) -> zip[tuple[int, int, int]]:
@@ -80,6 +83,7 @@ class ImageEncoder(nn.Module):
         self.part = part
         self.copies = copies
         self.scale = 1.0 / 255.0 if part.frames else 1.0
+        self.precision = cnn.precision
         in_channels, height, width = part.chw
         self.convs = nn.ModuleList()
         convs: list[nn.Conv2d] = []
@@ -103,6 +107,8 @@ class ImageEncoder(nn.Module):
                     f"model.cnn_kernels {tuple(cnn.kernels)} without padding; set model.cnn_padding=same or "
                     "smaller kernels"
                 )
+        self._convs = tuple(convs)
+        """The same convolutions, typed (plain references; the ModuleList registers them)."""
         self.flat_dim = in_channels * height * width
         self.linear = StackedLinear(copies, self.flat_dim, cnn.features)
         self.out_dim = cnn.features
@@ -112,16 +118,24 @@ class ImageEncoder(nn.Module):
             self.linear.reset_orthogonal(math.sqrt(2.0))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """`(B, copies, D_part)` stored pixels (HWC or CHW) -> `(B, copies, F)` features."""
+        """`(B, copies, D_part)` stored pixels (HWC or CHW) -> `(B, copies, F)` float32 features."""
         rows = x.shape[0]
         image = x.unflatten(-1, self.part.shape)
         if self.part.shape != self.part.chw:  # HWC as stored -> CHW as convolutions read
             image = image.permute(0, 1, 4, 2, 3)
-        h = image.reshape(rows, -1, *self.part.chw[1:]).float() * self.scale
-        for conv in self.convs:
-            h = F.relu(conv(h))
-        h = h.reshape(rows, self.copies, -1)
-        return F.relu(self.linear(h))
+        h = image.reshape(rows, -1, *self.part.chw[1:])
+        with arithmetic(self.precision, h.device):
+            if resolve_precision(self.precision, h.device) == "bf16":
+                # pixels straight to bfloat16 (exact up to 256) and the scale in the first filters:
+                # one pass over the frames where float32 and autocast's cast would take three
+                first, *rest = self._convs
+                h = F.relu(first._conv_forward(h.to(torch.bfloat16), first.weight * self.scale, first.bias))
+            else:
+                h, rest = h.float() * self.scale, list(self._convs)
+            for conv in rest:
+                h = F.relu(conv(h))
+            h = h.reshape(rows, self.copies, -1)
+            return F.relu(self.linear(h)).float()
 
 
 def _orthogonal_per_copy(conv: nn.Conv2d, copies: int, gain: float) -> None:

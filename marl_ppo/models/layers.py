@@ -134,13 +134,9 @@ class AgentMLP(nn.Module):
             return self._output(self._rest(h))
 
     def _arithmetic(self, x: torch.Tensor) -> contextlib.AbstractContextManager[Any]:
-        """With `bf16`, torch's autocast: the layers' matrix products take bfloat16 copies of their
-        float32 weights and return bfloat16, so the activations between them are bfloat16 too.
-        Weights, gradients (autocast casts them back) and optimizer state stay float32, and the
-        output is float32 (`forward` casts it), so distributions and losses compute as before."""
-        if resolve_precision(self.precision, x.device) == "fp32":
-            return contextlib.nullcontext()
-        return torch.autocast(x.device.type, dtype=torch.bfloat16)
+        """`arithmetic`: the output is float32 (`forward` casts it), so distributions and losses
+        compute as before."""
+        return arithmetic(self.precision, x.device)
 
     def _normalized(self, x: torch.Tensor) -> torch.Tensor:
         """The input as the first layer reads it: LayerNorm without its affine (which lives in the first
@@ -172,6 +168,16 @@ class AgentMLP(nn.Module):
         for layer in self._linears[1:]:
             h = layer(self.activation(h))
         return h
+
+
+def arithmetic(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """The context a network's layers run in under `model.precision`. With `bf16`, torch's autocast:
+    matrix products and convolutions take bfloat16 copies of their float32 weights and return
+    bfloat16, so the activations between them are bfloat16 too. Weights, gradients (autocast casts
+    them back) and optimizer state stay float32; the network casts its output to float32."""
+    if resolve_precision(precision, device) == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
