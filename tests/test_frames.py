@@ -67,6 +67,14 @@ def test_shrinking_averages_each_block_and_rounds():
     assert obs["a"][0, 1].tolist() == [0, 0, 0]
 
 
+def test_a_shrink_by_an_uneven_factor_gives_each_source_pixel_to_one_output_pixel():
+    frame = np.zeros((2, 3, 1), np.uint8)
+    frame[:, :, 0] = [0, 90, 180]  # 3 -> 2 columns: the first two pixels' centres fall in the first half
+    env = FramePreprocess(FrameEnv([frame] * 3), FrameOptions(resize=(2, 2)))
+    obs, _ = env.reset()
+    assert obs["a"][..., 0].tolist() == [[45, 180], [45, 180]]
+
+
 @pytest.mark.parametrize("chw", [False, True])
 def test_stacks_hold_the_last_frames_newest_last_and_restart_from_zeros(chw):
     frames = [_solid(v, v, v) for v in (10, 20, 30, 40)]

@@ -45,8 +45,9 @@ class EnvConfig:
     """Turn image observations (uint8 Boxes of rank 3) into one grey channel, 0.299 R + 0.587 G + 0.114 B,
     before `resize` and `frame_stack` (parallel envs; the state is left to `image_pool`)."""
     resize: tuple[PositiveInt, PositiveInt] | None = None
-    """Resize image observations to `[height, width]`: area averaging where both sides shrink, else
-    bilinear. `image_pool: auto` then leaves them at that size and pools only an image state."""
+    """Resize image observations to `[height, width]` (Pillow): where both sides shrink, each output pixel
+    is the mean of the source pixels whose centres fall in it; else bilinear. `image_pool: auto` then
+    leaves them at that size and pools only an image state."""
     frame_stack: PositiveInt = 1
     """Each agent observes its last k processed frames stacked on the channel axis, newest last, with
     zero frames before its episode's first."""

@@ -15,15 +15,11 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import torch
-import torch.nn.functional as F
 from pettingzoo.utils.wrappers import BaseParallelWrapper
+from PIL import Image
 
 from marl_ppo.config import ConfigError, EnvConfig
 from marl_ppo.envs.layout import channels_last
-
-LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
-"""ITU-R BT.601 luma weights of red, green and blue (what OpenCV's and Pillow's greyscale use)."""
 
 
 @dataclass(frozen=True)
@@ -149,23 +145,35 @@ class _FrameShape:
         return cls(last, gym.spaces.Box(0, 255, shape, dtype=np.uint8))
 
     def convert(self, frames: np.ndarray, options: FrameOptions) -> np.ndarray:
-        """`(N, ...)` frames in the source's axis order, greyscaled and resized (not stacked)."""
-        nchw = frames.transpose(0, 3, 1, 2) if self.last else frames
-        if options.greyscale and nchw.shape[1] >= 3:
-            grey = np.tensordot(LUMA, nchw[:, :3].astype(np.float32), axes=([0], [1]))  # (N, H, W)
-            nchw = np.clip(np.rint(grey), 0, 255).astype(np.uint8)[:, None]
-        if options.resize is not None and tuple(nchw.shape[2:]) != options.resize:
-            nchw = _resize(nchw, options.resize)
-        return np.ascontiguousarray(nchw.transpose(0, 2, 3, 1) if self.last else nchw)
+        """`(N, ...)` frames in the source's axis order, greyscaled and resized (not stacked), by Pillow."""
+        hwc = frames if self.last else frames.transpose(0, 2, 3, 1)
+        if not (options.greyscale and hwc.shape[-1] >= 3) and (
+            options.resize is None or tuple(hwc.shape[1:3]) == options.resize
+        ):
+            return frames
+        out = np.stack([_convert_frame(frame, options) for frame in hwc])
+        return np.ascontiguousarray(out if self.last else out.transpose(0, 3, 1, 2))
 
 
-def _resize(nchw: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """uint8 frames `(N, C, H, W)` resized to `size`: area averaging where both sides shrink (each output
-    pixel the mean of the source pixels it covers), else bilinear; rounded to the nearest grey level."""
-    shrinking = size[0] <= nchw.shape[2] and size[1] <= nchw.shape[3]
-    source = torch.from_numpy(np.ascontiguousarray(nchw)).float()
-    if shrinking:
-        resized = F.interpolate(source, size=size, mode="area")
+def _convert_frame(frame: np.ndarray, options: FrameOptions) -> np.ndarray:
+    """One `(H, W, C)` frame greyscaled and resized by Pillow: `(H', W', C')`.
+
+    Grey is Pillow's "L" conversion of the first three channels (ITU-R 601-2 luma, 0.299 R + 0.587 G +
+    0.114 B, rounded). Shrinking both sides is Pillow's box filter: each source pixel counts toward the
+    output pixel its centre falls in, and every output pixel is the rounded mean of its source pixels;
+    otherwise the resize is bilinear. Three channels resize as one RGB image, other counts channel by
+    channel.
+    """
+    if options.greyscale and frame.shape[-1] >= 3:
+        planes = [Image.fromarray(np.ascontiguousarray(frame[..., :3])).convert("L")]
+    elif frame.shape[-1] == 3:
+        planes = [Image.fromarray(np.ascontiguousarray(frame))]
     else:
-        resized = F.interpolate(source, size=size, mode="bilinear", align_corners=False)
-    return resized.round_().clamp_(0, 255).to(torch.uint8).numpy()
+        planes = [Image.fromarray(np.ascontiguousarray(frame[..., c])) for c in range(frame.shape[-1])]
+    if options.resize is not None and tuple(frame.shape[:2]) != options.resize:
+        height, width = options.resize
+        shrinking = height <= frame.shape[0] and width <= frame.shape[1]
+        kind = Image.Resampling.BOX if shrinking else Image.Resampling.BILINEAR
+        planes = [plane.resize((width, height), kind) for plane in planes]
+    arrays = [np.asarray(plane) for plane in planes]
+    return arrays[0] if arrays[0].ndim == 3 else np.stack(arrays, axis=-1)
