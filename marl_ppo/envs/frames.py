@@ -106,16 +106,15 @@ class FramePreprocess(BaseParallelWrapper):
             return frame
         stack = self._stacks.get(agent)
         if stack is None:
-            stack = self._stacks[agent] = np.zeros(shape.space.shape, dtype=np.uint8)
-        axis = -1 if shape.last else 0
-        channels = frame.shape[axis]
-        stack[...] = np.roll(stack, -channels, axis=axis)
+            stack = np.zeros(shape.space.shape, dtype=np.uint8)
+        # a new array each step, never written after (read-only), so it is handed out without a copy
         if shape.last:
-            stack[..., -channels:] = frame
+            stacked = np.concatenate([stack[..., frame.shape[-1] :], frame], axis=-1)
         else:
-            stack[-channels:] = frame
-        copied: np.ndarray = stack.copy()
-        return copied
+            stacked = np.concatenate([stack[frame.shape[0] :], frame], axis=0)
+        stacked.flags.writeable = False
+        self._stacks[agent] = stacked
+        return stacked
 
 
 @dataclass(frozen=True)
