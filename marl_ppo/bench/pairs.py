@@ -167,13 +167,13 @@ def median(values: list[float]) -> float:
 def peer_report(done: list[PeerCase]) -> str:
     """The table of the peer cases: each side's median env steps/s and the median of the pairs' ratios."""
     header = (
-        f"{'case':20s} {'peer':>9s} {'marl_ppo sps':>12s} {'peer sps':>9s} {'agent-steps/s':>21s} "
+        f"{'case':24s} {'peer':>9s} {'marl_ppo sps':>12s} {'peer sps':>9s} {'agent-steps/s':>21s} "
         f"{'ratio':>6s} {'(range)':>11s} {'pairs':>5s}"
     )
     lines = [header]
     for case in done:
         if case.unavailable is not None and not case.ours:
-            lines.append(f"{case.name:20s} {case.peer.name:>9s} skipped: {case.unavailable}")
+            lines.append(f"{case.name:24s} {case.peer.name:>9s} skipped: {case.unavailable}")
             continue
         ours = median([summary["sps"] for summary in case.ours])
         theirs = median([result.sps for result in case.theirs])
@@ -181,7 +181,7 @@ def peer_report(done: list[PeerCase]) -> str:
         spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else ""
         agent_steps = f"{ours * case.agents:.0f} / {theirs * case.agents:.0f}"
         lines.append(
-            f"{case.name:20s} {case.peer.name:>9s} {ours:12.2f} {theirs:9.2f} {agent_steps:>21s} "
+            f"{case.name:24s} {case.peer.name:>9s} {ours:12.2f} {theirs:9.2f} {agent_steps:>21s} "
             f"{median(ratios):6.2f} {spread:>11s} {len(ratios):5d}"
         )
     return "\n".join(lines)
