@@ -75,8 +75,8 @@ class ModelConfig:
     matrix products, convolutions and activations in bfloat16 (torch autocast). Weights, gradients,
     optimizer state, action distributions and losses stay float32. Pays off with large batches and
     CNNs on CPUs with AVX512-BF16 or AMX and on GPUs with bfloat16 tensor cores; elsewhere it is
-    slower. `auto` picks
-    `bf16` on such hardware, else `fp32` (the choice is written to the run's config.yaml)."""
+    slower. `auto` picks `bf16` on such hardware, else `fp32` (the choice is written to the run's
+    config.yaml)."""
     recurrent: Literal["gru", "lstm"] | None = None
     """A recurrent layer between each network's MLP trunk and its head (`gru` or `lstm`, torch's cell
     equations), for tasks that need memory; null: feed-forward networks. Training then runs on

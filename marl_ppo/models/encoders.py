@@ -124,8 +124,9 @@ class ImageEncoder(nn.Module):
         if self.part.shape != self.part.chw:  # HWC as stored -> CHW as convolutions read
             image = image.permute(0, 1, 4, 2, 3)
         h = image.reshape(rows, -1, *self.part.chw[1:])
-        with arithmetic(self.precision, h.device):
-            if resolve_precision(self.precision, h.device) == "bf16":
+        precision = resolve_precision(self.precision, h.device)
+        with arithmetic(precision, h.device):
+            if precision == "bf16":
                 # pixels straight to bfloat16 (exact up to 256) and the scale in the first filters:
                 # one pass over the frames where float32 and autocast's cast would take three
                 first, *rest = self._convs
