@@ -215,6 +215,45 @@ def test_box_actions_are_clipped_to_bounds():
     np.testing.assert_array_equal(clipped, [0.0, 0.5, 1.0, 0.0, 1.0])
 
 
+@pytest.mark.parametrize(
+    "space",
+    [
+        spaces.Box(-1.0, 1.0, (5,), np.float32),
+        spaces.Box(np.array([-2.0, 0.0, -0.5]), np.array([0.0, 3.0, 0.5]), dtype=np.float64),
+        spaces.Box(-1.0, 1.0, (2, 3), np.float32),
+    ],
+)
+def test_box_action_conversion_is_np_clip_value_for_value(space):
+    from marl_ppo.envs.adapters.pettingzoo import _action_converter
+
+    convert = _action_converter(space)
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        action = (rng.standard_normal(int(np.prod(space.shape))) * 3).astype(np.float32)
+        action[rng.integers(action.size)] = np.nan  # a NaN stays NaN, as np.clip keeps it
+        expected = np.clip(action.reshape(space.shape), space.low, space.high).astype(space.dtype, copy=False)
+        got = convert(action)
+        assert got.dtype == expected.dtype and got.shape == space.shape
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_vector_observations_take_the_short_path_with_the_same_checks():
+    from marl_ppo.envs.layout import flatten_value
+
+    env = make_env("mpe2/simple_spread_v3")
+    adapter, _ = _adapter(env)
+    (group,) = adapter.spec.groups
+    assert adapter._vector_box[group.name] is group.observation_space
+    observation = np.random.default_rng(0).standard_normal(group.obs_dim)  # float64, as MPE gives
+    fast = adapter._flatten("agent_0", observation)
+    assert fast.dtype == np.float32
+    np.testing.assert_array_equal(fast, flatten_value(group.obs_layout, group.observation_space, observation))
+    with pytest.raises(EnvContractError, match="observation has shape"):
+        adapter._flatten("agent_0", observation[:-1])
+    with pytest.raises(EnvContractError, match="observation has shape"):
+        adapter._flatten("agent_0", [0.0] * (group.obs_dim - 1))  # not an array: the general path
+
+
 def test_pool_image_averages_blocks_and_scales_uint8():
     from marl_ppo.envs.grouping import pool_image
 

@@ -9,7 +9,8 @@ Conventions (docs/design.md): agent order is `possible_agents`; absent agents ke
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -41,6 +42,11 @@ class ParallelEnvAdapter(ContractChecks):
         self._rejoin = bool((getattr(env, "metadata", None) or {}).get(REJOIN_KEY, False))
         self._done_at: dict[str, int] = {}
         self._left_at: dict[str, int] = {}
+        self._to_env = {group.name: _action_converter(group.action_space) for group in spec.groups}
+        """Per group: one agent's action row -> the env's action (`_to_env_action`)."""
+        self._vector_box = {group.name: _vector_box(group) for group in spec.groups}
+        """Per group: its observation space where an observation is a plain vector Box (stored as it is,
+        flattened), read by `_flatten` without the layout's general path; else None."""
 
     def reset(self, seed: int | None, out: TeamArrays[np.ndarray]) -> None:
         """Reset the env and write the first observations, alive flags, masks and state into `out`."""
@@ -71,9 +77,10 @@ class ParallelEnvAdapter(ContractChecks):
         """Send the live agents' actions (per group name, `(A_g, ...)`); write rewards, flags, next obs
         and masks. True when the episode is over."""
         action_dict = {}
+        to_env = self._to_env
         for agent in self.env.agents:
             group, i = self._slot(agent)
-            action_dict[agent] = self._to_env_action(group, actions[group.name][i])
+            action_dict[agent] = to_env[group.name](actions[group.name][i])
         self.step_count += 1
         result = self._call("step", self.env.step, action_dict)
         if not (isinstance(result, tuple) and len(result) == 5):
@@ -84,35 +91,45 @@ class ParallelEnvAdapter(ContractChecks):
             )
         observations, rewards, terminations, truncations, infos = result
         self._clear_step(out)
+        ended: set[str] = set()  # the agents this step terminated or truncated
+        truncated_any = False
         for agent in action_dict:
             group, i = self._slots[agent]
             arrays = out.groups[group.name]
             self._write_reward(agent, rewards, arrays.reward, i)
-            arrays.terminated[i] = bool(terminations.get(agent, False))
-            arrays.truncated[i] = bool(truncations.get(agent, False)) and not arrays.terminated[i]
-            if not self._rejoin and (arrays.terminated[i] or arrays.truncated[i]):
-                self._done_at.setdefault(agent, self.step_count)
+            terminated = bool(terminations.get(agent, False))
+            truncated = bool(truncations.get(agent, False)) and not terminated
+            arrays.terminated[i], arrays.truncated[i] = terminated, truncated
+            if terminated or truncated:
+                ended.add(agent)
+                truncated_any = truncated_any or truncated
+                if not self._rejoin:
+                    self._done_at.setdefault(agent, self.step_count)
         for agent, observation in observations.items():  # includes agents that join this step
             group, i = self._slot(agent)
             out.groups[group.name].final_obs[i] = self._flatten(agent, observation)
         live = set(self.env.agents)
         if self._done_at:
             self._check_no_rejoin(live)
-        silent = [a for a in action_dict if a not in live and not self._flagged(a, out)]
+        silent = [a for a in action_dict if a not in live and a not in ended]
+        over = True
         for group in self.spec.groups:
             arrays = out.groups[group.name]
+            np.copyto(arrays.obs, arrays.final_obs)  # the next observations: zero where not alive
             for i, agent in enumerate(group.agents):
-                still = agent in live and not (arrays.terminated[i] or arrays.truncated[i])
-                if still and agent not in observations:
-                    raise self._error(agent, "step gave no observation for this live agent")
+                still = agent in live and agent not in ended
                 arrays.alive[i] = still
-                arrays.obs[i] = arrays.final_obs[i] if still else 0.0
-                if still and group.mask_source is not None:
+                if not still:
+                    arrays.obs[i] = 0.0
+                    continue
+                over = False
+                if agent not in observations:
+                    raise self._error(agent, "step gave no observation for this live agent")
+                if group.mask_source is not None:
                     self._write_mask(agent, observations.get(agent), infos, arrays.action_mask[i])
-        over = not any(arrays.alive.any() for arrays in out.groups.values())
         if silent or self._left_at:
             self._check_leavers(silent, live, over)
-        if over and self.spec.state_from_env and not any(a.truncated.any() for a in out.groups.values()):
+        if over and self.spec.state_from_env and not truncated_any:
             # ended by termination: no bootstrap reads the final state, and an env may have freed what
             # state() reads (multiwalker destroys a fallen walker's body), so state() is not called
             out.final_state.fill(0.0)
@@ -152,6 +169,12 @@ class ParallelEnvAdapter(ContractChecks):
 
     def _flatten(self, agent: str, observation: Any) -> np.ndarray:
         group = self._slots[agent][0]
+        box = self._vector_box[group.name]
+        if box is not None and isinstance(observation, np.ndarray):  # the common case, checked as below
+            problem = box_mismatch(observation, box)
+            if problem is not None:
+                raise self._error(agent, problem)
+            return observation.astype(np.float32, copy=False).reshape(-1)
         space = group.observation_space
         try:
             if has_mask_in_obs(space):
@@ -185,12 +208,9 @@ class ParallelEnvAdapter(ContractChecks):
         target[...] = np.concatenate([np.asarray(p).reshape(-1) for p in parts]).astype(bool)
 
     def _to_env_action(self, group: GroupSpec, action: np.ndarray) -> Any:
-        space = group.action_space
-        if isinstance(space, gym.spaces.Discrete):
-            return int(action) + int(space.start)
-        if isinstance(space, gym.spaces.MultiDiscrete):
-            return np.asarray(action, dtype=space.dtype).reshape(space.shape) + space.start
-        return np.clip(action.reshape(space.shape), space.low, space.high).astype(space.dtype, copy=False)
+        """One agent's action row as the env takes it: a Discrete index shifted by the space's start, a
+        MultiDiscrete vector likewise, a Box action clipped to the space's bounds in its dtype."""
+        return self._to_env[group.name](action)
 
     def _write_state(self, target: np.ndarray, out: TeamArrays[np.ndarray], obs_field: str) -> None:
         """The env's `state()` into `target`, or the groups' `obs_field` arrays concatenated."""
@@ -208,6 +228,46 @@ class ParallelEnvAdapter(ContractChecks):
             size = group.num_agents * group.obs_dim
             target[position : position + size] = getattr(out.groups[group.name], obs_field).reshape(-1)
             position += size
+
+
+def _action_converter(space: gym.Space) -> Callable[[np.ndarray], Any]:
+    """`_to_env_action` for one action space, its constants read once (a partial: adapters pickle)."""
+    if isinstance(space, gym.spaces.Discrete):
+        return functools.partial(_discrete_action, int(space.start))
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return functools.partial(_multi_discrete_action, space)
+    if not isinstance(space, gym.spaces.Box):
+        raise TypeError(f"unsupported action space {space!r}; use Discrete, MultiDiscrete or Box")
+    return functools.partial(_box_action, space.shape, space.low, space.high, space.dtype)
+
+
+def _discrete_action(start: int, action: np.ndarray) -> int:
+    return int(action) + start
+
+
+def _multi_discrete_action(space: gym.spaces.MultiDiscrete, action: np.ndarray) -> Any:
+    return np.asarray(action, dtype=space.dtype).reshape(space.shape) + space.start
+
+
+def _box_action(
+    shape: tuple[int, ...], low: np.ndarray, high: np.ndarray, dtype: Any, action: np.ndarray
+) -> Any:
+    # np.clip's arithmetic (the larger of the action and the low bound, then the smaller of that and
+    # the high one) without its dispatch, which costs more than the clip on a few numbers
+    return np.minimum(np.maximum(action.reshape(shape), low), high).astype(dtype, copy=False)
+
+
+def _vector_box(group: GroupSpec) -> gym.spaces.Box | None:
+    """The group's observation space where `_flatten`'s general path would store an observation as
+    the Box's values flattened to float32 (one vector part, no image, no pooling, no mask), else None."""
+    space = group.observation_space
+    if has_mask_in_obs(space) or not isinstance(space, gym.spaces.Box):
+        return None
+    layout = group.obs_layout or _one_vector(group.obs_dim)
+    if len(layout.parts) != 1:
+        return None
+    part = layout.parts[0]
+    return space if part.key is None and not part.is_image and part.pool == 1 else None
 
 
 def _one_vector(size: int) -> InputLayout:
