@@ -145,6 +145,48 @@ def test_common_input_equals_the_input_repeated_per_agent(shared):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("common", [False, True])
+@pytest.mark.parametrize("shared", [False, True])
+def test_held_weights_give_the_same_outputs_bit_for_bit_and_follow_no_gradient(shared, common, precision):
+    """Acting holds each MLP's weights for a rollout (`hold_weights`): its forwards without gradients
+    return exactly what they return without it; with gradients the parameters are read as always."""
+    net = _perturbed_mlp(shared, in_dim=10 if common else 6)
+    net.precision = precision
+    net = common_twin(net) if common else net
+    x = torch.randn(5, 10) if common else torch.randn(5, 4, 6)
+    with torch.no_grad():
+        want = net(x)
+    net.hold_weights()
+    with torch.no_grad():
+        assert torch.equal(net(x), want)
+    net.release_weights()
+    with torch.no_grad():  # an update after the rollout: the next forwards read the new weights
+        for p in net.parameters():
+            p.add_(0.05)
+        moved = net(x)
+    assert not torch.equal(moved, want)
+    net.hold_weights()
+    with torch.no_grad():
+        assert torch.equal(net(x), moved)
+    gradient = net(x)  # a forward with gradients reads the parameters themselves
+    assert gradient.requires_grad and torch.equal(gradient.detach(), moved)
+    net.release_weights()
+
+
+def test_a_rollout_holds_the_weights_and_lets_them_go():
+    config = load_config(overrides=["total_steps=64", "num_envs=2", "rollout_steps=8", "vector=sync"])
+    spec = build_team_spec(make_env("mpe2/simple_spread_v3"), "spread")
+    model = TeamModel(spec, config)
+    mlps = [m for m in model.modules() if isinstance(m, AgentMLP)]
+    with model.held_weights():
+        assert all(m._held is not None for m in mlps)
+    assert all(m._held is None for m in mlps)
+    with pytest.raises(RuntimeError), model.held_weights():
+        raise RuntimeError("an env failed mid-rollout")
+    assert all(m._held is None for m in mlps)
+
+
 @pytest.mark.parametrize("shared", [True, False])
 @pytest.mark.parametrize("critic", ["state", "state+obs", "obs", "team"])
 def test_a_sequence_of_one_step_chunks_gives_each_row_the_numbers_of_a_step(critic, shared):

@@ -20,7 +20,7 @@ import contextlib
 import functools
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -111,16 +111,20 @@ class AgentMLP(nn.Module):
             for layer in linears[:-1]:
                 layer.reset_orthogonal(math.sqrt(2.0))
             linears[-1].reset_orthogonal(head_gain)
+        self._held: _Weights | None = None
+        """The weights as the forward reads them, while `held_weights` holds them (else None)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`(..., A, in) -> (..., A, out)`; with `common_input`, `(..., in) -> (..., A, out)`: every
         agent's output for one input they all see, as if it were expanded to `(..., A, in)`."""
-        weight, bias, agent_bias = self._first_layer()
+        held = self._held if self._held is not None and not torch.is_grad_enabled() else None
+        weight, bias, agent_bias = self._first_layer() if held is None else held.first
         x = self._normalized(x)
         with self._arithmetic(x):
             if not self.common_input:
                 h = stacked_linear(x, weight, bias)
-                return self._output(self._rest(h if agent_bias is None else h + agent_bias.to(h.dtype)))
+                h = h if agent_bias is None else h + agent_bias.to(h.dtype)
+                return self._output(self._rest(h) if held is None else self._rest_held(h, held.rest))
             if self._linears[0].copies == 1:
                 h = F.linear(x, weight.squeeze(0), bias.squeeze(0)).unsqueeze(-2)
                 if agent_bias is not None:
@@ -131,7 +135,26 @@ class AgentMLP(nn.Module):
                 out_dim = weight.shape[1]
                 h = F.linear(x, weight.reshape(self.num_agents * out_dim, -1), bias.reshape(-1))
                 h = h.unflatten(-1, (self.num_agents, out_dim))
-            return self._output(self._rest(h))
+            return self._output(self._rest(h) if held is None else self._rest_held(h, held.rest))
+
+    def hold_weights(self) -> None:
+        """Compute the weights as `forward` reads them (the first layer's folded form, the others'
+        views, bfloat16 copies under `bf16`) once, and read them in every forward without gradients
+        until `release_weights`. For acting, where many small forwards run between two changes of the
+        weights; the outputs are the same, bit for bit, since the same operations make the same
+        weights. The parameters must not change while held (a rollout runs no update)."""
+        with torch.no_grad():
+            weight, bias, agent_bias = self._first_layer()
+            rest = tuple(_linear_form(layer.weight, layer.bias) for layer in self._linears[1:])
+            if resolve_precision(self.precision, weight.device) == "bf16":
+                # the bfloat16 copies autocast would make of them at every product, made once
+                weight, bias, agent_bias = (_bf16(t) for t in (weight, bias, agent_bias))
+                rest = tuple((w.bfloat16(), b.bfloat16()) for w, b in rest)
+        self._held = _Weights((weight, bias, agent_bias), rest)
+
+    def release_weights(self) -> None:
+        """Read the parameters again at every forward (`hold_weights`)."""
+        self._held = None
 
     def _arithmetic(self, x: torch.Tensor) -> contextlib.AbstractContextManager[Any]:
         """`arithmetic`: the output is float32 (`forward` casts it), so distributions and losses
@@ -168,6 +191,34 @@ class AgentMLP(nn.Module):
         for layer in self._linears[1:]:
             h = layer(self.activation(h))
         return h
+
+    def _rest_held(
+        self, h: torch.Tensor, layers: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    ) -> torch.Tensor:
+        """`_rest` with the held weights (`_linear_form`): the same products."""
+        for weight, bias in layers:
+            h = self.activation(h)
+            h = F.linear(h, weight, bias) if weight.dim() == 2 else stacked_linear(h, weight, bias)
+        return h
+
+
+class _Weights(NamedTuple):
+    """An AgentMLP's weights as its forward reads them (`AgentMLP.hold_weights`)."""
+
+    first: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+    """`AgentMLP._first_layer()`"""
+    rest: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    """The later layers' `_linear_form`s."""
+
+
+def _bf16(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.bfloat16()
+
+
+def _linear_form(weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stacked layer's weights as `stacked_linear` hands them to its product: one map's `(out, in)`
+    and `(out,)` views (copies == 1), else the `(copies, out, in)` and `(copies, out)` tensors."""
+    return (weight.squeeze(0), bias.squeeze(0)) if weight.shape[0] == 1 else (weight, bias)
 
 
 def arithmetic(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:

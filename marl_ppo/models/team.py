@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NamedTuple, cast
 
 import gymnasium as gym
@@ -442,6 +443,20 @@ class TeamModel(nn.Module):
     def group(self, name: str) -> GroupNetworks:
         """The actor, critic and value normalizer of group `name`."""
         return self._groups[name]
+
+    @contextlib.contextmanager
+    def held_weights(self) -> Iterator[None]:
+        """Inside, every MLP of the team reads its weights once for all its forwards without gradients
+        (`AgentMLP.hold_weights`): for a rollout, during which the weights do not change. Forwards with
+        gradients read the parameters as always."""
+        mlps = [module for module in self.modules() if isinstance(module, AgentMLP)]
+        for mlp in mlps:
+            mlp.hold_weights()
+        try:
+            yield
+        finally:
+            for mlp in mlps:
+                mlp.release_weights()
 
 
 def _share_cnn(name: str, actor: GroupActor, critic: GroupCritic) -> None:

@@ -88,18 +88,19 @@ class Collector:
         result = RolloutResult()
         env_seconds = self.stepper.env_seconds
         self._buffer = buffer
-        try:
-            while not buffer.full:
-                for episode in self.stepper.step(self):  # env_steps counts the step in `advance`
-                    result.episodes.append(self._record(episode))
-        finally:
-            self._buffer, self._acted = None, None
-        result.env_seconds = self.stepper.env_seconds - env_seconds
-        arrays = self.venv.arrays
-        next_state = to_tensor(arrays.state, self.device)
-        next_obs = {name: to_tensor(g.obs, self.device) for name, g in arrays.groups.items()}
-        result.last_alive = {name: to_tensor(g.alive, self.device) for name, g in arrays.groups.items()}
-        result.last_values = self.memory.values(next_state, next_obs, result.last_alive)
+        with self.memory.model.held_weights():  # no update runs during a rollout
+            try:
+                while not buffer.full:
+                    for episode in self.stepper.step(self):  # env_steps counts the step in `advance`
+                        result.episodes.append(self._record(episode))
+            finally:
+                self._buffer, self._acted = None, None
+            result.env_seconds = self.stepper.env_seconds - env_seconds
+            arrays = self.venv.arrays
+            next_state = to_tensor(arrays.state, self.device)
+            next_obs = {name: to_tensor(g.obs, self.device) for name, g in arrays.groups.items()}
+            result.last_alive = {name: to_tensor(g.alive, self.device) for name, g in arrays.groups.items()}
+            result.last_values = self.memory.values(next_state, next_obs, result.last_alive)
         result.env_steps = buffer.steps * self.venv.num_envs
         return result
 
