@@ -267,6 +267,7 @@ def cases(steps: int, device: str = "cpu") -> list[Case]:
             for name, overrides in (
                 ("mamujoco cheetah", []),
                 ("mamujoco cheetah lag", ["vector=workers", "policy_lag=1"]),
+                ("mamujoco cheetah lag 1 worker", ["vector=workers", "policy_lag=1", "num_workers=1"]),
             )
         ),
         # image observations through the CNN encoder, frames stored as uint8 (a cheap env: the
