@@ -134,7 +134,8 @@ def run_episodes(
     quota = [episodes // copies + (i < episodes % copies) for i in range(copies)]
     finished: list[list[Finished]] = [[] for _ in range(copies)]
     stepper = Stepper(venv, max_episode_steps=MAX_EPISODE_STEPS)
-    with _global_rng_untouched(device):
+    held = contextlib.nullcontext() if model is None else model.held_weights()  # no update runs here
+    with _global_rng_untouched(device), held:
         torch.manual_seed(seed)  # stochastic evaluations are reproducible and independent of training
         stepper.reset(seed)
         acting: Acting = (  # a policy's carries, fresh for every copy

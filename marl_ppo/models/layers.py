@@ -148,7 +148,8 @@ class AgentMLP(nn.Module):
             rest = tuple(_linear_form(layer.weight, layer.bias) for layer in self._linears[1:])
             if resolve_precision(self.precision, weight.device) == "bf16":
                 # the bfloat16 copies autocast would make of them at every product, made once
-                weight, bias, agent_bias = (_bf16(t) for t in (weight, bias, agent_bias))
+                weight, bias = weight.bfloat16(), bias.bfloat16()
+                agent_bias = None if agent_bias is None else agent_bias.bfloat16()
                 rest = tuple((w.bfloat16(), b.bfloat16()) for w, b in rest)
         self._held = _Weights((weight, bias, agent_bias), rest)
 
@@ -209,10 +210,6 @@ class _Weights(NamedTuple):
     """`AgentMLP._first_layer()`"""
     rest: tuple[tuple[torch.Tensor, torch.Tensor], ...]
     """The later layers' `_linear_form`s."""
-
-
-def _bf16(tensor: torch.Tensor | None) -> torch.Tensor | None:
-    return None if tensor is None else tensor.bfloat16()
 
 
 def _linear_form(weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
