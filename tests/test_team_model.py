@@ -158,8 +158,11 @@ def test_held_weights_give_the_same_outputs_bit_for_bit_and_follow_no_gradient(s
     with torch.no_grad():
         want = net(x)
     net.hold_weights()
+    rebuild = net._first_layer
+    net._first_layer = _must_not_run  # held: the forward reads the held weights, not the parameters
     with torch.no_grad():
         assert torch.equal(net(x), want)
+    net._first_layer = rebuild
     net.release_weights()
     with torch.no_grad():  # an update after the rollout: the next forwards read the new weights
         for p in net.parameters():
@@ -174,7 +177,11 @@ def test_held_weights_give_the_same_outputs_bit_for_bit_and_follow_no_gradient(s
     net.release_weights()
 
 
-def test_a_rollout_holds_the_weights_and_lets_them_go():
+def _must_not_run():
+    raise AssertionError("a held forward rebuilt its first layer")
+
+
+def test_a_rollout_holds_the_weights_and_lets_them_go(monkeypatch):
     config = load_config(overrides=["total_steps=64", "num_envs=2", "rollout_steps=8", "vector=sync"])
     spec = build_team_spec(make_env("mpe2/simple_spread_v3"), "spread")
     model = TeamModel(spec, config)
@@ -185,6 +192,16 @@ def test_a_rollout_holds_the_weights_and_lets_them_go():
     with pytest.raises(RuntimeError), model.held_weights():
         raise RuntimeError("an env failed mid-rollout")
     assert all(m._held is None for m in mlps)
+
+    # the collector acts with held weights: every acting forward of a rollout finds them held
+    seen = []
+    forward = AgentMLP.forward
+    monkeypatch.setattr(
+        AgentMLP, "forward", lambda net, x: seen.append(net._held is not None) or forward(net, x)
+    )
+    _, _, rollout = collect_rollout(config)
+    assert len(seen) > 2 * config.rollout_steps and all(seen)
+    assert rollout.env_steps == config.rollout_steps * config.num_envs
 
 
 @pytest.mark.parametrize("shared", [True, False])
