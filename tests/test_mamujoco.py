@@ -106,3 +106,81 @@ def test_marl_ppo_envs_lists_every_split_the_family_offers(capsys):
     rows = {row["id"]: row for row in json.loads(capsys.readouterr().out)}
     for env_id in ("mamujoco/HalfCheetah-2x3", "mamujoco/HalfCheetah-6x1", "mamujoco/Humanoid-9|8"):
         assert rows[env_id]["installed"] and rows[env_id]["extra"] == "mamujoco"
+
+
+def _same_step(ours, theirs):
+    """Two step results (or reset results) hold the same numbers, keys and flags."""
+    for mine, library in zip(ours, theirs, strict=True):
+        assert mine.keys() == library.keys()
+        for agent, value in mine.items():
+            if isinstance(value, np.ndarray):
+                assert value.dtype == library[agent].dtype and np.array_equal(value, library[agent]), agent
+            elif isinstance(value, dict):  # the MuJoCo env's info, one per agent
+                assert value.keys() == library[agent].keys()
+                assert all(np.array_equal(value[k], library[agent][k]) for k in value)
+            else:
+                assert value == library[agent], agent
+
+
+@pytest.mark.parametrize(
+    ("env_id", "kwargs"),
+    [
+        ("mamujoco/HalfCheetah-2x3", {"agent_obsk": 0}),  # through a truncation at 1,000 steps
+        ("mamujoco/Ant-4x2", {"agent_obsk": 1}),  # clipped contact forces, falls
+        ("mamujoco/Hopper-3x1", {}),  # a clipped velocity item, falls
+        ("mamujoco/Humanoid-9|8", {"agent_obsk": 1}),  # inertias, body velocities, actuator forces
+    ],
+)
+def test_the_gathered_step_gives_the_librarys_observations_rewards_flags_and_states(env_id, kwargs):
+    from marl_ppo.fast.mamujoco_gather import GatheredMaMuJoCo, gathered_mamujoco
+
+    library, ours = make_env(env_id, **kwargs), gathered_mamujoco(make_env(env_id, **kwargs))
+    assert type(ours) is GatheredMaMuJoCo
+    _same_step(ours.reset(seed=3), library.reset(seed=3))
+    rng = np.random.default_rng(1)
+    episodes = 0
+    for _ in range(1_100):
+        actions = {
+            a: rng.uniform(-1.2, 1.2, library.action_space(a).shape).astype(np.float32)
+            for a in library.agents
+        }
+        _same_step(ours.step(actions), library.step(actions))
+        assert np.array_equal(ours.state(), library.state()) and ours.agents == library.agents
+        if not library.agents:
+            episodes += 1
+            _same_step(ours.reset(), library.reset())
+            assert np.array_equal(ours.state(), library.state())
+    assert episodes >= 1
+
+
+def test_an_observation_item_that_is_computed_keeps_the_librarys_step():
+    from marl_ppo.fast.mamujoco_gather import gathered_mamujoco
+
+    reacher = make_env("mamujoco/Reacher-2x1")  # the fingertip's distance to the target: computed
+    assert gathered_mamujoco(reacher) is reacher and type(reacher).__name__ == "MultiAgentMujocoEnv"
+    cheetah = make_env("mamujoco/HalfCheetah-2x3", agent_obsk=0)
+    node = cheetah.k_dicts[1][0][0]
+    node.body_fn, node.bodies = (lambda _body, items: [2 * v for v in items]), [1]  # a scaled item
+    cheetah.local_categories = [["qpos", "qvel", "cvel"]]
+    assert type(gathered_mamujoco(cheetah)).__name__ == "MultiAgentMujocoEnv"
+
+
+def test_a_run_on_the_librarys_step_learns_the_very_same_weights(tmp_path):
+    """`fast.mamujoco_gather: false`: the same run, bit for bit, on Gymnasium-Robotics' own step."""
+    from test_fast_switches import _assert_same_runs
+
+    overrides = ["env.kwargs={agent_obsk: 0, max_episode_steps: 30}", "num_envs=2", "rollout_steps=25"]
+    overrides += ["total_steps=100", "vector=sync", "log.progress=false"]  # episodes end: returns logged
+    overrides += ["ppo.train_pi_iters=2", "ppo.train_vf_iters=2", "model.hidden_sizes=[16,16]"]
+    _assert_same_runs(HALFCHEETAH, overrides, ["fast.mamujoco_gather=false"], tmp_path)
+
+
+def test_the_switch_picks_the_step_each_env_copy_takes():
+    kinds = {}
+    for switch in ("true", "false"):
+        venv = build_vector_env(
+            load_config(HALFCHEETAH, ["num_envs=2", "vector=sync", f"fast.mamujoco_gather={switch}"])
+        )
+        kinds[switch] = {type(adapter.env).__name__ for adapter in venv.adapters}
+        venv.close()
+    assert kinds == {"true": {"GatheredMaMuJoCo"}, "false": {"MultiAgentMujocoEnv"}}

@@ -323,6 +323,10 @@ class FastConfig:
     """Pistonball and cooperative_pong: every agent's observation and the state are views of one copy
     of the screen per frame (the same arrays), and cooperative_pong's step draws without the copies
     its renders throw away; false: the envs' own observe(), state() and render(), one copy each."""
+    mamujoco_gather: bool = True
+    """Multi-agent MuJoCo: each step maps the agents' actions to the robot's and reads their
+    observations and the state by index arrays found once per env copy (`fast/mamujoco_gather.py`;
+    the same numbers); false: Gymnasium-Robotics' own step, which walks the joint graph each time."""
     sigmoid_tanh: bool = False
     """The MLPs' tanh activations as 2 sigmoid(2x) - 1 with tanh's backward (`fast/tanh.py`): 2-3x
     faster than torch's CPU tanh on a minibatch's activations, within 2e-7 of it; false: torch.tanh."""

@@ -35,6 +35,9 @@ from marl_ppo.fast.lean_cycle import lean_cycle
 from marl_ppo.fast.screen_copy import one_screen_copy
 from marl_ppo.registry import EnvError, env_spec, make_env, registered_id
 
+MAMUJOCO_MODULE = "gymnasium_robotics.envs.multiagent_mujoco"
+"""Gymnasium-Robotics' multi-agent MuJoCo package, whose envs `fast.mamujoco_gather` steps."""
+
 
 def is_batched(config: ExperimentConfig) -> bool:
     """Whether the configured env id is a batched simulator (VMAS): one object holds every copy."""
@@ -76,6 +79,10 @@ def adapt(config: ExperimentConfig, spec: TeamSpec, env: Any) -> ParallelEnvAdap
         env = lean_cycle(env)
     if config.fast.screen_copy:
         env = one_screen_copy(env)
+    if config.fast.mamujoco_gather and type(env).__module__.startswith(MAMUJOCO_MODULE):
+        from marl_ppo.fast.mamujoco_gather import gathered_mamujoco  # imports Gymnasium-Robotics
+
+        env = gathered_mamujoco(env)
     return ParallelEnvAdapter(with_frame_options(env, FrameOptions.of(config.env)), spec)
 
 
