@@ -65,7 +65,9 @@ DEVICES = [
 def test_bf16_acting_and_learning_agree_so_every_first_ratio_is_one(critic, device):
     """Acting and the update's losses run the same bfloat16 layers on the same rows: before the first
     step every log-probability equals the one recorded while acting, and every value its `values_old`,
-    so PPO's ratio starts at exactly 1 and nothing is clipped for rounding."""
+    so PPO's ratio starts at 1 and nothing is clipped for rounding. On a GPU bit for bit; a CPU acts
+    with float32 products on bfloat16's grid (`AgentMLP.hold_weights`), whose sums may run in another
+    order than the update's bfloat16 products: there an entry may differ by one bfloat16 rounding."""
     pytest.importorskip("vmas")
     from marl_ppo.envs.factory import build_vector_env
     from marl_ppo.models.team import TeamModel
@@ -85,7 +87,7 @@ def test_bf16_acting_and_learning_agree_so_every_first_ratio_is_one(critic, devi
     batches = rollout_batches(buffer, rollout.last_values, gamma=0.99, lam=0.95)
     agents = batches["agent"]
     values = values_of(model, agents.state, {"agent": agents.obs})  # before an update moves the value norm
-    assert torch.equal(values["agent"], agents.values_old)
+    _agree(values["agent"], agents.values_old, exact=device == "cuda")
     probe = Trainer(
         copy.deepcopy(model),
         config.ppo.settled(convolutional=False),
@@ -94,13 +96,23 @@ def test_bf16_acting_and_learning_agree_so_every_first_ratio_is_one(critic, devi
     batch = probe.prepare(batches)["agent"]
     actor = model.group("agent").actor
     log_ratio = _policy(actor, batch).log_prob(batch.actions) - batch.logp_old
-    assert torch.equal(log_ratio, torch.zeros_like(log_ratio))
+    _agree(batch.logp_old + log_ratio, batch.logp_old, exact=device == "cuda")
     _, _, diagnostics = probe._losses({"agent": batch}, everyone({"agent": batch}))
-    assert diagnostics["agent"]["clipfrac"] == 0 and diagnostics["agent"]["kl"] == 0
+    assert diagnostics["agent"]["clipfrac"] == 0 and diagnostics["agent"]["kl"] < 1e-6
     stats = Trainer(
         model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0)
     ).update(batches)
     assert stats.nonfinite_skips == 0 and 0 < stats.kl < 0.05
+
+
+def _agree(ours, reference, *, exact):
+    """Equal, or (`exact=False`) every entry within one bfloat16 rounding of the reference's and all
+    but a few in a thousand equal."""
+    if exact:
+        assert torch.equal(ours, reference)
+        return
+    assert ((ours - reference).abs() <= reference.abs() * 2**-7 + 1e-6).all()  # bfloat16: 8 significant bits
+    assert (ours == reference).float().mean() > 0.999
 
 
 @pytest.mark.parametrize("native", [False, True])

@@ -255,7 +255,8 @@ def cases(steps: int, device: str = "cpu") -> list[Case]:
             )
         ),
         # multi-agent MuJoCo as its experiment runs it (20 copies, rollout workers chosen by `vector:
-        # auto`), and with collection overlapping the update (policy lag 1)
+        # auto`), and with collection overlapping the update (policy lag 1), in one worker, and with
+        # `model.precision: auto`
         *(
             Case(
                 name,
@@ -268,6 +269,11 @@ def cases(steps: int, device: str = "cpu") -> list[Case]:
                 ("mamujoco cheetah", []),
                 ("mamujoco cheetah lag", ["vector=workers", "policy_lag=1"]),
                 ("mamujoco cheetah lag 1 worker", ["vector=workers", "policy_lag=1", "num_workers=1"]),
+                # bfloat16 layers where the CPU has bfloat16 instructions (float32 elsewhere)
+                (
+                    "mamujoco cheetah lag 1 worker auto",
+                    ["vector=workers", "policy_lag=1", "num_workers=1", "model.precision=auto"],
+                ),
             )
         ),
         # image observations through the CNN encoder, frames stored as uint8 (a cheap env: the
