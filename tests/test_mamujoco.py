@@ -184,3 +184,25 @@ def test_the_switch_picks_the_step_each_env_copy_takes():
         kinds[switch] = {type(adapter.env).__name__ for adapter in venv.adapters}
         venv.close()
     assert kinds == {"true": {"GatheredMaMuJoCo"}, "false": {"MultiAgentMujocoEnv"}}
+
+
+def test_a_wrapped_mujoco_env_keeps_the_librarys_state():
+    """A wrapper of the user's around the MuJoCo env may change its observations: the state is then
+    built by the library, as its `state()` does, not taken from the step."""
+    import gymnasium as gym
+
+    from marl_ppo.fast.mamujoco_gather import gathered_mamujoco
+
+    class Shifted(gym.ObservationWrapper):
+        def observation(self, observation):
+            return observation + 1.0
+
+    env = make_env("mamujoco/HalfCheetah-2x3", agent_obsk=0)
+    env.single_agent_env = Shifted(env.single_agent_env)
+    env = gathered_mamujoco(env)
+    assert not env._gathered_keeps_state
+    env.reset(seed=0)
+    env.step({a: np.zeros(3, dtype=np.float32) for a in env.possible_agents})
+    assert np.array_equal(env.state(), env.single_agent_env.unwrapped._get_obs())
+    plain = gathered_mamujoco(make_env("mamujoco/HalfCheetah-2x3", agent_obsk=0))
+    assert plain._gathered_keeps_state

@@ -28,12 +28,13 @@ def gathered_mamujoco(env: Any) -> Any:
     if type(env) is not MultiAgentMujocoEnv or env.agent_obsk is None:
         return env
     actions = _action_plan(env)
-    sources = _observation_plan(env)
-    if actions is None or sources is None:
+    plan = _observation_plan(env)
+    if actions is None or plan is None:
         return env
     env.__class__ = GatheredMaMuJoCo  # in place: every attribute the factory and the library set stays
-    env._gathered_actions, env._gathered_plan = actions, sources
+    env._gathered_actions, env._gathered_plan = actions, plan
     env._gathered_joints = env.single_agent_env.action_space.shape[0]
+    env._gathered_keeps_state = _unchanged_observations(env.single_agent_env)
     return env
 
 
@@ -44,6 +45,8 @@ class GatheredMaMuJoCo(MultiAgentMujocoEnv):
     _gathered_actions: list[tuple[str, np.ndarray, np.ndarray]]
     _gathered_plan: ObservationPlan
     _gathered_joints: int
+    _gathered_keeps_state: bool
+    """The MuJoCo env's step returns its observation unchanged (only Gymnasium's own wrappers)."""
     _gathered_state: np.ndarray | None = None
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
@@ -60,7 +63,8 @@ class GatheredMaMuJoCo(MultiAgentMujocoEnv):
         for agent, local, target in self._gathered_actions:
             joint[target] = np.asarray(actions[agent])[local]
         robot, reward, terminated, truncated, info = self.single_agent_env.step(joint)
-        self._gathered_state = robot  # the MuJoCo env's observation, which is what `state()` gives
+        if self._gathered_keeps_state:
+            self._gathered_state = robot  # the MuJoCo env's observation, which is what `state()` gives
         data = self.single_agent_env.unwrapped.data
         plan = self._gathered_plan
         values = np.concatenate([getattr(data, name).ravel() for name in plan.sources])
@@ -73,6 +77,19 @@ class GatheredMaMuJoCo(MultiAgentMujocoEnv):
         if terminated or truncated:
             self.agents: list[str] = []
         return observations, rewards, terminations, truncations, infos
+
+
+PLAIN_WRAPPERS = ("TimeLimit", "OrderEnforcing", "PassiveEnvChecker")
+"""The wrappers `gymnasium.make` puts around a MuJoCo env, none of which changes an observation."""
+
+
+def _unchanged_observations(env: Any) -> bool:
+    """Whether every wrapper around the MuJoCo env is one of `gymnasium.make`'s own."""
+    while hasattr(env, "env"):
+        if type(env).__name__ not in PLAIN_WRAPPERS or not type(env).__module__.startswith("gymnasium."):
+            return False
+        env = env.env
+    return True
 
 
 def _action_plan(env: MultiAgentMujocoEnv) -> list[tuple[str, np.ndarray, np.ndarray]] | None:
