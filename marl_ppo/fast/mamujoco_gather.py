@@ -150,7 +150,8 @@ def _observation_plan(env: MultiAgentMujocoEnv) -> ObservationPlan | None:
         ):
             return None
         index.append(positions.astype(np.int64))
-    plan = ObservationPlan(SOURCES[: _last_source(index, sizes) + 1], index, lower, upper)
+    plan, spans = _compact(index, sizes, lower, upper)
+    probes = [np.concatenate([values[span] for span in spans]) for values in probes]
     for values, library in zip(probes, expected, strict=True):
         if not all(
             np.array_equal(ours, theirs) for ours, theirs in zip(plan.observe(values), library, strict=True)
@@ -189,10 +190,20 @@ class ObservationPlan:
         ]
 
 
-def _last_source(index: list[np.ndarray], sizes: list[int]) -> int:
-    """The position in SOURCES of the last array any agent reads."""
-    last = max((int(positions.max()) for positions in index if positions.size), default=0)
-    return int(np.searchsorted(np.cumsum(sizes), last, side="right"))
+def _compact(
+    index: list[np.ndarray], sizes: list[int], lower: list[np.ndarray], upper: list[np.ndarray]
+) -> tuple[ObservationPlan, list[slice]]:
+    """The plan over only the SOURCES some agent reads, positions moved into their concatenation, and
+    where those arrays lie in the concatenation of every SOURCES array."""
+    starts = np.cumsum([0, *sizes])
+    read = set().union(*(np.searchsorted(starts, positions, side="right") - 1 for positions in index))
+    used = [i for i in range(len(SOURCES)) if i in read]
+    shift = np.zeros(len(SOURCES), dtype=np.int64)
+    for i, offset in zip(used, np.cumsum([0, *(sizes[i] for i in used)]), strict=False):
+        shift[i] = starts[i] - offset
+    moved = [positions - shift[np.searchsorted(starts, positions, side="right") - 1] for positions in index]
+    spans = [slice(starts[i], starts[i + 1]) for i in used]
+    return ObservationPlan(tuple(SOURCES[i] for i in used), moved, lower, upper), spans
 
 
 def _record(data: Any, values: np.ndarray, sizes: list[int]) -> types.SimpleNamespace:
