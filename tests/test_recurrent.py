@@ -92,14 +92,14 @@ def test_stacked_cells_compute_torchs_cells(kind, copies):
 @pytest.mark.parametrize("copies", [1, 3])
 def test_the_stacked_step_and_torchs_cells_unroll_alike(kind, copies):
     """`fast.recurrent_cell: false` (torch's cells) computes the same outputs, states and gradients."""
-    torch.manual_seed(0)
-    layer = StackedRecurrent(kind, copies=copies, in_dim=5, hidden=4, orthogonal_init=False)
-    x, state = torch.randn(6, 2, 3, 5), torch.randn(2, 3, layer.state_size)
-    is_first, acted = torch.rand(6, 2, 3) < 0.2, torch.rand(6, 2, 3) < 0.7
     results = []
     for library in (False, True):
-        layer.library_cell = library
-        layer.zero_grad()
+        torch.manual_seed(0)  # the same weights and inputs for both
+        layer = StackedRecurrent(
+            kind, copies=copies, in_dim=5, hidden=4, orthogonal_init=False, library_cell=library
+        )
+        x, state = torch.randn(6, 2, 3, 5), torch.randn(2, 3, layer.state_size)
+        is_first, acted = torch.rand(6, 2, 3) < 0.2, torch.rand(6, 2, 3) < 0.7
         outputs, final = layer(x, state, is_first, acted)
         (outputs.sum() + final.pow(2).sum()).backward()
         results.append((outputs.detach(), final.detach(), [p.grad.clone() for p in layer.parameters()]))
