@@ -489,6 +489,7 @@ def test_a_groups_carries_start_afresh_where_its_team_episode_ends(tiny_override
 
     import numpy as np
 
+    from marl_ppo.models.acting import ActingView
     from marl_ppo.models.team import TeamModel
     from marl_ppo.rollout.memory import make_memory
 
@@ -496,12 +497,13 @@ def test_a_groups_carries_start_afresh_where_its_team_episode_ends(tiny_override
     spec = build_collector(config, torch.device("cpu"))[1].spec
     model = TeamModel(spec, config)
     memory = make_memory(model, 1, torch.device("cpu"))
+    policy = ActingView(model)
     obs_dim = spec.groups[0].obs_dim
     inputs = ({"agent": torch.zeros(1, 3, obs_dim)}, {"agent": torch.ones(1, 3, 0, dtype=torch.bool)})
     continuing = np.zeros(1, dtype=bool)
 
     def step(acting, ended):
-        memory.distributions(*inputs, {"agent": torch.tensor([acting])})
+        memory.distributions(policy, *inputs, {"agent": torch.tensor([acting])})
         flags = SimpleNamespace(terminated=np.array([ended]), truncated=np.zeros((1, 3), bool))
         memory.advance(SimpleNamespace(groups={"agent": flags}), continuing)
         return memory.live["agent"].is_first[0].tolist()

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import NamedTuple, cast
 
 import gymnasium as gym
@@ -195,7 +194,20 @@ class GroupActor(nn.Module):
         carry `(B, A, S)`, and the carry after it. `is_first` `(L, B, A)`: the agent's episode starts
         at the step (its carry resets first); `acted`: it acts there (its carry advances only then).
         Masked actions (`action_mask` `(L, B, A, mask_dim)`, mask_dim 0 without masks) get probability 0."""
-        features = self.net(obs if self.features is None else self.features(obs))
+        return self.forward_with(self.net, obs, action_mask, carry, is_first, acted)
+
+    def forward_with(
+        self,
+        net: Callable[[torch.Tensor], torch.Tensor],
+        obs: torch.Tensor,
+        action_mask: torch.Tensor,
+        carry: torch.Tensor,
+        is_first: torch.Tensor,
+        acted: torch.Tensor,
+    ) -> tuple[ActionDistribution, torch.Tensor]:
+        """`forward` with `net` in the MLP's place: the MLP itself, or acting's form of it
+        (`models.acting.ActingMLP`)."""
+        features = net(obs if self.features is None else self.features(obs))
         outputs, carry = self.core(features, carry, is_first, acted)
         return self._distribution(self.head(outputs), action_mask), carry
 
@@ -268,9 +280,22 @@ class GroupCritic(nn.Module):
         `(L, B, state_dim)` and observations `(L, B, A, obs_dim)`, from the carry `(B, rows, S)`, and
         the carry after it. A team critic's one row starts afresh where every agent's episode starts
         and advances where any agent acts."""
+        return self.forward_with(self.net, state, obs, carry, is_first, acted)
+
+    def forward_with(
+        self,
+        net: Callable[[torch.Tensor], torch.Tensor],
+        state: torch.Tensor,
+        obs: torch.Tensor,
+        carry: torch.Tensor,
+        is_first: torch.Tensor,
+        acted: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` with `net` in the MLP's place: the MLP itself, or acting's form of it
+        (`models.acting.ActingMLP`)."""
         if self.team:
             is_first, acted = is_first.all(-1, keepdim=True), acted.any(-1, keepdim=True)
-        outputs, carry = self.core(self.net(self._features(state, obs)), carry, is_first, acted)
+        outputs, carry = self.core(net(self._features(state, obs)), carry, is_first, acted)
         return self._per_agent(self.head(outputs).squeeze(-1)), carry
 
     def _features(self, state: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
@@ -450,20 +475,6 @@ class TeamModel(nn.Module):
     def group(self, name: str) -> GroupNetworks:
         """The actor, critic and value normalizer of group `name`."""
         return self._groups[name]
-
-    @contextlib.contextmanager
-    def held_weights(self) -> Iterator[None]:
-        """Inside, every MLP of the team reads its weights once for all its forwards without gradients
-        (`AgentMLP.hold_weights`): for a rollout, during which the weights do not change. Forwards with
-        gradients read the parameters as always."""
-        mlps = [module for module in self.modules() if isinstance(module, AgentMLP)]
-        for mlp in mlps:
-            mlp.hold_weights()
-        try:
-            yield
-        finally:
-            for mlp in mlps:
-                mlp.release_weights()
 
 
 def _share_cnn(name: str, actor: GroupActor, critic: GroupCritic) -> None:
