@@ -328,9 +328,6 @@ class FastConfig:
     """Multi-agent MuJoCo: each step maps the agents' actions to the robot's and reads their
     observations and the state by index arrays found once per env copy (`fast/mamujoco_gather.py`;
     the same numbers); false: Gymnasium-Robotics' own step, which walks the joint graph each time."""
-    sigmoid_tanh: bool = False
-    """The MLPs' tanh activations as 2 sigmoid(2x) - 1 with tanh's backward (`fast/tanh.py`): 2-3x
-    faster than torch's CPU tanh on a minibatch's activations, within 2e-7 of it; false: torch.tanh."""
     recurrent_cell: bool = True
     """With `model.recurrent`: our agent-stacked GRU/LSTM step (batched products over the agents'
     weights, each sequence's input product taken at once); false: torch's nn.GRUCell / nn.LSTMCell
@@ -353,6 +350,7 @@ REMOVED_FAST_KEYS = {
     "distributions": "torch.distributions",
     "event_writer": "torch.utils.tensorboard's SummaryWriter",
     "allocator": "glibc's default malloc",
+    "sigmoid_tanh": "torch.tanh",
 }
 """`fast` switches whose hand-written piece was removed, and the library piece that replaced it."""
 

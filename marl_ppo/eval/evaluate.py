@@ -134,11 +134,10 @@ def run_episodes(
     quota = [episodes // copies + (i < episodes % copies) for i in range(copies)]
     finished: list[list[Finished]] = [[] for _ in range(copies)]
     stepper = Stepper(venv, max_episode_steps=MAX_EPISODE_STEPS)
-    held = contextlib.nullcontext() if model is None else model.held_weights()  # no update runs here
-    with _global_rng_untouched(device), held:
+    with _global_rng_untouched(device):
         torch.manual_seed(seed)  # stochastic evaluations are reproducible and independent of training
         stepper.reset(seed)
-        acting: Acting = (  # a policy's carries, fresh for every copy
+        acting: Acting = (  # a policy's carries, fresh for every copy; its weights read once
             RandomActing(spec, device)
             if model is None
             else PolicyActing(model, copies, device, deterministic=deterministic)
