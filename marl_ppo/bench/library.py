@@ -40,7 +40,6 @@ PIECES = (
     Piece("optimizer vs torch Adam (fused)", "fast.optimizer=adam_fused"),
     Piece("optimizer vs torch Adam (foreach)", "fast.optimizer=adam_foreach"),
     Piece("screen copy vs the env's own", "fast.screen_copy=false", ("pistonball",)),
-    Piece("lean cycle vs PettingZoo's wrapper", "fast.lean_cycle=false", ("spread",)),
 )
 
 

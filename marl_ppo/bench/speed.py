@@ -39,22 +39,12 @@ SPREAD_KWARGS = {"N": 3, "max_cycles": 25, "continuous_actions": False}
 """The default experiment's env.kwargs, for the raw-env baseline."""
 
 
-def raw_pettingzoo_sps(
-    env_id: str, kwargs: dict[str, Any], seconds: float = 4.0, seed: int = 0, *, bare: bool = False
-) -> float:
-    """Env steps/s of one env copy in this process, with random actions drawn beforehand.
-
-    The env is stepped as its factory ships it; `bare` first strips the assertion-only wrappers and
-    the discarded `last()` observations, as training does (`env.skip_check_wrappers`, `fast.lean_cycle`), to show
-    how much of the step they cost.
-    """
-    from marl_ppo.envs.adapters.check_wrappers import without_check_wrappers
-    from marl_ppo.fast.lean_cycle import lean_cycle
+def raw_pettingzoo_sps(env_id: str, kwargs: dict[str, Any], seconds: float = 4.0, seed: int = 0) -> float:
+    """Env steps/s of one env copy in this process, stepped as its factory ships it, with random actions
+    drawn beforehand."""
     from marl_ppo.registry import make_env
 
     env = make_env(env_id, **kwargs)
-    if bare:
-        env = lean_cycle(without_check_wrappers(env))
     env.reset(seed=seed)
     agents = list(env.possible_agents)
     for agent in agents:
@@ -388,16 +378,6 @@ def main(argv: list[str] | None = None) -> int:
     ray_line = paired_ratio(selected, "spread 2 ray workers", "spread 2 workers")
     if ray_line is not None:
         print(ray_line)
-    if any(case.name.startswith("spread") for case in selected):
-        bare = [
-            raw_pettingzoo_sps("mpe2/simple_spread_v3", SPREAD_KWARGS, bare=True)
-            for _ in range(options.repeats)
-        ]
-        print(
-            f"simple_spread raw without its assertion-only wrappers and discarded observations "
-            f"(how the adapter steps it): "
-            f"{median(bare):.0f} steps/s"
-        )
     return 0
 
 
