@@ -31,7 +31,7 @@ LAYERS = [
     ("marl_ppo.algo",),
     ("marl_ppo.eval",),
     ("marl_ppo.run",),
-    ("marl_ppo.analysis", "marl_ppo.bench"),
+    ("marl_ppo.analysis",),
     ("marl_ppo.cli", "marl_ppo.__main__", "marl_ppo.api", "marl_ppo"),
 ]
 """Lowest first, whole folders only. A module may import from its own layer and the layers below, never

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from marl_ppo.bench.pairs import PeerCase, median, peer_cases, peer_report, run_pair
+from bench.pairs import PeerCase, median, peer_cases, peer_report, run_pair
 from marl_ppo.run.rundir import read_summary
 
 ROOT = Path(__file__).resolve().parents[2]

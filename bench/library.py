@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from marl_ppo.bench.speed import NAVIGATION_YAML, ROOT, SPREAD_YAML, training_run
+from bench.speed import NAVIGATION_YAML, ROOT, SPREAD_YAML, training_run
 
 PISTONBALL_YAML = ROOT / "experiments" / "butterfly" / "pistonball_v6.yaml"
 

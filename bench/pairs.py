@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from marl_ppo.bench.peers import BENCHMARL, SB3, Peer, PeerResult, PeerUnavailable, ensure_peer, run_peer
+from bench.peers import BENCHMARL, SB3, Peer, PeerResult, PeerUnavailable, ensure_peer, run_peer
 
 Train = Callable[[Path | None, list[str]], dict[str, Any]]
 """Runs marl_ppo's training on an experiment file (or none) with overrides; returns its summary.json."""

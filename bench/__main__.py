@@ -2,6 +2,6 @@
 
 import sys
 
-from marl_ppo.bench.speed import main
+from bench.speed import main
 
 sys.exit(main())
