@@ -1,4 +1,4 @@
-"""`python -m marl_ppo.bench`: the speed benchmark."""
+"""`python -m bench`: the speed benchmark."""
 
 import sys
 

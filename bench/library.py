@@ -1,4 +1,4 @@
-"""Our hand-written pieces against the library's own, side by side: `python -m marl_ppo.bench.library`.
+"""Our hand-written pieces against the library's own, side by side: `python -m bench.library`.
 
 Each piece of `marl_ppo/fast/` has a `fast.*` switch back to the library piece. On the cases where
 the piece acts (the default experiment, simple_spread; VMAS navigation with 1,024 copies; pistonball

@@ -1,8 +1,8 @@
-"""Each hand-written piece of `marl_ppo/fast/` against the library's, in one process: `python -m marl_ppo.bench.pieces`.
+"""Each hand-written piece of `marl_ppo/fast/` against the library's, in one process: `python -m bench.pieces`.
 
 The pieces' own work at the sizes the default experiment and VMAS navigation give them, timed in
 turn (ours first in even repeats, the library's first in odd ones) on one thread; medians over the
-repeats. `marl_ppo.bench.library` measures what each piece changes in a whole training run.
+repeats. `bench.library` measures what each piece changes in a whole training run.
 """
 
 from __future__ import annotations

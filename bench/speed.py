@@ -5,12 +5,12 @@ before and just after a training run, which runs as a separate process; this rep
 The script prints medians, the ratio of each training run to the raw rate around it (median and
 range), the training's timing split (env stepping, acting, learning) and its peak RSS.
 
-    python -m marl_ppo.bench.speed [--repeats N] [--steps N] [--only NAME ...] [--device cpu|cuda]
+    python -m bench.speed [--repeats N] [--steps N] [--only NAME ...] [--device cpu|cuda]
 
-The peer cases (`marl_ppo/bench/pairs.py`) run marl_ppo and another framework at the same settings
+The peer cases (`bench/pairs.py`) run marl_ppo and another framework at the same settings
 in turn and print the ratio of their env steps/s; each peer runs in a venv of its own (`peers.py`).
 
-On a machine with a GPU, `python -m marl_ppo.bench.speed --only vmas --device cuda` is the GPU check: the
+On a machine with a GPU, `python -m bench.speed --only vmas --device cuda` is the GPU check: the
 VMAS simulator, the rollout buffer and the learner all on the GPU, with 8,192 and 32,768 copies too.
 """
 
@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from bench.pairs import PeerCase, median, peer_cases, peer_report, run_pair
 from marl_ppo.run.rundir import read_summary
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SPREAD_YAML = ROOT / "experiments" / "mpe" / "simple_spread.yaml"
 NAVIGATION_YAML = ROOT / "experiments" / "vmas" / "navigation.yaml"
 SMAX_YAML = ROOT / "experiments" / "jaxmarl" / "smax_2s3z.yaml"

@@ -114,6 +114,15 @@ def test_no_import_cycles():
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
+def test_the_package_never_imports_the_benchmarks():
+    """bench/ sits beside the package, outside the wheel: an installed marl_ppo could not import it."""
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            assert not [n for n in names if n == "bench" or n.startswith("bench.")], path
+
+
 def test_the_maths_and_the_fast_pieces_import_nothing_of_the_framework():
     for module in ("marl_ppo.algo.gae", "marl_ppo.algo.losses", "marl_ppo.models.value_norm"):
         assert _imports(_modules()[module]) == set(), module
