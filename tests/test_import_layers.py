@@ -30,6 +30,7 @@ LAYERS = [
     ("marl_ppo.rollout",),
     ("marl_ppo.algo",),
     ("marl_ppo.eval",),
+    ("marl_ppo.logs",),  # the run logger, its scalar backends and the experiment trackers
     ("marl_ppo.run",),
     ("marl_ppo.analysis",),
     ("marl_ppo.cli", "marl_ppo.__main__", "marl_ppo.api", "marl_ppo"),
@@ -139,7 +140,7 @@ def test_the_rollout_layer_knows_envs_by_their_protocol():
 
 
 def test_only_the_loop_builds_the_logger_and_the_cli_only_calls_the_library():
-    users = [_module_name(p) for p in PACKAGE.rglob("*.py") if "marl_ppo.run.logger" in _imports(p)]
+    users = [_module_name(p) for p in PACKAGE.rglob("*.py") if "marl_ppo.logs.logger" in _imports(p)]
     assert users == ["marl_ppo.run.loop"]
     assert not [name for name in _imports(PACKAGE / "cli.py") if name.startswith("marl_ppo.algo")]
 
