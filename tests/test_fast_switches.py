@@ -21,9 +21,9 @@ from marl_ppo.run.loop import train
 
 SPREAD = ROOT / "experiments/mpe/simple_spread.yaml"
 PISTONBALL = ROOT / "experiments/butterfly/pistonball_v6.yaml"
-SPREAD_SWITCHES = ["fast.optimizer=adam", "fast.lean_cycle=false"]
+SPREAD_SWITCHES = ["fast.optimizer=adam"]
 """The switches that act in a simple_spread run, each to a library piece that computes the same numbers
-(torch's single-tensor Adam, PettingZoo's AEC-to-parallel cycle)."""
+(torch's single-tensor Adam)."""
 
 
 def _scalars(run_dir):

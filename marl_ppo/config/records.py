@@ -317,9 +317,6 @@ class FastConfig:
     """`flat_adam`: Adam over one flat buffer per network (one clip norm, a few ops per step; the same
     numbers as `adam`); `adam`, `adam_foreach`, `adam_fused`: torch.optim.Adam with its single-tensor,
     multi-tensor or fused implementation, and nn.utils.clip_grad_norm_."""
-    lean_cycle: bool = True
-    """Step AEC-converted PettingZoo envs without the observations the parallel wrapper computes and
-    discards (the same trajectories); false: PettingZoo's aec_to_parallel wrapper as it is."""
     screen_copy: bool = True
     """Pistonball and cooperative_pong: every agent's observation and the state are views of one copy
     of the screen per frame (the same arrays), and cooperative_pong's step draws without the copies
@@ -351,6 +348,7 @@ REMOVED_FAST_KEYS = {
     "event_writer": "torch.utils.tensorboard's SummaryWriter",
     "allocator": "glibc's default malloc",
     "sigmoid_tanh": "torch.tanh",
+    "lean_cycle": "PettingZoo's aec_to_parallel wrapper",
 }
 """`fast` switches whose hand-written piece was removed, and the library piece that replaced it."""
 

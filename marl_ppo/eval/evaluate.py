@@ -143,7 +143,7 @@ def run_episodes(
             else PolicyActing(model, copies, device, deterministic=deterministic)
         )
         while any(len(done) < share for done, share in zip(finished, quota, strict=True)):
-            for episode in _steps(stepper, acting):
+            for episode in evaluation_step(stepper, acting):
                 finished[episode.copy].append(episode)
     kept = [episode for done, share in zip(finished, quota, strict=True) for episode in done[:share]]
     agent_returns = np.stack([episode.agent_returns for episode in kept])
@@ -158,7 +158,7 @@ def run_episodes(
     )
 
 
-def _steps(stepper: Stepper, acting: Acting) -> list[Finished]:
+def evaluation_step(stepper: Stepper, acting: Acting) -> list[Finished]:
     """One step of the stepping loop, its episode limit reported as an evaluation error."""
     try:
         return stepper.step(acting)
