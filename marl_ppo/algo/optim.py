@@ -62,8 +62,9 @@ class AgentAdam(torch.optim.Adam):
 
     Each parameter stacks `agents` agents' weights along its first axis, agent-major (`(agents * n,
     ...)`); agent `agent`'s are rows `[agent * n, (agent + 1) * n)` (`rows`). The param groups hold the
-    whole stacked parameters (so zeroing and clipping work on their gradients as on any optimizer's),
-    the state holds `(n, ...)` moments, and a step writes the agent's rows and nothing else: torch's
+    whole stacked parameters, so zeroing and clipping work on their gradients as on any optimizer's (in
+    a HAPPO turn only the learning agent's rows have a non-zero gradient: the clip bounds its own); the
+    state holds `(n, ...)` moments, and a step writes the agent's rows and nothing else: torch's
     functional Adam on the rows' views, on the code path the options name (single-tensor, foreach or
     fused). A parameter without a gradient is not stepped, as in torch's Adam.
     """
@@ -127,7 +128,7 @@ class AgentAdam(torch.optim.Adam):
     def _state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, Any]:
         """The parameter's state, made as torch's Adam makes it (zero moments, a float32 count on the
         CPU, on the parameter's device when fused) the first time it steps."""
-        state = self.state[p]
+        state: dict[str, Any] = self.state[p]
         if not state:
             rows = self.rows(p)
             state["step"] = torch.zeros((), dtype=torch.float32, device=p.device if group["fused"] else "cpu")
