@@ -17,7 +17,7 @@ import yaml
 from pydantic.dataclasses import is_pydantic_dataclass
 from pydantic.fields import FieldInfo
 
-from marl_ppo.config.records import ExperimentConfig, _plain, config_to_dict
+from marl_ppo.config.experiment import ExperimentConfig, _plain, config_to_dict
 from marl_ppo.console import shown_path
 
 
@@ -174,7 +174,7 @@ def describe_error(error: Mapping[str, Any]) -> str:
 def config_yaml(config: ExperimentConfig) -> str:
     """The config as the run's config.yaml holds it; `auto` choices are made when the run starts."""
     text = yaml.safe_dump(config_to_dict(config), sort_keys=False)
-    choices = (("vector", config.vector), ("model.precision", config.model.precision))
+    choices = (("rollout.vector", config.rollout.vector), ("model.precision", config.model.precision))
     auto = [key for key, value in choices if value == "auto"]
     if auto:
         text += f"# {' and '.join(auto)}: auto is chosen when the run starts; its config.yaml records the choice\n"
@@ -183,7 +183,13 @@ def config_yaml(config: ExperimentConfig) -> str:
 
 DEFAULT_EXPERIMENT = Path("experiments/mpe/simple_spread.yaml")
 """The experiment `make run` trains, in the project's repository."""
-NOTICE_KEYS = ("gamma", "rollout_steps", "num_envs", "share_actor", "ppo.lr_schedule")
+NOTICE_KEYS = (
+    "ppo.gamma",
+    "rollout.rollout_steps",
+    "rollout.num_envs",
+    "model.share_actor",
+    "ppo.lr_schedule",
+)
 """Keys in which the library defaults and the default experiment differ, shown by a bare `train`."""
 
 
@@ -213,7 +219,7 @@ def help_config_lines(width: int = 100) -> list[str]:
     lines = ["Config keys, set in an experiment file (YAML) or as key=value (which wins over the file)."]
     for key, entry in key_help().items():
         if "." not in key and entry.default is None:
-            lines.append("")  # a section: env, ppo, model, log
+            lines.append("")  # a section: env, rollout, ppo, model, ...
         text = textwrap.wrap(" ".join(entry.doc.split()), width - KEY_COLUMN)
         if entry.default is not None:
             text += textwrap.wrap(f"default: {entry.default}; allowed: {entry.allowed}", width - KEY_COLUMN)
