@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def tiny_overrides():
     """Overrides that make any experiment run in a second or two."""
     return [
-        "num_envs=2",
-        "rollout_steps=25",
+        "rollout.num_envs=2",
+        "rollout.rollout_steps=25",
         "total_steps=100",
         "log.progress=false",
         "ppo.train_pi_iters=2",

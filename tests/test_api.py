@@ -25,10 +25,10 @@ API = [
 
 MATRIX = [
     "env.id=envs/matrix_game_v0",
-    "num_envs=2",
-    "rollout_steps=4",
+    "rollout.num_envs=2",
+    "rollout.rollout_steps=4",
     "total_steps=8",
-    "vector=sync",
+    "rollout.vector=sync",
     "log.progress=false",
     "ppo.num_minibatches=1",
     "ppo.train_pi_iters=1",

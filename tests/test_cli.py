@@ -23,9 +23,9 @@ from marl_ppo.config.keys import KEY_COLUMN, defaults_notice, help_config_lines
 SPREAD = str(ROOT / "experiments/mpe/simple_spread.yaml")
 MATRIX = [
     "env.id=envs/matrix_game_v0",
-    "num_envs=2",
-    "rollout_steps=5",
-    "vector=sync",
+    "rollout.num_envs=2",
+    "rollout.rollout_steps=5",
+    "rollout.vector=sync",
     "ppo.num_minibatches=1",
     "ppo.train_pi_iters=1",
     "ppo.train_vf_iters=1",
@@ -216,8 +216,8 @@ def test_console_script_debug_prints_the_traceback_either_side(where, tmp_path):
     ("first", "second"),
     [
         (
-            ["train", "--run-dir", "D", "seed=1", "gamma=0.9"],
-            ["train", "seed=1", "--run-dir", "D", "gamma=0.9"],
+            ["train", "--run-dir", "D", "seed=1", "ppo.gamma=0.9"],
+            ["train", "seed=1", "--run-dir", "D", "ppo.gamma=0.9"],
         ),
         (
             ["train", "--run-dir", "D", "exp.yaml", "seed=1"],
@@ -239,9 +239,9 @@ def test_flags_and_positionals_in_any_order(first, second):
 
 def test_overrides_after_an_option_reach_the_config(tmp_path, capsys):
     run_dir = str(tmp_path / "run")
-    assert main(["train", SPREAD, "--run-dir", run_dir, "seed=3", "--print-config", "gamma=0.9"]) == 0
+    assert main(["train", SPREAD, "--run-dir", run_dir, "seed=3", "--print-config", "ppo.gamma=0.9"]) == 0
     after = yaml.safe_load(capsys.readouterr().out)
-    assert main(["train", "seed=3", "gamma=0.9", "--print-config", SPREAD, "--run-dir", run_dir]) == 0
+    assert main(["train", "seed=3", "ppo.gamma=0.9", "--print-config", SPREAD, "--run-dir", run_dir]) == 0
     assert yaml.safe_load(capsys.readouterr().out) == after
     assert (after["seed"], after["gamma"], after["rollout_steps"]) == (3, 0.9, 25)  # the file, overridden
 

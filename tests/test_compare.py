@@ -113,7 +113,7 @@ def test_compare_on_two_configurations_two_tasks_three_seeds_writes_every_output
     for name in ("performance_profiles.png", "sample_efficiency.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     data = json.loads((out / "marl_eval.json").read_text())
-    run = data["mpe2"]["simple_spread_v3"]["critic=state"]["seed_2"]
+    run = data["mpe2"]["simple_spread_v3"]["ppo.critic=state"]["seed_2"]
     assert run["step_2"] == {"step_count": 300, "return": [-49.0, -47.0]}
     assert run["absolute_metrics"]["return"] == [-48.5, -47.5, -48.0, -48.0]
     rows = list(csv.DictReader((out / "scores.csv").open()))

@@ -37,7 +37,7 @@ def test_yaml_then_overrides_with_types():
             "model.hidden_sizes=[32, 32]",
             "env.kwargs.N=4",
             "ppo.target_kl=null",
-            "critic=obs",
+            "ppo.critic=obs",
         ],
     )
     assert config.seed == 7 and config.ppo.pi_lr == pytest.approx(1e-3)
@@ -59,16 +59,19 @@ def test_parse_overrides_nests_dotted_keys():
     [
         (["ppo.pi_lrr=1e-3"], "unknown config key 'ppo.pi_lrr'; did you mean 'ppo.pi_lr'?"),
         (["gama=0.9"], "unknown config key 'gama'; did you mean 'gamma'?"),
-        (["num_envs=four"], "config key 'num_envs': input should be a valid integer"),
+        (["rollout.num_envs=four"], "config key 'num_envs': input should be a valid integer"),
         (["ppo.pi_lr=-1"], "config key 'ppo.pi_lr': input should be greater than 0, got -1"),
-        (["gamma=1.5"], "config key 'gamma': input should be less than or equal to 1"),
-        (["gae_lambda=-0.1"], "config key 'gae_lambda': input should be greater than or equal to 0"),
-        (["critic=central"], "config key 'critic': input should be 'state', 'state+obs', 'obs' or 'team'"),
-        (["critic=team", "share_critic=false"], "critic: team is one network per group"),
-        (["share_actor=maybe"], "config key 'share_actor': input should be a valid boolean"),
+        (["ppo.gamma=1.5"], "config key 'gamma': input should be less than or equal to 1"),
+        (["ppo.gae_lambda=-0.1"], "config key 'gae_lambda': input should be greater than or equal to 0"),
+        (
+            ["ppo.critic=central"],
+            "config key 'critic': input should be 'state', 'state+obs', 'obs' or 'team'",
+        ),
+        (["ppo.critic=team", "model.share_critic=false"], "critic: team is one network per group"),
+        (["model.share_actor=maybe"], "config key 'share_actor': input should be a valid boolean"),
         (["total_steps=0"], "config key 'total_steps': input should be greater than 0"),
         (
-            ["rollout_steps=2", "num_envs=1", "ppo.num_minibatches=4"],
+            ["rollout.rollout_steps=2", "rollout.num_envs=1", "ppo.num_minibatches=4"],
             "ppo.num_minibatches=4 exceeds the batch",
         ),
         (["seed"], "override 'seed' is not key=value"),

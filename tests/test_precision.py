@@ -74,7 +74,12 @@ def test_bf16_acting_and_learning_agree_so_every_first_ratio_is_one(critic, devi
     from marl_ppo.rollout.buffer import RolloutBuffer
     from marl_ppo.rollout.collector import Collector
 
-    overrides = ["env.id=vmas/navigation", "num_envs=64", "rollout_steps=20", f"critic={critic}"]
+    overrides = [
+        "env.id=vmas/navigation",
+        "rollout.num_envs=64",
+        "rollout.rollout_steps=20",
+        f"ppo.critic={critic}",
+    ]
     config = load_config(None, [*overrides, "model.precision=bf16"])
     where = torch.device(device)
     torch.manual_seed(0)

@@ -38,13 +38,13 @@ def _spread(tiny_overrides, *extra):
         SPREAD_YAML,
         [
             *tiny_overrides,
-            "num_envs=3",
-            "rollout_steps=20",
+            "rollout.num_envs=3",
+            "rollout.rollout_steps=20",
             "env.kwargs.max_cycles=7",
             "model.recurrent=gru",
             "model.recurrent_size=8",
-            "vector=sync",
-            "policy_lag=0",
+            "rollout.vector=sync",
+            "rollout.policy_lag=0",
             *extra,
         ],
     )
@@ -134,7 +134,7 @@ def test_unroll_resets_at_episode_starts_and_holds_the_state_where_an_agent_wait
 def test_recomputed_outputs_equal_the_acting_ones_for_every_chunk_length(tiny_overrides, critic):
     """Before the first update, ratio 1 and KL 0 for chunks of 1, 5 and the whole rollout, with
     episode starts inside chunks; the per-step outputs do not depend on the chunk length."""
-    config = _spread(tiny_overrides, f"critic={critic}")
+    config = _spread(tiny_overrides, f"ppo.critic={critic}")
     model, buffer, result = _collect(config)
     stored = buffer.groups["agent"]
     first = buffer.memory["agent"].is_first.any(-1)
@@ -201,7 +201,7 @@ def test_the_recurrent_policy_acts_alike_in_every_collection_mode(tiny_overrides
     samples with its own seed, so the sync collector is seeded alike."""
     from marl_ppo.rollout.slice import worker_seed
 
-    config = _spread(tiny_overrides, f"num_workers={workers}")
+    config = _spread(tiny_overrides, f"rollout.num_workers={workers}")
     reference, _, _ = _collect(config)
     collected = []
     for mode in ("sync", vector):
@@ -236,12 +236,12 @@ def test_a_recurrent_run_killed_mid_episode_resumes_to_the_uninterrupted_weights
         SPREAD_YAML,
         [
             *tiny_overrides,
-            "rollout_steps=10",
+            "rollout.rollout_steps=10",
             f"total_steps={2 * K * 20}",
             f"log.checkpoint_every={K}",
-            f"vector={vector}",
-            "num_workers=2",
-            f"policy_lag={lag}",
+            f"rollout.vector={vector}",
+            "rollout.num_workers=2",
+            f"rollout.policy_lag={lag}",
             "model.recurrent=gru",
             "model.recurrent_size=8",
             "ppo.chunk_length=4",
@@ -270,7 +270,15 @@ def test_recurrent_config_errors_name_the_fix():
     with pytest.raises(ConfigError, match="model.recurrent_critic=true needs a recurrent layer"):
         load_config(None, ["model.recurrent_critic=true"])
     with pytest.raises(ConfigError, match=r"ppo.num_minibatches=4 exceeds the 2 sequence chunks"):
-        load_config(None, ["model.recurrent=gru", "num_envs=2", "rollout_steps=10", "ppo.chunk_length=null"])
+        load_config(
+            None,
+            [
+                "model.recurrent=gru",
+                "rollout.num_envs=2",
+                "rollout.rollout_steps=10",
+                "ppo.chunk_length=null",
+            ],
+        )
     config = load_config(None, ["model.recurrent=lstm"])
     assert config.model.critic_recurrent and config.sequence_chunks == 16 * 10
     assert not load_config(
@@ -315,7 +323,13 @@ def test_chunks_pad_an_uneven_rollout_with_steps_that_neither_act_nor_count():
 def test_a_players_state_advances_only_on_its_own_moves(tiny_overrides):
     config = load_config(
         ROOT / "experiments/classic/tictactoe_v3.yaml",
-        [*tiny_overrides, "vector=sync", "num_envs=3", "rollout_steps=30", "model.recurrent=gru"],
+        [
+            *tiny_overrides,
+            "rollout.vector=sync",
+            "rollout.num_envs=3",
+            "rollout.rollout_steps=30",
+            "model.recurrent=gru",
+        ],
     )
     _, buffer, _ = _collect(config)
     memory, alive = buffer.memory["player"], buffer.groups["player"].alive
@@ -337,9 +351,9 @@ def test_an_agent_that_left_carries_a_fresh_state_until_the_next_episode(tiny_ov
             *tiny_overrides,
             "env.id=envs/early_leaver_v0",
             "env.kwargs={leave_at: 2, max_steps: 5}",
-            "vector=sync",
-            "num_envs=2",
-            "rollout_steps=12",
+            "rollout.vector=sync",
+            "rollout.num_envs=2",
+            "rollout.rollout_steps=12",
             "model.recurrent=gru",
         ],
     )
@@ -369,11 +383,11 @@ def test_a_recurrent_run_evaluates_deterministic_and_sampled_and_records_a_gif(t
         SPREAD_YAML,
         [
             *tiny_overrides,
-            "vector=sync",
-            "policy_lag=0",
+            "rollout.vector=sync",
+            "rollout.policy_lag=0",
             "model.recurrent=lstm",
-            "eval_every=50",
-            "eval_episodes=2",
+            "eval.every=50",
+            "eval.episodes=2",
         ],
     )
     train(config, tmp_path / "run")
@@ -396,7 +410,8 @@ def test_a_recurrent_policy_in_vmas_restarts_the_states_of_finished_copies():
     from marl_ppo.rollout.collector import Collector
 
     config = load_config(
-        None, ["env.id=vmas/navigation", "env.kwargs={max_steps: 4}", "num_envs=4", "model.recurrent=gru"]
+        None,
+        ["env.id=vmas/navigation", "env.kwargs={max_steps: 4}", "rollout.num_envs=4", "model.recurrent=gru"],
     )
     venv = build_vector_env(config)
     torch.manual_seed(0)
@@ -428,9 +443,9 @@ def test_a_recurrent_vmas_rollout_and_update_stay_on_the_device(device):
         [
             "env.id=vmas/navigation",
             "env.kwargs={max_steps: 6}",
-            "num_envs=4",
+            "rollout.num_envs=4",
             "model.recurrent=gru",
-            f"device={device}",
+            f"host.device={device}",
             "ppo.num_minibatches=2",
         ],
     )
@@ -461,9 +476,9 @@ def test_an_agent_that_joins_mid_episode_starts_from_a_fresh_state(tiny_override
             *tiny_overrides,
             "env.id=tests.test_adapter:_LateJoinerEnv",
             "env.kwargs={leave_at: 10, max_steps: 5}",
-            "vector=sync",
-            "num_envs=2",
-            "rollout_steps=10",
+            "rollout.vector=sync",
+            "rollout.num_envs=2",
+            "rollout.rollout_steps=10",
             "model.recurrent=gru",
             "model.orthogonal_init=false",  # biases: [2, 2] layer-normalizes to zeros
         ],
@@ -492,7 +507,7 @@ def test_a_groups_carries_start_afresh_where_its_team_episode_ends(tiny_override
     from marl_ppo.models.team import TeamModel
     from marl_ppo.rollout.memory import make_memory
 
-    config = _spread(tiny_overrides, "critic=team")
+    config = _spread(tiny_overrides, "ppo.critic=team")
     spec = build_collector(config, torch.device("cpu"))[1].spec
     model = TeamModel(spec, config)
     memory = make_memory(model, 1, torch.device("cpu"))

@@ -42,7 +42,7 @@ def runs(tmp_path):
     for lr, seeds in LOGS.items():
         for seed, (final, evals) in enumerate(seeds):
             # log.progress and vector say how a run ran, not what it trained: they do not split configurations
-            extra = ["log.progress=false", "vector=subprocess"] if seed == 1 else []
+            extra = ["log.progress=false", "rollout.vector=subprocess"] if seed == 1 else []
             write_run(
                 tmp_path / "runs" / f"lr{lr}" / f"seed{seed}",
                 [f"ppo.pi_lr={lr}", f"seed={seed}", *extra],

@@ -21,7 +21,7 @@ STEPS_PER_UPDATE = 20
 
 
 def _args(tiny_overrides, *extra):
-    return [SPREAD, *tiny_overrides, "rollout_steps=10", *extra]
+    return [SPREAD, *tiny_overrides, "rollout.rollout_steps=10", *extra]
 
 
 def _start(tiny_overrides, run_dir, *extra):

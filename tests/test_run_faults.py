@@ -49,11 +49,18 @@ def _alive(pid: int) -> bool:
 
 def test_killing_a_worker_mid_rollout_ends_the_run_with_one_line_and_no_orphans(tmp_path):
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "marl_ppo", "train", "env.id=envs/early_leaver_v0", "vector=subprocess"]
+    command = [
+        sys.executable,
+        "-m",
+        "marl_ppo",
+        "train",
+        "env.id=envs/early_leaver_v0",
+        "rollout.vector=subprocess",
+    ]
     command += [
-        "num_workers=2",
-        "num_envs=4",
-        "rollout_steps=200",
+        "rollout.num_workers=2",
+        "rollout.num_envs=4",
+        "rollout.rollout_steps=200",
         "total_steps=100000000",
         "log.progress=false",
     ]

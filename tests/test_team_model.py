@@ -24,9 +24,9 @@ def _model(critic, share_critic=True, share_actor=False):
         None,
         [
             f"env.id={SPREAD}",
-            f"critic={critic}",
-            f"share_critic={share_critic}",
-            f"share_actor={share_actor}",
+            f"ppo.critic={critic}",
+            f"model.share_critic={share_critic}",
+            f"model.share_actor={share_actor}",
         ],
     )
     spec = build_team_spec(make_env(SPREAD), SPREAD)
@@ -193,7 +193,9 @@ def _must_not_run():
 
 
 def test_a_rollout_holds_the_weights_and_lets_them_go(monkeypatch):
-    config = load_config(overrides=["total_steps=64", "num_envs=2", "rollout_steps=8", "vector=sync"])
+    config = load_config(
+        overrides=["total_steps=64", "rollout.num_envs=2", "rollout.rollout_steps=8", "rollout.vector=sync"]
+    )
     spec = build_team_spec(make_env("mpe2/simple_spread_v3"), "spread")
     model = TeamModel(spec, config)
     mlps = [m for m in model.modules() if isinstance(m, AgentMLP)]
@@ -249,7 +251,7 @@ def test_a_sequence_of_one_step_chunks_gives_each_row_the_numbers_of_a_step(crit
 
 
 def test_team_critic_is_one_mlp_of_the_state_broadcast_to_the_agents():
-    """`critic: team` is V(state): one network without an agent id, run once per env step, its value given
+    """`ppo.critic: team` is V(state): one network without an agent id, run once per env step, its value given
     to every agent. Outputs and gradients equal the textbook MLP on the state, whose one value receives
     the sum of the agents' gradients."""
     model, _ = _model("team")
@@ -281,11 +283,17 @@ def test_team_critic_is_one_mlp_of_the_state_broadcast_to_the_agents():
 
 
 def test_team_critic_trains_and_values_stay_equal_across_agents():
-    """With `critic: team` a rollout's acting-time values are the same for every agent of the group,
+    """With `ppo.critic: team` a rollout's acting-time values are the same for every agent of the group,
     and one update moves every critic parameter."""
     config = load_config(
         None,
-        [f"env.id={SPREAD}", "num_envs=2", "rollout_steps=25", "critic=team", "ppo.num_minibatches=1"],
+        [
+            f"env.id={SPREAD}",
+            "rollout.num_envs=2",
+            "rollout.rollout_steps=25",
+            "ppo.critic=team",
+            "ppo.num_minibatches=1",
+        ],
     )
     model, buffer, rollout = collect_rollout(config)
     values = buffer.groups["agent"].values
@@ -330,10 +338,10 @@ def test_one_update_moves_every_actor_and_the_critic():
         None,
         [
             f"env.id={SPREAD}",
-            "num_envs=2",
-            "rollout_steps=25",
-            "share_actor=false",
-            "share_critic=false",
+            "rollout.num_envs=2",
+            "rollout.rollout_steps=25",
+            "model.share_actor=false",
+            "model.share_critic=false",
             "ppo.train_pi_iters=1",
             "ppo.train_vf_iters=1",
             "ppo.num_minibatches=1",

@@ -24,10 +24,10 @@ def _config(*overrides):
     return load_config(
         ROOT / "experiments/mpe/simple_spread.yaml",
         [
-            "num_envs=2",
-            "rollout_steps=25",
-            "vector=sync",
-            "policy_lag=0",
+            "rollout.num_envs=2",
+            "rollout.rollout_steps=25",
+            "rollout.vector=sync",
+            "rollout.policy_lag=0",
             "ppo.train_pi_iters=2",
             "ppo.train_vf_iters=2",
             "ppo.num_minibatches=2",
@@ -392,7 +392,8 @@ def test_a_lagged_run_logs_the_lags_kl_and_weights_and_an_unlagged_one_does_not(
     from marl_ppo.run.loop import train
 
     config = load_config(
-        ROOT / "experiments/mpe/simple_spread.yaml", [*tiny_overrides, f"vector={vector}", "total_steps=150"]
+        ROOT / "experiments/mpe/simple_spread.yaml",
+        [*tiny_overrides, f"rollout.vector={vector}", "total_steps=150"],
     )
     train(config, tmp_path)
     events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})

@@ -15,7 +15,7 @@ from marl_ppo.rollout.collector import Collector  # noqa: E402
 
 def _config(max_steps):
     return load_config(
-        None, ["env.id=vmas/navigation", f"env.kwargs={{max_steps: {max_steps}}}", "num_envs=8"]
+        None, ["env.id=vmas/navigation", f"env.kwargs={{max_steps: {max_steps}}}", "rollout.num_envs=8"]
     )
 
 
@@ -91,7 +91,8 @@ SCENARIOS = ["navigation", "balance", "transport", "wheel", "sampling"]
 
 def _venv(scenario, max_steps, num_envs=8, spare=True, device="cpu"):
     config = load_config(
-        None, [f"env.id=vmas/{scenario}", f"env.kwargs={{max_steps: {max_steps}}}", f"num_envs={num_envs}"]
+        None,
+        [f"env.id=vmas/{scenario}", f"env.kwargs={{max_steps: {max_steps}}}", f"rollout.num_envs={num_envs}"],
     )
     venv = build_vector_env(config, torch.device(device))
     if not spare:

@@ -20,11 +20,19 @@ from marl_ppo.config.experiment import (
     ExperimentConfig,
     config_to_dict,
     migrate_stored,
+    refuse_moved,
 )
 from marl_ppo.config.fast import FastConfig
 from marl_ppo.config.host import HostConfig
 from marl_ppo.config.keys import KeyHelp, close_keys, config_keys, key_help, yaml_value
-from marl_ppo.config.loading import build_config, load_config, load_yaml, merge, parse_overrides
+from marl_ppo.config.loading import (
+    build_config,
+    load_config,
+    load_stored_config,
+    load_yaml,
+    merge,
+    parse_overrides,
+)
 from marl_ppo.config.log import LogConfig, MlflowConfig, WandbConfig
 from marl_ppo.config.model import ModelConfig
 from marl_ppo.config.ppo import PPOConfig
@@ -55,9 +63,11 @@ __all__ = [
     "config_to_dict",
     "key_help",
     "load_config",
+    "load_stored_config",
     "load_yaml",
     "merge",
     "migrate_stored",
     "parse_overrides",
+    "refuse_moved",
     "yaml_value",
 ]

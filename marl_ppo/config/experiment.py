@@ -13,7 +13,7 @@ from pydantic import Field, model_validator
 from pydantic.dataclasses import dataclass
 from pydantic_core import ArgsKwargs
 
-from marl_ppo.config.base import STRICT, PositiveInt
+from marl_ppo.config.base import STRICT, ConfigError, PositiveInt
 from marl_ppo.config.env import EnvConfig
 from marl_ppo.config.evaluation import EvalConfig
 from marl_ppo.config.fast import FastConfig
@@ -122,11 +122,8 @@ class ExperimentConfig:
     @classmethod
     def _moved_keys(cls, data: Any) -> Any:
         keys = data.kwargs if isinstance(data, ArgsKwargs) else data
-        for old, new in MOVED_KEYS.items():
-            if isinstance(keys, dict) and _holds(keys, old):
-                raise ValueError(
-                    f"config key '{old}' moved to '{new}'; write it there in the experiment file or the overrides"
-                )
+        if isinstance(keys, dict):
+            refuse_moved(keys)
         return data
 
     def __post_init__(self) -> None:
@@ -196,6 +193,15 @@ def _holds(tree: dict[str, Any], dotted: str) -> bool:
     for section in sections:
         node = node.get(section) if isinstance(node, dict) else None
     return isinstance(node, dict) and name in node
+
+
+def refuse_moved(data: Mapping[str, Any]) -> None:
+    """Raise a one-line ConfigError naming the new place of the first moved key (MOVED_KEYS) `data` sets."""
+    for old, new in MOVED_KEYS.items():
+        if _holds(dict(data), old):
+            raise ConfigError(
+                f"config key '{old}' moved to '{new}'; write it there in the experiment file or the overrides"
+            )
 
 
 def migrate_stored(data: Mapping[str, Any]) -> dict[str, Any]:

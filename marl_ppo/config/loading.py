@@ -12,7 +12,7 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from marl_ppo.config.base import ConfigError
-from marl_ppo.config.experiment import ExperimentConfig
+from marl_ppo.config.experiment import ExperimentConfig, migrate_stored
 from marl_ppo.config.keys import describe_error
 
 
@@ -101,6 +101,12 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
     simulator: VMAS, JaxMARL) gets that number instead of the default."""
     data = load_yaml(path) if path is not None else {}
     return build_config(with_family_copies(merge(data, parse_overrides(overrides))))
+
+
+def load_stored_config(path: str | Path, overrides: Iterable[str] = ()) -> ExperimentConfig:
+    """A config a run stored (its config.yaml) plus `key=value` overrides -> validated ExperimentConfig:
+    the file's moved keys are migrated to their place (`migrate_stored`), the overrides' are refused."""
+    return build_config(merge(migrate_stored(load_yaml(path)), parse_overrides(overrides)))
 
 
 def with_family_copies(data: dict[str, Any]) -> dict[str, Any]:

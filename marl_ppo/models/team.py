@@ -384,15 +384,15 @@ class TeamModel(nn.Module):
         super().__init__()
         self.spec = spec
         self.actors = nn.ModuleList(
-            GroupActor(g, config.model, shared=config.share_actor) for g in spec.groups
+            GroupActor(g, config.model, shared=config.model.share_actor) for g in spec.groups
         )
         self.critics = nn.ModuleList(
             GroupCritic(
                 g,
                 spec.state_dim,
-                config.critic,
+                config.ppo.critic,
                 config.model,
-                shared=config.share_critic,
+                shared=config.model.share_critic,
                 state_layout=spec.state_layout,
             )
             for g in spec.groups

@@ -1,6 +1,6 @@
 """Rollout workers: env copies *and* a copy of the policy in each worker process.
 
-`vector: workers` moves acting out of the learner's process. Each worker owns a contiguous slice of
+`rollout.vector: workers` moves acting out of the learner's process. Each worker owns a contiguous slice of
 the E env copies, a CPU copy of the team's networks and its own sampling RNG (a `RolloutSlice` of
 `marl_ppo.rollout.slice`, as the Ray workers' actors do); per rollout it reads the learner's weights
 from shared memory, collects its slice with the ordinary `Collector` (same auto-reset, truncation
@@ -32,7 +32,7 @@ from marl_ppo.rollout.source import RolloutResult
 
 
 class RolloutWorkers(SlicedSource):
-    """E env copies in `num_workers` processes that act with a copy of the policy; a Collector's interface."""
+    """E env copies in `rollout.num_workers` processes that act with a copy of the policy; a Collector's interface."""
 
     def __init__(
         self,
