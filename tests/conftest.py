@@ -42,7 +42,7 @@ def collect_rollout(config, seed=0):
     torch.manual_seed(seed)
     venv = build_vector_env(config)
     model = TeamModel(venv.spec, config)
-    buffer = RolloutBuffer(venv.spec, config.rollout_steps, config.num_envs)
+    buffer = RolloutBuffer(venv.spec, config.rollout.rollout_steps, config.rollout.num_envs)
     collector = Collector(venv, model, torch.device("cpu"))
     collector.start(seed)
     return model, buffer, collector.collect(buffer)

@@ -53,26 +53,30 @@ CASES = {
     "unknown key": Case(
         ["ppo.pi_lrr=1e-3"], 2, ("unknown config key 'ppo.pi_lrr'", "did you mean 'ppo.pi_lr'?")
     ),
-    "unknown top key": Case(["gama=0.9"], 2, ("unknown config key 'gama'", "did you mean 'gamma'?")),
+    "unknown top key": Case(["gama=0.9"], 2, ("unknown config key 'gama'", "did you mean 'ppo.gamma'?")),
     "unknown section": Case(["ppp.pi_lr=1"], 2, ("unknown config key 'ppp'", "did you mean 'ppo'?")),
-    "wrong type": Case(["rollout.num_envs=four"], 2, ("config key 'num_envs'", "valid integer", "'four'")),
+    "wrong type": Case(
+        ["rollout.num_envs=four"], 2, ("config key 'rollout.num_envs'", "valid integer", "'four'")
+    ),
     "wrong type list": Case(["model.hidden_sizes=64"], 2, ("config key 'model.hidden_sizes'",)),
     "zero actor lr": Case(["ppo.pi_lr=0"], 2, ("config key 'ppo.pi_lr'", "greater than 0")),
     "negative critic lr": Case(["ppo.vf_lr=-1e-3"], 2, ("config key 'ppo.vf_lr'", "greater than 0")),
-    "gamma zero": Case(["ppo.gamma=0"], 2, ("config key 'gamma'", "greater than 0")),
-    "gamma above one": Case(["ppo.gamma=1.01"], 2, ("config key 'gamma'", "less than or equal to 1")),
+    "gamma zero": Case(["ppo.gamma=0"], 2, ("config key 'ppo.gamma'", "greater than 0")),
+    "gamma above one": Case(["ppo.gamma=1.01"], 2, ("config key 'ppo.gamma'", "less than or equal to 1")),
     "lambda above one": Case(
-        ["ppo.gae_lambda=1.5"], 2, ("config key 'gae_lambda'", "less than or equal to 1")
+        ["ppo.gae_lambda=1.5"], 2, ("config key 'ppo.gae_lambda'", "less than or equal to 1")
     ),
     "negative lambda": Case(
-        ["ppo.gae_lambda=-0.1"], 2, ("config key 'gae_lambda'", "greater than or equal to 0")
+        ["ppo.gae_lambda=-0.1"], 2, ("config key 'ppo.gae_lambda'", "greater than or equal to 0")
     ),
     "zero clip": Case(["ppo.clip_ratio=0"], 2, ("config key 'ppo.clip_ratio'", "greater than 0")),
-    "zero rollout": Case(["rollout.rollout_steps=0"], 2, ("config key 'rollout_steps'", "greater than 0")),
+    "zero rollout": Case(
+        ["rollout.rollout_steps=0"], 2, ("config key 'rollout.rollout_steps'", "greater than 0")
+    ),
     "zero width": Case(
         ["model.hidden_sizes=[64,0]"], 2, ("config key 'model.hidden_sizes'", "greater than 0")
     ),
-    "negative envs": Case(["rollout.num_envs=-2"], 2, ("config key 'num_envs'", "greater than 0")),
+    "negative envs": Case(["rollout.num_envs=-2"], 2, ("config key 'rollout.num_envs'", "greater than 0")),
     "minibatches over batch": Case(
         ["rollout.rollout_steps=2", "rollout.num_envs=1", "ppo.num_minibatches=4"],
         2,
@@ -82,7 +86,7 @@ CASES = {
         ["ppo.on_nonfinite=ignore"], 2, ("config key 'ppo.on_nonfinite'", "'error' or 'skip'")
     ),
     "zero worker timeout": Case(
-        ["rollout.worker_timeout_s=0"], 2, ("config key 'worker_timeout_s'", "greater than 0")
+        ["rollout.worker_timeout_s=0"], 2, ("config key 'rollout.worker_timeout_s'", "greater than 0")
     ),
     "negative checkpoint period": Case(
         ["log.checkpoint_every=-1"], 2, ("config key 'log.checkpoint_every'",)

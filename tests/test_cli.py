@@ -191,7 +191,7 @@ def test_debug_before_or_after_the_subcommand_raises_with_the_traceback(argv, ca
     with pytest.raises(ConfigError, match="unknown config key 'gama'"):
         main(argv)
     assert main([arg for arg in argv if arg != "--debug"]) == 2
-    assert capsys.readouterr().err == "error: unknown config key 'gama'; did you mean 'gamma'?\n"
+    assert capsys.readouterr().err == "error: unknown config key 'gama'; did you mean 'ppo.gamma'?\n"
 
 
 @pytest.mark.parametrize("where", ["before", "after"])
@@ -208,7 +208,7 @@ def test_console_script_debug_prints_the_traceback_either_side(where, tmp_path):
     assert result.returncode == 1  # Python's own status for an uncaught exception
     assert result.stderr.startswith("Traceback (most recent call last):")
     assert result.stderr.strip().splitlines()[-1] == (
-        "marl_ppo.config.ConfigError: unknown config key 'gama'; did you mean 'gamma'?"
+        "marl_ppo.config.ConfigError: unknown config key 'gama'; did you mean 'ppo.gamma'?"
     )
 
 

@@ -40,7 +40,7 @@ def _batches_on(batches, device):
 def test_one_update_on_the_device_computes_what_it_computes_on_the_cpu(spread_config, device):
     model, buffer, rollout = collect_rollout(spread_config)
     batches = rollout_batches(
-        buffer, rollout.last_values, gamma=spread_config.gamma, lam=spread_config.gae_lambda
+        buffer, rollout.last_values, gamma=spread_config.ppo.gamma, lam=spread_config.ppo.gae_lambda
     )
     weights = {}
     for where in ("cpu", device):
@@ -92,7 +92,7 @@ def test_a_vmas_rollout_and_its_batches_stay_on_the_device(device):
     where = torch.device(device)
     venv = build_vector_env(config, where)
     model = TeamModel(venv.spec, config).to(where)
-    buffer = RolloutBuffer(venv.spec, 6, config.num_envs, where)
+    buffer = RolloutBuffer(venv.spec, 6, config.rollout.num_envs, where)
     collector = Collector(venv, model, where)
     collector.start(0)
     result = collector.collect(buffer)

@@ -151,7 +151,7 @@ def test_rollout_workers_fill_the_buffer_with_frames_their_policy_acted_on():
     collector, model = build_collector(config, torch.device("cpu"))
     try:
         collector.start(seed=1)
-        buffer = RolloutBuffer(model.spec, config.rollout_steps, config.num_envs)
+        buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.num_envs)
         collector.collect(buffer)
     finally:
         collector.close()
@@ -321,7 +321,7 @@ def test_a_recurrent_policy_behind_the_cnn_recomputes_its_acting_log_probs(env_i
     try:
         collector.start(0)
         buffer = RolloutBuffer(
-            model.spec, config.rollout_steps, config.num_envs, memory=model.memory_layout()
+            model.spec, config.rollout.rollout_steps, config.rollout.num_envs, memory=model.memory_layout()
         )
         result = collector.collect(buffer)
     finally:
@@ -334,7 +334,9 @@ def test_a_recurrent_policy_behind_the_cnn_recomputes_its_acting_log_probs(env_i
     )[group]
     with torch.no_grad():
         actor = model.group(group).actor
-        logp = unchunk(_policy(actor, prepared).log_prob(prepared.actions), steps=config.rollout_steps)
+        logp = unchunk(
+            _policy(actor, prepared).log_prob(prepared.actions), steps=config.rollout.rollout_steps
+        )
     stored = buffer.groups[group]
     torch.testing.assert_close(logp, stored.logp, rtol=0, atol=1e-5)
 

@@ -273,7 +273,11 @@ def test_an_episode_that_never_ends_is_an_error_not_a_hang(monkeypatch):
 def test_eval_config_steps_at_most_one_copy_per_episode_in_process():
     config = load_config(SPREAD, ["rollout.vector=workers", "rollout.policy_lag=1", "rollout.num_envs=32"])
     evaluated = eval_config(config, 10, render_mode="rgb_array")
-    assert (evaluated.vector, evaluated.policy_lag, evaluated.num_envs) == ("sync", 0, 10)
+    assert (evaluated.rollout.vector, evaluated.rollout.policy_lag, evaluated.rollout.num_envs) == (
+        "sync",
+        0,
+        10,
+    )
     assert evaluated.env.kwargs == {**config.env.kwargs, "render_mode": "rgb_array"}
     assert evaluated.model == config.model and evaluated.seed == config.seed
 

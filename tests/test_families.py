@@ -119,17 +119,17 @@ def test_a_batched_factory_without_the_vmas_flags_is_refused_in_one_line(tmp_pat
 
 
 def test_a_batched_family_picks_its_own_copies_unless_the_config_sets_num_envs(tmp_path):
-    assert load_config(None, ["env.id=vmas/flocking"]).num_envs == 1024  # any VMAS scenario
-    assert load_config(None, ["env.id=vmas/navigation"]).num_envs == 1024  # a catalog id
-    assert load_config(None, ["env.id=jaxmarl/smax_2s3z"]).num_envs == 64
-    assert load_config(None, ["env.id=mpe2/simple_spread_v3"]).num_envs == 16  # one env per copy
-    assert load_config(None, ["env.id=vmas/flocking", "rollout.num_envs=8"]).num_envs == 8
+    assert load_config(None, ["env.id=vmas/flocking"]).rollout.num_envs == 1024  # any VMAS scenario
+    assert load_config(None, ["env.id=vmas/navigation"]).rollout.num_envs == 1024  # a catalog id
+    assert load_config(None, ["env.id=jaxmarl/smax_2s3z"]).rollout.num_envs == 64
+    assert load_config(None, ["env.id=mpe2/simple_spread_v3"]).rollout.num_envs == 16  # one env per copy
+    assert load_config(None, ["env.id=vmas/flocking", "rollout.num_envs=8"]).rollout.num_envs == 8
     experiment = tmp_path / "flocking.yaml"
     experiment.write_text("env: {id: vmas/flocking}\nnum_envs: 32\n")
-    assert load_config(experiment).num_envs == 32
+    assert load_config(experiment).rollout.num_envs == 32
     user_file = tmp_path / "my_sim.py"
     user_file.write_text(
         "import marl_ppo\n"
         "marl_ppo.register_env('mine/sim_v0', lambda num_envs, device, seed: None, batched=True, copies=256)\n"
     )
-    assert load_config(None, [f"env.id={user_file}:mine/sim_v0"]).num_envs == 256
+    assert load_config(None, [f"env.id={user_file}:mine/sim_v0"]).rollout.num_envs == 256

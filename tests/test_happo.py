@@ -67,12 +67,14 @@ def _setup(env, *overrides):
     torch.manual_seed(0)
     venv = build_vector_env(config)
     model = TeamModel(venv.spec, config)
-    buffer = RolloutBuffer(venv.spec, config.rollout_steps, config.num_envs, memory=model.memory_layout())
+    buffer = RolloutBuffer(
+        venv.spec, config.rollout.rollout_steps, config.rollout.num_envs, memory=model.memory_layout()
+    )
     collector = Collector(venv, model, torch.device("cpu"))
     collector.start(0)
     rollout = collector.collect(buffer)
     batches = rollout_batches(
-        buffer, rollout.last_values, rollout.last_alive, gamma=config.gamma, lam=config.gae_lambda
+        buffer, rollout.last_values, rollout.last_alive, gamma=config.ppo.gamma, lam=config.ppo.gae_lambda
     )
     trainer = Trainer(
         model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0)

@@ -173,7 +173,7 @@ def test_saved_copies_continue_exactly():
 
 def test_the_learner_keeps_one_torch_thread_beside_jax():
     plan = plan_run(load_config(None, ["env.id=jaxmarl/smax_3m", "rollout.num_envs=4"]))
-    assert plan.threads == 1 and plan.config.vector == "sync" and plan.spec is None
+    assert plan.threads == 1 and plan.config.rollout.vector == "sync" and plan.spec is None
 
 
 @pytest.mark.parametrize(

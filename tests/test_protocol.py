@@ -49,7 +49,7 @@ def test_evaluations_the_best_policy_and_its_absolute_metric_are_recorded(tmp_pa
     assert metric["best_eval_team_return"] == means[best]
     # the same policy replayed on its own gives the same 20 episodes
     config = build_config(checkpoint["config"])
-    venv = build_vector_env(eval_config(config, config.eval_episodes))
+    venv = build_vector_env(eval_config(config, config.eval.episodes))
     model = TeamModel(venv.spec, config)
     model.load_state_dict(checkpoint["model"])
     seed = eval_seed(config) + ABSOLUTE_SEED_OFFSET

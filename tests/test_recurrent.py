@@ -56,7 +56,7 @@ def _collect(config, seed=0):
     try:
         collector.start(seed)
         buffer = RolloutBuffer(
-            model.spec, config.rollout_steps, config.num_envs, memory=model.memory_layout()
+            model.spec, config.rollout.rollout_steps, config.rollout.num_envs, memory=model.memory_layout()
         )
         result = collector.collect(buffer)
     finally:
@@ -156,7 +156,10 @@ def test_recomputed_outputs_equal_the_acting_ones_for_every_chunk_length(tiny_ov
         assert float(approx_kl(logp, prepared.logp_old, alive)) < 1e-10
         ratio = (logp - prepared.logp_old).exp()[alive]
         torch.testing.assert_close(ratio, torch.ones_like(ratio), rtol=0, atol=1e-5)
-        steps = (unchunk(logp, steps=config.rollout_steps), unchunk(values, steps=config.rollout_steps))
+        steps = (
+            unchunk(logp, steps=config.rollout.rollout_steps),
+            unchunk(values, steps=config.rollout.rollout_steps),
+        )
         torch.testing.assert_close(steps[0], stored.logp, rtol=0, atol=1e-5)
         torch.testing.assert_close(steps[1], stored.values, rtol=0, atol=1e-5)
         outputs.append(steps)
@@ -179,13 +182,17 @@ def test_an_observation_before_an_episode_start_changes_no_output_after_it(tiny_
             actor, critic, _ = model.group("agent")
             logits = _policy(actor, prepared).log_prob(prepared.actions)
             values = _critic_values(critic, prepared)
-        return unchunk(logits, steps=config.rollout_steps), unchunk(values, steps=config.rollout_steps)
+        return unchunk(logits, steps=config.rollout.rollout_steps), unchunk(
+            values, steps=config.rollout.rollout_steps
+        )
 
     batch = batches["agent"]
-    changed_obs = batch.obs.clone().reshape(config.rollout_steps, config.num_envs, *batch.obs.shape[1:])
+    changed_obs = batch.obs.clone().reshape(
+        config.rollout.rollout_steps, config.rollout.num_envs, *batch.obs.shape[1:]
+    )
     noise = torch.Generator().manual_seed(1)  # not a constant shift, which the input LayerNorm removes
     changed_obs[:start, 0] += torch.randn(changed_obs[:start, 0].shape, generator=noise)
-    changed_state = batch.state.clone().reshape(config.rollout_steps, config.num_envs, -1)
+    changed_state = batch.state.clone().reshape(config.rollout.rollout_steps, config.rollout.num_envs, -1)
     changed_state[:start, 0] += torch.randn(changed_state[:start, 0].shape, generator=noise)
     changed = dataclasses.replace(batch, obs=changed_obs.flatten(0, 1), state=changed_state.flatten(0, 1))
     (logp_a, values_a), (logp_b, values_b) = outputs(batch), outputs(changed)
@@ -214,7 +221,10 @@ def test_the_recurrent_policy_acts_alike_in_every_collection_mode(tiny_overrides
             buffers = []
             for _ in range(2):  # the states carry over from the first rollout into the second
                 buffer = RolloutBuffer(
-                    model.spec, config.rollout_steps, config.num_envs, memory=model.memory_layout()
+                    model.spec,
+                    config.rollout.rollout_steps,
+                    config.rollout.num_envs,
+                    memory=model.memory_layout(),
                 )
                 result = collector.collect(buffer)
                 buffers.append((buffer, result))
@@ -417,7 +427,7 @@ def test_a_recurrent_policy_in_vmas_restarts_the_states_of_finished_copies():
     torch.manual_seed(0)
     model = TeamModel(venv.spec, config)
     cpu = torch.device("cpu")
-    buffer = RolloutBuffer(venv.spec, 10, config.num_envs, memory=model.memory_layout())
+    buffer = RolloutBuffer(venv.spec, 10, config.rollout.num_envs, memory=model.memory_layout())
     collector = Collector(venv, model, cpu)
     collector.start(0)
 
@@ -452,7 +462,7 @@ def test_a_recurrent_vmas_rollout_and_update_stay_on_the_device(device):
     venv = build_vector_env(config, where)
     torch.manual_seed(0)
     model = TeamModel(venv.spec, config).to(where)
-    buffer = RolloutBuffer(venv.spec, 8, config.num_envs, where, model.memory_layout())
+    buffer = RolloutBuffer(venv.spec, 8, config.rollout.num_envs, where, model.memory_layout())
     collector = Collector(venv, model, where)
     collector.start(0)
     result = collector.collect(buffer)

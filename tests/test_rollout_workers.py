@@ -47,7 +47,7 @@ def _sync_slice(config, model, envs, seed, worker, rollouts):
     torch.manual_seed(worker_seed(seed, worker))
     buffers, results = [], []
     for _ in range(rollouts):
-        buffer = RolloutBuffer(model.spec, config.rollout_steps, len(envs))
+        buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, len(envs))
         results.append(collector.collect(buffer))
         buffers.append(buffer)
     collector.close()
@@ -64,7 +64,7 @@ def test_each_worker_slice_equals_a_sync_collector(tiny_overrides, env, num_work
         workers.start(seed=3)
         got = []
         for _ in range(2):
-            buffer = RolloutBuffer(model.spec, config.rollout_steps, config.num_envs)
+            buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.num_envs)
             got.append((buffer, workers.collect(buffer)))
     finally:
         workers.close()
@@ -90,9 +90,9 @@ def test_each_worker_slice_equals_a_sync_collector(tiny_overrides, env, num_work
     )
     episodes = [e for _, result in got for e in result.episodes]
     assert [e.team_return for e in episodes] == [ret for *_, ret in reference]
-    assert [e.end_step for e in episodes] == [t * config.num_envs for t, *_ in reference]
+    assert [e.end_step for e in episodes] == [t * config.rollout.num_envs for t, *_ in reference]
     assert len(episodes) > 0
-    assert workers.env_steps == 2 * config.rollout_steps * config.num_envs
+    assert workers.env_steps == 2 * config.rollout.rollout_steps * config.rollout.num_envs
 
 
 def _logp(model, buffer):
@@ -107,7 +107,7 @@ def test_policy_lag_decides_which_weights_act(tiny_overrides, policy_lag):
     before = copy.deepcopy(model)
     try:
         workers.start(seed=0)
-        buffer = RolloutBuffer(model.spec, config.rollout_steps, config.num_envs)
+        buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.num_envs)
         workers.collect(buffer)
         with torch.no_grad():  # "the update"
             for parameter in model.actors.parameters():
@@ -153,7 +153,7 @@ def test_a_pending_rollout_keeps_its_last_alive_flags(tiny_overrides):
     workers, model = _workers(config, 2, policy_lag=1)
     try:
         workers.start(seed=0)
-        buffer = RolloutBuffer(model.spec, config.rollout_steps, config.num_envs)
+        buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.num_envs)
         workers.collect(buffer)  # launches the next rollout
         state = workers.state_dict()
         saved = {name: alive.clone() for name, alive in state["pending"]["last_alive"].items()}
@@ -173,9 +173,9 @@ def test_policy_lag_is_zero_without_rollout_workers(tiny_overrides):
         config = load_config(
             SPREAD_YAML, [*tiny_overrides, f"rollout.vector={vector}", "rollout.policy_lag=1"]
         )
-        assert resolve_vector(config).policy_lag == 0
+        assert resolve_vector(config).rollout.policy_lag == 0
     config = load_config(SPREAD_YAML, [*tiny_overrides, "rollout.vector=workers", "rollout.policy_lag=1"])
-    assert resolve_vector(config).policy_lag == 1
+    assert resolve_vector(config).rollout.policy_lag == 1
 
 
 def test_a_killed_worker_stops_the_run_with_a_clear_error(tiny_overrides):
@@ -183,7 +183,7 @@ def test_a_killed_worker_stops_the_run_with_a_clear_error(tiny_overrides):
     workers, model = _workers(config, 2)
     workers.start(seed=0)
     victim = workers._processes[1]
-    buffer = RolloutBuffer(model.spec, config.rollout_steps, config.num_envs)
+    buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.num_envs)
     workers._launch()
     os.kill(victim.pid, signal.SIGKILL)
     started = time.monotonic()
@@ -216,10 +216,10 @@ def test_auto_vector_picks_by_cores_copies_and_step_cost(
         [*tiny_overrides, "rollout.vector=auto", f"rollout.num_envs={num_envs}", "rollout.policy_lag=1"],
     )
     resolved = factory.resolve_vector(config)
-    assert resolved.vector == expected
-    assert resolved.policy_lag == (1 if expected == "workers" else 0)
+    assert resolved.rollout.vector == expected
+    assert resolved.rollout.policy_lag == (1 if expected == "workers" else 0)
     if expected == "workers":  # two workers, whether the copies are split in halves or one each
-        assert resolved.num_workers == 2
+        assert resolved.rollout.num_workers == 2
 
 
 def test_auto_vector_probe_tells_a_toy_env_from_simple_spread(tiny_overrides):
@@ -301,7 +301,7 @@ def test_a_cnn_learner_leaves_the_cores_its_workers_use(monkeypatch, overrides, 
     assert plan.update_threads == cores
     lagged = plan_run(load_config(None, [*written, "rollout.policy_lag=1"]))
     # rollout workers collect the next rollout meanwhile; env workers cannot (the lag is settled to 0)
-    assert lagged.update_threads == (lagged.threads if lagged.config.policy_lag else cores)
+    assert lagged.update_threads == (lagged.threads if lagged.config.rollout.policy_lag else cores)
 
 
 def test_a_cnn_run_updates_on_every_core_and_acts_on_the_cores_its_workers_leave(
@@ -394,13 +394,13 @@ def test_a_command_between_rollouts_keeps_the_rollout_in_flight(tiny_overrides):
         workers, model = _workers(config, 2, policy_lag=1)
         try:
             workers.start(seed=0)
-            buffer = RolloutBuffer(model.spec, config.rollout_steps, config.num_envs)
+            buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.num_envs)
             workers.collect(buffer)  # launches the next rollout
             if ask_between:
-                assert len(workers.env_states()) == config.num_envs
+                assert len(workers.env_states()) == config.rollout.num_envs
             workers.collect(buffer)
             rollouts.append([t.clone() for t in buffer.tensors()])
         finally:
             workers.close()
-    assert workers.env_steps == 2 * config.rollout_steps * config.num_envs
+    assert workers.env_steps == 2 * config.rollout.rollout_steps * config.rollout.num_envs
     assert all(torch.equal(a, b) for a, b in zip(*rollouts, strict=True))

@@ -97,7 +97,7 @@ def _trainer_and_batches(spread_config, on_nonfinite="error"):
         spread_config, ppo=dataclasses.replace(spread_config.ppo, on_nonfinite=on_nonfinite)
     )
     model, buffer, rollout = collect_rollout(config)
-    batches = rollout_batches(buffer, rollout.last_values, gamma=config.gamma, lam=config.gae_lambda)
+    batches = rollout_batches(buffer, rollout.last_values, gamma=config.ppo.gamma, lam=config.ppo.gae_lambda)
     return (
         model,
         Trainer(model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0)),

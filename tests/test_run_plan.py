@@ -114,14 +114,14 @@ def test_the_plan_settles_every_auto_and_config_yaml_records_its_config(tmp_path
         "host.device=auto",
     ]
     config = load_config(SPREAD_YAML, overrides)
-    assert (config.ppo.train_pi_iters, config.ppo.train_vf_iters, config.torch_threads) == ("auto",) * 3
+    assert (config.ppo.train_pi_iters, config.ppo.train_vf_iters, config.host.torch_threads) == ("auto",) * 3
     plan = plan_run(config)
     settled = plan.config
-    assert (settled.vector, settled.policy_lag, settled.num_workers) == ("sync", 0, 2)
+    assert (settled.rollout.vector, settled.rollout.policy_lag, settled.rollout.num_workers) == ("sync", 0, 2)
     assert settled.model.precision in ("fp32", "bf16")
     assert (settled.ppo.train_pi_iters, settled.ppo.train_vf_iters) == (10, 10)
     # where this process runs is settled beside the config, which keeps it as written
-    assert (settled.device, settled.torch_threads) == ("auto", "auto")
+    assert (settled.host.device, settled.host.torch_threads) == ("auto", "auto")
     assert plan.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert (plan.threads, plan.build_threads, plan.convolutional) == (1, 1, False)
     assert plan.spec is not None and [g.name for g in plan.spec.groups] == ["agent"]
@@ -147,7 +147,7 @@ def test_a_batched_simulator_is_planned_without_a_probe_copy(monkeypatch):
     plan = plan_run(
         load_config(None, ["env.id=vmas/navigation", "rollout.num_envs=4", "rollout.vector=auto"])
     )
-    assert plan.spec is None and plan.config.vector == "sync"
+    assert plan.spec is None and plan.config.rollout.vector == "sync"
     assert counts.calls == {"env copies": 0, "resolve_vector": 1, "team layouts": 0}
 
 

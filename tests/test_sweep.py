@@ -61,7 +61,7 @@ def test_plan_names_run_dirs_by_the_varying_keys_and_seed(experiment, tmp_path):
     assert runs[3].overrides == ("ppo.pi_lr=0.002", "ppo.gamma=0.9", "seed=1")
     assert runs[0].run_dir == tmp_path / "runs/matrix/ppo.pi_lr=0.001/seed0"
     assert runs[0].log_file == tmp_path / "runs/matrix/ppo.pi_lr=0.001/seed0.log"
-    assert config.gamma == 0.9 and config.ppo.pi_lr == 0.001
+    assert config.ppo.gamma == 0.9 and config.ppo.pi_lr == 0.001
     only_seeds, _ = plan_sweep(experiment, {}, 2, tmp_path / "runs")
     assert [run.name for run in only_seeds] == ["seed0", "seed1"]
 
@@ -262,7 +262,7 @@ def _fake_train_writing_config(experiment, run):
         "d = pathlib.Path(sys.argv[-1]); d.mkdir(); "
         "c = load_config(sys.argv[1], sys.argv[2:-1]); "
         "(d / 'config.yaml').write_text(yaml.safe_dump(config_to_dict(c))); "
-        "(d / 'summary.json').write_text(json.dumps({'gamma': c.gamma}))"
+        "(d / 'summary.json').write_text(json.dumps({'gamma': c.ppo.gamma}))"
     )
     return [sys.executable, "-c", script, str(experiment), *run.overrides, str(run.run_dir)]
 

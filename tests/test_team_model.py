@@ -213,8 +213,8 @@ def test_a_rollout_holds_the_weights_and_lets_them_go(monkeypatch):
         AgentMLP, "forward", lambda net, x: seen.append(net._held is not None) or forward(net, x)
     )
     _, _, rollout = collect_rollout(config)
-    assert len(seen) > 2 * config.rollout_steps and all(seen)
-    assert rollout.env_steps == config.rollout_steps * config.num_envs
+    assert len(seen) > 2 * config.rollout.rollout_steps and all(seen)
+    assert rollout.env_steps == config.rollout.rollout_steps * config.rollout.num_envs
 
 
 @pytest.mark.parametrize("shared", [True, False])
@@ -307,8 +307,8 @@ def test_team_critic_trains_and_values_stay_equal_across_agents():
             buffer,
             rollout.last_values,
             rollout.last_alive,
-            gamma=config.gamma,
-            lam=config.gae_lambda,
+            gamma=config.ppo.gamma,
+            lam=config.ppo.gae_lambda,
             team=True,
         )
     )
@@ -352,7 +352,7 @@ def test_one_update_moves_every_actor_and_the_critic():
     trainer = Trainer(
         model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0)
     )
-    batches = rollout_batches(buffer, rollout.last_values, gamma=config.gamma, lam=config.gae_lambda)
+    batches = rollout_batches(buffer, rollout.last_values, gamma=config.ppo.gamma, lam=config.ppo.gae_lambda)
     before = copy.deepcopy(model.state_dict())
     grads = {}
     hooks = [

@@ -40,7 +40,7 @@ def _config(*overrides):
 def _rollout(config, seed=0):
     """A fresh model, its trainer and the batches of one rollout."""
     model, buffer, rollout = collect_rollout(config, seed)
-    batches = rollout_batches(buffer, rollout.last_values, gamma=config.gamma, lam=config.gae_lambda)
+    batches = rollout_batches(buffer, rollout.last_values, gamma=config.ppo.gamma, lam=config.ppo.gae_lambda)
     return (
         model,
         Trainer(model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0)),
@@ -111,7 +111,7 @@ class _Rollouts:
         self.config = config
         venv = build_vector_env(config)
         self.model = TeamModel(venv.spec, config)
-        self.buffer = RolloutBuffer(venv.spec, config.rollout_steps, config.num_envs)
+        self.buffer = RolloutBuffer(venv.spec, config.rollout.rollout_steps, config.rollout.num_envs)
         self.collector = Collector(venv, self.model, torch.device("cpu"))
         self.collector.start(seed)
         self.trainer = Trainer(
@@ -122,7 +122,7 @@ class _Rollouts:
         self.buffer.reset()
         rollout = self.collector.collect(self.buffer)
         return rollout_batches(
-            self.buffer, rollout.last_values, gamma=self.config.gamma, lam=self.config.gae_lambda
+            self.buffer, rollout.last_values, gamma=self.config.ppo.gamma, lam=self.config.ppo.gae_lambda
         )
 
 

@@ -52,7 +52,7 @@ def test_a_vmas_rollout_never_leaves_torch(monkeypatch):
     venv = build_vector_env(config)
     torch.manual_seed(0)
     model = TeamModel(venv.spec, config)
-    buffer = RolloutBuffer(venv.spec, 10, config.num_envs)
+    buffer = RolloutBuffer(venv.spec, 10, config.rollout.num_envs)
     collector = Collector(venv, model, torch.device("cpu"))
     collector.start(0)
 

@@ -120,7 +120,8 @@ def close_keys(key: str, known: Iterable[str]) -> list[str]:
 
     A key matches when each `_`-part of the typed last name starts a part of its last name, in the
     same section first, then in any (`ppo.clip` -> `ppo.clip_ratio`, `ppo.value_clip`; `clip_ratio`
-    -> `ppo.clip_ratio`); otherwise the closest spellings at the same depth (`ppo.pi_lrr` -> `ppo.pi_lr`).
+    -> `ppo.clip_ratio`); otherwise the closest spellings at the same depth (`ppo.pi_lrr` -> `ppo.pi_lr`),
+    and for a top-level key the closest name in any section (`gama` -> `ppo.gamma`).
     """
     known = list(known)
     section, _, name = key.rpartition(".")
@@ -141,7 +142,11 @@ def close_keys(key: str, known: Iterable[str]) -> list[str]:
         if matches:
             return matches[:3]
     depth = [k for k in known if k.count(".") == key.count(".")]
-    return difflib.get_close_matches(key, depth, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(key, depth, n=1, cutoff=0.6)
+    if close or section:
+        return close
+    leaves = {k.rpartition(".")[2]: k for k in reversed(known)}  # a top-level typo of a section's key
+    return [leaves[leaf] for leaf in difflib.get_close_matches(name, leaves, n=1, cutoff=0.6)]
 
 
 def describe_error(error: Mapping[str, Any]) -> str:
