@@ -217,10 +217,10 @@ CASES = {
     # a config that does not fit the env's rewards
     "team critic refuses per-agent rewards": broken(
         "unshared_reward",
-        "critic: team with team_reward: refuse",
+        "ppo.critic: team with ppo.team_reward: refuse",
         "group 'agent' got different rewards at step 2 of the rollout after env step 10 (copy 0)",
         "agent_0 1, agent_1 0.5",
-        "set team_reward: mean",
+        "set ppo.team_reward: mean",
         extra=("ppo.critic=team", "ppo.team_reward=refuse"),
     ),
     # numbers that blow up

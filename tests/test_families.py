@@ -125,7 +125,7 @@ def test_a_batched_family_picks_its_own_copies_unless_the_config_sets_num_envs(t
     assert load_config(None, ["env.id=mpe2/simple_spread_v3"]).rollout.num_envs == 16  # one env per copy
     assert load_config(None, ["env.id=vmas/flocking", "rollout.num_envs=8"]).rollout.num_envs == 8
     experiment = tmp_path / "flocking.yaml"
-    experiment.write_text("env: {id: vmas/flocking}\nnum_envs: 32\n")
+    experiment.write_text("env: {id: vmas/flocking}\nrollout: {num_envs: 32}\n")
     assert load_config(experiment).rollout.num_envs == 32
     user_file = tmp_path / "my_sim.py"
     user_file.write_text(

@@ -96,7 +96,7 @@ def test_ippo_experiment_runs_from_the_cli(tiny_overrides, tmp_path, capsys):
     assert code == 0
     assert "done: 100 env steps" in capsys.readouterr().out
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert saved["critic"] == "obs"
+    assert saved["ppo"]["critic"] == "obs"
 
 
 def assert_same_final_weights(run_a, run_b):

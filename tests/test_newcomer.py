@@ -56,7 +56,15 @@ def test_train_stop_resume_eval_sweep_report(tmp_path, monkeypatch, capsys):
     pytest.importorskip("rliable")
     pytest.importorskip("matplotlib")
     experiment = tmp_path / "matrix.yaml"
-    experiment.write_text(yaml.safe_dump({**TINY_MATRIX, "total_steps": 10_000_000, "vector": "sync"}))
+    experiment.write_text(
+        yaml.safe_dump(
+            {
+                **TINY_MATRIX,
+                "total_steps": 10_000_000,
+                "rollout": {**TINY_MATRIX["rollout"], "vector": "sync"},
+            }
+        )
+    )
 
     # train, then Ctrl-C once it has checkpointed: exit 130 and a line saying how to continue
     train = subprocess.Popen(

@@ -143,7 +143,11 @@ def test_print_config_on_resume_shows_the_continued_config_and_touches_nothing(f
     files = {p: p.read_bytes() for p in finished_run.rglob("*") if p.is_file()}
     assert main(["train", "--resume", str(finished_run), "total_steps=200", "--print-config"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed["total_steps"] == 200 and printed["rollout_steps"] == 10 and printed["num_envs"] == 2
+    assert (
+        printed["total_steps"] == 200
+        and printed["rollout"]["rollout_steps"] == 10
+        and printed["rollout"]["num_envs"] == 2
+    )
     assert {p: p.read_bytes() for p in finished_run.rglob("*") if p.is_file()} == files
 
 

@@ -71,7 +71,7 @@ class Counts:
 
 def _training_copies(run_dir) -> int:
     """Env copies training builds in this process: E for a synchronous run, none when workers hold them."""
-    vector = yaml.safe_load((run_dir / "config.yaml").read_text())["vector"]
+    vector = yaml.safe_load((run_dir / "config.yaml").read_text())["rollout"]["vector"]
     return NUM_ENVS if vector == "sync" else 0
 
 
@@ -153,10 +153,10 @@ def test_a_batched_simulator_is_planned_without_a_probe_copy(monkeypatch):
 
 def test_the_trainer_and_the_collector_refuse_an_unsettled_config():
     config = load_config(SPREAD_YAML, [*TINY, "rollout.vector=auto"])
-    plan = plan_run(dataclasses.replace(config, vector="sync"))
+    plan = plan_run(dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vector="sync")))
     model = TeamModel(plan.spec, plan.config)
     with pytest.raises(ValueError, match=r"ppo.train_pi_iters is still auto; settle it first"):
         Trainer(model, config.ppo, generator=torch.Generator())
     assert Trainer(model, plan.config.ppo, generator=torch.Generator()).ppo.train_vf_iters == 10
-    with pytest.raises(ValueError, match=r"build_collector needs a settled config \(vector=auto\)"):
+    with pytest.raises(ValueError, match=r"build_collector needs a settled config \(rollout.vector=auto\)"):
         build_collector(config, torch.device("cpu"), plan.spec)

@@ -22,8 +22,7 @@ from marl_ppo.run.host import settled_epochs
 
 TINY_MATRIX = {
     "env": {"id": "envs/matrix_game_v0"},
-    "num_envs": 2,
-    "rollout_steps": 4,
+    "rollout": {"num_envs": 2, "rollout_steps": 4},
     "total_steps": 8,
     "ppo": {"num_minibatches": 1, "train_pi_iters": 1, "train_vf_iters": 1},
     "model": {"hidden_sizes": [8]},
@@ -45,7 +44,7 @@ def test_grid_values_split_on_top_level_commas_only():
     assert grid == {
         "ppo.pi_lr": ["3e-4", "1e-3"],
         "model.hidden_sizes": ["[64,64]", "[32]"],
-        "gamma": ["0.9"],
+        "ppo.gamma": ["0.9"],
     }
 
 
@@ -284,7 +283,7 @@ def test_a_changed_non_grid_value_never_reuses_a_finished_run_of_another_config(
     assert captured.out == "" and captured.err.count("\n") == 1
     assert (
         f"run directory '{out / 'matrix' / 'seed0'}' holds a finished run of another config "
-        "(gamma 0.95 there, 0.5 here); pass another --out, or remove the run to train it again"
+        "(ppo.gamma 0.95 there, 0.5 here); pass another --out, or remove the run to train it again"
     ) in captured.err
     for seed in (0, 1):
         assert (out / "matrix" / f"seed{seed}" / "summary.json").read_text() == summaries[seed]
@@ -317,16 +316,14 @@ def test_auto_epochs_reuse_only_a_run_that_trained_the_epochs_auto_gives_now():
 def test_auto_choices_recorded_by_a_finished_run_match_the_auto_it_was_started_with():
     planned = load_config(None, ["env.id=envs/matrix_game_v0", "rollout.policy_lag=1"])
     recorded = config_to_dict(planned)
-    recorded.update(vector="sync", policy_lag=0, torch_threads=1)
+    recorded["rollout"].update(vector="sync", policy_lag=0)
+    recorded["host"]["torch_threads"] = 1
     recorded["model"]["precision"] = "fp32"
     recorded["ppo"].update(train_pi_iters=10, train_vf_iters=10)
     assert sweep_module.config_differences(settled_epochs(planned), recorded) == []
-    recorded.update(seed=4, gamma=0.5)
-    assert sweep_module.config_differences(settled_epochs(planned), recorded) == [
-        "gamma",
-        "seed",
-    ]
+    recorded["seed"], recorded["ppo"]["gamma"] = 4, 0.5
+    assert sweep_module.config_differences(settled_epochs(planned), recorded) == ["ppo.gamma", "seed"]
     without_lag = load_config(None, ["env.id=envs/matrix_game_v0"])  # auto, policy_lag 0
     recorded = config_to_dict(without_lag)
-    recorded.update(vector="workers", policy_lag=1)  # auto never turns lag on: that run was started otherwise
-    assert sweep_module.config_differences(without_lag, recorded) == ["policy_lag"]
+    recorded["rollout"].update(vector="workers", policy_lag=1)  # auto never turns lag on: started otherwise
+    assert sweep_module.config_differences(without_lag, recorded) == ["rollout.policy_lag"]
