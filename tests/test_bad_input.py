@@ -195,7 +195,7 @@ CASES = {
     ),
     "worker hangs": broken(
         "hang",
-        "did not answer 'step' within 1 s (worker_timeout_s)",
+        "did not answer 'step' within 1 s (rollout.worker_timeout_s)",
         "every worker was stopped",
         status=1,
         extra=("rollout.vector=subprocess", "rollout.worker_timeout_s=1"),
@@ -210,7 +210,7 @@ CASES = {
     "rollout worker hangs": broken(
         "hang",
         "RolloutWorkers: worker 0 (pid",
-        "did not answer 'collect' within 5 s (worker_timeout_s per env step)",
+        "did not answer 'collect' within 5 s (rollout.worker_timeout_s per env step)",
         status=1,
         extra=("rollout.vector=workers", "rollout.num_workers=1", "rollout.worker_timeout_s=1"),
     ),

@@ -142,7 +142,7 @@ def test_an_eval_band_without_evaluations_stops_reproduce_in_one_line_but_not_tr
     )
     assert main(["reproduce", str(path), "--out", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err
-    assert "expected.eval bands the last periodic evaluation, but eval_every is not set" in err
+    assert "expected.eval bands the last periodic evaluation, but eval.every is not set" in err
     assert err.count("\n") == 1 and not (tmp_path / "runs").exists()
     assert (
         main(["train", str(path), "total_steps=8", "--run-dir", str(tmp_path / "run")]) == 0

@@ -153,7 +153,7 @@ def test_eval_teams_names_the_sides_where_agents_names_do_not():
         "eval/vs_random/y/team_return": 1.0,
         "eval/vs_random/y/opponent_return": 0.0,
     }
-    with pytest.raises(ValueError, match="eval_teams names the sides of eval_vs_random: teams"):
+    with pytest.raises(ValueError, match="eval.teams names the sides of eval.vs_random: teams"):
         load_config(None, ["eval.vs_random=seats", "eval.teams={a: [x], b: [y]}"])
 
 

@@ -100,7 +100,7 @@ def reproduce(
     if expected.eval and not config.eval.every:  # train ignores expected:, so only reproduce checks it
         raise SweepError(
             f"experiment file '{experiment}': expected.eval bands the last periodic evaluation, but "
-            "eval_every is not set; set eval_every (env steps between evaluations) or drop expected.eval"
+            "eval.every is not set; set eval.every (env steps between evaluations) or drop expected.eval"
         )
     rliable()  # a missing extra fails before hours of training
     runs, config = plan_sweep(

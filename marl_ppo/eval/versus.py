@@ -71,7 +71,7 @@ def sides_of(
     """The sides the policy plays in turn: each agent (`seats`), or teams (`teams`): those `teams` names
     (`eval.teams`), else agents by name without its number."""
     if mode not in ("seats", "teams"):
-        raise EvalError(f"eval_vs_random '{mode}' is not a scoring mode; use seats or teams")
+        raise EvalError(f"eval.vs_random '{mode}' is not a scoring mode; use seats or teams")
     if mode == "teams" and teams is not None:
         return _named_teams(spec, teams)
     sides: dict[str, list[str]] = {}
@@ -79,9 +79,9 @@ def sides_of(
         sides.setdefault(agent if mode == "seats" else agent_stem(agent), []).append(agent)
     if len(sides) < 2:
         raise EvalError(
-            f"eval_vs_random: {mode} needs two or more sides, but env '{spec.env_id}' has agents "
+            f"eval.vs_random: {mode} needs two or more sides, but env '{spec.env_id}' has agents "
             f"{list(spec.agents)} ({'one team' if mode == 'teams' else 'one seat'}); use the other mode, "
-            "eval_teams, or null"
+            "eval.teams, or null"
         )
     return {name: tuple(agents) for name, agents in sides.items()}
 
@@ -93,13 +93,13 @@ def _named_teams(spec: TeamSpec, teams: Mapping[str, Sequence[str]]) -> dict[str
         sides[team], unknown = agents_named(names, spec.agents)
         if unknown:
             raise EvalError(
-                f"eval_teams: team '{team}' names {unknown}, which match none of env '{spec.env_id}''s "
+                f"eval.teams: team '{team}' names {unknown}, which match none of env '{spec.env_id}''s "
                 f"agents {list(spec.agents)}; name agents or their names without the number"
             )
     counts = {a: sum(a in members for members in sides.values()) for a in spec.agents}
     if any(n != 1 for n in counts.values()) or len(sides) < 2:
         raise EvalError(
-            f"eval_teams must put each of {list(spec.agents)} on exactly one of two or more teams "
+            f"eval.teams must put each of {list(spec.agents)} on exactly one of two or more teams "
             f"(on none: {[a for a, n in counts.items() if n == 0]}, on several: "
             f"{[a for a, n in counts.items() if n > 1]}, teams: {len(sides)})"
         )
@@ -219,7 +219,7 @@ class PeriodicEvaluationVsRandom(PeriodicEvaluation):
     ) -> None:
         super().__init__(config, venv, model, device)
         if config.eval.vs_random is None:
-            raise ValueError("PeriodicEvaluationVsRandom needs eval_vs_random: seats or teams")
+            raise ValueError("PeriodicEvaluationVsRandom needs eval.vs_random: seats or teams")
         self.mode, self.teams = config.eval.vs_random, config.eval.teams
         sides_of(
             venv.spec, self.mode, self.teams

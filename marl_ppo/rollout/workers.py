@@ -9,10 +9,10 @@ buffer. Per rollout the pipes carry one command and one small reply per
 worker (finished episodes and timings); no array data is pickled. The processes are started,
 commanded and stopped by `marl_ppo.envs.vector.pool`, as `SubprocessVectorEnv`'s are.
 
-`policy_lag = 1` overlaps collection with learning: as soon as rollout k is copied out, the workers
+`rollout.policy_lag = 1` overlaps collection with learning: as soon as rollout k is copied out, the workers
 start rollout k + 1 with the weights the learner had *before* update k. PPO then uses that behaviour
 policy's log-probabilities as `logp_old`, so the ratio and its clip are taken against the policy that
-acted. With `policy_lag = 0` the workers wait for the update: exactly on-policy.
+acted. With `rollout.policy_lag = 0` the workers wait for the update: exactly on-policy.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class RolloutWorkers(SlicedSource):
             args,
             "marl_ppo-rollout-worker",
             timeout_s,
-            timeout_name="worker_timeout_s per env step",
+            timeout_name="rollout.worker_timeout_s per env step",
         )
         self._processes = self._pool.processes  # in worker order (tests watch and kill them)
 

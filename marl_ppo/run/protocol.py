@@ -89,7 +89,7 @@ def absolute_metric(
     venv: VectorEnv,
     device: torch.device,
 ) -> dict[str, Any] | None:
-    """Play the best evaluated policy (`checkpoints/best.pt`) for `eval_absolute * eval_episodes`
+    """Play the best evaluated policy (`checkpoints/best.pt`) for `eval.absolute * eval.episodes`
     deterministic episodes, write `absolute_metric.json` and return it; None when the run has none.
 
     Loads the best weights into `model`: call it once training is over and saved."""
