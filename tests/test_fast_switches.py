@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 from conftest import ROOT
-from marl_ppo.config.fast import REMOVED_FAST_KEYS
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
 from marl_ppo.algo.optim import clip_grad_norms, make_optimizer
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.config import ConfigError, load_config
+from marl_ppo.config.fast import REMOVED_FAST_KEYS
 from marl_ppo.envs.factory import make_adapter, team_spec
 from marl_ppo.fast.adam import FlatAdam
 from marl_ppo.fast.screen_copy import one_screen_copy

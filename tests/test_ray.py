@@ -94,7 +94,10 @@ def test_one_ray_worker_collects_and_trains_exactly_as_one_local_worker(two_node
     rollouts = {}
     for vector in ("workers", "ray"):
         torch.manual_seed(0)
-        source, model = build_collector(dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vector=vector)), torch.device("cpu"))
+        source, model = build_collector(
+            dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vector=vector)),
+            torch.device("cpu"),
+        )
         try:
             source.start(seed=3)
             rollouts[vector] = []
@@ -123,7 +126,10 @@ def test_one_ray_worker_collects_and_trains_exactly_as_one_local_worker(two_node
 
     final = {}
     for vector in ("workers", "ray"):
-        train(dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vector=vector)), tmp_path / vector)
+        train(
+            dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vector=vector)),
+            tmp_path / vector,
+        )
         final[vector] = load_checkpoint(tmp_path / vector / "checkpoints/final.pt")
     assert final["ray"]["env_steps"] == final["workers"]["env_steps"] == 105
     weights = final["workers"]["model"]
@@ -145,7 +151,10 @@ def test_a_recurrent_policy_trains_on_one_ray_worker_exactly_as_on_one_local_wor
     )
     final = {}
     for vector in ("workers", "ray"):
-        train(dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vector=vector)), tmp_path / vector)
+        train(
+            dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vector=vector)),
+            tmp_path / vector,
+        )
         final[vector] = load_checkpoint(tmp_path / vector / "checkpoints/final.pt")
     weights = final["workers"]["model"]
     assert any(k.endswith("core.weight_hh") for k in weights)
@@ -357,7 +366,10 @@ def test_with_policy_lag_one_ray_worker_trains_as_one_local_worker(two_nodes, ti
     )
     final = {}
     for vector in ("workers", "ray"):
-        train(dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vector=vector)), tmp_path / vector)
+        train(
+            dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vector=vector)),
+            tmp_path / vector,
+        )
         final[vector] = load_checkpoint(tmp_path / vector / "checkpoints/final.pt")
     assert final["ray"]["collector"]["env_steps"] == final["workers"]["collector"]["env_steps"] == 105
     assert final["ray"]["collector"]["pending"] is None  # no rollout collected past the last update

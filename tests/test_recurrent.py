@@ -213,7 +213,10 @@ def test_the_recurrent_policy_acts_alike_in_every_collection_mode(tiny_overrides
     collected = []
     for mode in ("sync", vector):
         torch.manual_seed(0)
-        collector, model = build_collector(dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vector=mode)), torch.device("cpu"))
+        collector, model = build_collector(
+            dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vector=mode)),
+            torch.device("cpu"),
+        )
         model.load_state_dict(reference.state_dict())
         try:
             collector.start(1)

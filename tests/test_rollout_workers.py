@@ -34,13 +34,20 @@ def _config(tiny_overrides, *extra, env=None):
 def _workers(config, num_workers, policy_lag=0):
     """Rollout workers and the team model, built the way train() builds them."""
     torch.manual_seed(0)
-    config = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vector="workers", num_workers=num_workers, policy_lag=policy_lag))
+    config = dataclasses.replace(
+        config,
+        rollout=dataclasses.replace(
+            config.rollout, vector="workers", num_workers=num_workers, policy_lag=policy_lag
+        ),
+    )
     return build_collector(config, torch.device("cpu"))
 
 
 def _sync_slice(config, model, envs, seed, worker, rollouts):
     """What one process collects for env copies `envs` with worker `worker`'s sampling seed."""
-    sliced = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, num_envs=len(envs), vector="sync"))
+    sliced = dataclasses.replace(
+        config, rollout=dataclasses.replace(config.rollout, num_envs=len(envs), vector="sync")
+    )
     collector, _ = build_collector(sliced, torch.device("cpu"))
     collector.memory = make_memory(model, len(envs), torch.device("cpu"))  # act with the workers' weights
     collector.start(seed + envs.start)

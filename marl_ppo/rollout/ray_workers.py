@@ -316,7 +316,9 @@ class RayRolloutWorkers(SlicedSource):
             except ray.exceptions.GetTimeoutError:
                 ray.kill(self._actors[k], no_restart=False)  # hung: Ray restarts it
                 reasons.append(
-                    self._lose(k, f"no rollout within rollout.worker_timeout_s per step ({self.timeout_s:g} s)")
+                    self._lose(
+                        k, f"no rollout within rollout.worker_timeout_s per step ({self.timeout_s:g} s)"
+                    )
                 )
             except ray.exceptions.RayActorError as err:
                 reasons.append(self._lose(k, type(err).__name__))
