@@ -50,7 +50,7 @@ def test_a_run_that_cannot_fit_exits_2_with_one_line_before_allocating(tmp_path,
     message = str(caught.value)
     assert "\n" not in message and "0.10 GB of memory is available" in message
     assert "this run would need about" in message and "rollout buffer" in message
-    assert "num_envs, rollout_steps, env.image_pool or model.encoder" in message
+    assert "rollout.num_envs, rollout.rollout_steps, env.image_pool or model.encoder" in message
     assert allocated == [] and not (tmp_path / "run").exists()
 
 

@@ -252,7 +252,7 @@ def test_too_few_cpus_on_the_cluster_is_a_config_error_naming_the_numbers(
     args += ["ray.num_cpus_per_worker=2", "--run-dir", str(tmp_path / "run")]
     assert main(args) == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "fewer than num_workers=2 x ray.num_cpus_per_worker=2" in error
+    assert "fewer than rollout.num_workers=2 x ray.num_cpus_per_worker=2" in error
     assert not (tmp_path / "run").exists()
 
 
@@ -287,7 +287,7 @@ def test_min_workers_above_num_workers_is_refused(tiny_overrides, capsys):
         )
         == 2
     )
-    assert "ray.min_workers=3 exceeds num_workers=2" in capsys.readouterr().err
+    assert "ray.min_workers=3 exceeds rollout.num_workers=2" in capsys.readouterr().err
 
 
 TINY_MATRIX = {

@@ -87,7 +87,8 @@ def assert_identical(a, b, where="checkpoint"):
 def _run_state_only(payload):
     # pickled env bytes are not canonical (shared references); _env_futures compares the envs instead
     skipped = ("wall_s", "timing", "envs")
-    config = {key: value for key, value in payload["config"].items() if key != "vector"}
+    rollout = {key: value for key, value in payload["config"]["rollout"].items() if key != "vector"}
+    config = {**payload["config"], "rollout": rollout}
     return {**{key: value for key, value in payload.items() if key not in skipped}, "config": config}
 
 
@@ -305,7 +306,7 @@ def test_resuming_across_rollout_workers_is_refused_with_one_line(
     train(_config(tiny_overrides, f"rollout.vector={vector}", "total_steps=40"), tmp_path)
     extended = _config(tiny_overrides, f"rollout.vector={resumed_vector}", "total_steps=80")
     with pytest.raises(
-        ConfigError, match=f"used vector={vector} and cannot continue with vector={resumed_vector}"
+        ConfigError, match=f"used rollout.vector={vector} and cannot continue with rollout.vector={resumed_vector}"
     ):
         train(extended, tmp_path, resume=True)
 

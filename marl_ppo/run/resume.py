@@ -110,8 +110,8 @@ def load_resumable(run_dir: Path, config: ExperimentConfig | None = None) -> dic
         acting = ("workers", "ray")  # rollout workers, local or on Ray, save their state alike
         if (used in acting) != (config.rollout.vector in acting):  # the collectors' states differ in kind
             raise ConfigError(
-                f"--resume: the run in '{run_dir}' used vector={used} and cannot continue with "
-                f"rollout.vector={config.rollout.vector}; resume it with vector={used}"
+                f"--resume: the run in '{run_dir}' used rollout.vector={used} and cannot continue with "
+                f"rollout.vector={config.rollout.vector}; resume it with rollout.vector={used}"
             )
         saved, wanted = _flat(payload["config"]), _flat(config_to_dict(config))
         for key in sorted(saved.keys() | wanted.keys()):
