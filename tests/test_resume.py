@@ -306,7 +306,8 @@ def test_resuming_across_rollout_workers_is_refused_with_one_line(
     train(_config(tiny_overrides, f"rollout.vector={vector}", "total_steps=40"), tmp_path)
     extended = _config(tiny_overrides, f"rollout.vector={resumed_vector}", "total_steps=80")
     with pytest.raises(
-        ConfigError, match=f"used rollout.vector={vector} and cannot continue with rollout.vector={resumed_vector}"
+        ConfigError,
+        match=f"used rollout.vector={vector} and cannot continue with rollout.vector={resumed_vector}",
     ):
         train(extended, tmp_path, resume=True)
 
