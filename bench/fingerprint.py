@@ -23,17 +23,17 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "cue_gru_3": ("experiments/envs/cue_recall.yaml", ["seed=0", "total_steps=960"]),
     "cue_lstm_team": (
         "experiments/envs/cue_recall.yaml",
-        ["seed=0", "total_steps=960", "model.recurrent=lstm", "critic=team", "ppo.chunk_length=null"],
+        ["seed=0", "total_steps=960", "model.recurrent=lstm", "ppo.critic=team", "ppo.chunk_length=null"],
     ),
     "spread_ippo_sync": (
         "experiments/mpe/simple_spread.yaml",
         [
             "seed=1",
             "total_steps=1600",
-            "vector=sync",
-            "policy_lag=0",
-            "critic=obs",
-            "share_actor=false",
+            "rollout.vector=sync",
+            "rollout.policy_lag=0",
+            "ppo.critic=obs",
+            "model.share_actor=false",
             "ppo.target_kl=0.01",
         ],
     ),

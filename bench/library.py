@@ -48,13 +48,13 @@ def case_run(case: str, steps: int, updates: int) -> tuple[Path, list[str]]:
     if case == "spread":
         return SPREAD_YAML, [f"total_steps={steps}"]
     if case == "pistonball":  # 3 updates of 4 copies; one learner thread, as for VMAS
-        return PISTONBALL_YAML, ["total_steps=1500", "torch_threads=1"]
+        return PISTONBALL_YAML, ["total_steps=1500", "host.torch_threads=1"]
     # one learner thread: CPU seconds then measure work, not threads spinning while they wait
     return NAVIGATION_YAML, [
-        "num_envs=1024",
+        "rollout.num_envs=1024",
         f"total_steps={1024 * 100 * updates}",
-        "device=cpu",
-        "torch_threads=1",
+        "host.device=cpu",
+        "host.torch_threads=1",
     ]
 
 

@@ -21,8 +21,8 @@ from marl_ppo.run.loop import train
 
 SPREAD_YAML = Path(__file__).resolve().parents[1] / "experiments" / "mpe" / "simple_spread.yaml"
 SMALL = [
-    "num_envs=4",
-    "rollout_steps=25",
+    "rollout.num_envs=4",
+    "rollout.rollout_steps=25",
     "ppo.train_pi_iters=2",
     "ppo.train_vf_iters=2",
     "ppo.num_minibatches=2",
@@ -63,7 +63,7 @@ def child_pids(pid: int | None = None) -> list[int]:
 
 def measure(updates: int, every: int, vector: str, run_dir: Path) -> list[MemorySample]:
     """Train `updates` updates of the small experiment, sampling memory at 100, every `every`, and the end."""
-    config = load_config(SPREAD_YAML, [*SMALL, f"vector={vector}", f"total_steps={updates * 4 * 25}"])
+    config = load_config(SPREAD_YAML, [*SMALL, f"rollout.vector={vector}", f"total_steps={updates * 4 * 25}"])
     samples: list[MemorySample] = []
 
     def sample(update: int) -> None:

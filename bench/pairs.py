@@ -33,12 +33,12 @@ PISTONBALL_TUTORIAL = [
     "model.cnn_features=512",
     "model.cnn_padding=valid",
     "model.shared_cnn=true",
-    "critic=obs",
-    "share_actor=true",
-    "num_envs=4",
-    "rollout_steps=256",
-    "gamma=0.95",
-    "gae_lambda=0.99",
+    "ppo.critic=obs",
+    "model.share_actor=true",
+    "rollout.num_envs=4",
+    "rollout.rollout_steps=256",
+    "ppo.gamma=0.95",
+    "ppo.gae_lambda=0.99",
     "ppo.train_pi_iters=5",
     "ppo.train_vf_iters=5",
     "ppo.num_minibatches=80",
@@ -52,24 +52,24 @@ PISTONBALL_TUTORIAL = [
 """PettingZoo's SB3 pistonball tutorial written as marl_ppo's config (docs/environments.md)."""
 
 SPREAD_BENCHMARL = [
-    "num_envs=32",
-    "rollout_steps=25",
-    "vector=sync",
-    "policy_lag=0",
-    "torch_threads=1",
+    "rollout.num_envs=32",
+    "rollout.rollout_steps=25",
+    "rollout.vector=sync",
+    "rollout.policy_lag=0",
+    "host.torch_threads=1",
     "ppo.train_pi_iters=10",
     "ppo.train_vf_iters=10",
     "ppo.num_minibatches=4",
     "ppo.pi_lr=1e-3",
     "ppo.vf_lr=1e-3",
     "ppo.lr_schedule=constant",
-    "gamma=0.95",
-    "critic=team",
+    "ppo.gamma=0.95",
+    "ppo.critic=team",
 ]
 """The default experiment at BenchMARL's on-policy settings: 800 env steps a batch from 32 copies,
 10 epochs of 4 minibatches of 200, lr 1e-3, gamma 0.95, one thread, and BenchMARL's MAPPO critic
 (`share_param_critic`, its default): one network on the global state, one value per env step for
-every agent, which is `critic: team`'s network (its targets differ: BenchMARL regresses the one
+every agent, which is `ppo.critic: team`'s network (its targets differ: BenchMARL regresses the one
 value to each agent's return, `team` to the return of the agents' mean reward)."""
 
 
@@ -124,7 +124,7 @@ def peer_cases(pistonball_steps: int, spread_steps: int) -> list[PeerCase]:
 
 
 PEER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-"""The BenchMARL cases' one thread, for the peer's process (marl_ppo's runs set torch_threads=1)."""
+"""The BenchMARL cases' one thread, for the peer's process (marl_ppo's runs set host.torch_threads=1)."""
 
 
 def run_pair(case: PeerCase, repeat: int, train: Train) -> str:

@@ -166,16 +166,21 @@ def cases(steps: int, device: str = "cpu") -> list[Case]:
     """
     raw_spread = functools.partial(raw_pettingzoo_sps, "mpe2/simple_spread_v3", SPREAD_KWARGS)
     spread_runs = {  # name: how the 32 env copies are stepped and who acts
-        "spread sync": ["vector=sync"],
-        "spread 2 env procs": ["vector=subprocess", "num_workers=2"],
-        "spread 1 worker": ["vector=workers", "num_workers=1", "policy_lag=0"],
-        "spread 2 workers": ["vector=workers", "num_workers=2", "policy_lag=0"],
-        "spread 2 workers lag": ["vector=workers", "num_workers=2", "policy_lag=1"],
+        "spread sync": ["rollout.vector=sync"],
+        "spread 2 env procs": ["rollout.vector=subprocess", "rollout.num_workers=2"],
+        "spread 1 worker": ["rollout.vector=workers", "rollout.num_workers=1", "rollout.policy_lag=0"],
+        "spread 2 workers": ["rollout.vector=workers", "rollout.num_workers=2", "rollout.policy_lag=0"],
+        "spread 2 workers lag": ["rollout.vector=workers", "rollout.num_workers=2", "rollout.policy_lag=1"],
         # recurrent actors and critic (GRU): one cell step per env step, chunks of 10 steps to learn on
-        "spread gru sync": ["vector=sync", "model.recurrent=gru"],
-        "spread gru 2 workers": ["vector=workers", "num_workers=2", "policy_lag=0", "model.recurrent=gru"],
+        "spread gru sync": ["rollout.vector=sync", "model.recurrent=gru"],
+        "spread gru 2 workers": [
+            "rollout.vector=workers",
+            "rollout.num_workers=2",
+            "rollout.policy_lag=0",
+            "model.recurrent=gru",
+        ],
         # the same two workers as Ray actors of a Ray instance the run starts (its start-up not timed)
-        "spread 2 ray workers": ["vector=ray", "num_workers=2", "policy_lag=0"],
+        "spread 2 ray workers": ["rollout.vector=ray", "rollout.num_workers=2", "rollout.policy_lag=0"],
     }
     return [
         *(
@@ -188,9 +193,9 @@ def cases(steps: int, device: str = "cpu") -> list[Case]:
                 functools.partial(raw_vmas_sps, "navigation", num_envs, {"max_steps": 100}, device=device),
                 NAVIGATION_YAML,
                 [
-                    f"num_envs={num_envs}",
+                    f"rollout.num_envs={num_envs}",
                     f"total_steps={num_envs * 100 * updates}",
-                    f"device={device}",
+                    f"host.device={device}",
                     *ppo,
                 ],
                 4,
@@ -218,12 +223,12 @@ def cases(steps: int, device: str = "cpu") -> list[Case]:
                 [
                     "env.id=magent2/battle_v4",
                     f"env.kwargs={{map_size: {size}}}",
-                    "vector=sync",
-                    "num_envs=2",
-                    "rollout_steps=50",
+                    "rollout.vector=sync",
+                    "rollout.num_envs=2",
+                    "rollout.rollout_steps=50",
                     f"total_steps={total}",
-                    "share_actor=true",
-                    "critic=obs",
+                    "model.share_actor=true",
+                    "ppo.critic=obs",
                 ],
                 agents,
             )
@@ -236,7 +241,12 @@ def cases(steps: int, device: str = "cpu") -> list[Case]:
                 name,
                 functools.partial(raw_jax_sps, "smax_2s3z", num_envs),
                 SMAX_YAML,
-                [f"num_envs={num_envs}", f"total_steps={num_envs * 128 * 4}", "eval_every=null", *ppo],
+                [
+                    f"rollout.num_envs={num_envs}",
+                    f"total_steps={num_envs * 128 * 4}",
+                    "eval.every=null",
+                    *ppo,
+                ],
                 5,
             )
             for name, num_envs, ppo in (
@@ -258,12 +268,20 @@ def cases(steps: int, device: str = "cpu") -> list[Case]:
             )
             for name, overrides in (
                 ("mamujoco cheetah", []),
-                ("mamujoco cheetah lag", ["vector=workers", "policy_lag=1"]),
-                ("mamujoco cheetah lag 1 worker", ["vector=workers", "policy_lag=1", "num_workers=1"]),
+                ("mamujoco cheetah lag", ["rollout.vector=workers", "rollout.policy_lag=1"]),
+                (
+                    "mamujoco cheetah lag 1 worker",
+                    ["rollout.vector=workers", "rollout.policy_lag=1", "rollout.num_workers=1"],
+                ),
                 # bfloat16 layers where the CPU has bfloat16 instructions (float32 elsewhere)
                 (
                     "mamujoco cheetah lag 1 worker auto",
-                    ["vector=workers", "policy_lag=1", "num_workers=1", "model.precision=auto"],
+                    [
+                        "rollout.vector=workers",
+                        "rollout.policy_lag=1",
+                        "rollout.num_workers=1",
+                        "model.precision=auto",
+                    ],
                 ),
             )
         ),
@@ -276,9 +294,9 @@ def cases(steps: int, device: str = "cpu") -> list[Case]:
             [
                 "env.id=envs/pixel_signal_v0",
                 "model.encoder=cnn",
-                "vector=sync",
-                "num_envs=16",
-                "rollout_steps=16",
+                "rollout.vector=sync",
+                "rollout.num_envs=16",
+                "rollout.rollout_steps=16",
                 "total_steps=4096",
             ],
             2,

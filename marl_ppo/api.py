@@ -40,7 +40,8 @@ def train(
 
     `resume=True` continues the run in `run_dir` from its latest checkpoint. `config=None` takes
     the run's own config; otherwise `config` may differ from it only in the keys that `--resume`
-    may change, e.g. `load_config(run_dir / "config.yaml", ["total_steps=2_000_000"])`.
+    may change, e.g. `load_stored_config(run_dir / "config.yaml", ["total_steps=2_000_000"])`
+    (`marl_ppo.config`; it reads a config that an older marl_ppo stored, too).
 
     Ctrl-C or SIGTERM finishes the current update, writes a checkpoint and raises
     `marl_ppo.run.signals.Interrupted`; bad input raises a one-line error (ConfigError, EnvError,

@@ -17,12 +17,14 @@ from typing import Any
 
 import torch
 
+from marl_ppo.config import migrate_stored
 from marl_ppo.faults import CheckpointWriteError, NonFiniteError, UserError
 
 FORMAT = "marl_ppo.checkpoint.v2"
 """The layout of every checkpoint this marl_ppo writes and the only one it reads. A change to what a
 checkpoint holds (its keys, the run's config keys, the classes of the pickled env copies) takes a new
-version; a checkpoint of another version is refused with one line, never read field by field."""
+version; a checkpoint of another version is refused with one line, never read field by field. A config
+key that moved into a section (`MOVED_KEYS`) is the exception: its config is migrated as it is read."""
 _FAMILY = FORMAT.rpartition(".")[0] + "."
 _PERIODIC = re.compile(r"update_(\d+)\.pt")
 
@@ -104,7 +106,8 @@ def _first_nonfinite(value: Any, name: str = "") -> str | None:
 
 
 def load_checkpoint(path: Path | str) -> dict[str, Any]:
-    """Read a checkpoint of this version's FORMAT with `weights_only=True` (no code runs from the file)."""
+    """Read a checkpoint of this version's FORMAT with `weights_only=True` (no code runs from the file),
+    its config's moved keys at their new place."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint '{path}' does not exist; pass a file under a run's checkpoints/")
@@ -122,6 +125,8 @@ def load_checkpoint(path: Path | str) -> dict[str, Any]:
             f"checkpoint '{path}' has format '{found}' but this marl_ppo reads only '{FORMAT}'; "
             "train the run again, or use the marl_ppo version that wrote it"
         )
+    if isinstance(payload.get("config"), dict):
+        payload["config"] = migrate_stored(payload["config"])
     return payload
 
 

@@ -51,7 +51,7 @@ class EnvSpec:
     batched: bool = False
     """The factory builds all copies at once: it takes `num_envs`, `device` and `seed` (VMAS)."""
     own_threads: bool = False
-    """The batched simulator computes on a thread pool of its own (JAX's): with `torch_threads: auto`
+    """The batched simulator computes on a thread pool of its own (JAX's): with `host.torch_threads: auto`
     the learner then keeps to one torch thread, since two spinning pools on the same cores slow each
     other's small operations tenfold."""
     copies: int | None = None

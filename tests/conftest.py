@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def tiny_overrides():
     """Overrides that make any experiment run in a second or two."""
     return [
-        "num_envs=2",
-        "rollout_steps=25",
+        "rollout.num_envs=2",
+        "rollout.rollout_steps=25",
         "total_steps=100",
         "log.progress=false",
         "ppo.train_pi_iters=2",
@@ -42,7 +42,7 @@ def collect_rollout(config, seed=0):
     torch.manual_seed(seed)
     venv = build_vector_env(config)
     model = TeamModel(venv.spec, config)
-    buffer = RolloutBuffer(venv.spec, config.rollout_steps, config.num_envs)
+    buffer = RolloutBuffer(venv.spec, config.rollout.rollout_steps, config.rollout.num_envs)
     collector = Collector(venv, model, torch.device("cpu"))
     collector.start(seed)
     return model, buffer, collector.collect(buffer)

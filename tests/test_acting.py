@@ -77,9 +77,9 @@ def _config(precision: str, recurrent: str | None):
         ROOT / "experiments/mpe/simple_spread.yaml",
         [
             f"env.kwargs.max_cycles={STEPS}",
-            "num_envs=1",
-            f"rollout_steps={STEPS}",
-            "vector=sync",
+            "rollout.num_envs=1",
+            f"rollout.rollout_steps={STEPS}",
+            "rollout.vector=sync",
             "ppo.num_minibatches=1",
             "model.hidden_sizes=[16,16]",
             f"model.precision={precision}",

@@ -25,10 +25,10 @@ API = [
 
 MATRIX = [
     "env.id=envs/matrix_game_v0",
-    "num_envs=2",
-    "rollout_steps=4",
+    "rollout.num_envs=2",
+    "rollout.rollout_steps=4",
     "total_steps=8",
-    "vector=sync",
+    "rollout.vector=sync",
     "log.progress=false",
     "ppo.num_minibatches=1",
     "ppo.train_pi_iters=1",
@@ -81,7 +81,15 @@ def test_train_and_evaluate_from_python(tmp_path):
 
 def test_train_takes_an_experiment_file_and_names_the_run_dir_as_the_cli_does(tmp_path, monkeypatch):
     experiment = tmp_path / "matrix.yaml"
-    experiment.write_text(yaml.safe_dump({**TINY_MATRIX, "log": {"progress": False}, "vector": "sync"}))
+    experiment.write_text(
+        yaml.safe_dump(
+            {
+                **TINY_MATRIX,
+                "log": {"progress": False},
+                "rollout": {**TINY_MATRIX["rollout"], "vector": "sync"},
+            }
+        )
+    )
     monkeypatch.chdir(tmp_path)
     result = marl_ppo.train(experiment)
     assert result.run_dir.parent == Path("runs") and result.run_dir.name.startswith("matrix-")

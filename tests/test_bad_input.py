@@ -22,8 +22,8 @@ from marl_ppo.envs.adapters.contract import EnvContractError
 SPREAD_YAML = str(ROOT / "experiments/mpe/simple_spread.yaml")
 # 2 copies x 5 steps per update; the broken env strikes at its copy's 7th step, during update 2
 TINY = [
-    "num_envs=2",
-    "rollout_steps=5",
+    "rollout.num_envs=2",
+    "rollout.rollout_steps=5",
     "total_steps=40",
     "log.progress=false",
     "log.checkpoint_every=1",
@@ -53,26 +53,32 @@ CASES = {
     "unknown key": Case(
         ["ppo.pi_lrr=1e-3"], 2, ("unknown config key 'ppo.pi_lrr'", "did you mean 'ppo.pi_lr'?")
     ),
-    "unknown top key": Case(["gama=0.9"], 2, ("unknown config key 'gama'", "did you mean 'gamma'?")),
+    "unknown top key": Case(["gama=0.9"], 2, ("unknown config key 'gama'", "did you mean 'ppo.gamma'?")),
     "unknown section": Case(["ppp.pi_lr=1"], 2, ("unknown config key 'ppp'", "did you mean 'ppo'?")),
-    "wrong type": Case(["num_envs=four"], 2, ("config key 'num_envs'", "valid integer", "'four'")),
+    "wrong type": Case(
+        ["rollout.num_envs=four"], 2, ("config key 'rollout.num_envs'", "valid integer", "'four'")
+    ),
     "wrong type list": Case(["model.hidden_sizes=64"], 2, ("config key 'model.hidden_sizes'",)),
     "zero actor lr": Case(["ppo.pi_lr=0"], 2, ("config key 'ppo.pi_lr'", "greater than 0")),
     "negative critic lr": Case(["ppo.vf_lr=-1e-3"], 2, ("config key 'ppo.vf_lr'", "greater than 0")),
-    "gamma zero": Case(["gamma=0"], 2, ("config key 'gamma'", "greater than 0")),
-    "gamma above one": Case(["gamma=1.01"], 2, ("config key 'gamma'", "less than or equal to 1")),
-    "lambda above one": Case(["gae_lambda=1.5"], 2, ("config key 'gae_lambda'", "less than or equal to 1")),
+    "gamma zero": Case(["ppo.gamma=0"], 2, ("config key 'ppo.gamma'", "greater than 0")),
+    "gamma above one": Case(["ppo.gamma=1.01"], 2, ("config key 'ppo.gamma'", "less than or equal to 1")),
+    "lambda above one": Case(
+        ["ppo.gae_lambda=1.5"], 2, ("config key 'ppo.gae_lambda'", "less than or equal to 1")
+    ),
     "negative lambda": Case(
-        ["gae_lambda=-0.1"], 2, ("config key 'gae_lambda'", "greater than or equal to 0")
+        ["ppo.gae_lambda=-0.1"], 2, ("config key 'ppo.gae_lambda'", "greater than or equal to 0")
     ),
     "zero clip": Case(["ppo.clip_ratio=0"], 2, ("config key 'ppo.clip_ratio'", "greater than 0")),
-    "zero rollout": Case(["rollout_steps=0"], 2, ("config key 'rollout_steps'", "greater than 0")),
+    "zero rollout": Case(
+        ["rollout.rollout_steps=0"], 2, ("config key 'rollout.rollout_steps'", "greater than 0")
+    ),
     "zero width": Case(
         ["model.hidden_sizes=[64,0]"], 2, ("config key 'model.hidden_sizes'", "greater than 0")
     ),
-    "negative envs": Case(["num_envs=-2"], 2, ("config key 'num_envs'", "greater than 0")),
+    "negative envs": Case(["rollout.num_envs=-2"], 2, ("config key 'rollout.num_envs'", "greater than 0")),
     "minibatches over batch": Case(
-        ["rollout_steps=2", "num_envs=1", "ppo.num_minibatches=4"],
+        ["rollout.rollout_steps=2", "rollout.num_envs=1", "ppo.num_minibatches=4"],
         2,
         ("ppo.num_minibatches=4 exceeds the batch",),
     ),
@@ -80,7 +86,7 @@ CASES = {
         ["ppo.on_nonfinite=ignore"], 2, ("config key 'ppo.on_nonfinite'", "'error' or 'skip'")
     ),
     "zero worker timeout": Case(
-        ["worker_timeout_s=0"], 2, ("config key 'worker_timeout_s'", "greater than 0")
+        ["rollout.worker_timeout_s=0"], 2, ("config key 'rollout.worker_timeout_s'", "greater than 0")
     ),
     "negative checkpoint period": Case(
         ["log.checkpoint_every=-1"], 2, ("config key 'log.checkpoint_every'",)
@@ -127,7 +133,10 @@ CASES = {
         extra=("env.kwargs.max_steps=6",),
     ),
     "worker obs nan at an episode's end": broken(
-        "obs_nan", "copy 0, episode step 4", "agent 'agent_1'", extra=("env.kwargs.at=8", "vector=subprocess")
+        "obs_nan",
+        "copy 0, episode step 4",
+        "agent 'agent_1'",
+        extra=("env.kwargs.at=8", "rollout.vector=subprocess"),
     ),
     "obs inf": broken("obs_inf", "agent 'agent_1'", "[1.0, inf] holds NaN or inf; expected finite values"),
     "obs shape": broken("obs_shape", "agent 'agent_1'", "shape (3,)", "expected shape (2,)"),
@@ -160,7 +169,7 @@ CASES = {
         "copy 0, episode step 3",
         "agent 'agent_1'",
         "left env.agents",
-        extra=("vector=workers",),
+        extra=("rollout.vector=workers",),
     ),
     "step raises": broken(
         "step_raises", "copy 0, episode step 3", "step raised ZeroDivisionError", "physics"
@@ -172,36 +181,47 @@ CASES = {
     ),
     "reset raises": broken("reset_raises", "reset raised RuntimeError", extra=("env.kwargs.max_steps=6",)),
     "worker obs nan": broken(
-        "obs_nan", "copy 0, episode step 3", "agent 'agent_1'", "NaN or inf", extra=("vector=subprocess",)
+        "obs_nan",
+        "copy 0, episode step 3",
+        "agent 'agent_1'",
+        "NaN or inf",
+        extra=("rollout.vector=subprocess",),
     ),
     "worker step raises": broken(
-        "step_raises", "copy 0", "ZeroDivisionError", extra=("vector=subprocess", "num_workers=2")
+        "step_raises",
+        "copy 0",
+        "ZeroDivisionError",
+        extra=("rollout.vector=subprocess", "rollout.num_workers=2"),
     ),
     "worker hangs": broken(
         "hang",
-        "did not answer 'step' within 1 s (worker_timeout_s)",
+        "did not answer 'step' within 1 s (rollout.worker_timeout_s)",
         "every worker was stopped",
         status=1,
-        extra=("vector=subprocess", "worker_timeout_s=1"),
+        extra=("rollout.vector=subprocess", "rollout.worker_timeout_s=1"),
     ),
     "rollout worker obs nan": broken(
-        "obs_nan", "copy 0, episode step 3", "agent 'agent_1'", "NaN or inf", extra=("vector=workers",)
+        "obs_nan",
+        "copy 0, episode step 3",
+        "agent 'agent_1'",
+        "NaN or inf",
+        extra=("rollout.vector=workers",),
     ),
     "rollout worker hangs": broken(
         "hang",
         "RolloutWorkers: worker 0 (pid",
-        "did not answer 'collect' within 5 s (worker_timeout_s per env step)",
+        "did not answer 'collect' within 5 s (rollout.worker_timeout_s per env step)",
         status=1,
-        extra=("vector=workers", "num_workers=1", "worker_timeout_s=1"),
+        extra=("rollout.vector=workers", "rollout.num_workers=1", "rollout.worker_timeout_s=1"),
     ),
     # a config that does not fit the env's rewards
     "team critic refuses per-agent rewards": broken(
         "unshared_reward",
-        "critic: team with team_reward: refuse",
+        "ppo.critic: team with ppo.team_reward: refuse",
         "group 'agent' got different rewards at step 2 of the rollout after env step 10 (copy 0)",
         "agent_0 1, agent_1 0.5",
-        "set team_reward: mean",
-        extra=("critic=team", "team_reward=refuse"),
+        "set ppo.team_reward: mean",
+        extra=("ppo.critic=team", "ppo.team_reward=refuse"),
     ),
     # numbers that blow up
     "returns overflow": broken(
@@ -285,7 +305,13 @@ def test_debug_shows_the_traceback_with_the_envs_own_error(tmp_path):
 
 def test_console_script_debug_prints_the_worker_traceback(tmp_path):
     env_id = f"{ROOT / 'tests/broken_envs.py'}:make"
-    args = [f"env.id={env_id}", "env.kwargs.fault=step_raises", *TINY, "vector=subprocess", "num_workers=1"]
+    args = [
+        f"env.id={env_id}",
+        "env.kwargs.fault=step_raises",
+        *TINY,
+        "rollout.vector=subprocess",
+        "rollout.num_workers=1",
+    ]
     command = [sys.executable, "-m", "marl_ppo", "train", *args, "--run-dir", str(tmp_path / "r"), "--debug"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1  # an uncaught exception: Python's own status

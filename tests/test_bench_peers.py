@@ -41,8 +41,8 @@ def test_the_tutorial_is_the_same_on_both_sides():
     config = load_config(None, [*PISTONBALL_TUTORIAL, "total_steps=1024"])
     assert config.env.kwargs["max_cycles"] == ENV_KWARGS["max_cycles"] == 25
     assert tuple(config.env.resize) == (84, 84) and config.env.frame_stack == 3 and config.env.greyscale
-    assert config.num_envs == 4 and config.rollout_steps == PPO_KWARGS["n_steps"] == 256
-    assert config.gamma == PPO_KWARGS["gamma"] and config.gae_lambda == PPO_KWARGS["gae_lambda"]
+    assert config.rollout.num_envs == 4 and config.rollout.rollout_steps == PPO_KWARGS["n_steps"] == 256
+    assert config.ppo.gamma == PPO_KWARGS["gamma"] and config.ppo.gae_lambda == PPO_KWARGS["gae_lambda"]
     assert config.ppo.pi_lr == config.ppo.vf_lr == PPO_KWARGS["learning_rate"]
     assert config.ppo.clip_ratio == PPO_KWARGS["clip_range"]
     assert config.ppo.entropy_coef == PPO_KWARGS["ent_coef"]
@@ -72,10 +72,10 @@ def test_the_spread_cases_ask_both_sides_for_the_same_budget_and_widths():
     case = spread["spread_benchmarl_256"]
     assert case.peer_args == ["--frames", "24000", "--hidden", "256", "256"]
     config = load_config(case.experiment, case.overrides)
-    assert config.total_steps == 24_000 and config.num_envs * config.rollout_steps == 800
-    assert tuple(config.model.hidden_sizes) == (256, 256) and config.torch_threads == 1
-    assert config.ppo.num_minibatches == 4 and config.ppo.train_pi_iters == 10 and config.gamma == 0.95
-    assert config.critic == "team"  # BenchMARL's shared centralised critic: one value per env step
+    assert config.total_steps == 24_000 and config.rollout.num_envs * config.rollout.rollout_steps == 800
+    assert tuple(config.model.hidden_sizes) == (256, 256) and config.host.torch_threads == 1
+    assert config.ppo.num_minibatches == 4 and config.ppo.train_pi_iters == 10 and config.ppo.gamma == 0.95
+    assert config.ppo.critic == "team"  # BenchMARL's shared centralised critic: one value per env step
 
 
 def test_the_venv_commands_pin_torch_and_take_extra_pip_options(tmp_path, monkeypatch):

@@ -22,12 +22,12 @@ CATALOG_MPE2, CATALOG_LBF, CATALOG_RWARE, CATALOG_VMAS = (
     for family in ("mpe2", "lbf", "rware", "vmas")
 )
 ONE_UPDATE = [
-    "vector=sync",
-    "num_envs=2",
-    "rollout_steps=16",
+    "rollout.vector=sync",
+    "rollout.num_envs=2",
+    "rollout.rollout_steps=16",
     "total_steps=32",
     "log.progress=false",
-    "eval_every=0",  # the evaluations' scores are tested in test_evaluate.py and test_versus.py
+    "eval.every=0",  # the evaluations' scores are tested in test_evaluate.py and test_versus.py
     "ppo.train_pi_iters=1",
     "ppo.train_vf_iters=1",
     "ppo.num_minibatches=1",
@@ -55,8 +55,8 @@ def test_catalog_env_trains_one_update(spec, tmp_path):
         )
     config = load_config(_experiments()[spec.id], ONE_UPDATE)
     file = load_config(_experiments()[spec.id])
-    if file.eval_vs_random is not None:  # its sides exist in the env
-        assert len(sides_of(team_spec(config), file.eval_vs_random, file.eval_teams)) >= 2
+    if file.eval.vs_random is not None:  # its sides exist in the env
+        assert len(sides_of(team_spec(config), file.eval.vs_random, file.eval.teams)) >= 2
     result = train(config, tmp_path)
     assert result.updates == 1 and result.env_steps == 32
     assert (tmp_path / "checkpoints/final.pt").is_file()
@@ -107,7 +107,8 @@ def test_catalog_env_runs_whole_episodes_with_auto_reset(spec):
     kwargs, ends = EPISODES[spec.id]
     overrides = [f"env.kwargs.{key}={yaml_value(value)}" for key, value in kwargs.items()]
     config = load_config(
-        _experiments()[spec.id], ["vector=sync", "num_envs=2", "ppo.num_minibatches=1", *overrides]
+        _experiments()[spec.id],
+        ["rollout.vector=sync", "rollout.num_envs=2", "ppo.num_minibatches=1", *overrides],
     )
     venv = build_vector_env(config)
     torch.manual_seed(0)
@@ -167,7 +168,7 @@ def test_battle_agents_that_die_leave_mid_episode_and_return_at_the_reset():
     pytest.importorskip("magent2")
     config = load_config(
         _experiments()["magent2/battle_v4"],
-        ["vector=sync", "num_envs=1", "env.kwargs.map_size=12", "env.kwargs.max_cycles=100"],
+        ["rollout.vector=sync", "rollout.num_envs=1", "env.kwargs.map_size=12", "env.kwargs.max_cycles=100"],
     )
     venv = build_vector_env(config)
     (group,) = venv.spec.groups

@@ -23,9 +23,9 @@ from marl_ppo.config.keys import KEY_COLUMN, defaults_notice, help_config_lines
 SPREAD = str(ROOT / "experiments/mpe/simple_spread.yaml")
 MATRIX = [
     "env.id=envs/matrix_game_v0",
-    "num_envs=2",
-    "rollout_steps=5",
-    "vector=sync",
+    "rollout.num_envs=2",
+    "rollout.rollout_steps=5",
+    "rollout.vector=sync",
     "ppo.num_minibatches=1",
     "ppo.train_pi_iters=1",
     "ppo.train_vf_iters=1",
@@ -104,14 +104,14 @@ def test_help_config_lists_each_key_with_its_default_and_allowed_values(capsys):
     lines = capsys.readouterr().out.splitlines()
     starts = {line.split()[0]: i for i, line in enumerate(lines) if line and not line.startswith(" ")}
     assert set(config_keys()) <= set(starts)
-    gamma = lines[starts["gamma"] : starts["gae_lambda"]]
+    gamma = lines[starts["ppo.gamma"] : starts["ppo.gae_lambda"]]
     assert gamma == [
-        "gamma" + " " * (KEY_COLUMN - 5) + "Discount factor.",
+        "ppo.gamma" + " " * (KEY_COLUMN - 9) + "Discount factor.",
         " " * KEY_COLUMN + "default: 0.99; allowed: number in (0, 1]",
     ]
     schedule = " ".join(lines[starts["ppo.lr_schedule"] : starts["ppo.clip_ratio"]])
     assert "default: constant; allowed: constant, linear" in schedule
-    total = " ".join(lines[starts["total_steps"] : starts["num_envs"]])
+    total = " ".join(lines[starts["total_steps"] : starts["rollout"]])
     assert "default: 1000000; allowed: integer > 0" in total
 
 
@@ -143,7 +143,7 @@ def test_print_config_prints_the_resolved_config_and_writes_nothing(tmp_path, mo
     bare = capsys.readouterr().out
     assert yaml.safe_load(bare) == config_to_dict(load_config(None, ["seed=3"]))
     assert bare.splitlines()[-1] == (
-        "# vector: auto is chosen when the run starts; its config.yaml records the choice"
+        "# rollout.vector: auto is chosen when the run starts; its config.yaml records the choice"
     )
     assert list(tmp_path.iterdir()) == []
 
@@ -151,16 +151,17 @@ def test_print_config_prints_the_resolved_config_and_writes_nothing(tmp_path, mo
 def test_bare_train_says_first_which_defaults_it_runs_with(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     assert defaults_notice(ExperimentConfig(), []) == (
-        "no experiment file: library defaults (gamma 0.99, rollout_steps 100, num_envs 16, share_actor "
-        "false, ppo.lr_schedule constant, ...); the default experiment is experiments/mpe/simple_spread.yaml"
+        "no experiment file: library defaults (ppo.gamma 0.99, rollout.rollout_steps 100, rollout.num_envs 16, "
+        "model.share_actor false, ppo.lr_schedule constant, ...); the default experiment is "
+        "experiments/mpe/simple_spread.yaml"
     )
     assert Path("experiments/mpe/simple_spread.yaml").is_file()  # the path works from here
     run_dir = tmp_path / "run"
     assert main(["train", *MATRIX, "total_steps=20", "--run-dir", str(run_dir)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == (
-        "no experiment file: library defaults and overrides (gamma 0.99, rollout_steps 5, num_envs 2, "
-        "share_actor false, ppo.lr_schedule constant, ...); the default experiment is "
+        "no experiment file: library defaults and overrides (ppo.gamma 0.99, rollout.rollout_steps 5, "
+        "rollout.num_envs 2, model.share_actor false, ppo.lr_schedule constant, ...); the default experiment is "
         "experiments/mpe/simple_spread.yaml"
     )
     assert lines[-1].startswith("done: 20 env steps")
@@ -191,7 +192,7 @@ def test_debug_before_or_after_the_subcommand_raises_with_the_traceback(argv, ca
     with pytest.raises(ConfigError, match="unknown config key 'gama'"):
         main(argv)
     assert main([arg for arg in argv if arg != "--debug"]) == 2
-    assert capsys.readouterr().err == "error: unknown config key 'gama'; did you mean 'gamma'?\n"
+    assert capsys.readouterr().err == "error: unknown config key 'gama'; did you mean 'ppo.gamma'?\n"
 
 
 @pytest.mark.parametrize("where", ["before", "after"])
@@ -208,7 +209,7 @@ def test_console_script_debug_prints_the_traceback_either_side(where, tmp_path):
     assert result.returncode == 1  # Python's own status for an uncaught exception
     assert result.stderr.startswith("Traceback (most recent call last):")
     assert result.stderr.strip().splitlines()[-1] == (
-        "marl_ppo.config.ConfigError: unknown config key 'gama'; did you mean 'gamma'?"
+        "marl_ppo.config.ConfigError: unknown config key 'gama'; did you mean 'ppo.gamma'?"
     )
 
 
@@ -216,8 +217,8 @@ def test_console_script_debug_prints_the_traceback_either_side(where, tmp_path):
     ("first", "second"),
     [
         (
-            ["train", "--run-dir", "D", "seed=1", "gamma=0.9"],
-            ["train", "seed=1", "--run-dir", "D", "gamma=0.9"],
+            ["train", "--run-dir", "D", "seed=1", "ppo.gamma=0.9"],
+            ["train", "seed=1", "--run-dir", "D", "ppo.gamma=0.9"],
         ),
         (
             ["train", "--run-dir", "D", "exp.yaml", "seed=1"],
@@ -239,11 +240,15 @@ def test_flags_and_positionals_in_any_order(first, second):
 
 def test_overrides_after_an_option_reach_the_config(tmp_path, capsys):
     run_dir = str(tmp_path / "run")
-    assert main(["train", SPREAD, "--run-dir", run_dir, "seed=3", "--print-config", "gamma=0.9"]) == 0
+    assert main(["train", SPREAD, "--run-dir", run_dir, "seed=3", "--print-config", "ppo.gamma=0.9"]) == 0
     after = yaml.safe_load(capsys.readouterr().out)
-    assert main(["train", "seed=3", "gamma=0.9", "--print-config", SPREAD, "--run-dir", run_dir]) == 0
+    assert main(["train", "seed=3", "ppo.gamma=0.9", "--print-config", SPREAD, "--run-dir", run_dir]) == 0
     assert yaml.safe_load(capsys.readouterr().out) == after
-    assert (after["seed"], after["gamma"], after["rollout_steps"]) == (3, 0.9, 25)  # the file, overridden
+    assert (after["seed"], after["ppo"]["gamma"], after["rollout"]["rollout_steps"]) == (
+        3,
+        0.9,
+        25,
+    )  # the file, overridden
 
 
 def test_two_experiment_files_are_one_too_many(capsys):

@@ -115,7 +115,13 @@ def _fake_run(path, env_id, critic, seed, finals):
     """A finished run directory as training writes it: config, evaluations and the absolute metric."""
     path.mkdir(parents=True)
     (path / "tensorboard").mkdir()
-    config = {"env": {"id": env_id}, "seed": seed, "critic": critic, "total_steps": 300, "eval_every": 100}
+    config = {
+        "env": {"id": env_id},
+        "seed": seed,
+        "ppo": {"critic": critic},
+        "total_steps": 300,
+        "eval": {"every": 100},
+    }
     (path / "config.yaml").write_text(yaml.safe_dump(config))
     with (path / "evaluations.jsonl").open("w") as handle:
         for step, value in zip((100, 200, 300), finals, strict=True):
@@ -141,12 +147,12 @@ def test_compare_on_two_configurations_two_tasks_three_seeds_writes_every_output
     printed = capsys.readouterr().out
     assert "2 algorithm(s) x 2 task(s) x 3 seed(s)" in printed
     markdown = (out / "compare.md").read_text()
-    assert "| critic=state |" in markdown and "| critic=obs |" in markdown
+    assert "| ppo.critic=state |" in markdown and "| ppo.critic=obs |" in markdown
     assert "P(X > Y)" in markdown
     for name in ("performance_profiles.png", "sample_efficiency.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     data = json.loads((out / "marl_eval.json").read_text())
-    run = data["mpe2"]["simple_spread_v3"]["critic=state"]["run_2"]
+    run = data["mpe2"]["simple_spread_v3"]["ppo.critic=state"]["run_2"]
     assert run["step_2"] == {"step_count": 300, "return": [-49.0, -47.0]}
     assert run["absolute_metrics"]["return"] == [-48.5, -47.5, -48.0, -48.0]
     rows = list(csv.DictReader((out / "scores.csv").open()))
@@ -180,3 +186,21 @@ def test_every_task_exports_as_many_evaluations_as_the_task_with_fewest():
     assert sorted(data["mpe2"]["b"]["x"]["run_0"]) == ["absolute_metrics", "step_0", "step_1"]
     steps, curves = table.curve_scores()
     assert steps.tolist() == [10, 20] and curves["x"].shape == (3, 2, 2)
+
+
+def test_compare_by_a_moved_key_reads_runs_stored_before_the_sections(tmp_path, capsys):
+    for seed in range(2):
+        _fake_run(tmp_path / "runs" / f"new-{seed}", "mpe2/simple_spread_v3", "state", seed, [0.0, 1.0, 2.0])
+        old = tmp_path / "runs" / f"old-{seed}"
+        _fake_run(old, "mpe2/simple_spread_v3", "obs", seed, [0.0, 2.0, 3.0])
+        config = yaml.safe_load((old / "config.yaml").read_text())
+        config["critic"], config["eval_every"] = config.pop("ppo")["critic"], config.pop("eval")["every"]
+        (old / "config.yaml").write_text(yaml.safe_dump(config))  # as a run before the sections stored it
+    out, runs = str(tmp_path / "out"), str(tmp_path / "runs")
+    assert main(["compare", runs, "--out", out, "--reps", "100", "--by", "ppo.critic"]) == 0
+    markdown = (tmp_path / "out" / "compare.md").read_text()
+    assert "| ppo.critic=state |" in markdown and "| ppo.critic=obs |" in markdown
+    capsys.readouterr()
+    assert main(["compare", runs, "--out", out, "--reps", "100", "--by", "critic"]) == 2
+    err = capsys.readouterr().err
+    assert "has no config key critic (moved to ppo.critic)" in err and err.count("\n") == 1

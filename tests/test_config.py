@@ -1,19 +1,25 @@
 """Config loading, overrides and the one-line errors that exit with status 2."""
 
+import dataclasses
 import subprocess
 import sys
 
 import pytest
+import yaml
 from conftest import ROOT
 
 from marl_ppo.cli import main
 from marl_ppo.config import (
+    MOVED_KEYS,
     ConfigError,
     ExperimentConfig,
     KeyHelp,
+    build_config,
     config_keys,
     key_help,
     load_config,
+    load_stored_config,
+    migrate_stored,
     parse_overrides,
 )
 
@@ -23,7 +29,16 @@ SPREAD_YAML = str(ROOT / "experiments/mpe/simple_spread.yaml")
 def test_defaults_live_in_the_dataclass_and_every_key_is_documented():
     config = load_config()
     assert config == ExperimentConfig()
-    for key in ("env.id", "env.kwargs", "seed", "total_steps", "num_envs", "gamma", "critic", "share_actor"):
+    for key in (
+        "env.id",
+        "env.kwargs",
+        "seed",
+        "total_steps",
+        "rollout.num_envs",
+        "ppo.gamma",
+        "ppo.critic",
+        "model.share_actor",
+    ):
         assert config_keys()[key], f"{key} has no documentation"
     assert all(config_keys().values())
 
@@ -37,7 +52,7 @@ def test_yaml_then_overrides_with_types():
             "model.hidden_sizes=[32, 32]",
             "env.kwargs.N=4",
             "ppo.target_kl=null",
-            "critic=obs",
+            "ppo.critic=obs",
         ],
     )
     assert config.seed == 7 and config.ppo.pi_lr == pytest.approx(1e-3)
@@ -47,7 +62,7 @@ def test_yaml_then_overrides_with_types():
         "max_cycles": 25,
         "continuous_actions": False,
     }  # merged, not replaced
-    assert config.ppo.target_kl is None and config.critic == "obs"
+    assert config.ppo.target_kl is None and config.ppo.critic == "obs"
 
 
 def test_parse_overrides_nests_dotted_keys():
@@ -58,17 +73,20 @@ def test_parse_overrides_nests_dotted_keys():
     ("overrides", "message"),
     [
         (["ppo.pi_lrr=1e-3"], "unknown config key 'ppo.pi_lrr'; did you mean 'ppo.pi_lr'?"),
-        (["gama=0.9"], "unknown config key 'gama'; did you mean 'gamma'?"),
-        (["num_envs=four"], "config key 'num_envs': input should be a valid integer"),
+        (["gama=0.9"], "unknown config key 'gama'; did you mean 'ppo.gamma'?"),
+        (["rollout.num_envs=four"], "config key 'rollout.num_envs': input should be a valid integer"),
         (["ppo.pi_lr=-1"], "config key 'ppo.pi_lr': input should be greater than 0, got -1"),
-        (["gamma=1.5"], "config key 'gamma': input should be less than or equal to 1"),
-        (["gae_lambda=-0.1"], "config key 'gae_lambda': input should be greater than or equal to 0"),
-        (["critic=central"], "config key 'critic': input should be 'state', 'state+obs', 'obs' or 'team'"),
-        (["critic=team", "share_critic=false"], "critic: team is one network per group"),
-        (["share_actor=maybe"], "config key 'share_actor': input should be a valid boolean"),
+        (["ppo.gamma=1.5"], "config key 'ppo.gamma': input should be less than or equal to 1"),
+        (["ppo.gae_lambda=-0.1"], "config key 'ppo.gae_lambda': input should be greater than or equal to 0"),
+        (
+            ["ppo.critic=central"],
+            "config key 'ppo.critic': input should be 'state', 'state+obs', 'obs' or 'team'",
+        ),
+        (["ppo.critic=team", "model.share_critic=false"], "ppo.critic: team is one network per group"),
+        (["model.share_actor=maybe"], "config key 'model.share_actor': input should be a valid boolean"),
         (["total_steps=0"], "config key 'total_steps': input should be greater than 0"),
         (
-            ["rollout_steps=2", "num_envs=1", "ppo.num_minibatches=4"],
+            ["rollout.rollout_steps=2", "rollout.num_envs=1", "ppo.num_minibatches=4"],
             "ppo.num_minibatches=4 exceeds the batch",
         ),
         (["seed"], "override 'seed' is not key=value"),
@@ -193,20 +211,20 @@ def test_close_matches_on_the_parts_of_a_dotted_key(typo, offered):
 
 def test_key_help_gives_each_default_and_its_allowed_values():
     keys = key_help()
-    assert keys["gamma"] == KeyHelp("Discount factor.", "0.99", "number in (0, 1]")
+    assert keys["ppo.gamma"] == KeyHelp("Discount factor.", "0.99", "number in (0, 1]")
     shown = {key: (entry.default, entry.allowed) for key, entry in keys.items()}
-    assert shown["gae_lambda"] == ("0.95", "number in [0, 1]")
+    assert shown["ppo.gae_lambda"] == ("0.95", "number in [0, 1]")
     assert shown["total_steps"] == ("1000000", "integer > 0")
     assert shown["seed"] == ("0", "integer >= 0")
     assert shown["ppo.lr_schedule"] == ("constant", "constant, linear")
     assert shown["ppo.target_kl"] == ("0.05", "number > 0 or null")
-    assert shown["torch_threads"] == ("auto", "integer > 0 or auto")
-    assert shown["eval_every"] == ("null", "integer >= 0 or null")
-    assert shown["policy_lag"] == ("0", "0, 1")
-    assert shown["share_actor"] == ("false", "true, false")
+    assert shown["host.torch_threads"] == ("auto", "integer > 0 or auto")
+    assert shown["eval.every"] == ("null", "integer >= 0 or null")
+    assert shown["rollout.policy_lag"] == ("0", "0, 1")
+    assert shown["model.share_actor"] == ("false", "true, false")
     assert shown["model.hidden_sizes"] == ("[64, 64]", "list of integers > 0")
     assert shown["env.kwargs"] == ("{}", "mapping")
-    assert keys["ppo"] == KeyHelp("PPO optimisation settings.", None, None)  # a section
+    assert keys["ppo"] == KeyHelp("Returns, the critic's input and the PPO update.", None, None)  # a section
     assert list(keys) == list(config_keys())
 
 
@@ -216,3 +234,95 @@ def test_every_default_shown_is_the_default_when_written_back():
     for key, entry in key_help().items():
         if entry.default is not None and not key.startswith("expected."):
             assert load_config(None, [f"{key}={entry.default}"]) == ExperimentConfig(), key
+
+
+@pytest.mark.parametrize("old", sorted(MOVED_KEYS))
+def test_a_moved_key_is_refused_in_one_line_naming_its_new_place(old, tmp_path):
+    new = MOVED_KEYS[old]
+    line = f"config key '{old}' moved to '{new}'; write it there in the experiment file or the overrides"
+    written = key_help()[new].default
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [f"{old}={written}"])
+    assert str(info.value) == line
+    experiment = tmp_path / "old.yaml"
+    experiment.write_text(f"env:\n  id: mpe2/simple_spread_v3\n{old}: {written}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(experiment)
+    assert str(info.value) == line
+    assert load_config(None, [f"{new}={written}"]) == ExperimentConfig()  # the new place takes it
+
+
+def test_a_moved_key_on_the_command_line_exits_2_with_its_new_place(tmp_path, capsys):
+    assert main(["train", SPREAD_YAML, "num_envs=4", "--run-dir", str(tmp_path / "r")]) == 2
+    assert capsys.readouterr().err == (
+        "error: config key 'num_envs' moved to 'rollout.num_envs'; "
+        "write it there in the experiment file or the overrides\n"
+    )
+    assert not (tmp_path / "r").exists()
+
+
+STORED_BEFORE_SECTIONS = {
+    "env": {"id": "mpe2/simple_spread_v3", "kwargs": {"N": 3}},
+    "seed": 4,
+    "total_steps": 5000,
+    "num_envs": 8,
+    "vector": "workers",
+    "num_workers": 4,
+    "policy_lag": 1,
+    "worker_timeout_s": 30.0,
+    "rollout_steps": 25,
+    "gamma": 0.95,
+    "gae_lambda": 0.9,
+    "critic": "obs",
+    "team_reward": "refuse",
+    "share_actor": True,
+    "share_critic": False,
+    "device": "auto",
+    "torch_threads": 2,
+    "memory_check": False,
+    "eval_every": 1000,
+    "eval_episodes": 3,
+    "eval_absolute": 0,
+    "eval_vs_random": "teams",
+    "eval_teams": {"a": ["agent_0"], "b": ["agent_1", "agent_2"]},
+    "ppo": {"pi_lr": 0.001},
+    "model": {"hidden_sizes": [32]},
+}
+"""A config as a run of the layout before sections stored it (every moved key off its default)."""
+
+
+def test_a_stored_config_of_the_layout_before_sections_is_migrated_key_by_key(tmp_path):
+    sectioned = load_config(
+        None,
+        [
+            "env.id=mpe2/simple_spread_v3",
+            "env.kwargs={N: 3}",
+            "seed=4",
+            "total_steps=5000",
+            "rollout={num_envs: 8, vector: workers, num_workers: 4, policy_lag: 1, worker_timeout_s: 30.0}",
+            "rollout.rollout_steps=25",
+            "ppo={gamma: 0.95, gae_lambda: 0.9, critic: obs, team_reward: refuse, pi_lr: 0.001}",
+            "model={share_actor: true, share_critic: false, hidden_sizes: [32]}",
+            "host={device: auto, torch_threads: 2, memory_check: false}",
+            "eval={every: 1000, episodes: 3, absolute: 0, vs_random: teams}",
+            "eval.teams={a: [agent_0], b: [agent_1, agent_2]}",
+        ],
+    )
+    assert build_config(migrate_stored(STORED_BEFORE_SECTIONS)) == sectioned
+    assert "num_envs" in STORED_BEFORE_SECTIONS  # the stored dict itself is left as it was
+    stored = tmp_path / "config.yaml"
+    stored.write_text(yaml.safe_dump(STORED_BEFORE_SECTIONS))
+    assert load_stored_config(stored, ["seed=5"]) == dataclasses.replace(sectioned, seed=5)
+    with pytest.raises(ConfigError, match="config key 'gamma' moved to 'ppo.gamma'"):
+        load_stored_config(stored, ["gamma=0.9"])  # what the user writes now is refused
+    with pytest.raises(ConfigError, match="config key 'num_envs' moved to 'rollout.num_envs'"):
+        load_config(stored)  # as an experiment file it is the user's: refused
+
+
+def test_the_moved_keys_map_to_documented_keys_of_todays_sections():
+    keys = config_keys()
+    assert not set(MOVED_KEYS) & set(keys)  # no old name is a key again
+    assert all(new in keys and "." in new for new in MOVED_KEYS.values())
+    assert [key for key in keys if "." not in key] == [
+        "env", "seed", "total_steps", "rollout", "host", "eval", "expected", "ppo", "model", "log", "fast", "ray",
+    ]  # fmt: skip

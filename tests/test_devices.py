@@ -40,7 +40,7 @@ def _batches_on(batches, device):
 def test_one_update_on_the_device_computes_what_it_computes_on_the_cpu(spread_config, device):
     model, buffer, rollout = collect_rollout(spread_config)
     batches = rollout_batches(
-        buffer, rollout.last_values, gamma=spread_config.gamma, lam=spread_config.gae_lambda
+        buffer, rollout.last_values, gamma=spread_config.ppo.gamma, lam=spread_config.ppo.gae_lambda
     )
     weights = {}
     for where in ("cpu", device):
@@ -88,11 +88,11 @@ def test_a_vmas_rollout_and_its_batches_stay_on_the_device(device):
     from marl_ppo.rollout.buffer import RolloutBuffer
     from marl_ppo.rollout.collector import Collector
 
-    config = load_config(None, ["env.id=vmas/navigation", "env.kwargs={max_steps: 4}", "num_envs=8"])
+    config = load_config(None, ["env.id=vmas/navigation", "env.kwargs={max_steps: 4}", "rollout.num_envs=8"])
     where = torch.device(device)
     venv = build_vector_env(config, where)
     model = TeamModel(venv.spec, config).to(where)
-    buffer = RolloutBuffer(venv.spec, 6, config.num_envs, where)
+    buffer = RolloutBuffer(venv.spec, 6, config.rollout.num_envs, where)
     collector = Collector(venv, model, where)
     collector.start(0)
     result = collector.collect(buffer)
@@ -111,10 +111,10 @@ def test_a_vmas_rollout_and_its_batches_stay_on_the_device(device):
 @pytest.mark.parametrize(
     ("experiment", "env"),
     [
-        pytest.param("experiments/mpe/simple_spread.yaml", ["vector=sync"], id="spread-sync"),
+        pytest.param("experiments/mpe/simple_spread.yaml", ["rollout.vector=sync"], id="spread-sync"),
         pytest.param(
             "experiments/mpe/simple_spread.yaml",
-            ["vector=workers", "num_workers=2", "policy_lag=1"],
+            ["rollout.vector=workers", "rollout.num_workers=2", "rollout.policy_lag=1"],
             id="spread-workers",
         ),
         pytest.param(None, ["env.id=vmas/navigation", "env.kwargs={max_steps: 10}"], id="vmas"),
@@ -127,12 +127,18 @@ def test_a_run_on_the_device_trains_resumes_and_evaluates_on_the_cpu(
         pytest.importorskip("vmas")
     experiment = experiment and ROOT / experiment
     # 2 env copies x 10 steps = 20 env steps per update
-    overrides = [*tiny_overrides, "rollout_steps=10", "log.checkpoint_every=1", f"device={device}", *env]
+    overrides = [
+        *tiny_overrides,
+        "rollout.rollout_steps=10",
+        "log.checkpoint_every=1",
+        f"host.device={device}",
+        *env,
+    ]
     first = train(load_config(experiment, [*overrides, "total_steps=40"]), tmp_path)
     assert (first.updates, first.env_steps) == (2, 40)
     resumed = train(load_config(experiment, [*overrides, "total_steps=80"]), tmp_path, resume=True)
     assert (resumed.updates, resumed.env_steps) == (4, 80)
     saved = torch.load(tmp_path / "checkpoints/final.pt", map_location="cpu", weights_only=True)
     assert all(torch.isfinite(v).all() for v in saved["model"].values() if v.is_floating_point())
-    output = evaluate_checkpoint(tmp_path, episodes=2, overrides=["device=cpu"], out=tmp_path / "eval")
+    output = evaluate_checkpoint(tmp_path, episodes=2, overrides=["host.device=cpu"], out=tmp_path / "eval")
     assert json.loads(output.eval_json.read_text())["episodes"] == 2

@@ -22,8 +22,8 @@ from marl_ppo.run.plan import plan_run
 
 SIGNAL, COMPASS = "envs/pixel_signal_v0", "envs/pixel_compass_v0"
 FAST = [
-    "num_envs=4",
-    "rollout_steps=4",
+    "rollout.num_envs=4",
+    "rollout.rollout_steps=4",
     "total_steps=32",
     "log.progress=false",
     "ppo.train_pi_iters=2",
@@ -119,7 +119,7 @@ def test_image_env_frames_are_stored_as_uint8_pixels_end_to_end():
 def test_subprocess_shared_memory_carries_the_frames_bit_for_bit():
     arrays = {}
     for vector in ("sync", "subprocess"):
-        venv = build_vector_env(_config(SIGNAL, f"vector={vector}"))
+        venv = build_vector_env(_config(SIGNAL, f"rollout.vector={vector}"))
         try:
             venv.reset(seed=5)
             venv.step({"seer": np.array([[0, 1]] * 4)})
@@ -136,7 +136,10 @@ def test_training_on_frames_gives_the_same_weights_in_sync_and_subprocess_envs(t
     for mode in ("sync", "subprocess"):
         # one learner thread in both: under auto a sync run's CNN learner takes the cores that the
         # subprocess run leaves to its env workers, and thread counts change a convolution's last bits
-        train(_config(SIGNAL, f"vector={mode}", "num_workers=2", "torch_threads=1"), tmp_path / mode)
+        train(
+            _config(SIGNAL, f"rollout.vector={mode}", "rollout.num_workers=2", "host.torch_threads=1"),
+            tmp_path / mode,
+        )
         weights[mode] = torch.load(tmp_path / mode / "checkpoints/final.pt", weights_only=False)["model"]
     assert weights["sync"].keys() == weights["subprocess"].keys()
     for key, value in weights["sync"].items():
@@ -144,11 +147,11 @@ def test_training_on_frames_gives_the_same_weights_in_sync_and_subprocess_envs(t
 
 
 def test_rollout_workers_fill_the_buffer_with_frames_their_policy_acted_on():
-    config = _config(SIGNAL, "vector=workers", "num_workers=2")
+    config = _config(SIGNAL, "rollout.vector=workers", "rollout.num_workers=2")
     collector, model = build_collector(config, torch.device("cpu"))
     try:
         collector.start(seed=1)
-        buffer = RolloutBuffer(model.spec, config.rollout_steps, config.num_envs)
+        buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.num_envs)
         collector.collect(buffer)
     finally:
         collector.close()
@@ -252,7 +255,7 @@ def test_state_critic_reads_the_image_state():
 
 @pytest.mark.parametrize("critic", ["state+obs", "obs", "team"])
 def test_every_critic_input_kind_takes_frames(critic):
-    config = _config(SIGNAL, f"critic={critic}", "share_critic=true")
+    config = _config(SIGNAL, f"ppo.critic={critic}", "model.share_critic=true")
     model, buffer, _ = collect_rollout(config)
     storage = buffer.groups["seer"]
     critic_net = model.group("seer").critic
@@ -286,8 +289,8 @@ def test_cnn_encoder_learns_the_pixel_envs_to_their_optimum(tmp_path, env_id):
         None,
         [
             f"env.id={env_id}",
-            "num_envs=16",
-            "rollout_steps=8",
+            "rollout.num_envs=16",
+            "rollout.rollout_steps=8",
             "total_steps=30000",
             "log.progress=false",
             "log.return_window=200",
@@ -309,8 +312,8 @@ def test_a_recurrent_policy_behind_the_cnn_recomputes_its_acting_log_probs(env_i
         env_id,
         "model.recurrent=gru",
         "model.recurrent_size=8",
-        "rollout_steps=6",
-        "vector=sync",
+        "rollout.rollout_steps=6",
+        "rollout.vector=sync",
         "ppo.chunk_length=3",
     )
     torch.manual_seed(0)
@@ -318,7 +321,7 @@ def test_a_recurrent_policy_behind_the_cnn_recomputes_its_acting_log_probs(env_i
     try:
         collector.start(0)
         buffer = RolloutBuffer(
-            model.spec, config.rollout_steps, config.num_envs, memory=model.memory_layout()
+            model.spec, config.rollout.rollout_steps, config.rollout.num_envs, memory=model.memory_layout()
         )
         result = collector.collect(buffer)
     finally:
@@ -331,7 +334,9 @@ def test_a_recurrent_policy_behind_the_cnn_recomputes_its_acting_log_probs(env_i
     )[group]
     with torch.no_grad():
         actor = model.group(group).actor
-        logp = unchunk(_policy(actor, prepared).log_prob(prepared.actions), steps=config.rollout_steps)
+        logp = unchunk(
+            _policy(actor, prepared).log_prob(prepared.actions), steps=config.rollout.rollout_steps
+        )
     stored = buffer.groups[group]
     torch.testing.assert_close(logp, stored.logp, rtol=0, atol=1e-5)
 

@@ -19,8 +19,8 @@ from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.run.loop import train
 
 TINY = [
-    "num_envs=2",
-    "rollout_steps=10",
+    "rollout.num_envs=2",
+    "rollout.rollout_steps=10",
     "total_steps=40",
     "log.progress=false",
     "ppo.num_minibatches=2",
@@ -43,7 +43,7 @@ def test_heterogeneous_team_with_a_leaver_trains(tmp_path):
 
 @pytest.mark.parametrize("share_actor", [False, True])
 def test_box_and_multidiscrete_agents_train_together(tmp_path, share_actor):
-    config = load_config(None, ["env.id=envs/mixed_actions_v0", f"share_actor={share_actor}", *TINY])
+    config = load_config(None, ["env.id=envs/mixed_actions_v0", f"model.share_actor={share_actor}", *TINY])
     venv = build_vector_env(config)
     assert [(g.name, g.action_shape) for g in venv.spec.groups] == [("mover", (2,)), ("signaller", (2,))]
     result = train(config, tmp_path)

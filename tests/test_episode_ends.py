@@ -75,7 +75,8 @@ def test_no_state_call_on_an_env_that_terminated_but_the_final_state_where_it_tr
 def test_multiwalker_steps_through_a_walkers_fall_and_auto_resets():
     pytest.importorskip("Box2D")
     config = load_config(
-        "experiments/sisl/multiwalker_v9.yaml", ["vector=sync", "num_envs=2", "ppo.num_minibatches=1"]
+        "experiments/sisl/multiwalker_v9.yaml",
+        ["rollout.vector=sync", "rollout.num_envs=2", "ppo.num_minibatches=1"],
     )
     venv = build_vector_env(config)
     rng = np.random.default_rng(0)
@@ -107,7 +108,7 @@ def test_multiwalker_reports_its_time_limit_as_truncation_with_the_state_to_boot
     pytest.importorskip("Box2D")
     config = load_config(
         "experiments/sisl/multiwalker_v9.yaml",
-        ["vector=sync", "num_envs=1", "ppo.num_minibatches=1", "env.kwargs.max_cycles=5"],
+        ["rollout.vector=sync", "rollout.num_envs=1", "ppo.num_minibatches=1", "env.kwargs.max_cycles=5"],
     )
     venv = build_vector_env(config)
     try:

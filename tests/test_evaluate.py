@@ -25,10 +25,10 @@ SPREAD = ROOT / "experiments/mpe/simple_spread.yaml"
 def trained_run(tmp_path_factory):
     """A tiny MAPPO run on mpe2 simple_spread (2 updates of 2 copies x 25 steps)."""
     overrides = [
-        "num_envs=2",
-        "rollout_steps=25",
+        "rollout.num_envs=2",
+        "rollout.rollout_steps=25",
         "total_steps=100",
-        "vector=sync",
+        "rollout.vector=sync",
         "log.progress=false",
         "ppo.train_pi_iters=2",
         "ppo.train_vf_iters=2",
@@ -147,7 +147,13 @@ def _lbf_id():
 def test_an_env_that_cannot_render_gets_one_line_and_eval_writes_nothing(tmp_path, capsys, env_id, message):
     env_id = env_id(tmp_path)
     run_dir = tmp_path / "run"
-    tiny = ["num_envs=2", "rollout_steps=10", "total_steps=20", "vector=sync", "log.progress=false"]
+    tiny = [
+        "rollout.num_envs=2",
+        "rollout.rollout_steps=10",
+        "total_steps=20",
+        "rollout.vector=sync",
+        "log.progress=false",
+    ]
     assert (
         main(["train", f"env.id={env_id}", *tiny, "model.hidden_sizes=[8]", "--run-dir", str(run_dir)]) == 0
     )
@@ -201,8 +207,10 @@ def test_a_render_that_fails_after_the_episodes_keeps_their_eval_json(
 
 
 def test_periodic_eval_logs_eval_scalars_and_leaves_training_unchanged(tiny_overrides, tmp_path):
-    plain = load_config(SPREAD, [*tiny_overrides, "vector=sync"])
-    evaluated = load_config(SPREAD, [*tiny_overrides, "vector=sync", "eval_every=50", "eval_episodes=3"])
+    plain = load_config(SPREAD, [*tiny_overrides, "rollout.vector=sync"])
+    evaluated = load_config(
+        SPREAD, [*tiny_overrides, "rollout.vector=sync", "eval.every=50", "eval.episodes=3"]
+    )
     train(plain, tmp_path / "plain")
     train(evaluated, tmp_path / "evaluated")
     assert_same_final_weights(tmp_path / "plain", tmp_path / "evaluated")  # evaluation draws no training RNG
@@ -232,7 +240,7 @@ def _never_ending(max_steps):
         None,
         [
             "env.id=envs/never_ending_v0",
-            "num_envs=2",
+            "rollout.num_envs=2",
             f"env.kwargs={{num_agents: 2, max_steps: {max_steps}}}",
         ],
     )
@@ -263,9 +271,13 @@ def test_an_episode_that_never_ends_is_an_error_not_a_hang(monkeypatch):
 
 
 def test_eval_config_steps_at_most_one_copy_per_episode_in_process():
-    config = load_config(SPREAD, ["vector=workers", "policy_lag=1", "num_envs=32"])
+    config = load_config(SPREAD, ["rollout.vector=workers", "rollout.policy_lag=1", "rollout.num_envs=32"])
     evaluated = eval_config(config, 10, render_mode="rgb_array")
-    assert (evaluated.vector, evaluated.policy_lag, evaluated.num_envs) == ("sync", 0, 10)
+    assert (evaluated.rollout.vector, evaluated.rollout.policy_lag, evaluated.rollout.num_envs) == (
+        "sync",
+        0,
+        10,
+    )
     assert evaluated.env.kwargs == {**config.env.kwargs, "render_mode": "rgb_array"}
     assert evaluated.model == config.model and evaluated.seed == config.seed
 

@@ -17,7 +17,7 @@ from marl_ppo.run.loop import train
 SMALL = [
     "total_steps=4000",
     "log.progress=false",
-    "vector=sync",
+    "rollout.vector=sync",
     "ppo.train_pi_iters=1",
     "ppo.train_vf_iters=1",
     "ppo.num_minibatches=1",
@@ -29,16 +29,20 @@ SMALL = [
     ("env_id", "overrides"),
     [
         # a VMAS scenario the catalog has no id for, batched as the catalog's are
-        ("vmas/flocking", ["num_envs=40", "rollout_steps=100", "env.kwargs={max_steps: 50}"]),
+        ("vmas/flocking", ["rollout.num_envs=40", "rollout.rollout_steps=100", "env.kwargs={max_steps: 50}"]),
         (
             "magent2/tiger_deer_v4",
-            ["num_envs=2", "rollout_steps=2000", "env.kwargs={map_size: 10, max_cycles: 100}"],
+            [
+                "rollout.num_envs=2",
+                "rollout.rollout_steps=2000",
+                "env.kwargs={map_size: 10, max_cycles: 100}",
+            ],
         ),
         (
             "pettingzoo/classic/leduc_holdem_v4",
-            ["num_envs=4", "rollout_steps=1000", "critic=obs", "share_actor=true"],
+            ["rollout.num_envs=4", "rollout.rollout_steps=1000", "ppo.critic=obs", "model.share_actor=true"],
         ),
-        ("classic/hanabi_v5", ["num_envs=4", "rollout_steps=1000"]),
+        ("classic/hanabi_v5", ["rollout.num_envs=4", "rollout.rollout_steps=1000"]),
     ],
 )
 def test_an_id_of_each_family_trains_4000_steps(env_id, overrides, tmp_path):
@@ -106,7 +110,7 @@ def test_a_batched_factory_without_the_vmas_flags_is_refused_in_one_line(tmp_pat
         batched=True,
     )
     config = load_config(
-        None, ["env.id=tests/plain_vmas_v0", "num_envs=2", "total_steps=200", "log.progress=false"]
+        None, ["env.id=tests/plain_vmas_v0", "rollout.num_envs=2", "total_steps=200", "log.progress=false"]
     )
     with pytest.raises(Exception) as caught:
         train(config, tmp_path)
@@ -115,17 +119,17 @@ def test_a_batched_factory_without_the_vmas_flags_is_refused_in_one_line(tmp_pat
 
 
 def test_a_batched_family_picks_its_own_copies_unless_the_config_sets_num_envs(tmp_path):
-    assert load_config(None, ["env.id=vmas/flocking"]).num_envs == 1024  # any VMAS scenario
-    assert load_config(None, ["env.id=vmas/navigation"]).num_envs == 1024  # a catalog id
-    assert load_config(None, ["env.id=jaxmarl/smax_2s3z"]).num_envs == 64
-    assert load_config(None, ["env.id=mpe2/simple_spread_v3"]).num_envs == 16  # one env per copy
-    assert load_config(None, ["env.id=vmas/flocking", "num_envs=8"]).num_envs == 8
+    assert load_config(None, ["env.id=vmas/flocking"]).rollout.num_envs == 1024  # any VMAS scenario
+    assert load_config(None, ["env.id=vmas/navigation"]).rollout.num_envs == 1024  # a catalog id
+    assert load_config(None, ["env.id=jaxmarl/smax_2s3z"]).rollout.num_envs == 64
+    assert load_config(None, ["env.id=mpe2/simple_spread_v3"]).rollout.num_envs == 16  # one env per copy
+    assert load_config(None, ["env.id=vmas/flocking", "rollout.num_envs=8"]).rollout.num_envs == 8
     experiment = tmp_path / "flocking.yaml"
-    experiment.write_text("env: {id: vmas/flocking}\nnum_envs: 32\n")
-    assert load_config(experiment).num_envs == 32
+    experiment.write_text("env: {id: vmas/flocking}\nrollout: {num_envs: 32}\n")
+    assert load_config(experiment).rollout.num_envs == 32
     user_file = tmp_path / "my_sim.py"
     user_file.write_text(
         "import marl_ppo\n"
         "marl_ppo.register_env('mine/sim_v0', lambda num_envs, device, seed: None, batched=True, copies=256)\n"
     )
-    assert load_config(None, [f"env.id={user_file}:mine/sim_v0"]).num_envs == 256
+    assert load_config(None, [f"env.id={user_file}:mine/sim_v0"]).rollout.num_envs == 256

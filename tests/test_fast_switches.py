@@ -12,7 +12,7 @@ from torch import nn
 from marl_ppo.algo.optim import clip_grad_norms, make_optimizer
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.config import ConfigError, load_config
-from marl_ppo.config.records import REMOVED_FAST_KEYS
+from marl_ppo.config.fast import REMOVED_FAST_KEYS
 from marl_ppo.envs.factory import make_adapter, team_spec
 from marl_ppo.fast.adam import FlatAdam
 from marl_ppo.fast.screen_copy import one_screen_copy
@@ -58,16 +58,18 @@ def _assert_same_runs(experiment, overrides, switches, tmp_path):
 def test_a_run_on_the_library_pieces_learns_the_very_same_weights_and_logs_the_same_scalars(
     tiny_overrides, tmp_path
 ):
-    _assert_same_runs(SPREAD, [*tiny_overrides, "vector=sync", "total_steps=150"], SPREAD_SWITCHES, tmp_path)
+    _assert_same_runs(
+        SPREAD, [*tiny_overrides, "rollout.vector=sync", "total_steps=150"], SPREAD_SWITCHES, tmp_path
+    )
 
 
 PISTONBALL_TINY = [
     "env.kwargs={max_cycles: 15}",
-    "num_envs=1",
-    "rollout_steps=10",
+    "rollout.num_envs=1",
+    "rollout.rollout_steps=10",
     "total_steps=20",
-    "vector=sync",
-    "torch_threads=1",
+    "rollout.vector=sync",
+    "host.torch_threads=1",
     "ppo.train_pi_iters=1",
     "ppo.train_vf_iters=1",
     "ppo.num_minibatches=1",

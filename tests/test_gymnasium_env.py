@@ -222,8 +222,8 @@ def test_trains_through_the_framework(tmp_path, factory):
     args = [
         "train",
         f"env.id={__file__}:{factory}",
-        "num_envs=2",
-        "rollout_steps=16",
+        "rollout.num_envs=2",
+        "rollout.rollout_steps=16",
         "total_steps=64",
         "log.progress=false",
         "ppo.num_minibatches=2",

@@ -21,12 +21,12 @@ from marl_ppo.rollout.collector import Collector
 from marl_ppo.run.loop import train
 from tests.test_resume import assert_identical
 
-HAPPO = ["ppo.actor_update=sequential", "share_actor=false"]
+HAPPO = ["ppo.actor_update=sequential", "model.share_actor=false"]
 SMALL = [
-    "num_envs=2",
-    "rollout_steps=25",
-    "vector=sync",
-    "policy_lag=0",
+    "rollout.num_envs=2",
+    "rollout.rollout_steps=25",
+    "rollout.vector=sync",
+    "rollout.policy_lag=0",
     "ppo.train_pi_iters=2",
     "ppo.train_vf_iters=2",
     "ppo.num_minibatches=2",
@@ -42,12 +42,12 @@ SMALL = [
         [],
         ["env.kwargs.continuous_actions=true"],
         ["model.recurrent=gru", "ppo.chunk_length=5"],
-        ["critic=obs", "ppo.target_kl=0.001"],  # IPPO's critic, and the KL stop inside the one turn
+        ["ppo.critic=obs", "ppo.target_kl=0.001"],  # IPPO's critic, and the KL stop inside the one turn
     ],
 )
 def test_with_one_agent_happos_update_is_mappos_bit_for_bit(tmp_path, variant):
     payloads = {}
-    for name, algo in (("mappo", ["share_actor=false"]), ("happo", HAPPO)):
+    for name, algo in (("mappo", ["model.share_actor=false"]), ("happo", HAPPO)):
         config = load_config(
             ROOT / "experiments/mpe/simple.yaml", [*SMALL, "total_steps=150", *algo, *variant]
         )
@@ -67,12 +67,14 @@ def _setup(env, *overrides):
     torch.manual_seed(0)
     venv = build_vector_env(config)
     model = TeamModel(venv.spec, config)
-    buffer = RolloutBuffer(venv.spec, config.rollout_steps, config.num_envs, memory=model.memory_layout())
+    buffer = RolloutBuffer(
+        venv.spec, config.rollout.rollout_steps, config.rollout.num_envs, memory=model.memory_layout()
+    )
     collector = Collector(venv, model, torch.device("cpu"))
     collector.start(0)
     rollout = collector.collect(buffer)
     batches = rollout_batches(
-        buffer, rollout.last_values, rollout.last_alive, gamma=config.gamma, lam=config.gae_lambda
+        buffer, rollout.last_values, rollout.last_alive, gamma=config.ppo.gamma, lam=config.ppo.gae_lambda
     )
     trainer = Trainer(
         model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0)
@@ -131,7 +133,7 @@ def _lagged(batches):
         ("experiments/mpe/simple_spread.yaml", [], False),  # three agents in one group
         ("experiments/mpe/simple_spread.yaml", ["model.recurrent=lstm", "ppo.chunk_length=5"], False),
         ("experiments/mpe/simple_spread.yaml", [], True),  # decoupled lag: ratios from the start policy
-        ("experiments/mpe/simple_spread.yaml", ["critic=team"], False),
+        ("experiments/mpe/simple_spread.yaml", ["ppo.critic=team"], False),
         # a Box and a MultiDiscrete agent in two groups; the signaller leaves after step 4 (ratio 1 after)
         (None, ["env.id=envs/mixed_actions_v0", "env.kwargs={signaller_leaves_at: 4}"], False),
     ],
@@ -224,9 +226,10 @@ def test_the_order_is_a_fresh_permutation_each_update():
 
 
 def test_a_shared_actor_is_refused_in_one_line():
-    with pytest.raises(ConfigError, match="share_actor=false") as refused:
+    with pytest.raises(ConfigError, match="model.share_actor=false") as refused:
         load_config(
-            ROOT / "experiments/mpe/simple_spread.yaml", ["ppo.actor_update=sequential", "share_actor=true"]
+            ROOT / "experiments/mpe/simple_spread.yaml",
+            ["ppo.actor_update=sequential", "model.share_actor=true"],
         )
     assert "\n" not in str(refused.value)
 
@@ -321,7 +324,7 @@ def test_a_checkpoint_with_one_adam_over_every_actor_resumes_each_agents_own():
 
 def test_a_checkpoint_of_the_other_actor_update_is_refused_in_one_line():
     _, happo, _ = _setup("experiments/mpe/simple_spread.yaml")
-    config = load_config(ROOT / "experiments/mpe/simple_spread.yaml", [*SMALL, "share_actor=false"])
+    config = load_config(ROOT / "experiments/mpe/simple_spread.yaml", [*SMALL, "model.share_actor=false"])
     venv = build_vector_env(config)
     mappo = Trainer(
         TeamModel(venv.spec, config),

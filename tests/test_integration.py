@@ -96,7 +96,7 @@ def test_ippo_experiment_runs_from_the_cli(tiny_overrides, tmp_path, capsys):
     assert code == 0
     assert "done: 100 env steps" in capsys.readouterr().out
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert saved["critic"] == "obs"
+    assert saved["ppo"]["critic"] == "obs"
 
 
 def assert_same_final_weights(run_a, run_b):
@@ -117,9 +117,10 @@ def test_same_seed_same_run(spread_config, tmp_path):
 
 def test_subprocess_vector_env_trains_exactly_like_sync(tiny_overrides, tmp_path):
     path = ROOT / "experiments/mpe/simple_spread.yaml"
-    sync = train(load_config(path, [*tiny_overrides, "vector=sync"]), tmp_path / "sync")
+    sync = train(load_config(path, [*tiny_overrides, "rollout.vector=sync"]), tmp_path / "sync")
     workers = train(
-        load_config(path, [*tiny_overrides, "vector=subprocess", "num_workers=2"]), tmp_path / "sub"
+        load_config(path, [*tiny_overrides, "rollout.vector=subprocess", "rollout.num_workers=2"]),
+        tmp_path / "sub",
     )
     assert sync.team_return_mean == workers.team_return_mean
     assert_same_final_weights(tmp_path / "sync", tmp_path / "sub")
@@ -130,5 +131,8 @@ def test_mpe_state_and_concatenated_observations_train_identically(tiny_override
     # no second pass over the observations) must give exactly the same run
     path = ROOT / "experiments/mpe/simple_spread.yaml"
     for state in ("env", "concat"):
-        train(load_config(path, [*tiny_overrides, "vector=sync", f"env.state={state}"]), tmp_path / state)
+        train(
+            load_config(path, [*tiny_overrides, "rollout.vector=sync", f"env.state={state}"]),
+            tmp_path / state,
+        )
     assert_same_final_weights(tmp_path / "env", tmp_path / "concat")

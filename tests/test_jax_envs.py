@@ -23,7 +23,7 @@ COPIES = 4
 
 
 def _venv(name, copies=COPIES, **kwargs):
-    overrides = [f"env.id=jaxmarl/{name}", f"num_envs={copies}"]
+    overrides = [f"env.id=jaxmarl/{name}", f"rollout.num_envs={copies}"]
     if kwargs:
         overrides.append("env.kwargs={" + ", ".join(f"{k}: {v}" for k, v in kwargs.items()) + "}")
     return build_vector_env(load_config(None, overrides))
@@ -172,8 +172,8 @@ def test_saved_copies_continue_exactly():
 
 
 def test_the_learner_keeps_one_torch_thread_beside_jax():
-    plan = plan_run(load_config(None, ["env.id=jaxmarl/smax_3m", "num_envs=4"]))
-    assert plan.threads == 1 and plan.config.vector == "sync" and plan.spec is None
+    plan = plan_run(load_config(None, ["env.id=jaxmarl/smax_3m", "rollout.num_envs=4"]))
+    assert plan.threads == 1 and plan.config.rollout.vector == "sync" and plan.spec is None
 
 
 @pytest.mark.parametrize(
@@ -184,10 +184,10 @@ def test_each_family_trains_4000_steps(name, tmp_path):
         None,
         [
             f"env.id=jaxmarl/{name}",
-            "num_envs=8",
-            "rollout_steps=50",
+            "rollout.num_envs=8",
+            "rollout.rollout_steps=50",
             "total_steps=4000",
-            "share_actor=true",
+            "model.share_actor=true",
             "ppo.train_pi_iters=2",
             "ppo.train_vf_iters=2",
             "log.progress=false",

@@ -25,8 +25,8 @@ def test_mappo_reaches_the_matrix_game_optimum(tmp_path, seed):
         [
             "env.id=envs/matrix_game_v0",
             f"seed={seed}",
-            "num_envs=16",
-            "rollout_steps=8",
+            "rollout.num_envs=16",
+            "rollout.rollout_steps=8",
             "total_steps=30000",
             "log.progress=false",
             "log.return_window=200",

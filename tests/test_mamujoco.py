@@ -31,7 +31,7 @@ def test_ids_split_the_robot_between_agents_and_give_the_critic_the_robot_state(
 
 
 def test_the_team_critic_reads_the_env_state_and_the_actions_are_boxes():
-    config = load_config(HALFCHEETAH, ["num_envs=2", "vector=sync"])
+    config = load_config(HALFCHEETAH, ["rollout.num_envs=2", "rollout.vector=sync"])
     spec = team_spec(config)
     (group,) = spec.groups
     assert group.agents == ("agent_0", "agent_1") and group.action_shape == (3,)
@@ -39,7 +39,7 @@ def test_the_team_critic_reads_the_env_state_and_the_actions_are_boxes():
 
 
 def test_the_1000_step_limit_is_a_truncation_and_a_fall_a_termination():
-    config = load_config(HALFCHEETAH, ["num_envs=1", "vector=sync"])
+    config = load_config(HALFCHEETAH, ["rollout.num_envs=1", "rollout.vector=sync"])
     venv = build_vector_env(config)
     rng = np.random.default_rng(0)
     try:
@@ -75,9 +75,9 @@ def test_a_registered_id_and_a_prefix_id_train_4000_steps(env_id, tmp_path):
     overrides = [
         f"env.id={env_id}",
         "total_steps=4000",
-        "num_envs=4",
-        "rollout_steps=500",
-        "vector=sync",
+        "rollout.num_envs=4",
+        "rollout.rollout_steps=500",
+        "rollout.vector=sync",
         "log.progress=false",
         "ppo.train_pi_iters=2",
         "ppo.train_vf_iters=2",
@@ -207,8 +207,16 @@ def test_a_run_on_the_librarys_step_learns_the_very_same_weights(tmp_path):
     """`fast.mamujoco_gather: false`: the same run, bit for bit, on Gymnasium-Robotics' own step."""
     from test_fast_switches import _assert_same_runs
 
-    overrides = ["env.kwargs={agent_obsk: 0, max_episode_steps: 30}", "num_envs=2", "rollout_steps=25"]
-    overrides += ["total_steps=100", "vector=sync", "log.progress=false"]  # episodes end: returns logged
+    overrides = [
+        "env.kwargs={agent_obsk: 0, max_episode_steps: 30}",
+        "rollout.num_envs=2",
+        "rollout.rollout_steps=25",
+    ]
+    overrides += [
+        "total_steps=100",
+        "rollout.vector=sync",
+        "log.progress=false",
+    ]  # episodes end: returns logged
     overrides += ["ppo.train_pi_iters=2", "ppo.train_vf_iters=2", "model.hidden_sizes=[16,16]"]
     _assert_same_runs(HALFCHEETAH, overrides, ["fast.mamujoco_gather=false"], tmp_path)
 
@@ -217,7 +225,9 @@ def test_the_switch_picks_the_step_each_env_copy_takes():
     kinds = {}
     for switch in ("true", "false"):
         venv = build_vector_env(
-            load_config(HALFCHEETAH, ["num_envs=2", "vector=sync", f"fast.mamujoco_gather={switch}"])
+            load_config(
+                HALFCHEETAH, ["rollout.num_envs=2", "rollout.vector=sync", f"fast.mamujoco_gather={switch}"]
+            )
         )
         kinds[switch] = {type(adapter.env).__name__ for adapter in venv.adapters}
         venv.close()

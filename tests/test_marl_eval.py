@@ -55,7 +55,7 @@ def test_marl_eval_reads_the_export_and_normalises_it_as_compare_does(tmp_path):
     check = [python, str(ROOT / "tests" / "marl_eval_check.py"), str(tmp_path / "out" / "marl_eval.json")]
     loaded = json.loads(subprocess.run(check, check=True, capture_output=True, text=True).stdout)
     assert loaded["extra"]["number_of_runs"] == 3 and loaded["extra"]["number_of_steps"] == 3
-    assert loaded["extra"]["algorithm_list"] == ["critic=obs", "critic=state"]
+    assert loaded["extra"]["algorithm_list"] == ["ppo.critic=obs", "ppo.critic=state"]
     ours = comparison.table.final_scores()
     for algorithm, matrix in loaded["final"]["mean_norm_return"].items():
         # marl-eval orders tasks as the file does (simple_reference_v3 first), as compare does here

@@ -40,8 +40,8 @@ def test_training_never_sends_a_masked_action_and_learns_to_pick_the_best(tmp_pa
         [
             "env.id=envs/masked_guess_v0",
             f"env.kwargs={flow}",
-            "num_envs=4",
-            "rollout_steps=16",
+            "rollout.num_envs=4",
+            "rollout.rollout_steps=16",
             "total_steps=3200",
             "log.progress=false",
             "ppo.pi_lr=3e-3",

@@ -14,12 +14,14 @@ from marl_ppo.envs.factory import team_spec
 from marl_ppo.run import memory
 from marl_ppo.run.loop import train
 
-SIGNAL = ["env.id=envs/pixel_signal_v0", "vector=sync", "log.progress=false"]
+SIGNAL = ["env.id=envs/pixel_signal_v0", "rollout.vector=sync", "log.progress=false"]
 
 
 def test_the_buffer_estimate_counts_frames_at_one_byte_per_pixel():
-    frames = load_config(None, [*SIGNAL, "num_envs=4", "rollout_steps=10"])
-    floats = load_config(None, [*SIGNAL, "num_envs=4", "rollout_steps=10", "model.encoder=mlp"])
+    frames = load_config(None, [*SIGNAL, "rollout.num_envs=4", "rollout.rollout_steps=10"])
+    floats = load_config(
+        None, [*SIGNAL, "rollout.num_envs=4", "rollout.rollout_steps=10", "model.encoder=mlp"]
+    )
     small, large = (memory.estimate_memory(team_spec(c), c) for c in (frames, floats))
     # per env step: 2 agents' 144-pixel images and the 288-pixel state, 1 byte each against 4; per
     # agent an int64 action (8), four float32 fields (16) and three flags (3)
@@ -42,19 +44,25 @@ def test_a_run_that_cannot_fit_exits_2_with_one_line_before_allocating(tmp_path,
     monkeypatch.setattr(memory, "available_memory", lambda: 100 * 2**20)
     allocated = []
     monkeypatch.setattr("marl_ppo.run.loop.build_collector", lambda *a: allocated.append(a))
-    config = load_config(None, [*SIGNAL, "num_envs=64", "rollout_steps=5000"])
+    config = load_config(None, [*SIGNAL, "rollout.num_envs=64", "rollout.rollout_steps=5000"])
     with pytest.raises(ConfigError) as caught:
         train(config, tmp_path / "run")
     message = str(caught.value)
     assert "\n" not in message and "0.10 GB of memory is available" in message
     assert "this run would need about" in message and "rollout buffer" in message
-    assert "num_envs, rollout_steps, env.image_pool or model.encoder" in message
+    assert "rollout.num_envs, rollout.rollout_steps, env.image_pool or model.encoder" in message
     assert allocated == [] and not (tmp_path / "run").exists()
 
 
 def test_the_command_line_refuses_it_with_status_2(tmp_path):
     # 1M steps x 64 copies of float32 frames: far past any machine's memory
-    args = [*SIGNAL, "num_envs=64", "rollout_steps=1000000", "model.encoder=mlp", "ppo.num_minibatches=1"]
+    args = [
+        *SIGNAL,
+        "rollout.num_envs=64",
+        "rollout.rollout_steps=1000000",
+        "model.encoder=mlp",
+        "ppo.num_minibatches=1",
+    ]
     command = [sys.executable, "-m", "marl_ppo", "train", *args, "--run-dir", str(tmp_path / "run")]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 2
@@ -64,13 +72,19 @@ def test_the_command_line_refuses_it_with_status_2(tmp_path):
 
 
 def test_memory_check_false_runs_anyway_and_the_summary_logs_the_estimate(tmp_path, monkeypatch):
-    overrides = [*SIGNAL, "num_envs=2", "rollout_steps=4", "total_steps=8", "ppo.num_minibatches=1"]
+    overrides = [
+        *SIGNAL,
+        "rollout.num_envs=2",
+        "rollout.rollout_steps=4",
+        "total_steps=8",
+        "ppo.num_minibatches=1",
+    ]
     monkeypatch.setattr(memory, "available_memory", lambda: 2**20)
     with pytest.raises(ConfigError):
         train(load_config(None, overrides), tmp_path / "refused")
-    train(load_config(None, [*overrides, "memory_check=false"]), tmp_path / "run")
+    train(load_config(None, [*overrides, "host.memory_check=false"]), tmp_path / "run")
     summary = json.loads((tmp_path / "run/summary.json").read_text())
-    config = load_config(None, [*overrides, "memory_check=false"])
+    config = load_config(None, [*overrides, "host.memory_check=false"])
     expected = memory.estimate_memory(team_spec(config), config).total / 2**20
     assert summary["memory_estimate_mb"] == pytest.approx(expected)
     assert summary["peak_rss_mb"] > 0
@@ -78,7 +92,7 @@ def test_memory_check_false_runs_anyway_and_the_summary_logs_the_estimate(tmp_pa
 
 def test_pistonball_without_an_experiment_file_is_estimated_under_2_gb():
     pytest.importorskip("pymunk")
-    pistons = ["env.id=butterfly/pistonball_v6", "num_envs=2", "vector=sync"]
+    pistons = ["env.id=butterfly/pistonball_v6", "rollout.num_envs=2", "rollout.vector=sync"]
     config = load_config(None, pistons)
     estimate = memory.estimate_memory(team_spec(config), config)
     assert estimate.total < 2 * 2**30

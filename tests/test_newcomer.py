@@ -56,7 +56,15 @@ def test_train_stop_resume_eval_sweep_report(tmp_path, monkeypatch, capsys):
     pytest.importorskip("rliable")
     pytest.importorskip("matplotlib")
     experiment = tmp_path / "matrix.yaml"
-    experiment.write_text(yaml.safe_dump({**TINY_MATRIX, "total_steps": 10_000_000, "vector": "sync"}))
+    experiment.write_text(
+        yaml.safe_dump(
+            {
+                **TINY_MATRIX,
+                "total_steps": 10_000_000,
+                "rollout": {**TINY_MATRIX["rollout"], "vector": "sync"},
+            }
+        )
+    )
 
     # train, then Ctrl-C once it has checkpointed: exit 130 and a line saying how to continue
     train = subprocess.Popen(
@@ -99,7 +107,7 @@ def test_train_stop_resume_eval_sweep_report(tmp_path, monkeypatch, capsys):
     assert main(["eval", str(run_dir.relative_to(tmp_path)), "--episodes", "4"]) == 0
     assert "4 episodes: team return" in capsys.readouterr().out and (run_dir / "eval.json").is_file()
 
-    assert main(["sweep", "matrix.yaml", "--seeds", "2", "total_steps=16", "eval_every=8"]) == 0
+    assert main(["sweep", "matrix.yaml", "--seeds", "2", "total_steps=16", "eval.every=8"]) == 0
     assert "sweep matrix: 2 finished, 0 skipped (already finished), 0 failed" in capsys.readouterr().out
     for seed in (0, 1):
         assert (tmp_path / f"runs/matrix/seed{seed}/summary.json").is_file()

@@ -74,13 +74,18 @@ def test_bf16_acting_and_learning_agree_so_every_first_ratio_is_one(critic, devi
     from marl_ppo.rollout.buffer import RolloutBuffer
     from marl_ppo.rollout.collector import Collector
 
-    overrides = ["env.id=vmas/navigation", "num_envs=64", "rollout_steps=20", f"critic={critic}"]
+    overrides = [
+        "env.id=vmas/navigation",
+        "rollout.num_envs=64",
+        "rollout.rollout_steps=20",
+        f"ppo.critic={critic}",
+    ]
     config = load_config(None, [*overrides, "model.precision=bf16"])
     where = torch.device(device)
     torch.manual_seed(0)
     venv = build_vector_env(config, where)
     model = TeamModel(venv.spec, config).to(where)
-    buffer = RolloutBuffer(venv.spec, config.rollout_steps, config.num_envs, where)
+    buffer = RolloutBuffer(venv.spec, config.rollout.rollout_steps, config.rollout.num_envs, where)
     collector = Collector(venv, model, where)
     collector.start(0)
     rollout = collector.collect(buffer)

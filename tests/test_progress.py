@@ -175,9 +175,9 @@ def test_a_run_says_what_it_builds_as_it_starts_and_a_resume_where_it_continues(
     run_dir = tmp_path / "run"
     tiny = [
         "env.id=envs/matrix_game_v0",
-        "num_envs=2",
-        "rollout_steps=5",
-        "vector=sync",
+        "rollout.num_envs=2",
+        "rollout.rollout_steps=5",
+        "rollout.vector=sync",
         "model.hidden_sizes=[8]",
     ]
     assert main(["train", *tiny, "total_steps=10", "--run-dir", str(run_dir)]) == 0

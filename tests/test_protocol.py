@@ -25,8 +25,8 @@ def _config(tiny_overrides, *extra):
         [
             *tiny_overrides,
             "total_steps=150",
-            "eval_every=50",
-            "eval_episodes=2",
+            "eval.every=50",
+            "eval.episodes=2",
             "log.checkpoint_every=1",
             *extra,
         ],
@@ -49,7 +49,7 @@ def test_evaluations_the_best_policy_and_its_absolute_metric_are_recorded(tmp_pa
     assert metric["best_eval_team_return"] == means[best]
     # the same policy replayed on its own gives the same 20 episodes
     config = build_config(checkpoint["config"])
-    venv = build_vector_env(eval_config(config, config.eval_episodes))
+    venv = build_vector_env(eval_config(config, config.eval.episodes))
     model = TeamModel(venv.spec, config)
     model.load_state_dict(checkpoint["model"])
     seed = eval_seed(config) + ABSOLUTE_SEED_OFFSET
@@ -83,7 +83,7 @@ def test_a_resumed_run_keeps_its_evaluations_and_appends_the_new_ones(tmp_path, 
 
 
 def test_eval_absolute_0_measures_no_absolute_metric(tmp_path, tiny_overrides):
-    train(_config(tiny_overrides, "eval_absolute=0"), tmp_path / "run")
+    train(_config(tiny_overrides, "eval.absolute=0"), tmp_path / "run")
     assert read_absolute_metric(tmp_path / "run") is None
     assert len(read_evaluations(tmp_path / "run")) == 3
     assert "absolute_team_return" not in read_summary(tmp_path / "run")
@@ -94,7 +94,13 @@ def test_an_env_that_cannot_render_costs_the_video_a_warning_not_the_run(tmp_pat
 
     from marl_ppo.run.protocol import VideoWarning
 
-    tiny = ["num_envs=2", "rollout_steps=10", "total_steps=20", "log.progress=false", "vector=sync"]
+    tiny = [
+        "rollout.num_envs=2",
+        "rollout.rollout_steps=10",
+        "total_steps=20",
+        "log.progress=false",
+        "rollout.vector=sync",
+    ]
     config = load_config(None, ["env.id=envs/matrix_game_v0", *tiny, "log.video=gif"])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -31,7 +31,13 @@ def test_an_lbf_run_prints_no_warning(tmp_path):
     pytest.importorskip("lbforaging")
     config = load_config(
         ROOT / "experiments/lbf/foraging_8x8_2p_2f_coop_v3.yaml",
-        ["vector=sync", "num_envs=2", "rollout_steps=50", "total_steps=100", "log.progress=false"]
+        [
+            "rollout.vector=sync",
+            "rollout.num_envs=2",
+            "rollout.rollout_steps=50",
+            "total_steps=100",
+            "log.progress=false",
+        ]
         + ["ppo.num_minibatches=1", "ppo.train_pi_iters=1", "ppo.train_vf_iters=1"],
     )
     with warnings.catch_warnings(record=True) as caught:

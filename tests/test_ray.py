@@ -1,4 +1,4 @@
-"""`vector: ray` on Ray's own two-node test cluster (a head and a worker node, one CPU each).
+"""`rollout.vector: ray` on Ray's own two-node test cluster (a head and a worker node, one CPU each).
 
 The cluster starts once for the module; tests that remove the worker node add it back.
 """
@@ -73,7 +73,13 @@ def two_nodes(nodes):
 
 
 def _config(tiny_overrides, *extra):
-    overrides = [*tiny_overrides, "num_envs=5", "rollout_steps=7", "env.kwargs.max_cycles=4", *extra]
+    overrides = [
+        *tiny_overrides,
+        "rollout.num_envs=5",
+        "rollout.rollout_steps=7",
+        "env.kwargs.max_cycles=4",
+        *extra,
+    ]
     return load_config(SPREAD_YAML, overrides)
 
 
@@ -84,16 +90,19 @@ def _scalars(run_dir, tag):
 
 
 def test_one_ray_worker_collects_and_trains_exactly_as_one_local_worker(two_nodes, tiny_overrides, tmp_path):
-    config = _config(tiny_overrides, "num_workers=1", "policy_lag=0", "total_steps=105")
+    config = _config(tiny_overrides, "rollout.num_workers=1", "rollout.policy_lag=0", "total_steps=105")
     rollouts = {}
     for vector in ("workers", "ray"):
         torch.manual_seed(0)
-        source, model = build_collector(dataclasses.replace(config, vector=vector), torch.device("cpu"))
+        source, model = build_collector(
+            dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vector=vector)),
+            torch.device("cpu"),
+        )
         try:
             source.start(seed=3)
             rollouts[vector] = []
             for _ in range(2):
-                buffer = RolloutBuffer(model.spec, config.rollout_steps, config.num_envs)
+                buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.num_envs)
                 result = source.collect(buffer)
                 rollouts[vector].append((buffer, result))
         finally:
@@ -117,7 +126,10 @@ def test_one_ray_worker_collects_and_trains_exactly_as_one_local_worker(two_node
 
     final = {}
     for vector in ("workers", "ray"):
-        train(dataclasses.replace(config, vector=vector), tmp_path / vector)
+        train(
+            dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vector=vector)),
+            tmp_path / vector,
+        )
         final[vector] = load_checkpoint(tmp_path / vector / "checkpoints/final.pt")
     assert final["ray"]["env_steps"] == final["workers"]["env_steps"] == 105
     weights = final["workers"]["model"]
@@ -131,11 +143,18 @@ def test_a_recurrent_policy_trains_on_one_ray_worker_exactly_as_on_one_local_wor
 ):
     # the actors' rollouts carry the stored recurrent states and is_first flags beside the steps
     config = _config(
-        tiny_overrides, "num_workers=1", "policy_lag=1", "total_steps=105", "model.recurrent=gru"
+        tiny_overrides,
+        "rollout.num_workers=1",
+        "rollout.policy_lag=1",
+        "total_steps=105",
+        "model.recurrent=gru",
     )
     final = {}
     for vector in ("workers", "ray"):
-        train(dataclasses.replace(config, vector=vector), tmp_path / vector)
+        train(
+            dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vector=vector)),
+            tmp_path / vector,
+        )
         final[vector] = load_checkpoint(tmp_path / vector / "checkpoints/final.pt")
     weights = final["workers"]["model"]
     assert any(k.endswith("core.weight_hh") for k in weights)
@@ -149,9 +168,9 @@ def test_losing_the_worker_node_leaves_the_run_going_on_the_other(
     """Two workers, one per node: after the worker node goes, each update counts one worker's env copies."""
     config = _config(
         tiny_overrides,
-        "num_envs=2",
-        "vector=ray",
-        "num_workers=2",
+        "rollout.num_envs=2",
+        "rollout.vector=ray",
+        "rollout.num_workers=2",
         "ray.placement=spread",
         "ray.min_workers=1",
         "total_steps=98",  # 4 updates of 14 steps with both workers, then 6 of 7 steps with one
@@ -189,8 +208,8 @@ def test_below_min_workers_the_run_checkpoints_stops_and_resumes_on_the_mended_c
     two_nodes, tiny_overrides, tmp_path, capsys
 ):
     run_dir = tmp_path / "run"
-    args = ["train", str(SPREAD_YAML), *tiny_overrides, "num_envs=2", "rollout_steps=7"]
-    args += ["vector=ray", "num_workers=2", "ray.placement=spread", "ray.min_workers=2"]
+    args = ["train", str(SPREAD_YAML), *tiny_overrides, "rollout.num_envs=2", "rollout.rollout_steps=7"]
+    args += ["rollout.vector=ray", "rollout.num_workers=2", "ray.placement=spread", "ray.min_workers=2"]
     args += ["total_steps=2800", "log.checkpoint_every=1", "--run-dir", str(run_dir)]
     done = threading.Event()
     remover = threading.Thread(
@@ -222,17 +241,31 @@ def test_below_min_workers_the_run_checkpoints_stops_and_resumes_on_the_mended_c
 def test_too_few_cpus_on_the_cluster_is_a_config_error_naming_the_numbers(
     two_nodes, tiny_overrides, tmp_path, capsys
 ):
-    args = ["train", str(SPREAD_YAML), *tiny_overrides, "vector=ray", "num_workers=2", "worker_timeout_s=3"]
+    args = [
+        "train",
+        str(SPREAD_YAML),
+        *tiny_overrides,
+        "rollout.vector=ray",
+        "rollout.num_workers=2",
+        "rollout.worker_timeout_s=3",
+    ]
     args += ["ray.num_cpus_per_worker=2", "--run-dir", str(tmp_path / "run")]
     assert main(args) == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "fewer than num_workers=2 x ray.num_cpus_per_worker=2" in error
+    assert "fewer than rollout.num_workers=2 x ray.num_cpus_per_worker=2" in error
     assert not (tmp_path / "run").exists()
 
 
 def test_without_ray_installed_vector_ray_names_the_install(tiny_overrides, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
-    args = ["train", str(SPREAD_YAML), *tiny_overrides, "vector=ray", "--run-dir", str(tmp_path / "run")]
+    args = [
+        "train",
+        str(SPREAD_YAML),
+        *tiny_overrides,
+        "rollout.vector=ray",
+        "--run-dir",
+        str(tmp_path / "run"),
+    ]
     assert main(args) == 2
     error = capsys.readouterr().err.strip()
     assert error.startswith("error: vector: ray needs Ray") and "install 'marl-ppo[ray]'" in error
@@ -242,17 +275,24 @@ def test_without_ray_installed_vector_ray_names_the_install(tiny_overrides, tmp_
 
 def test_min_workers_above_num_workers_is_refused(tiny_overrides, capsys):
     assert (
-        main(["train", *tiny_overrides, "vector=ray", "num_workers=2", "ray.min_workers=3", "--print-config"])
+        main(
+            [
+                "train",
+                *tiny_overrides,
+                "rollout.vector=ray",
+                "rollout.num_workers=2",
+                "ray.min_workers=3",
+                "--print-config",
+            ]
+        )
         == 2
     )
-    assert "ray.min_workers=3 exceeds num_workers=2" in capsys.readouterr().err
+    assert "ray.min_workers=3 exceeds rollout.num_workers=2" in capsys.readouterr().err
 
 
 TINY_MATRIX = {
     "env": {"id": "envs/matrix_game_v0"},
-    "vector": "sync",
-    "num_envs": 2,
-    "rollout_steps": 4,
+    "rollout": {"vector": "sync", "num_envs": 2, "rollout_steps": 4},
     "ppo": {"num_minibatches": 1, "train_pi_iters": 1, "train_vf_iters": 1},
     "model": {"hidden_sizes": [8]},
 }
@@ -316,15 +356,20 @@ def test_a_sweep_stopped_midway_and_started_again_resumes_without_rerunning_the_
 
 
 @pytest.mark.parametrize(
-    "algo", [(), ("ppo.actor_update=sequential", "share_actor=false")], ids=["mappo", "happo"]
+    "algo", [(), ("ppo.actor_update=sequential", "model.share_actor=false")], ids=["mappo", "happo"]
 )
 def test_with_policy_lag_one_ray_worker_trains_as_one_local_worker(two_nodes, tiny_overrides, tmp_path, algo):
     """The rollout collected ahead, with the weights before the update, is the same on Ray (for
     HAPPO too, whose decoupled turns read the lagged batch)."""
-    config = _config(tiny_overrides, "num_workers=1", "policy_lag=1", "total_steps=105", *algo)
+    config = _config(
+        tiny_overrides, "rollout.num_workers=1", "rollout.policy_lag=1", "total_steps=105", *algo
+    )
     final = {}
     for vector in ("workers", "ray"):
-        train(dataclasses.replace(config, vector=vector), tmp_path / vector)
+        train(
+            dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vector=vector)),
+            tmp_path / vector,
+        )
         final[vector] = load_checkpoint(tmp_path / vector / "checkpoints/final.pt")
     assert final["ray"]["collector"]["env_steps"] == final["workers"]["collector"]["env_steps"] == 105
     assert final["ray"]["collector"]["pending"] is None  # no rollout collected past the last update
@@ -334,10 +379,16 @@ def test_with_policy_lag_one_ray_worker_trains_as_one_local_worker(two_nodes, ti
 
 @pytest.mark.slow  # waits for Ray to restart an actor on a re-added node
 def test_a_lost_worker_rejoins_with_the_current_weights_once_its_node_is_back(two_nodes, tiny_overrides):
-    config = _config(tiny_overrides, "num_envs=2", "vector=ray", "num_workers=2", "ray.placement=spread")
+    config = _config(
+        tiny_overrides,
+        "rollout.num_envs=2",
+        "rollout.vector=ray",
+        "rollout.num_workers=2",
+        "ray.placement=spread",
+    )
     torch.manual_seed(0)
     source, model = build_collector(config, torch.device("cpu"))
-    buffer = RolloutBuffer(model.spec, config.rollout_steps, config.num_envs)
+    buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.num_envs)
     try:
         source.start(seed=0)
         assert source.collect(buffer).perf["perf/ray_live_workers"] == 2.0

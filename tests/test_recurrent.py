@@ -38,13 +38,13 @@ def _spread(tiny_overrides, *extra):
         SPREAD_YAML,
         [
             *tiny_overrides,
-            "num_envs=3",
-            "rollout_steps=20",
+            "rollout.num_envs=3",
+            "rollout.rollout_steps=20",
             "env.kwargs.max_cycles=7",
             "model.recurrent=gru",
             "model.recurrent_size=8",
-            "vector=sync",
-            "policy_lag=0",
+            "rollout.vector=sync",
+            "rollout.policy_lag=0",
             *extra,
         ],
     )
@@ -56,7 +56,7 @@ def _collect(config, seed=0):
     try:
         collector.start(seed)
         buffer = RolloutBuffer(
-            model.spec, config.rollout_steps, config.num_envs, memory=model.memory_layout()
+            model.spec, config.rollout.rollout_steps, config.rollout.num_envs, memory=model.memory_layout()
         )
         result = collector.collect(buffer)
     finally:
@@ -134,7 +134,7 @@ def test_unroll_resets_at_episode_starts_and_holds_the_state_where_an_agent_wait
 def test_recomputed_outputs_equal_the_acting_ones_for_every_chunk_length(tiny_overrides, critic):
     """Before the first update, ratio 1 and KL 0 for chunks of 1, 5 and the whole rollout, with
     episode starts inside chunks; the per-step outputs do not depend on the chunk length."""
-    config = _spread(tiny_overrides, f"critic={critic}")
+    config = _spread(tiny_overrides, f"ppo.critic={critic}")
     model, buffer, result = _collect(config)
     stored = buffer.groups["agent"]
     first = buffer.memory["agent"].is_first.any(-1)
@@ -156,7 +156,10 @@ def test_recomputed_outputs_equal_the_acting_ones_for_every_chunk_length(tiny_ov
         assert float(approx_kl(logp, prepared.logp_old, alive)) < 1e-10
         ratio = (logp - prepared.logp_old).exp()[alive]
         torch.testing.assert_close(ratio, torch.ones_like(ratio), rtol=0, atol=1e-5)
-        steps = (unchunk(logp, steps=config.rollout_steps), unchunk(values, steps=config.rollout_steps))
+        steps = (
+            unchunk(logp, steps=config.rollout.rollout_steps),
+            unchunk(values, steps=config.rollout.rollout_steps),
+        )
         torch.testing.assert_close(steps[0], stored.logp, rtol=0, atol=1e-5)
         torch.testing.assert_close(steps[1], stored.values, rtol=0, atol=1e-5)
         outputs.append(steps)
@@ -179,13 +182,17 @@ def test_an_observation_before_an_episode_start_changes_no_output_after_it(tiny_
             actor, critic, _ = model.group("agent")
             logits = _policy(actor, prepared).log_prob(prepared.actions)
             values = _critic_values(critic, prepared)
-        return unchunk(logits, steps=config.rollout_steps), unchunk(values, steps=config.rollout_steps)
+        return unchunk(logits, steps=config.rollout.rollout_steps), unchunk(
+            values, steps=config.rollout.rollout_steps
+        )
 
     batch = batches["agent"]
-    changed_obs = batch.obs.clone().reshape(config.rollout_steps, config.num_envs, *batch.obs.shape[1:])
+    changed_obs = batch.obs.clone().reshape(
+        config.rollout.rollout_steps, config.rollout.num_envs, *batch.obs.shape[1:]
+    )
     noise = torch.Generator().manual_seed(1)  # not a constant shift, which the input LayerNorm removes
     changed_obs[:start, 0] += torch.randn(changed_obs[:start, 0].shape, generator=noise)
-    changed_state = batch.state.clone().reshape(config.rollout_steps, config.num_envs, -1)
+    changed_state = batch.state.clone().reshape(config.rollout.rollout_steps, config.rollout.num_envs, -1)
     changed_state[:start, 0] += torch.randn(changed_state[:start, 0].shape, generator=noise)
     changed = dataclasses.replace(batch, obs=changed_obs.flatten(0, 1), state=changed_state.flatten(0, 1))
     (logp_a, values_a), (logp_b, values_b) = outputs(batch), outputs(changed)
@@ -201,12 +208,15 @@ def test_the_recurrent_policy_acts_alike_in_every_collection_mode(tiny_overrides
     samples with its own seed, so the sync collector is seeded alike."""
     from marl_ppo.rollout.slice import worker_seed
 
-    config = _spread(tiny_overrides, f"num_workers={workers}")
+    config = _spread(tiny_overrides, f"rollout.num_workers={workers}")
     reference, _, _ = _collect(config)
     collected = []
     for mode in ("sync", vector):
         torch.manual_seed(0)
-        collector, model = build_collector(dataclasses.replace(config, vector=mode), torch.device("cpu"))
+        collector, model = build_collector(
+            dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vector=mode)),
+            torch.device("cpu"),
+        )
         model.load_state_dict(reference.state_dict())
         try:
             collector.start(1)
@@ -214,7 +224,10 @@ def test_the_recurrent_policy_acts_alike_in_every_collection_mode(tiny_overrides
             buffers = []
             for _ in range(2):  # the states carry over from the first rollout into the second
                 buffer = RolloutBuffer(
-                    model.spec, config.rollout_steps, config.num_envs, memory=model.memory_layout()
+                    model.spec,
+                    config.rollout.rollout_steps,
+                    config.rollout.num_envs,
+                    memory=model.memory_layout(),
                 )
                 result = collector.collect(buffer)
                 buffers.append((buffer, result))
@@ -236,12 +249,12 @@ def test_a_recurrent_run_killed_mid_episode_resumes_to_the_uninterrupted_weights
         SPREAD_YAML,
         [
             *tiny_overrides,
-            "rollout_steps=10",
+            "rollout.rollout_steps=10",
             f"total_steps={2 * K * 20}",
             f"log.checkpoint_every={K}",
-            f"vector={vector}",
-            "num_workers=2",
-            f"policy_lag={lag}",
+            f"rollout.vector={vector}",
+            "rollout.num_workers=2",
+            f"rollout.policy_lag={lag}",
             "model.recurrent=gru",
             "model.recurrent_size=8",
             "ppo.chunk_length=4",
@@ -270,7 +283,15 @@ def test_recurrent_config_errors_name_the_fix():
     with pytest.raises(ConfigError, match="model.recurrent_critic=true needs a recurrent layer"):
         load_config(None, ["model.recurrent_critic=true"])
     with pytest.raises(ConfigError, match=r"ppo.num_minibatches=4 exceeds the 2 sequence chunks"):
-        load_config(None, ["model.recurrent=gru", "num_envs=2", "rollout_steps=10", "ppo.chunk_length=null"])
+        load_config(
+            None,
+            [
+                "model.recurrent=gru",
+                "rollout.num_envs=2",
+                "rollout.rollout_steps=10",
+                "ppo.chunk_length=null",
+            ],
+        )
     config = load_config(None, ["model.recurrent=lstm"])
     assert config.model.critic_recurrent and config.sequence_chunks == 16 * 10
     assert not load_config(
@@ -315,7 +336,13 @@ def test_chunks_pad_an_uneven_rollout_with_steps_that_neither_act_nor_count():
 def test_a_players_state_advances_only_on_its_own_moves(tiny_overrides):
     config = load_config(
         ROOT / "experiments/classic/tictactoe_v3.yaml",
-        [*tiny_overrides, "vector=sync", "num_envs=3", "rollout_steps=30", "model.recurrent=gru"],
+        [
+            *tiny_overrides,
+            "rollout.vector=sync",
+            "rollout.num_envs=3",
+            "rollout.rollout_steps=30",
+            "model.recurrent=gru",
+        ],
     )
     _, buffer, _ = _collect(config)
     memory, alive = buffer.memory["player"], buffer.groups["player"].alive
@@ -337,9 +364,9 @@ def test_an_agent_that_left_carries_a_fresh_state_until_the_next_episode(tiny_ov
             *tiny_overrides,
             "env.id=envs/early_leaver_v0",
             "env.kwargs={leave_at: 2, max_steps: 5}",
-            "vector=sync",
-            "num_envs=2",
-            "rollout_steps=12",
+            "rollout.vector=sync",
+            "rollout.num_envs=2",
+            "rollout.rollout_steps=12",
             "model.recurrent=gru",
         ],
     )
@@ -369,11 +396,11 @@ def test_a_recurrent_run_evaluates_deterministic_and_sampled_and_records_a_gif(t
         SPREAD_YAML,
         [
             *tiny_overrides,
-            "vector=sync",
-            "policy_lag=0",
+            "rollout.vector=sync",
+            "rollout.policy_lag=0",
             "model.recurrent=lstm",
-            "eval_every=50",
-            "eval_episodes=2",
+            "eval.every=50",
+            "eval.episodes=2",
         ],
     )
     train(config, tmp_path / "run")
@@ -396,13 +423,14 @@ def test_a_recurrent_policy_in_vmas_restarts_the_states_of_finished_copies():
     from marl_ppo.rollout.collector import Collector
 
     config = load_config(
-        None, ["env.id=vmas/navigation", "env.kwargs={max_steps: 4}", "num_envs=4", "model.recurrent=gru"]
+        None,
+        ["env.id=vmas/navigation", "env.kwargs={max_steps: 4}", "rollout.num_envs=4", "model.recurrent=gru"],
     )
     venv = build_vector_env(config)
     torch.manual_seed(0)
     model = TeamModel(venv.spec, config)
     cpu = torch.device("cpu")
-    buffer = RolloutBuffer(venv.spec, 10, config.num_envs, memory=model.memory_layout())
+    buffer = RolloutBuffer(venv.spec, 10, config.rollout.num_envs, memory=model.memory_layout())
     collector = Collector(venv, model, cpu)
     collector.start(0)
 
@@ -428,16 +456,16 @@ def test_a_recurrent_vmas_rollout_and_update_stay_on_the_device(device):
         [
             "env.id=vmas/navigation",
             "env.kwargs={max_steps: 6}",
-            "num_envs=4",
+            "rollout.num_envs=4",
             "model.recurrent=gru",
-            f"device={device}",
+            f"host.device={device}",
             "ppo.num_minibatches=2",
         ],
     )
     venv = build_vector_env(config, where)
     torch.manual_seed(0)
     model = TeamModel(venv.spec, config).to(where)
-    buffer = RolloutBuffer(venv.spec, 8, config.num_envs, where, model.memory_layout())
+    buffer = RolloutBuffer(venv.spec, 8, config.rollout.num_envs, where, model.memory_layout())
     collector = Collector(venv, model, where)
     collector.start(0)
     result = collector.collect(buffer)
@@ -461,9 +489,9 @@ def test_an_agent_that_joins_mid_episode_starts_from_a_fresh_state(tiny_override
             *tiny_overrides,
             "env.id=tests.test_adapter:_LateJoinerEnv",
             "env.kwargs={leave_at: 10, max_steps: 5}",
-            "vector=sync",
-            "num_envs=2",
-            "rollout_steps=10",
+            "rollout.vector=sync",
+            "rollout.num_envs=2",
+            "rollout.rollout_steps=10",
             "model.recurrent=gru",
             "model.orthogonal_init=false",  # biases: [2, 2] layer-normalizes to zeros
         ],
@@ -493,7 +521,7 @@ def test_a_groups_carries_start_afresh_where_its_team_episode_ends(tiny_override
     from marl_ppo.models.team import TeamModel
     from marl_ppo.rollout.memory import make_memory
 
-    config = _spread(tiny_overrides, "critic=team")
+    config = _spread(tiny_overrides, "ppo.critic=team")
     spec = build_collector(config, torch.device("cpu"))[1].spec
     model = TeamModel(spec, config)
     memory = make_memory(model, 1, torch.device("cpu"))

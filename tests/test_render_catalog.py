@@ -30,12 +30,12 @@ def test_eval_render_writes_a_video_or_refuses_in_one_line(env_id, tmp_path, cap
     kwargs = [f"env.kwargs.{key}={yaml_value(value)}" for key, value in EPISODES[env_id][0].items()]
     run = tmp_path / "run"
     tiny = [
-        "vector=sync",
-        "num_envs=2",
-        "rollout_steps=8",
+        "rollout.vector=sync",
+        "rollout.num_envs=2",
+        "rollout.rollout_steps=8",
         "total_steps=16",
         "log.progress=false",
-        "eval_every=0",
+        "eval.every=0",
     ]
     tiny += ["ppo.num_minibatches=1", "ppo.train_pi_iters=1", "ppo.train_vf_iters=1", *kwargs]
     assert main(["train", str(_experiments()[env_id]), *tiny, "--run-dir", str(run)]) == 0

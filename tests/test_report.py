@@ -42,7 +42,7 @@ def runs(tmp_path):
     for lr, seeds in LOGS.items():
         for seed, (final, evals) in enumerate(seeds):
             # log.progress and vector say how a run ran, not what it trained: they do not split configurations
-            extra = ["log.progress=false", "vector=subprocess"] if seed == 1 else []
+            extra = ["log.progress=false", "rollout.vector=subprocess"] if seed == 1 else []
             write_run(
                 tmp_path / "runs" / f"lr{lr}" / f"seed{seed}",
                 [f"ppo.pi_lr={lr}", f"seed={seed}", *extra],
@@ -141,13 +141,17 @@ def test_bad_report_input_is_one_line_and_exit_status_2(tmp_path, capsys, make, 
 
 
 def test_configs_written_by_an_older_version_get_todays_defaults():
-    """A run whose config.yaml predates a key groups with runs that wrote the key's default."""
+    """A run whose config.yaml predates a key groups with runs that wrote the key's default; one that
+    predates the sections has its keys moved to their place."""
     from marl_ppo.analysis.runlogs import with_defaults
 
     filled = with_defaults({"seed": 3, "env": {"id": "mpe2/simple_spread_v3"}})
-    assert filled["seed"] == 3 and filled["eval_every"] is None and filled["eval_episodes"] == 10
-    foreign = {"seed": 3, "no_such_key": 1}
-    assert with_defaults(foreign) is foreign
+    assert filled["seed"] == 3 and filled["eval"]["every"] is None and filled["eval"]["episodes"] == 10
+    assert with_defaults({"seed": 3, "gamma": 0.9, "eval_every": 5}) == with_defaults(
+        {"seed": 3, "ppo": {"gamma": 0.9}, "eval": {"every": 5}}
+    )
+    foreign = {"seed": 3, "no_such_key": 1, "num_envs": 4}
+    assert with_defaults(foreign) == {"seed": 3, "no_such_key": 1, "rollout": {"num_envs": 4}}
 
 
 def test_a_report_over_duplicated_runs_counts_each_seed_once(tmp_path, capsys):

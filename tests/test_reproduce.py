@@ -13,8 +13,7 @@ pytest.importorskip("rliable")
 
 TINY_MATRIX = {
     "env": {"id": "envs/matrix_game_v0"},
-    "num_envs": 2,
-    "rollout_steps": 4,
+    "rollout": {"num_envs": 2, "rollout_steps": 4},
     "total_steps": 1000,
     "ppo": {"num_minibatches": 1, "train_pi_iters": 1, "train_vf_iters": 1},
     "model": {"hidden_sizes": [8]},
@@ -87,7 +86,7 @@ def test_a_bad_expected_block_is_a_config_error(tmp_path, capsys, expected, mess
 def _evaluated(tmp_path, expected):
     path = tmp_path / "matrix.yaml"
     path.write_text(
-        yaml.safe_dump({**TINY_MATRIX, "eval_every": 8, "eval_episodes": 2, "expected": expected})
+        yaml.safe_dump({**TINY_MATRIX, "eval": {"every": 8, "episodes": 2}, "expected": expected})
     )
     return path
 
@@ -143,7 +142,7 @@ def test_an_eval_band_without_evaluations_stops_reproduce_in_one_line_but_not_tr
     )
     assert main(["reproduce", str(path), "--out", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err
-    assert "expected.eval bands the last periodic evaluation, but eval_every is not set" in err
+    assert "expected.eval bands the last periodic evaluation, but eval.every is not set" in err
     assert err.count("\n") == 1 and not (tmp_path / "runs").exists()
     assert (
         main(["train", str(path), "total_steps=8", "--run-dir", str(tmp_path / "run")]) == 0

@@ -32,7 +32,7 @@ def _config(tiny_overrides, *extra):
         ROOT / "experiments/mpe/simple_spread.yaml",  # linear lr decay, value normalization
         [
             *tiny_overrides,
-            "rollout_steps=10",
+            "rollout.rollout_steps=10",
             f"total_steps={2 * K * STEPS_PER_UPDATE}",
             f"log.checkpoint_every={K}",
             *extra,
@@ -87,7 +87,8 @@ def assert_identical(a, b, where="checkpoint"):
 def _run_state_only(payload):
     # pickled env bytes are not canonical (shared references); _env_futures compares the envs instead
     skipped = ("wall_s", "timing", "envs")
-    config = {key: value for key, value in payload["config"].items() if key != "vector"}
+    rollout = {key: value for key, value in payload["config"]["rollout"].items() if key != "vector"}
+    config = {**payload["config"], "rollout": rollout}
     return {**{key: value for key, value in payload.items() if key not in skipped}, "config": config}
 
 
@@ -115,7 +116,10 @@ def assert_same_run_state(path_a, path_b):
         assert np.array_equal(obs_a, obs_b) and np.array_equal(reward_a, reward_b)
 
 
-HAPPO = ("ppo.actor_update=sequential", "share_actor=false")  # the order's generator is in the checkpoint
+HAPPO = (
+    "ppo.actor_update=sequential",
+    "model.share_actor=false",
+)  # the order's generator is in the checkpoint
 
 
 @pytest.mark.parametrize(
@@ -133,7 +137,13 @@ HAPPO = ("ppo.actor_update=sequential", "share_actor=false")  # the order's gene
 def test_killed_and_resumed_run_equals_the_uninterrupted_one(
     tiny_overrides, tmp_path, monkeypatch, vector, resumed_vector, lag, algo
 ):
-    config = _config(tiny_overrides, f"vector={vector}", "num_workers=2", f"policy_lag={lag}", *algo)
+    config = _config(
+        tiny_overrides,
+        f"rollout.vector={vector}",
+        "rollout.num_workers=2",
+        f"rollout.policy_lag={lag}",
+        *algo,
+    )
     straight = train(config, tmp_path / "straight")
 
     _crash_at_update(monkeypatch, K + 2)  # update K+1 was logged after the checkpoint at K: must be purged
@@ -142,7 +152,11 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(
     monkeypatch.undo()
     assert load_checkpoint(tmp_path / "resumed/checkpoints/latest.pt")["updates"] == K
     resumed_config = _config(
-        tiny_overrides, f"vector={resumed_vector}", "num_workers=2", f"policy_lag={lag}", *algo
+        tiny_overrides,
+        f"rollout.vector={resumed_vector}",
+        "rollout.num_workers=2",
+        f"rollout.policy_lag={lag}",
+        *algo,
     )
     resumed = train(resumed_config, tmp_path / "resumed", resume=True)  # env states are per env copy
 
@@ -160,7 +174,7 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_stop_signal_mid_update_finishes_it_and_checkpoints(tiny_overrides, tmp_path, monkeypatch, signum):
-    config = _config(tiny_overrides, "vector=sync", "log.checkpoint_every=100")
+    config = _config(tiny_overrides, "rollout.vector=sync", "log.checkpoint_every=100")
     real, calls = Trainer.update, []
     # what the run must restore: SIG_DFL and Python's default_int_handler, or SIG_IGN for SIGINT
     # where the tests were started in the background
@@ -190,7 +204,7 @@ def test_stop_signal_mid_update_finishes_it_and_checkpoints(tiny_overrides, tmp_
 
 
 def test_keep_last_prunes_older_periodic_checkpoints(tiny_overrides, tmp_path):
-    config = _config(tiny_overrides, "vector=sync", "log.checkpoint_every=1", "log.keep_last=2")
+    config = _config(tiny_overrides, "rollout.vector=sync", "log.checkpoint_every=1", "log.keep_last=2")
     train(config, tmp_path)
     names = sorted(path.name for path in (tmp_path / "checkpoints").iterdir())
     assert names == ["final.pt", "latest.pt", "update_00000005.pt", "update_00000006.pt"]
@@ -199,9 +213,9 @@ def test_keep_last_prunes_older_periodic_checkpoints(tiny_overrides, tmp_path):
 
 
 def test_library_resume_checks_the_config_and_keep_last_is_validated(tiny_overrides, tmp_path):
-    config = _config(tiny_overrides, "vector=sync", "total_steps=40")
+    config = _config(tiny_overrides, "rollout.vector=sync", "total_steps=40")
     train(config, tmp_path)
-    changed = _config(tiny_overrides, "vector=sync", "total_steps=80", "ppo.clip_ratio=0.3")
+    changed = _config(tiny_overrides, "rollout.vector=sync", "total_steps=80", "ppo.clip_ratio=0.3")
     with pytest.raises(ConfigError, match=r"config key 'ppo.clip_ratio' is 0.3 but the run .* used 0.2"):
         train(changed, tmp_path, resume=True)
     with pytest.raises(ConfigError, match=r"already finished \(env step 40 of total_steps=40\)"):
@@ -214,7 +228,7 @@ def test_library_resume_checks_the_config_and_keep_last_is_validated(tiny_overri
 def test_changing_total_steps_on_resume_keeps_the_learning_rate_continuous(
     tiny_overrides, tmp_path, monkeypatch, new_total
 ):
-    config = _config(tiny_overrides, "vector=sync", "total_steps=240")  # linear decay over 12 updates
+    config = _config(tiny_overrides, "rollout.vector=sync", "total_steps=240")  # linear decay over 12 updates
     base, stop = config.ppo.pi_lr, K * STEPS_PER_UPDATE
     _crash_at_update(monkeypatch, K + 1)
     with pytest.raises(_Killed):
@@ -224,7 +238,7 @@ def test_changing_total_steps_on_resume_keeps_the_learning_rate_continuous(
     assert [step for step, _ in before] == [20, 40, 60]
     step_down = base * STEPS_PER_UPDATE / 240
 
-    train(_config(tiny_overrides, "vector=sync", f"total_steps={new_total}"), tmp_path, resume=True)
+    train(_config(tiny_overrides, "rollout.vector=sync", f"total_steps={new_total}"), tmp_path, resume=True)
     after = scalars(tmp_path)["train/pi_lr"][K:]
     assert [step for step, _ in after] == list(
         range(stop + STEPS_PER_UPDATE, new_total + 1, STEPS_PER_UPDATE)
@@ -267,7 +281,7 @@ def test_unpicklable_env_resumes_with_fresh_episodes_and_a_warning(
     tiny_overrides, tmp_path, monkeypatch, vector
 ):
     marl_ppo.register_env("tests/unpicklable_spread_v0", _unpicklable_spread)
-    config = _config(tiny_overrides, f"vector={vector}", "env.id=tests/unpicklable_spread_v0")
+    config = _config(tiny_overrides, f"rollout.vector={vector}", "env.id=tests/unpicklable_spread_v0")
     _crash_at_update(monkeypatch, K + 2)
     with pytest.raises(_Killed):
         train(config, tmp_path)
@@ -289,10 +303,11 @@ def test_unpicklable_env_resumes_with_fresh_episodes_and_a_warning(
 def test_resuming_across_rollout_workers_is_refused_with_one_line(
     tiny_overrides, tmp_path, vector, resumed_vector
 ):
-    train(_config(tiny_overrides, f"vector={vector}", "total_steps=40"), tmp_path)
-    extended = _config(tiny_overrides, f"vector={resumed_vector}", "total_steps=80")
+    train(_config(tiny_overrides, f"rollout.vector={vector}", "total_steps=40"), tmp_path)
+    extended = _config(tiny_overrides, f"rollout.vector={resumed_vector}", "total_steps=80")
     with pytest.raises(
-        ConfigError, match=f"used vector={vector} and cannot continue with vector={resumed_vector}"
+        ConfigError,
+        match=f"used rollout.vector={vector} and cannot continue with rollout.vector={resumed_vector}",
     ):
         train(extended, tmp_path, resume=True)
 
@@ -307,8 +322,8 @@ def test_killed_and_resumed_vmas_run_equals_the_uninterrupted_one(tiny_overrides
             *tiny_overrides,
             "env.id=vmas/balance",
             "env.kwargs={max_steps: 30}",
-            "num_envs=8",
-            "rollout_steps=10",
+            "rollout.num_envs=8",
+            "rollout.rollout_steps=10",
             f"total_steps={2 * K * 80}",
             f"log.checkpoint_every={K}",
         ],
@@ -333,13 +348,13 @@ def test_killed_and_resumed_vmas_run_equals_the_uninterrupted_one(tiny_overrides
 
 def test_a_checkpoint_of_another_format_is_refused_with_one_line(tiny_overrides, tmp_path):
     """The format is versioned: a checkpoint written in another layout is never read field by field."""
-    train(_config(tiny_overrides, "vector=sync", "total_steps=40"), tmp_path)
+    train(_config(tiny_overrides, "rollout.vector=sync", "total_steps=40"), tmp_path)
     latest = tmp_path / "checkpoints/latest.pt"
     payload = load_checkpoint(latest)
     assert payload["format"] == "marl_ppo.checkpoint.v2"
     save_checkpoint(latest, {**payload, "format": "marl_ppo.checkpoint.v1"})
     with pytest.raises(CheckpointError) as info:
-        train(_config(tiny_overrides, "vector=sync", "total_steps=80"), tmp_path, resume=True)
+        train(_config(tiny_overrides, "rollout.vector=sync", "total_steps=80"), tmp_path, resume=True)
     assert str(info.value) == (
         f"checkpoint '{latest}' has format 'marl_ppo.checkpoint.v1' but this marl_ppo reads only "
         "'marl_ppo.checkpoint.v2'; train the run again, or use the marl_ppo version that wrote it"

@@ -1,5 +1,6 @@
 """`marl-ppo train --resume`: after kill -9, after SIGTERM / Ctrl-C, and its one-line errors."""
 
+import copy
 import os
 import shutil
 import signal
@@ -13,15 +14,17 @@ import yaml
 from conftest import ROOT
 from test_resume import scalars
 
-from marl_ppo.checkpoint import CheckpointError, load_checkpoint
+from marl_ppo.analysis.runlogs import read_run
+from marl_ppo.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from marl_ppo.cli import main
+from marl_ppo.config import MOVED_KEYS
 
 SPREAD = str(ROOT / "experiments/mpe/simple_spread.yaml")
 STEPS_PER_UPDATE = 20
 
 
 def _args(tiny_overrides, *extra):
-    return [SPREAD, *tiny_overrides, "rollout_steps=10", *extra]
+    return [SPREAD, *tiny_overrides, "rollout.rollout_steps=10", *extra]
 
 
 def _start(tiny_overrides, run_dir, *extra):
@@ -140,8 +143,49 @@ def test_print_config_on_resume_shows_the_continued_config_and_touches_nothing(f
     files = {p: p.read_bytes() for p in finished_run.rglob("*") if p.is_file()}
     assert main(["train", "--resume", str(finished_run), "total_steps=200", "--print-config"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed["total_steps"] == 200 and printed["rollout_steps"] == 10 and printed["num_envs"] == 2
+    assert (
+        printed["total_steps"] == 200
+        and printed["rollout"]["rollout_steps"] == 10
+        and printed["rollout"]["num_envs"] == 2
+    )
     assert {p: p.read_bytes() for p in finished_run.rglob("*") if p.is_file()} == files
+
+
+def _before_sections(config):
+    """`config` (a dict) as a run of the layout before sections stored it: each moved key back at the top."""
+    old = copy.deepcopy(config)
+    for top, moved in MOVED_KEYS.items():
+        section, name = moved.split(".")
+        old[top] = old[section].pop(name)
+    for section in ("rollout", "eval", "host"):
+        assert not old.pop(section)  # nothing else lived in these sections
+    return old
+
+
+def test_a_run_stored_before_the_sections_resumes_evaluates_and_reports(finished_run, tmp_path, capsys):
+    for path in (*(finished_run / "checkpoints").glob("*.pt"), finished_run / "config.yaml"):
+        if path.suffix == ".pt":
+            payload = torch.load(path, weights_only=True)
+            save_checkpoint(path, {**payload, "config": _before_sections(payload["config"])})
+        else:
+            path.write_text(yaml.safe_dump(_before_sections(yaml.safe_load(path.read_text()))))
+    stored = yaml.safe_load((finished_run / "config.yaml").read_text())
+    assert stored["num_envs"] == 2 and "rollout" not in stored
+
+    assert read_run(finished_run).config["rollout"]["num_envs"] == 2  # report, compare, sweep
+    assert main(["eval", str(finished_run), "--episodes", "2", "--out", str(tmp_path / "eval")]) == 0
+    assert main(["eval", "--random", str(finished_run), "--episodes", "2", "--out", str(tmp_path / "r")]) == 0
+    err = _one_line_error(
+        capsys, ["train", "--resume", str(finished_run), "total_steps=160", "torch_threads=1"]
+    )
+    assert err == (
+        "error: config key 'torch_threads' moved to 'host.torch_threads'; "
+        "write it there in the experiment file or the overrides"
+    )
+    assert main(["train", "--resume", str(finished_run), "total_steps=160", "host.torch_threads=1"]) == 0
+    assert "done: 160 env steps" in capsys.readouterr().out
+    final = load_checkpoint(finished_run / "checkpoints/final.pt")["config"]
+    assert final["host"]["torch_threads"] == 1 and final["ppo"]["gamma"] == 0.95 and "gamma" not in final
 
 
 def _one_line_error(capsys, argv):

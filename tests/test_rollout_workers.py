@@ -1,4 +1,4 @@
-"""Rollout workers (`vector: workers`): exactly the sync collector's data per slice, declared policy lag."""
+"""Rollout workers (`rollout.vector: workers`): exactly the sync collector's data per slice, declared policy lag."""
 
 import copy
 import dataclasses
@@ -24,7 +24,7 @@ EARLY_LEAVER = "envs/early_leaver_v0"
 
 
 def _config(tiny_overrides, *extra, env=None):
-    overrides = [*tiny_overrides, "num_envs=5", "rollout_steps=7", *extra]
+    overrides = [*tiny_overrides, "rollout.num_envs=5", "rollout.rollout_steps=7", *extra]
     if env is None:  # simple_spread, with episodes that end inside the rollouts
         return load_config(SPREAD_YAML, [*overrides, "env.kwargs.max_cycles=4"])
     return load_config(None, [*overrides, f"env.id={env}", "env.kwargs={leave_at: 2, max_steps: 5}"])
@@ -33,20 +33,27 @@ def _config(tiny_overrides, *extra, env=None):
 def _workers(config, num_workers, policy_lag=0):
     """Rollout workers and the team model, built the way train() builds them."""
     torch.manual_seed(0)
-    config = dataclasses.replace(config, vector="workers", num_workers=num_workers, policy_lag=policy_lag)
+    config = dataclasses.replace(
+        config,
+        rollout=dataclasses.replace(
+            config.rollout, vector="workers", num_workers=num_workers, policy_lag=policy_lag
+        ),
+    )
     return build_collector(config, torch.device("cpu"))
 
 
 def _sync_slice(config, model, envs, seed, worker, rollouts):
     """What one process collects for env copies `envs` with worker `worker`'s sampling seed."""
-    sliced = dataclasses.replace(config, num_envs=len(envs), vector="sync")
+    sliced = dataclasses.replace(
+        config, rollout=dataclasses.replace(config.rollout, num_envs=len(envs), vector="sync")
+    )
     collector, _ = build_collector(sliced, torch.device("cpu"))
     collector.model = model  # act with the workers' weights
     collector.start(seed + envs.start)
     torch.manual_seed(worker_seed(seed, worker))
     buffers, results = [], []
     for _ in range(rollouts):
-        buffer = RolloutBuffer(model.spec, config.rollout_steps, len(envs))
+        buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, len(envs))
         results.append(collector.collect(buffer))
         buffers.append(buffer)
     collector.close()
@@ -63,7 +70,7 @@ def test_each_worker_slice_equals_a_sync_collector(tiny_overrides, env, num_work
         workers.start(seed=3)
         got = []
         for _ in range(2):
-            buffer = RolloutBuffer(model.spec, config.rollout_steps, config.num_envs)
+            buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.num_envs)
             got.append((buffer, workers.collect(buffer)))
     finally:
         workers.close()
@@ -89,9 +96,9 @@ def test_each_worker_slice_equals_a_sync_collector(tiny_overrides, env, num_work
     )
     episodes = [e for _, result in got for e in result.episodes]
     assert [e.team_return for e in episodes] == [ret for *_, ret in reference]
-    assert [e.end_step for e in episodes] == [t * config.num_envs for t, *_ in reference]
+    assert [e.end_step for e in episodes] == [t * config.rollout.num_envs for t, *_ in reference]
     assert len(episodes) > 0
-    assert workers.env_steps == 2 * config.rollout_steps * config.num_envs
+    assert workers.env_steps == 2 * config.rollout.rollout_steps * config.rollout.num_envs
 
 
 def _logp(model, buffer):
@@ -101,12 +108,12 @@ def _logp(model, buffer):
 @pytest.mark.parametrize("policy_lag", [0, 1])
 def test_policy_lag_decides_which_weights_act(tiny_overrides, policy_lag):
     """With lag 1 the rollout after an update was collected by the pre-update weights; lag 0 by the new ones."""
-    config = _config(tiny_overrides, "vector=workers", f"policy_lag={policy_lag}")
+    config = _config(tiny_overrides, "rollout.vector=workers", f"rollout.policy_lag={policy_lag}")
     workers, model = _workers(config, 2, policy_lag)
     before = copy.deepcopy(model)
     try:
         workers.start(seed=0)
-        buffer = RolloutBuffer(model.spec, config.rollout_steps, config.num_envs)
+        buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.num_envs)
         workers.collect(buffer)
         with torch.no_grad():  # "the update"
             for parameter in model.actors.parameters():
@@ -122,7 +129,7 @@ def test_policy_lag_decides_which_weights_act(tiny_overrides, policy_lag):
 
 
 def test_training_with_workers_is_deterministic(tiny_overrides, tmp_path):
-    config = _config(tiny_overrides, "vector=workers", "policy_lag=1", "total_steps=140")
+    config = _config(tiny_overrides, "rollout.vector=workers", "rollout.policy_lag=1", "total_steps=140")
     weights = []
     for run in ("a", "b"):
         train(config, tmp_path / run)
@@ -133,7 +140,13 @@ def test_training_with_workers_is_deterministic(tiny_overrides, tmp_path):
 
 def test_lagged_workers_collect_no_rollout_past_the_last_update(tiny_overrides, tmp_path):
     """The last update's rollout launches none after it: a finished run stepped exactly total_steps."""
-    config = _config(tiny_overrides, "vector=workers", "num_workers=2", "policy_lag=1", "total_steps=140")
+    config = _config(
+        tiny_overrides,
+        "rollout.vector=workers",
+        "rollout.num_workers=2",
+        "rollout.policy_lag=1",
+        "total_steps=140",
+    )
     train(config, tmp_path)
     state = torch.load(tmp_path / "checkpoints/final.pt", weights_only=True)["collector"]
     assert state["pending"] is None
@@ -146,7 +159,7 @@ def test_a_pending_rollout_keeps_its_last_alive_flags(tiny_overrides):
     workers, model = _workers(config, 2, policy_lag=1)
     try:
         workers.start(seed=0)
-        buffer = RolloutBuffer(model.spec, config.rollout_steps, config.num_envs)
+        buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.num_envs)
         workers.collect(buffer)  # launches the next rollout
         state = workers.state_dict()
         saved = {name: alive.clone() for name, alive in state["pending"]["last_alive"].items()}
@@ -163,18 +176,20 @@ def test_policy_lag_is_zero_without_rollout_workers(tiny_overrides):
     from marl_ppo.envs.factory import resolve_vector
 
     for vector in ("sync", "subprocess"):
-        config = load_config(SPREAD_YAML, [*tiny_overrides, f"vector={vector}", "policy_lag=1"])
-        assert resolve_vector(config).policy_lag == 0
-    config = load_config(SPREAD_YAML, [*tiny_overrides, "vector=workers", "policy_lag=1"])
-    assert resolve_vector(config).policy_lag == 1
+        config = load_config(
+            SPREAD_YAML, [*tiny_overrides, f"rollout.vector={vector}", "rollout.policy_lag=1"]
+        )
+        assert resolve_vector(config).rollout.policy_lag == 0
+    config = load_config(SPREAD_YAML, [*tiny_overrides, "rollout.vector=workers", "rollout.policy_lag=1"])
+    assert resolve_vector(config).rollout.policy_lag == 1
 
 
 def test_a_killed_worker_stops_the_run_with_a_clear_error(tiny_overrides):
-    config = _config(tiny_overrides, "rollout_steps=2000")
+    config = _config(tiny_overrides, "rollout.rollout_steps=2000")
     workers, model = _workers(config, 2)
     workers.start(seed=0)
     victim = workers._processes[1]
-    buffer = RolloutBuffer(model.spec, config.rollout_steps, config.num_envs)
+    buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.num_envs)
     workers._launch()
     os.kill(victim.pid, signal.SIGKILL)
     started = time.monotonic()
@@ -203,13 +218,14 @@ def test_auto_vector_picks_by_cores_copies_and_step_cost(
     monkeypatch.setattr(factory, "usable_cores", lambda: cores)
     monkeypatch.setattr(factory, "probe_step_seconds", lambda config: step_s)
     config = load_config(
-        SPREAD_YAML, [*tiny_overrides, "vector=auto", f"num_envs={num_envs}", "policy_lag=1"]
+        SPREAD_YAML,
+        [*tiny_overrides, "rollout.vector=auto", f"rollout.num_envs={num_envs}", "rollout.policy_lag=1"],
     )
     resolved = factory.resolve_vector(config)
-    assert resolved.vector == expected
-    assert resolved.policy_lag == (1 if expected == "workers" else 0)
+    assert resolved.rollout.vector == expected
+    assert resolved.rollout.policy_lag == (1 if expected == "workers" else 0)
     if expected == "workers":  # two workers, whether the copies are split in halves or one each
-        assert resolved.num_workers == 2
+        assert resolved.rollout.num_workers == 2
 
 
 def test_auto_vector_probe_tells_a_toy_env_from_simple_spread(tiny_overrides):
@@ -225,10 +241,10 @@ def test_auto_vector_probe_tells_a_toy_env_from_simple_spread(tiny_overrides):
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        (["vector=sync"], 1),
-        (["vector=workers", "num_workers=2"], 1),
-        (["env.id=vmas/navigation", "env.kwargs={}", "vector=workers"], 2),  # batched: big tensors
-        (["vector=workers", "torch_threads=3"], 3),
+        (["rollout.vector=sync"], 1),
+        (["rollout.vector=workers", "rollout.num_workers=2"], 1),
+        (["env.id=vmas/navigation", "env.kwargs={}", "rollout.vector=workers"], 2),  # batched: big tensors
+        (["rollout.vector=workers", "host.torch_threads=3"], 3),
     ],
 )
 def test_learner_threads_are_one_except_for_batched_simulators(
@@ -250,7 +266,13 @@ def test_a_cnn_learner_gets_every_core(monkeypatch, encoder, expected):
 
     monkeypatch.setattr(host, "usable_cores", lambda: 2)
     config = load_config(
-        None, ["env.id=envs/pixel_signal_v0", "vector=sync", "num_envs=2", f"model.encoder={encoder}"]
+        None,
+        [
+            "env.id=envs/pixel_signal_v0",
+            "rollout.vector=sync",
+            "rollout.num_envs=2",
+            f"model.encoder={encoder}",
+        ],
     )
     _, model = build_collector(config, torch.device("cpu"))
     assert host.learner_threads(config) == 1
@@ -260,11 +282,15 @@ def test_a_cnn_learner_gets_every_core(monkeypatch, encoder, expected):
 @pytest.mark.parametrize(
     ("overrides", "cores", "expected"),
     [
-        (["vector=subprocess", "num_workers=2"], 2, 1),  # two env workers on two cores: one thread
-        (["vector=workers", "num_workers=2"], 2, 1),
-        (["vector=workers", "num_workers=2"], 8, 6),
-        (["vector=subprocess", "num_workers=4"], 2, 1),
-        (["vector=sync"], 2, 2),
+        (
+            ["rollout.vector=subprocess", "rollout.num_workers=2"],
+            2,
+            1,
+        ),  # two env workers on two cores: one thread
+        (["rollout.vector=workers", "rollout.num_workers=2"], 2, 1),
+        (["rollout.vector=workers", "rollout.num_workers=2"], 8, 6),
+        (["rollout.vector=subprocess", "rollout.num_workers=4"], 2, 1),
+        (["rollout.vector=sync"], 2, 2),
     ],
 )
 def test_a_cnn_learner_leaves_the_cores_its_workers_use(monkeypatch, overrides, cores, expected):
@@ -274,14 +300,14 @@ def test_a_cnn_learner_leaves_the_cores_its_workers_use(monkeypatch, overrides, 
     from marl_ppo.run.plan import plan_run
 
     monkeypatch.setattr(host, "usable_cores", lambda: cores)
-    written = ["env.id=envs/pixel_signal_v0", "num_envs=4", "model.encoder=cnn", *overrides]
+    written = ["env.id=envs/pixel_signal_v0", "rollout.num_envs=4", "model.encoder=cnn", *overrides]
     plan = plan_run(load_config(None, written))
     assert plan.convolutional and plan.threads == expected
     # the workers wait for the next rollout while the learner updates: it takes every core then
     assert plan.update_threads == cores
-    lagged = plan_run(load_config(None, [*written, "policy_lag=1"]))
+    lagged = plan_run(load_config(None, [*written, "rollout.policy_lag=1"]))
     # rollout workers collect the next rollout meanwhile; env workers cannot (the lag is settled to 0)
-    assert lagged.update_threads == (lagged.threads if lagged.config.policy_lag else cores)
+    assert lagged.update_threads == (lagged.threads if lagged.config.rollout.policy_lag else cores)
 
 
 def test_a_cnn_run_updates_on_every_core_and_acts_on_the_cores_its_workers_leave(
@@ -306,8 +332,8 @@ def test_a_cnn_run_updates_on_every_core_and_acts_on_the_cores_its_workers_leave
             *tiny_overrides,
             "env.id=envs/pixel_signal_v0",
             "model.encoder=cnn",
-            "vector=subprocess",
-            "num_workers=2",
+            "rollout.vector=subprocess",
+            "rollout.num_workers=2",
             "total_steps=150",
         ],
     )
@@ -322,27 +348,36 @@ def test_a_cnn_run_updates_on_every_core_and_acts_on_the_cores_its_workers_leave
 def test_acting_that_dwarfs_the_env_steps_with_several_threads_gets_one_line_naming_the_key():
     from marl_ppo.run.host import acting_hint
 
-    sync = load_config(None, ["vector=sync"])
+    sync = load_config(None, ["rollout.vector=sync"])
     line = acting_hint(sync, threads=2, act_s=24.5, env_s=1.2)
     assert (
-        line is not None and "torch_threads=1" in line and "24.50 s per update" in line and "\n" not in line
+        line is not None
+        and "host.torch_threads=1" in line
+        and "24.50 s per update" in line
+        and "\n" not in line
     )
     assert acting_hint(sync, threads=1, act_s=24.5, env_s=1.2) is None  # one thread already
     assert acting_hint(sync, threads=2, act_s=2.0, env_s=1.2) is None  # the env steps take their share
-    workers = load_config(None, ["vector=workers"])
+    workers = load_config(None, ["rollout.vector=workers"])
     assert acting_hint(workers, threads=2, act_s=24.5, env_s=1.2) is None  # workers act, on one thread each
 
 
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        (["vector=sync"], 8),  # a CNN learner on every core
-        (["vector=sync", "model.encoder=mlp"], 1),
-        (["vector=subprocess", "num_workers=3"], 8),  # its workers wait while a CNN learner updates
-        (["vector=subprocess", "num_workers=3", "policy_lag=1"], 5),  # they collect while it updates
-        (["vector=subprocess", "num_workers=3", "model.encoder=mlp"], 3),
-        (["vector=sync", "torch_threads=2"], 2),
-        (["vector=ray"], 1),  # Ray workers reserve their own CPUs
+        (["rollout.vector=sync"], 8),  # a CNN learner on every core
+        (["rollout.vector=sync", "model.encoder=mlp"], 1),
+        (
+            ["rollout.vector=subprocess", "rollout.num_workers=3"],
+            8,
+        ),  # its workers wait while a CNN learner updates
+        (
+            ["rollout.vector=subprocess", "rollout.num_workers=3", "rollout.policy_lag=1"],
+            5,
+        ),  # they collect while it updates
+        (["rollout.vector=subprocess", "rollout.num_workers=3", "model.encoder=mlp"], 3),
+        (["rollout.vector=sync", "host.torch_threads=2"], 2),
+        (["rollout.vector=ray"], 1),  # Ray workers reserve their own CPUs
     ],
 )
 def test_a_run_keeps_busy_its_workers_or_its_learner_threads_whichever_are_more(
@@ -353,7 +388,7 @@ def test_a_run_keeps_busy_its_workers_or_its_learner_threads_whichever_are_more(
     import marl_ppo.run.host as host
 
     monkeypatch.setattr(host, "usable_cores", lambda: 8)
-    config = load_config(None, ["env.id=envs/pixel_signal_v0", "num_envs=2", *overrides])
+    config = load_config(None, ["env.id=envs/pixel_signal_v0", "rollout.num_envs=2", *overrides])
     assert host.run_cores(config) == expected
 
 
@@ -365,13 +400,13 @@ def test_a_command_between_rollouts_keeps_the_rollout_in_flight(tiny_overrides):
         workers, model = _workers(config, 2, policy_lag=1)
         try:
             workers.start(seed=0)
-            buffer = RolloutBuffer(model.spec, config.rollout_steps, config.num_envs)
+            buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.num_envs)
             workers.collect(buffer)  # launches the next rollout
             if ask_between:
-                assert len(workers.env_states()) == config.num_envs
+                assert len(workers.env_states()) == config.rollout.num_envs
             workers.collect(buffer)
             rollouts.append([t.clone() for t in buffer.tensors()])
         finally:
             workers.close()
-    assert workers.env_steps == 2 * config.rollout_steps * config.num_envs
+    assert workers.env_steps == 2 * config.rollout.rollout_steps * config.rollout.num_envs
     assert all(torch.equal(a, b) for a, b in zip(*rollouts, strict=True))

@@ -49,11 +49,18 @@ def _alive(pid: int) -> bool:
 
 def test_killing_a_worker_mid_rollout_ends_the_run_with_one_line_and_no_orphans(tmp_path):
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "marl_ppo", "train", "env.id=envs/early_leaver_v0", "vector=subprocess"]
+    command = [
+        sys.executable,
+        "-m",
+        "marl_ppo",
+        "train",
+        "env.id=envs/early_leaver_v0",
+        "rollout.vector=subprocess",
+    ]
     command += [
-        "num_workers=2",
-        "num_envs=4",
-        "rollout_steps=200",
+        "rollout.num_workers=2",
+        "rollout.num_envs=4",
+        "rollout.rollout_steps=200",
         "total_steps=100000000",
         "log.progress=false",
     ]
@@ -90,7 +97,7 @@ def _trainer_and_batches(spread_config, on_nonfinite="error"):
         spread_config, ppo=dataclasses.replace(spread_config.ppo, on_nonfinite=on_nonfinite)
     )
     model, buffer, rollout = collect_rollout(config)
-    batches = rollout_batches(buffer, rollout.last_values, gamma=config.gamma, lam=config.gae_lambda)
+    batches = rollout_batches(buffer, rollout.last_values, gamma=config.ppo.gamma, lam=config.ppo.gae_lambda)
     return (
         model,
         Trainer(model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0)),

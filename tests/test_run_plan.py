@@ -25,10 +25,10 @@ from marl_ppo.run.resume import resume_config
 SPREAD_YAML = ROOT / "experiments/mpe/simple_spread.yaml"
 NUM_ENVS = 4
 TINY = [
-    f"num_envs={NUM_ENVS}",
-    "rollout_steps=25",
+    f"rollout.num_envs={NUM_ENVS}",
+    "rollout.rollout_steps=25",
     "total_steps=100",
-    "num_workers=2",
+    "rollout.num_workers=2",
     "log.progress=false",
     "ppo.num_minibatches=2",
     "model.hidden_sizes=[16,16]",
@@ -71,7 +71,7 @@ class Counts:
 
 def _training_copies(run_dir) -> int:
     """Env copies training builds in this process: E for a synchronous run, none when workers hold them."""
-    vector = yaml.safe_load((run_dir / "config.yaml").read_text())["vector"]
+    vector = yaml.safe_load((run_dir / "config.yaml").read_text())["rollout"]["vector"]
     return NUM_ENVS if vector == "sync" else 0
 
 
@@ -87,7 +87,7 @@ def _training_copies(run_dir) -> int:
 def test_a_run_builds_one_probe_copy_and_settles_vector_once(vector, tmp_path, monkeypatch):
     monkeypatch.setattr(factory, "usable_cores", lambda: 2)  # `auto` times the probe's steps
     counts = Counts(monkeypatch)
-    loop.train(load_config(SPREAD_YAML, [*TINY, f"vector={vector}"]), tmp_path / "run")
+    loop.train(load_config(SPREAD_YAML, [*TINY, f"rollout.vector={vector}"]), tmp_path / "run")
     probes = 1
     assert counts.at_first_update == {
         "env copies": probes + _training_copies(tmp_path / "run"),
@@ -97,7 +97,7 @@ def test_a_run_builds_one_probe_copy_and_settles_vector_once(vector, tmp_path, m
 
 
 def test_a_resumed_run_builds_one_probe_copy_too(tmp_path, monkeypatch):
-    loop.train(load_config(SPREAD_YAML, [*TINY, "vector=sync"]), tmp_path / "run")
+    loop.train(load_config(SPREAD_YAML, [*TINY, "rollout.vector=sync"]), tmp_path / "run")
     config = resume_config(tmp_path / "run", ["total_steps=200"])
     counts = Counts(monkeypatch)
     result = loop.train(config, tmp_path / "run", resume=True)
@@ -106,16 +106,22 @@ def test_a_resumed_run_builds_one_probe_copy_too(tmp_path, monkeypatch):
 
 
 def test_the_plan_settles_every_auto_and_config_yaml_records_its_config(tmp_path):
-    overrides = [*TINY, "vector=sync", "policy_lag=1", "model.precision=auto", "device=auto"]
+    overrides = [
+        *TINY,
+        "rollout.vector=sync",
+        "rollout.policy_lag=1",
+        "model.precision=auto",
+        "host.device=auto",
+    ]
     config = load_config(SPREAD_YAML, overrides)
-    assert (config.ppo.train_pi_iters, config.ppo.train_vf_iters, config.torch_threads) == ("auto",) * 3
+    assert (config.ppo.train_pi_iters, config.ppo.train_vf_iters, config.host.torch_threads) == ("auto",) * 3
     plan = plan_run(config)
     settled = plan.config
-    assert (settled.vector, settled.policy_lag, settled.num_workers) == ("sync", 0, 2)
+    assert (settled.rollout.vector, settled.rollout.policy_lag, settled.rollout.num_workers) == ("sync", 0, 2)
     assert settled.model.precision in ("fp32", "bf16")
     assert (settled.ppo.train_pi_iters, settled.ppo.train_vf_iters) == (10, 10)
     # where this process runs is settled beside the config, which keeps it as written
-    assert (settled.device, settled.torch_threads) == ("auto", "auto")
+    assert (settled.host.device, settled.host.torch_threads) == ("auto", "auto")
     assert plan.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert (plan.threads, plan.build_threads, plan.convolutional) == (1, 1, False)
     assert plan.spec is not None and [g.name for g in plan.spec.groups] == ["agent"]
@@ -127,7 +133,9 @@ def test_the_plan_settles_every_auto_and_config_yaml_records_its_config(tmp_path
 
 def test_a_cnn_plan_runs_4_epochs_learns_on_every_core_and_builds_on_one(monkeypatch):
     monkeypatch.setattr(host, "usable_cores", lambda: 6)
-    plan = plan_run(load_config(None, ["env.id=envs/pixel_signal_v0", "vector=sync", "num_envs=2"]))
+    plan = plan_run(
+        load_config(None, ["env.id=envs/pixel_signal_v0", "rollout.vector=sync", "rollout.num_envs=2"])
+    )
     assert plan.convolutional
     assert (plan.config.ppo.train_pi_iters, plan.config.ppo.train_vf_iters) == (4, 4)
     assert (plan.threads, plan.build_threads) == (6, 1)
@@ -136,17 +144,19 @@ def test_a_cnn_plan_runs_4_epochs_learns_on_every_core_and_builds_on_one(monkeyp
 def test_a_batched_simulator_is_planned_without_a_probe_copy(monkeypatch):
     pytest.importorskip("vmas")
     counts = Counts(monkeypatch)
-    plan = plan_run(load_config(None, ["env.id=vmas/navigation", "num_envs=4", "vector=auto"]))
-    assert plan.spec is None and plan.config.vector == "sync"
+    plan = plan_run(
+        load_config(None, ["env.id=vmas/navigation", "rollout.num_envs=4", "rollout.vector=auto"])
+    )
+    assert plan.spec is None and plan.config.rollout.vector == "sync"
     assert counts.calls == {"env copies": 0, "resolve_vector": 1, "team layouts": 0}
 
 
 def test_the_trainer_and_the_collector_refuse_an_unsettled_config():
-    config = load_config(SPREAD_YAML, [*TINY, "vector=auto"])
-    plan = plan_run(dataclasses.replace(config, vector="sync"))
+    config = load_config(SPREAD_YAML, [*TINY, "rollout.vector=auto"])
+    plan = plan_run(dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vector="sync")))
     model = TeamModel(plan.spec, plan.config)
     with pytest.raises(ValueError, match=r"ppo.train_pi_iters is still auto; settle it first"):
         Trainer(model, config.ppo, generator=torch.Generator())
     assert Trainer(model, plan.config.ppo, generator=torch.Generator()).ppo.train_vf_iters == 10
-    with pytest.raises(ValueError, match=r"build_collector needs a settled config \(vector=auto\)"):
+    with pytest.raises(ValueError, match=r"build_collector needs a settled config \(rollout.vector=auto\)"):
         build_collector(config, torch.device("cpu"), plan.spec)

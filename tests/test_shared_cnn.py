@@ -15,12 +15,12 @@ from marl_ppo.models.team import TeamModel
 SIGNAL = "envs/pixel_signal_v0"
 SHARED = [
     f"env.id={SIGNAL}",
-    "critic=obs",
-    "share_actor=true",
+    "ppo.critic=obs",
+    "model.share_actor=true",
     "model.shared_cnn=true",
-    "num_envs=4",
-    "rollout_steps=4",
-    "vector=sync",
+    "rollout.num_envs=4",
+    "rollout.rollout_steps=4",
+    "rollout.vector=sync",
     "ppo.train_pi_iters=2",
     "ppo.train_vf_iters=2",
     "ppo.num_minibatches=2",
@@ -102,9 +102,9 @@ def test_reuse_needs_the_same_unchanged_input_in_the_same_grad_mode():
 @pytest.mark.parametrize(
     ("extra", "named"),
     [
-        (["critic=state"], "critic: obs"),
-        (["critic=obs", "share_actor=false", "share_critic=true"], "critic: obs"),
-        (["critic=obs", "share_critic=false", "ppo.actor_update=sequential"], "sequential"),
+        (["ppo.critic=state"], "critic: obs"),
+        (["ppo.critic=obs", "model.share_actor=false", "model.share_critic=true"], "critic: obs"),
+        (["ppo.critic=obs", "model.share_critic=false", "ppo.actor_update=sequential"], "sequential"),
     ],
 )
 def test_shared_cnn_needs_an_obs_critic_with_the_actors_sharing_and_no_agent_turns(extra, named):

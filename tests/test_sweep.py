@@ -22,8 +22,7 @@ from marl_ppo.run.host import settled_epochs
 
 TINY_MATRIX = {
     "env": {"id": "envs/matrix_game_v0"},
-    "num_envs": 2,
-    "rollout_steps": 4,
+    "rollout": {"num_envs": 2, "rollout_steps": 4},
     "total_steps": 8,
     "ppo": {"num_minibatches": 1, "train_pi_iters": 1, "train_vf_iters": 1},
     "model": {"hidden_sizes": [8]},
@@ -41,16 +40,16 @@ def test_grid_values_split_on_top_level_commas_only():
     assert split_values("3e-4,1e-3") == ["3e-4", "1e-3"]
     assert split_values("[64,64],[32]") == ["[64,64]", "[32]"]
     assert split_values("'a,b',c") == ["'a,b'", "c"]
-    grid = parse_grid(["ppo.pi_lr=3e-4,1e-3", "model.hidden_sizes=[64,64],[32]", "gamma=0.9"])
+    grid = parse_grid(["ppo.pi_lr=3e-4,1e-3", "model.hidden_sizes=[64,64],[32]", "ppo.gamma=0.9"])
     assert grid == {
         "ppo.pi_lr": ["3e-4", "1e-3"],
         "model.hidden_sizes": ["[64,64]", "[32]"],
-        "gamma": ["0.9"],
+        "ppo.gamma": ["0.9"],
     }
 
 
 def test_plan_names_run_dirs_by_the_varying_keys_and_seed(experiment, tmp_path):
-    grid = parse_grid(["ppo.pi_lr=0.001,0.002", "gamma=0.9"])
+    grid = parse_grid(["ppo.pi_lr=0.001,0.002", "ppo.gamma=0.9"])
     runs, config = plan_sweep(experiment, grid, 2, tmp_path / "runs")
     assert [run.name for run in runs] == [
         "ppo.pi_lr=0.001/seed0",
@@ -58,10 +57,10 @@ def test_plan_names_run_dirs_by_the_varying_keys_and_seed(experiment, tmp_path):
         "ppo.pi_lr=0.002/seed0",
         "ppo.pi_lr=0.002/seed1",
     ]
-    assert runs[3].overrides == ("ppo.pi_lr=0.002", "gamma=0.9", "seed=1")
+    assert runs[3].overrides == ("ppo.pi_lr=0.002", "ppo.gamma=0.9", "seed=1")
     assert runs[0].run_dir == tmp_path / "runs/matrix/ppo.pi_lr=0.001/seed0"
     assert runs[0].log_file == tmp_path / "runs/matrix/ppo.pi_lr=0.001/seed0.log"
-    assert config.gamma == 0.9 and config.ppo.pi_lr == 0.001
+    assert config.ppo.gamma == 0.9 and config.ppo.pi_lr == 0.001
     only_seeds, _ = plan_sweep(experiment, {}, 2, tmp_path / "runs")
     assert [run.name for run in only_seeds] == ["seed0", "seed1"]
 
@@ -101,7 +100,7 @@ def test_every_grid_point_and_seed_is_one_process_with_its_overrides(experiment,
                 "sweep",
                 str(experiment),
                 "ppo.pi_lr=0.001,0.002",
-                "gamma=0.9",
+                "ppo.gamma=0.9",
                 "--seeds",
                 "2",
                 "--out",
@@ -113,7 +112,7 @@ def test_every_grid_point_and_seed_is_one_process_with_its_overrides(experiment,
     for lr in ("0.001", "0.002"):
         for seed in (0, 1):
             recorded = (out / "matrix" / f"ppo.pi_lr={lr}" / f"seed{seed}" / "summary.json").read_text()
-            assert json.loads(recorded) == [f"ppo.pi_lr={lr}", "gamma=0.9", f"seed={seed}"]
+            assert json.loads(recorded) == [f"ppo.pi_lr={lr}", "ppo.gamma=0.9", f"seed={seed}"]
     assert sorted(p.name for p in (out / "matrix").iterdir()) == ["ppo.pi_lr=0.001", "ppo.pi_lr=0.002"]
 
 
@@ -249,7 +248,9 @@ def test_help_of_every_command_prints(command, capsys):
 @pytest.mark.parametrize("vector", ["sync", "subprocess", "auto"])
 def test_default_jobs_divides_the_cores_by_what_one_run_keeps_busy(vector, monkeypatch):
     monkeypatch.setattr(sweep_module, "usable_cores", lambda: 8)
-    config = load_config(None, ["env.id=envs/matrix_game_v0", f"vector={vector}", "num_workers=2"])
+    config = load_config(
+        None, ["env.id=envs/matrix_game_v0", f"rollout.vector={vector}", "rollout.num_workers=2"]
+    )
     assert sweep_module.default_jobs(config) == (8 if vector == "sync" else 4)  # torch_threads: auto is 1
 
 
@@ -260,7 +261,7 @@ def _fake_train_writing_config(experiment, run):
         "d = pathlib.Path(sys.argv[-1]); d.mkdir(); "
         "c = load_config(sys.argv[1], sys.argv[2:-1]); "
         "(d / 'config.yaml').write_text(yaml.safe_dump(config_to_dict(c))); "
-        "(d / 'summary.json').write_text(json.dumps({'gamma': c.gamma}))"
+        "(d / 'summary.json').write_text(json.dumps({'gamma': c.ppo.gamma}))"
     )
     return [sys.executable, "-c", script, str(experiment), *run.overrides, str(run.run_dir)]
 
@@ -271,18 +272,18 @@ def test_a_changed_non_grid_value_never_reuses_a_finished_run_of_another_config(
     monkeypatch.setattr(sweep_module, "_command", _fake_train_writing_config)
     monkeypatch.setattr(sweep_module, "_result_line", lambda run: "ok")
     out = tmp_path / "runs"
-    assert main(["sweep", str(experiment), "--seeds", "2", "gamma=0.95", "--out", str(out)]) == 0
+    assert main(["sweep", str(experiment), "--seeds", "2", "ppo.gamma=0.95", "--out", str(out)]) == 0
     assert "2 finished, 0 skipped" in capsys.readouterr().out
     summaries = {seed: (out / "matrix" / f"seed{seed}" / "summary.json").read_text() for seed in (0, 1)}
     assert json.loads(summaries[0]) == {"gamma": 0.95}
 
     # gamma=0.5 lands in the same directories (one value names no directory): refused, nothing touched
-    assert main(["sweep", str(experiment), "--seeds", "2", "gamma=0.5", "--out", str(out)]) == 2
+    assert main(["sweep", str(experiment), "--seeds", "2", "ppo.gamma=0.5", "--out", str(out)]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1
     assert (
         f"run directory '{out / 'matrix' / 'seed0'}' holds a finished run of another config "
-        "(gamma 0.95 there, 0.5 here); pass another --out, or remove the run to train it again"
+        "(ppo.gamma 0.95 there, 0.5 here); pass another --out, or remove the run to train it again"
     ) in captured.err
     for seed in (0, 1):
         assert (out / "matrix" / f"seed{seed}" / "summary.json").read_text() == summaries[seed]
@@ -291,14 +292,14 @@ def test_a_changed_non_grid_value_never_reuses_a_finished_run_of_another_config(
     changed = yaml.safe_load(experiment.read_text())
     changed["model"]["hidden_sizes"] = [16]
     experiment.write_text(yaml.safe_dump(changed))
-    assert main(["sweep", str(experiment), "--seeds", "2", "gamma=0.95", "--out", str(out)]) == 2
+    assert main(["sweep", str(experiment), "--seeds", "2", "ppo.gamma=0.95", "--out", str(out)]) == 2
     assert "(model.hidden_sizes [8] there, [16] here)" in capsys.readouterr().err
 
     # the same config as the finished runs (log.progress and an expected band aside) reuses them
     changed["model"]["hidden_sizes"] = [8]
     changed["expected"] = {"steps": 8, "seeds": 2, "team_return": [0.0, 20.0]}
     experiment.write_text(yaml.safe_dump(changed))
-    assert main(["sweep", str(experiment), "--seeds", "3", "gamma=0.95", "--out", str(out)]) == 0
+    assert main(["sweep", str(experiment), "--seeds", "3", "ppo.gamma=0.95", "--out", str(out)]) == 0
     assert "1 finished, 2 skipped (already finished)" in capsys.readouterr().out
 
 
@@ -313,18 +314,16 @@ def test_auto_epochs_reuse_only_a_run_that_trained_the_epochs_auto_gives_now():
 
 
 def test_auto_choices_recorded_by_a_finished_run_match_the_auto_it_was_started_with():
-    planned = load_config(None, ["env.id=envs/matrix_game_v0", "policy_lag=1"])
+    planned = load_config(None, ["env.id=envs/matrix_game_v0", "rollout.policy_lag=1"])
     recorded = config_to_dict(planned)
-    recorded.update(vector="sync", policy_lag=0, torch_threads=1)
+    recorded["rollout"].update(vector="sync", policy_lag=0)
+    recorded["host"]["torch_threads"] = 1
     recorded["model"]["precision"] = "fp32"
     recorded["ppo"].update(train_pi_iters=10, train_vf_iters=10)
     assert sweep_module.config_differences(settled_epochs(planned), recorded) == []
-    recorded.update(seed=4, gamma=0.5)
-    assert sweep_module.config_differences(settled_epochs(planned), recorded) == [
-        "gamma",
-        "seed",
-    ]
+    recorded["seed"], recorded["ppo"]["gamma"] = 4, 0.5
+    assert sweep_module.config_differences(settled_epochs(planned), recorded) == ["ppo.gamma", "seed"]
     without_lag = load_config(None, ["env.id=envs/matrix_game_v0"])  # auto, policy_lag 0
     recorded = config_to_dict(without_lag)
-    recorded.update(vector="workers", policy_lag=1)  # auto never turns lag on: that run was started otherwise
-    assert sweep_module.config_differences(without_lag, recorded) == ["policy_lag"]
+    recorded["rollout"].update(vector="workers", policy_lag=1)  # auto never turns lag on: started otherwise
+    assert sweep_module.config_differences(without_lag, recorded) == ["rollout.policy_lag"]

@@ -25,9 +25,9 @@ def _model(critic, share_critic=True, share_actor=False):
         None,
         [
             f"env.id={SPREAD}",
-            f"critic={critic}",
-            f"share_critic={share_critic}",
-            f"share_actor={share_actor}",
+            f"ppo.critic={critic}",
+            f"model.share_critic={share_critic}",
+            f"model.share_actor={share_actor}",
         ],
     )
     spec = build_team_spec(make_env(SPREAD), SPREAD)
@@ -186,7 +186,9 @@ def _must_not_run():
 
 
 def test_a_rollout_reads_each_mlps_weights_once_and_never_runs_the_training_forward(monkeypatch):
-    config = load_config(overrides=["total_steps=64", "num_envs=2", "rollout_steps=8", "vector=sync"])
+    config = load_config(
+        overrides=["total_steps=64", "rollout.num_envs=2", "rollout.rollout_steps=8", "rollout.vector=sync"]
+    )
     reads, forwards = [], []
     first_layer, forward = AgentMLP.first_layer, AgentMLP.forward
     monkeypatch.setattr(AgentMLP, "first_layer", lambda net: reads.append(net) or first_layer(net))
@@ -195,7 +197,7 @@ def test_a_rollout_reads_each_mlps_weights_once_and_never_runs_the_training_forw
     mlps = [m for m in model.modules() if isinstance(m, AgentMLP)]
     assert len(mlps) == 2 and sorted(map(id, reads)) == sorted(map(id, mlps))  # actor and critic, once
     assert forwards == []
-    assert rollout.env_steps == config.rollout_steps * config.num_envs
+    assert rollout.env_steps == config.rollout.rollout_steps * config.rollout.num_envs
 
 
 @pytest.mark.parametrize("shared", [True, False])
@@ -232,7 +234,7 @@ def test_a_sequence_of_one_step_chunks_gives_each_row_the_numbers_of_a_step(crit
 
 
 def test_team_critic_is_one_mlp_of_the_state_broadcast_to_the_agents():
-    """`critic: team` is V(state): one network without an agent id, run once per env step, its value given
+    """`ppo.critic: team` is V(state): one network without an agent id, run once per env step, its value given
     to every agent. Outputs and gradients equal the textbook MLP on the state, whose one value receives
     the sum of the agents' gradients."""
     model, _ = _model("team")
@@ -264,11 +266,17 @@ def test_team_critic_is_one_mlp_of_the_state_broadcast_to_the_agents():
 
 
 def test_team_critic_trains_and_values_stay_equal_across_agents():
-    """With `critic: team` a rollout's acting-time values are the same for every agent of the group,
+    """With `ppo.critic: team` a rollout's acting-time values are the same for every agent of the group,
     and one update moves every critic parameter."""
     config = load_config(
         None,
-        [f"env.id={SPREAD}", "num_envs=2", "rollout_steps=25", "critic=team", "ppo.num_minibatches=1"],
+        [
+            f"env.id={SPREAD}",
+            "rollout.num_envs=2",
+            "rollout.rollout_steps=25",
+            "ppo.critic=team",
+            "ppo.num_minibatches=1",
+        ],
     )
     model, buffer, rollout = collect_rollout(config)
     values = buffer.groups["agent"].values
@@ -282,8 +290,8 @@ def test_team_critic_trains_and_values_stay_equal_across_agents():
             buffer,
             rollout.last_values,
             rollout.last_alive,
-            gamma=config.gamma,
-            lam=config.gae_lambda,
+            gamma=config.ppo.gamma,
+            lam=config.ppo.gae_lambda,
             team=True,
         )
     )
@@ -313,10 +321,10 @@ def test_one_update_moves_every_actor_and_the_critic():
         None,
         [
             f"env.id={SPREAD}",
-            "num_envs=2",
-            "rollout_steps=25",
-            "share_actor=false",
-            "share_critic=false",
+            "rollout.num_envs=2",
+            "rollout.rollout_steps=25",
+            "model.share_actor=false",
+            "model.share_critic=false",
             "ppo.train_pi_iters=1",
             "ppo.train_vf_iters=1",
             "ppo.num_minibatches=1",
@@ -327,7 +335,7 @@ def test_one_update_moves_every_actor_and_the_critic():
     trainer = Trainer(
         model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0)
     )
-    batches = rollout_batches(buffer, rollout.last_values, gamma=config.gamma, lam=config.gae_lambda)
+    batches = rollout_batches(buffer, rollout.last_values, gamma=config.ppo.gamma, lam=config.ppo.gae_lambda)
     before = copy.deepcopy(model.state_dict())
     grads = {}
     hooks = [

@@ -117,7 +117,7 @@ def test_four_backends_get_the_same_series_and_resume_appends_to_the_same_runs(
 ):
     run_dir = tmp_path / "run"
     backends = "log.backends=[tensorboard,csv,wandb,mlflow]"
-    train(_config(tiny_overrides, backends, "eval_every=50", "log.video=gif"), run_dir)
+    train(_config(tiny_overrides, backends, "eval.every=50", "log.video=gif"), run_dir)
     first_ids, first_wandb = _wandb(run_dir)
     train(resume_config(run_dir, ["total_steps=200"]), run_dir, resume=True)
 
@@ -259,7 +259,7 @@ def test_report_and_compare_read_a_run_that_logged_csv_alone(tmp_path, tiny_over
     from marl_ppo.analysis.runlogs import RETURN_TAGS, find_run_dirs, last_values, read_run
 
     run_dir = tmp_path / "run"
-    train(_config(tiny_overrides, "log.backends=[tensorboard,csv]", "eval_every=50"), run_dir)
+    train(_config(tiny_overrides, "log.backends=[tensorboard,csv]", "eval.every=50"), run_dir)
     from_tensorboard = read_run(run_dir).series
     last = last_values(run_dir, RETURN_TAGS)
     shutil.rmtree(run_dir / "tensorboard")

@@ -44,7 +44,13 @@ def test_the_fingerprint_of_a_run_repeats_and_tells_another_run_apart():
     seeded run gives the same hashes, another seed other ones."""
     from bench.fingerprint import fingerprint
 
-    tiny = ["total_steps=100", "num_envs=2", "rollout_steps=25", "vector=sync", "ppo.num_minibatches=2"]
+    tiny = [
+        "total_steps=100",
+        "rollout.num_envs=2",
+        "rollout.rollout_steps=25",
+        "rollout.vector=sync",
+        "ppo.num_minibatches=2",
+    ]
     first, again = (
         fingerprint(str(ROOT / "experiments/mpe/simple_spread.yaml"), ["seed=0", *tiny]) for _ in range(2)
     )

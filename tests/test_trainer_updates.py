@@ -24,10 +24,10 @@ def _config(*overrides):
     return load_config(
         ROOT / "experiments/mpe/simple_spread.yaml",
         [
-            "num_envs=2",
-            "rollout_steps=25",
-            "vector=sync",
-            "policy_lag=0",
+            "rollout.num_envs=2",
+            "rollout.rollout_steps=25",
+            "rollout.vector=sync",
+            "rollout.policy_lag=0",
             "ppo.train_pi_iters=2",
             "ppo.train_vf_iters=2",
             "ppo.num_minibatches=2",
@@ -40,7 +40,7 @@ def _config(*overrides):
 def _rollout(config, seed=0):
     """A fresh model, its trainer and the batches of one rollout."""
     model, buffer, rollout = collect_rollout(config, seed)
-    batches = rollout_batches(buffer, rollout.last_values, gamma=config.gamma, lam=config.gae_lambda)
+    batches = rollout_batches(buffer, rollout.last_values, gamma=config.ppo.gamma, lam=config.ppo.gae_lambda)
     return (
         model,
         Trainer(model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0)),
@@ -111,7 +111,7 @@ class _Rollouts:
         self.config = config
         venv = build_vector_env(config)
         self.model = TeamModel(venv.spec, config)
-        self.buffer = RolloutBuffer(venv.spec, config.rollout_steps, config.num_envs)
+        self.buffer = RolloutBuffer(venv.spec, config.rollout.rollout_steps, config.rollout.num_envs)
         self.collector = Collector(venv, self.model, torch.device("cpu"))
         self.collector.start(seed)
         self.trainer = Trainer(
@@ -122,7 +122,7 @@ class _Rollouts:
         self.buffer.reset()
         rollout = self.collector.collect(self.buffer)
         return rollout_batches(
-            self.buffer, rollout.last_values, gamma=self.config.gamma, lam=self.config.gae_lambda
+            self.buffer, rollout.last_values, gamma=self.config.ppo.gamma, lam=self.config.ppo.gae_lambda
         )
 
 
@@ -392,7 +392,8 @@ def test_a_lagged_run_logs_the_lags_kl_and_weights_and_an_unlagged_one_does_not(
     from marl_ppo.run.loop import train
 
     config = load_config(
-        ROOT / "experiments/mpe/simple_spread.yaml", [*tiny_overrides, f"vector={vector}", "total_steps=150"]
+        ROOT / "experiments/mpe/simple_spread.yaml",
+        [*tiny_overrides, f"rollout.vector={vector}", "total_steps=150"],
     )
     train(config, tmp_path)
     events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})

@@ -42,7 +42,10 @@ def test_tictactoe_moves_alternate_with_masks_and_the_winner_is_paid():
 
 
 def test_self_play_rollout_keeps_masks_and_credits_the_loser(tmp_path):
-    config = load_config(None, [f"env.id={TICTACTOE}", "share_actor=true", "num_envs=4", "rollout_steps=40"])
+    config = load_config(
+        None,
+        [f"env.id={TICTACTOE}", "model.share_actor=true", "rollout.num_envs=4", "rollout.rollout_steps=40"],
+    )
     model, buffer, rollout = collect_rollout(config)
     storage = buffer.groups["player"]
     assert (storage.alive.sum(-1) == 1).all(), "exactly one player moves at every step"
@@ -66,7 +69,10 @@ def test_self_play_rollout_keeps_masks_and_credits_the_loser(tmp_path):
 
 
 def _tictactoe_rollout():
-    config = load_config(None, [f"env.id={TICTACTOE}", "share_actor=true", "num_envs=8", "rollout_steps=25"])
+    config = load_config(
+        None,
+        [f"env.id={TICTACTOE}", "model.share_actor=true", "rollout.num_envs=8", "rollout.rollout_steps=25"],
+    )
     _, buffer, rollout = collect_rollout(config, seed=1)
     return buffer, rollout
 
@@ -106,9 +112,9 @@ def test_connect_four_trains_one_update(tmp_path):
         None,
         [
             "env.id=classic/connect_four_v3",
-            "share_actor=true",
-            "num_envs=2",
-            "rollout_steps=32",
+            "model.share_actor=true",
+            "rollout.num_envs=2",
+            "rollout.rollout_steps=32",
             "total_steps=64",
             "log.progress=false",
         ],
@@ -120,11 +126,13 @@ def test_connect_four_trains_one_update(tmp_path):
 def test_simultaneous_moves_keep_the_bootstrap_after_the_last_step_bit_for_bit():
     """Every simple_spread agent acts after the last step: the batch is the one of the bootstrap from
     V(next obs) for everyone, bit for bit."""
-    config = load_config(str(ROOT / "experiments/mpe/simple_spread.yaml"), ["num_envs=4", "rollout_steps=30"])
+    config = load_config(
+        str(ROOT / "experiments/mpe/simple_spread.yaml"), ["rollout.num_envs=4", "rollout.rollout_steps=30"]
+    )
     _, buffer, rollout = collect_rollout(config)
     assert all(alive.all() for alive in rollout.last_alive.values())
     assert any(g.truncated.any() for g in buffer.groups.values()), "an episode ends inside the rollout"
-    gae = {"gamma": config.gamma, "lam": config.gae_lambda}
+    gae = {"gamma": config.ppo.gamma, "lam": config.ppo.gae_lambda}
     got = rollout_batches(buffer, rollout.last_values, rollout.last_alive, **gae)
     everyone_acts = rollout_batches(buffer, rollout.last_values, None, **gae)
     for name, batch in got.items():

@@ -53,7 +53,9 @@ def test_an_unknown_id_says_how_to_name_the_file_that_registers_it():
 def test_spawned_worker_processes_load_the_file_again(tmp_path):
     """Workers started with spawn inherit no modules: the id names the file, so each loads it."""
     path = write_env_file(tmp_path, register="mine/rendezvous_spawn_v0")
-    config = load_config(None, [f"env.id={path}:mine/rendezvous_spawn_v0", "num_envs=2", "vector=sync"])
+    config = load_config(
+        None, [f"env.id={path}:mine/rendezvous_spawn_v0", "rollout.num_envs=2", "rollout.vector=sync"]
+    )
     make_copy = functools.partial(make_adapter, config, team_spec(config))
     sync = SyncVectorEnv(make_copy, num_envs=2)
     spawned = SubprocessVectorEnv(make_copy, num_envs=2, num_workers=2, start_method="spawn", timeout_s=60)
@@ -85,12 +87,17 @@ def _marl_ppo(*args, cwd):
 def test_a_run_in_rollout_workers_resumes_in_a_new_process_on_the_files_id(tmp_path):
     """As a user runs it: `marl-ppo train env.id=my_env.py:mine/rendezvous_v0`, then `--resume` (exact)."""
     write_env_file(tmp_path, register="mine/rendezvous_v0")
-    common = ["num_envs=4", "rollout_steps=10", "log.progress=false", "model.hidden_sizes=[8]"]
+    common = [
+        "rollout.num_envs=4",
+        "rollout.rollout_steps=10",
+        "log.progress=false",
+        "model.hidden_sizes=[8]",
+    ]
     first = _marl_ppo(
         "train",
         "env.id=my_env.py:mine/rendezvous_v0",
         *common,
-        "vector=workers",
+        "rollout.vector=workers",
         "total_steps=80",
         "--run-dir",
         "run",
@@ -122,7 +129,13 @@ def test_a_file_env_run_resumes_and_evaluates_from_another_directory_and_follows
     for directory in (start, elsewhere, moved_to):
         directory.mkdir()
     env_file = write_env_file(start)
-    tiny = ["num_envs=2", "rollout_steps=10", "vector=sync", "log.progress=false", "model.hidden_sizes=[8]"]
+    tiny = [
+        "rollout.num_envs=2",
+        "rollout.rollout_steps=10",
+        "rollout.vector=sync",
+        "log.progress=false",
+        "model.hidden_sizes=[8]",
+    ]
     monkeypatch.chdir(start)
     assert main(["train", "env.id=my_env.py:Rendezvous", *tiny, "total_steps=20", "--run-dir", "run"]) == 0
     run_dir = start / "run"

@@ -60,7 +60,12 @@ def duel(**kwargs):
 
 
 def _venv(agents, copies=4):
-    overrides = [f"env.id={__file__}:duel", "vector=sync", f"num_envs={copies}", "ppo.num_minibatches=1"]
+    overrides = [
+        f"env.id={__file__}:duel",
+        "rollout.vector=sync",
+        f"rollout.num_envs={copies}",
+        "ppo.num_minibatches=1",
+    ]
     if agents is not None:
         overrides.append(f"env.kwargs={{agents: {list(agents)}}}")
     return build_vector_env(load_config(None, overrides))
@@ -148,13 +153,15 @@ def test_eval_teams_names_the_sides_where_agents_names_do_not():
         "eval/vs_random/y/team_return": 1.0,
         "eval/vs_random/y/opponent_return": 0.0,
     }
-    with pytest.raises(ValueError, match="eval_teams names the sides of eval_vs_random: teams"):
-        load_config(None, ["eval_vs_random=seats", "eval_teams={a: [x], b: [y]}"])
+    with pytest.raises(ValueError, match="eval.teams names the sides of eval.vs_random: teams"):
+        load_config(None, ["eval.vs_random=seats", "eval.teams={a: [x], b: [y]}"])
 
 
 def test_random_actions_respect_masks_and_bounds():
     pytest.importorskip("pygame")
-    venv = build_vector_env(load_config(None, ["env.id=classic/tictactoe_v3", "vector=sync", "num_envs=3"]))
+    venv = build_vector_env(
+        load_config(None, ["env.id=classic/tictactoe_v3", "rollout.vector=sync", "rollout.num_envs=3"])
+    )
     try:
         arrays = venv.reset(0)
         for _ in range(30):
@@ -173,8 +180,14 @@ def test_random_actions_respect_masks_and_bounds():
 def test_periodic_evaluation_logs_and_eval_writes_the_scores(tmp_path, capsys):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    overrides = [f"env.id={__file__}:duel", "vector=sync", "num_envs=4", "rollout_steps=4", "total_steps=32"]
-    overrides += ["eval_every=16", "eval_episodes=4", "eval_vs_random=seats", "log.progress=false"]
+    overrides = [
+        f"env.id={__file__}:duel",
+        "rollout.vector=sync",
+        "rollout.num_envs=4",
+        "rollout.rollout_steps=4",
+        "total_steps=32",
+    ]
+    overrides += ["eval.every=16", "eval.episodes=4", "eval.vs_random=seats", "log.progress=false"]
     overrides += ["ppo.num_minibatches=1", "ppo.train_pi_iters=1", "ppo.train_vf_iters=1"]
     train(load_config(None, overrides), tmp_path / "run")
     events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
@@ -196,7 +209,8 @@ def test_a_recurrent_policy_plays_random_seats_with_its_states_carried():
     from marl_ppo.rollout.stepper import PolicyActing
 
     config = load_config(
-        None, ["env.id=classic/tictactoe_v3", "vector=sync", "num_envs=2", "model.recurrent=gru"]
+        None,
+        ["env.id=classic/tictactoe_v3", "rollout.vector=sync", "rollout.num_envs=2", "model.recurrent=gru"],
     )
     venv = build_vector_env(config)
     try:

@@ -15,7 +15,7 @@ from marl_ppo.rollout.collector import Collector  # noqa: E402
 
 def _config(max_steps):
     return load_config(
-        None, ["env.id=vmas/navigation", f"env.kwargs={{max_steps: {max_steps}}}", "num_envs=8"]
+        None, ["env.id=vmas/navigation", f"env.kwargs={{max_steps: {max_steps}}}", "rollout.num_envs=8"]
     )
 
 
@@ -52,7 +52,7 @@ def test_a_vmas_rollout_never_leaves_torch(monkeypatch):
     venv = build_vector_env(config)
     torch.manual_seed(0)
     model = TeamModel(venv.spec, config)
-    buffer = RolloutBuffer(venv.spec, 10, config.num_envs)
+    buffer = RolloutBuffer(venv.spec, 10, config.rollout.num_envs)
     collector = Collector(venv, model, torch.device("cpu"))
     collector.start(0)
 
@@ -91,7 +91,8 @@ SCENARIOS = ["navigation", "balance", "transport", "wheel", "sampling"]
 
 def _venv(scenario, max_steps, num_envs=8, spare=True, device="cpu"):
     config = load_config(
-        None, [f"env.id=vmas/{scenario}", f"env.kwargs={{max_steps: {max_steps}}}", f"num_envs={num_envs}"]
+        None,
+        [f"env.id=vmas/{scenario}", f"env.kwargs={{max_steps: {max_steps}}}", f"rollout.num_envs={num_envs}"],
     )
     venv = build_vector_env(config, torch.device(device))
     if not spare:

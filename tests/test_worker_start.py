@@ -68,7 +68,9 @@ def test_a_jax_env_in_spawned_env_workers_steps_as_in_this_process(tmp_path):
     float(jnp.ones(3).sum())  # JAX's threads are running in this process
     path = tmp_path / "jax_env.py"
     path.write_text(JAX_RENDEZVOUS)
-    config = load_config(None, [f"env.id={path}:JaxRendezvous", "num_envs=4", "vector=subprocess"])
+    config = load_config(
+        None, [f"env.id={path}:JaxRendezvous", "rollout.num_envs=4", "rollout.vector=subprocess"]
+    )
     spec = team_spec(config)
     make_copy = functools.partial(make_adapter, config, spec)
     spawned = SubprocessVectorEnv(make_copy, num_envs=4, num_workers=2, timeout_s=120, spec=spec)
@@ -95,8 +97,13 @@ def test_a_jax_env_trains_in_rollout_workers(tmp_path):
     """The default `vector` settles on rollout workers for a slow env; with JAX loaded they spawn and finish."""
     path = tmp_path / "jax_env.py"
     path.write_text(JAX_RENDEZVOUS)
-    overrides = [f"env.id={path}:JaxRendezvous", "num_envs=4", "rollout_steps=20", "total_steps=160"]
+    overrides = [
+        f"env.id={path}:JaxRendezvous",
+        "rollout.num_envs=4",
+        "rollout.rollout_steps=20",
+        "total_steps=160",
+    ]
     overrides += ["log.progress=false", "ppo.train_pi_iters=1", "ppo.train_vf_iters=1"]
-    overrides += ["vector=workers", "num_workers=2", "worker_timeout_s=120"]
+    overrides += ["rollout.vector=workers", "rollout.num_workers=2", "rollout.worker_timeout_s=120"]
     result = train(load_config(None, overrides), tmp_path / "run")
     assert result.env_steps == 160 and result.episodes == 8 and -200 < result.team_return_mean <= 0

@@ -225,7 +225,7 @@ def _team_gae(
 
 def refuse_unshared_rewards(buffer: RolloutBuffer, *, env_steps_before: int) -> None:
     """Raise ConfigError at the rollout's first step where a group's agents got different rewards
-    (`team_reward: refuse`); `env_steps_before`: the run's env steps before this rollout."""
+    (`ppo.team_reward: refuse`); `env_steps_before`: the run's env steps before this rollout."""
     for name, storage in buffer.groups.items():
         rewards = storage.rewards
         differs = (rewards != rewards[..., :1]).any(-1)
@@ -238,8 +238,8 @@ def refuse_unshared_rewards(buffer: RolloutBuffer, *, env_steps_before: int) -> 
         )
         more = ", ..." if len(agents) > 4 else ""
         raise ConfigError(
-            f"critic: team with team_reward: refuse: the agents of group '{name}' got different rewards "
+            f"ppo.critic: team with ppo.team_reward: refuse: the agents of group '{name}' got different rewards "
             f"at step {t + 1} of the rollout after env step {env_steps_before} (copy {e}): {shown}{more}; set "
-            "team_reward: mean to train the team critic on their mean, or use critic: state for a value "
+            "ppo.team_reward: mean to train the team critic on their mean, or use ppo.critic: state for a value "
             "per agent"
         )

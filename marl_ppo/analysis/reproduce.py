@@ -97,10 +97,10 @@ def reproduce(
             f"experiment file '{experiment}' has no expected: block; add one, e.g. "
             "expected: {steps: 1_000_000, seeds: 3, team_return: [-36, -29]}"
         )
-    if expected.eval and not config.eval_every:  # train ignores expected:, so only reproduce checks it
+    if expected.eval and not config.eval.every:  # train ignores expected:, so only reproduce checks it
         raise SweepError(
             f"experiment file '{experiment}': expected.eval bands the last periodic evaluation, but "
-            "eval_every is not set; set eval_every (env steps between evaluations) or drop expected.eval"
+            "eval.every is not set; set eval.every (env steps between evaluations) or drop expected.eval"
         )
     rliable()  # a missing extra fails before hours of training
     runs, config = plan_sweep(

@@ -21,8 +21,8 @@ import yaml
 
 from marl_ppo.faults import UserError
 
-EXECUTION_KEYS = ("seed", "log", "device", "torch_threads", "num_workers", "vector", "ray")
-"""Top-level config keys that do not define a configuration (seeds are its runs; the rest is how it ran)."""
+EXECUTION_KEYS = ("seed", "log", "host", "rollout.num_workers", "rollout.vector", "ray")
+"""Config keys and sections that do not define a configuration (seeds are its runs; the rest is how it ran)."""
 
 CHECK_KEYS = ("expected",)
 """Top-level config keys that say what a run should reach (the band `reproduce` checks), not what it
@@ -140,13 +140,15 @@ def last_values(run_dir: Path, tags: Iterable[str]) -> dict[str, float | None]:
 
 
 def with_defaults(config: dict[str, Any]) -> dict[str, Any]:
-    """The config with today's defaults for keys an older marl_ppo did not write (as is when invalid)."""
-    from marl_ppo.config import ConfigError, build_config, config_to_dict
+    """The config with its moved keys at their new place and today's defaults for keys an older
+    marl_ppo did not write (only moved when invalid)."""
+    from marl_ppo.config import ConfigError, build_config, config_to_dict, migrate_stored
 
+    migrated = migrate_stored(config)
     try:
-        return config_to_dict(build_config(config))
+        return config_to_dict(build_config(migrated))
     except ConfigError:
-        return config
+        return migrated
 
 
 def flatten_config(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -167,9 +169,19 @@ def experiment_name(config: dict[str, Any]) -> str:
 
 def _trained(run: RunLog, by_code: bool) -> dict[str, Any]:
     """What defines the run's configuration: its config without the execution and check keys, and its code."""
-    untrained = (*EXECUTION_KEYS, *CHECK_KEYS)
-    trained = {key: value for key, value in run.config.items() if key not in untrained}
+    trained = without_keys(run.config, (*EXECUTION_KEYS, *CHECK_KEYS))
     return {**trained, "code": run.code} if by_code else trained
+
+
+def without_keys(config: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """`config` without the dotted `keys` (a section's name drops the whole section)."""
+    kept = {}
+    for name, value in config.items():
+        if name in keys:
+            continue
+        inner = [key.removeprefix(name + ".") for key in keys if key.startswith(name + ".")]
+        kept[name] = without_keys(value, inner) if inner and isinstance(value, dict) else value
+    return kept
 
 
 def group_configurations(runs: Sequence[RunLog], *, by_code: bool = True) -> list[Configuration]:

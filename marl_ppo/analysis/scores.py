@@ -27,17 +27,14 @@ from marl_ppo.analysis.runlogs import (
     RunLog,
     experiment_name,
     flatten_config,
+    without_keys,
 )
 from marl_ppo.run.protocol import read_absolute_metric, read_evaluations
 
 TASK_KEYS = (
     "env.",
     "total_steps",
-    "eval_every",
-    "eval_episodes",
-    "eval_absolute",
-    "eval_vs_random",
-    "eval_teams",
+    "eval.",
 )
 """Config keys that belong to the task (its env and budget), not to the algorithm."""
 
@@ -78,7 +75,7 @@ def run_scores(run: RunLog, task: str, algorithm: str) -> RunScores:
         steps, returns = tuple(int(s) for s in points), tuple((float(v),) for v in values)
     else:
         raise ReportError(
-            f"run '{run.run_dir}' has no evaluations; compare needs runs trained with eval_every (e.g. eval_every=20000)"
+            f"run '{run.run_dir}' has no evaluations; compare needs runs trained with eval.every (e.g. eval.every=20000)"
         )
     absolute = read_absolute_metric(run.run_dir)
     return RunScores(
@@ -97,7 +94,7 @@ def _algorithm_keys(runs: Sequence[RunLog]) -> list[str]:
     """Config keys (not of the task, seed or execution) whose values differ among one task's runs."""
     by_task: dict[str, list[dict[str, str]]] = {}
     for run in runs:
-        kept = {k: v for k, v in run.config.items() if k not in (*EXECUTION_KEYS, *CHECK_KEYS)}
+        kept = without_keys(run.config, (*EXECUTION_KEYS, *CHECK_KEYS))
         flat = {k: v for k, v in flatten_config(kept).items() if not k.startswith(TASK_KEYS)}
         by_task.setdefault(experiment_name(run.config), []).append(flat)
     varying: set[str] = set()
@@ -123,7 +120,12 @@ def algorithm_labels(runs: Sequence[RunLog], by: Sequence[str] | None = None) ->
         flat = flatten_config(run.config)
         unknown = [key for key in keys if key not in flat]
         if by and unknown:
-            raise ReportError(f"--by {','.join(by)}: run '{run.run_dir}' has no config key {unknown[0]}")
+            from marl_ppo.config import MOVED_KEYS
+
+            moved = f" (moved to {MOVED_KEYS[unknown[0]]})" if unknown[0] in MOVED_KEYS else ""
+            raise ReportError(
+                f"--by {','.join(by)}: run '{run.run_dir}' has no config key {unknown[0]}{moved}"
+            )
         labels.append(" ".join(f"{key}={_value(flat, key)}" for key in keys) or "default")
     return labels
 

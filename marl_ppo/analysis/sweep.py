@@ -139,7 +139,7 @@ def plan_sweep(
     return runs, first
 
 
-AUTO_KEYS = ("vector", "model.precision", "torch_threads")
+AUTO_KEYS = ("rollout.vector", "model.precision", "host.torch_threads")
 """Keys whose `auto` a run settles when it starts; a finished run's recorded choice matches `auto`
 (how it ran, not what it trained; `auto` epochs, which change training, are settled instead)."""
 
@@ -149,8 +149,12 @@ def config_differences(planned: ExperimentConfig, recorded: dict[str, Any]) -> l
     wanted = flatten_config(config_to_dict(anchored_config(planned)))  # as the run records it
     found = flatten_config(with_defaults(recorded))
     settled = {key for key in AUTO_KEYS if wanted.get(key) == '"auto"' and key in found}
-    if "vector" in settled and found["vector"] != '"workers"' and found.get("policy_lag") == "0":
-        settled.add("policy_lag")  # auto that picked sync runs, and records, policy_lag 0
+    if (
+        "rollout.vector" in settled
+        and found["rollout.vector"] != '"workers"'
+        and found.get("rollout.policy_lag") == "0"
+    ):
+        settled.add("rollout.policy_lag")  # auto that picked sync runs, and records, policy_lag 0
     return [
         key
         for key in sorted(set(wanted) | set(found))

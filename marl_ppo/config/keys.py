@@ -17,7 +17,7 @@ import yaml
 from pydantic.dataclasses import is_pydantic_dataclass
 from pydantic.fields import FieldInfo
 
-from marl_ppo.config.records import ExperimentConfig, _plain, config_to_dict
+from marl_ppo.config.experiment import ExperimentConfig, _plain, config_to_dict
 from marl_ppo.console import shown_path
 
 
@@ -120,7 +120,8 @@ def close_keys(key: str, known: Iterable[str]) -> list[str]:
 
     A key matches when each `_`-part of the typed last name starts a part of its last name, in the
     same section first, then in any (`ppo.clip` -> `ppo.clip_ratio`, `ppo.value_clip`; `clip_ratio`
-    -> `ppo.clip_ratio`); otherwise the closest spellings at the same depth (`ppo.pi_lrr` -> `ppo.pi_lr`).
+    -> `ppo.clip_ratio`); otherwise the closest spellings at the same depth (`ppo.pi_lrr` -> `ppo.pi_lr`),
+    and for a top-level key the closest name in any section (`gama` -> `ppo.gamma`).
     """
     known = list(known)
     section, _, name = key.rpartition(".")
@@ -141,7 +142,11 @@ def close_keys(key: str, known: Iterable[str]) -> list[str]:
         if matches:
             return matches[:3]
     depth = [k for k in known if k.count(".") == key.count(".")]
-    return difflib.get_close_matches(key, depth, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(key, depth, n=1, cutoff=0.6)
+    if close or section:
+        return close
+    leaves = {k.rpartition(".")[2]: k for k in reversed(known)}  # a top-level typo of a section's key
+    return [leaves[leaf] for leaf in difflib.get_close_matches(name, leaves, n=1, cutoff=0.6)]
 
 
 def describe_error(error: Mapping[str, Any]) -> str:
@@ -174,7 +179,7 @@ def describe_error(error: Mapping[str, Any]) -> str:
 def config_yaml(config: ExperimentConfig) -> str:
     """The config as the run's config.yaml holds it; `auto` choices are made when the run starts."""
     text = yaml.safe_dump(config_to_dict(config), sort_keys=False)
-    choices = (("vector", config.vector), ("model.precision", config.model.precision))
+    choices = (("rollout.vector", config.rollout.vector), ("model.precision", config.model.precision))
     auto = [key for key, value in choices if value == "auto"]
     if auto:
         text += f"# {' and '.join(auto)}: auto is chosen when the run starts; its config.yaml records the choice\n"
@@ -183,7 +188,13 @@ def config_yaml(config: ExperimentConfig) -> str:
 
 DEFAULT_EXPERIMENT = Path("experiments/mpe/simple_spread.yaml")
 """The experiment `make run` trains, in the project's repository."""
-NOTICE_KEYS = ("gamma", "rollout_steps", "num_envs", "share_actor", "ppo.lr_schedule")
+NOTICE_KEYS = (
+    "ppo.gamma",
+    "rollout.rollout_steps",
+    "rollout.num_envs",
+    "model.share_actor",
+    "ppo.lr_schedule",
+)
 """Keys in which the library defaults and the default experiment differ, shown by a bare `train`."""
 
 
@@ -213,7 +224,7 @@ def help_config_lines(width: int = 100) -> list[str]:
     lines = ["Config keys, set in an experiment file (YAML) or as key=value (which wins over the file)."]
     for key, entry in key_help().items():
         if "." not in key and entry.default is None:
-            lines.append("")  # a section: env, ppo, model, log
+            lines.append("")  # a section: env, rollout, ppo, model, ...
         text = textwrap.wrap(" ".join(entry.doc.split()), width - KEY_COLUMN)
         if entry.default is not None:
             text += textwrap.wrap(f"default: {entry.default}; allowed: {entry.allowed}", width - KEY_COLUMN)

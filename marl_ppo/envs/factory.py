@@ -1,6 +1,6 @@
 """From a config to env copies: one adapted copy, its team layout, and the vector env of E copies.
 
-`resolve_vector` also settles `vector: auto` (in this process or in rollout workers) from the cores
+`resolve_vector` also settles `rollout.vector: auto` (in this process or in rollout workers) from the cores
 available and a short timing probe of one env step. A run settles both once (`run.plan`), on one
 probe copy, and hands the layout to the builders here.
 """
@@ -87,7 +87,7 @@ def build_vector_env(
     config: ExperimentConfig, device: torch.device | None = None, *, spec: TeamSpec | None = None
 ) -> VectorEnv:
     """E copies of the configured env: one batched simulator, or copies in this process or in workers
-    (`vector: subprocess`; every other mode steps them here). `spec`: the team layout, as a run's plan
+    (`rollout.vector: subprocess`; every other mode steps them here). `spec`: the team layout, as a run's plan
     holds it; None reads it from one probe copy built here."""
     if is_batched(config):
         device = device or torch.device("cpu")
@@ -98,7 +98,7 @@ def build_vector_env(
                 f"(num_envs, device, seed keys of the config); drop env.kwargs.{taken[0]}"
             )
         make = functools.partial(
-            make_env, config.env.id, num_envs=config.num_envs, device=str(device), **config.env.kwargs
+            make_env, config.env.id, num_envs=config.rollout.num_envs, device=str(device), **config.env.kwargs
         )
         env = make(seed=config.seed)
         if isinstance(env, VectorEnv):  # a batched factory that builds its own vector env (JAX)
@@ -107,11 +107,15 @@ def build_vector_env(
     if spec is None:
         spec = team_spec(config)
     make_copy = functools.partial(make_adapter, config, spec)
-    if config.vector == "subprocess":
+    if config.rollout.vector == "subprocess":
         return SubprocessVectorEnv(
-            make_copy, config.num_envs, config.num_workers, timeout_s=config.worker_timeout_s, spec=spec
+            make_copy,
+            config.rollout.num_envs,
+            config.rollout.num_workers,
+            timeout_s=config.rollout.worker_timeout_s,
+            spec=spec,
         )
-    return SyncVectorEnv(make_copy, config.num_envs)
+    return SyncVectorEnv(make_copy, config.rollout.num_envs)
 
 
 def team_spec(config: ExperimentConfig, env: Any = None) -> TeamSpec:
@@ -133,18 +137,18 @@ def team_spec(config: ExperimentConfig, env: Any = None) -> TeamSpec:
 
 
 AUTO_WORKERS_MIN_STEP_S = 50e-6
-"""`vector: auto` runs env copies in rollout workers when one env step costs at least this long."""
+"""`rollout.vector: auto` runs env copies in rollout workers when one env step costs at least this long."""
 
 AUTO_SLOW_STEP_S = 2e-3
 """An env step this slow (pistonball's is about 30 ms) keeps a worker busy with a single env copy:
-`vector: auto` then gives each copy its own worker, up to `num_workers` and the cores."""
+`rollout.vector: auto` then gives each copy its own worker, up to `rollout.num_workers` and the cores."""
 
 
 def resolve_vector(
     config: ExperimentConfig, *, step_seconds: Callable[[], float] | None = None
 ) -> ExperimentConfig:
-    """Replace `vector: auto` by `sync` or `workers`, from the cores available and the env's step cost
-    (and set policy_lag to 0 unless the envs run in rollout workers).
+    """Replace `rollout.vector: auto` by `sync` or `workers`, from the cores available and the env's step cost
+    (and set `rollout.policy_lag` to 0 unless the envs run in rollout workers).
 
     `step_seconds` times one env step where the choice needs it (a run times its probe copy);
     None times a copy built here (`probe_step_seconds`).
@@ -152,25 +156,30 @@ def resolve_vector(
     Workers pay for themselves when there are at least two cores, enough env copies to split
     (two per worker) and an env step that costs more than the per-step bookkeeping (50 us); an env
     whose step costs milliseconds gets a worker per copy even with fewer copies. Toy envs and
-    single-core machines run in this process. The choice (and `num_workers`) is recorded in the run's
+    single-core machines run in this process. The choice (and `rollout.num_workers`) is recorded in the run's
     config.yaml, so a rerun from that file takes the same path.
     """
-    if config.vector != "auto":
-        acting = config.vector in ("workers", "ray")  # rollout workers may collect ahead (policy_lag)
-        return config if acting else dataclasses.replace(config, policy_lag=0)
+    if config.rollout.vector != "auto":
+        acting = config.rollout.vector in ("workers", "ray")  # rollout workers may collect ahead (policy_lag)
+        return config if acting else _with_rollout(config, policy_lag=0)
     cores = usable_cores()
-    workers = min(config.num_workers, cores)
-    if is_batched(config) or cores < 2 or config.num_envs < 2:
-        return dataclasses.replace(config, vector="sync", policy_lag=0)
+    workers = min(config.rollout.num_workers, cores)
+    if is_batched(config) or cores < 2 or config.rollout.num_envs < 2:
+        return _with_rollout(config, vector="sync", policy_lag=0)
     try:
         seconds = probe_step_seconds(config) if step_seconds is None else step_seconds()
     except EnvContractError:  # the run meets it too, and reports it where it happens, after its updates
-        return dataclasses.replace(config, vector="sync", policy_lag=0)
-    if seconds >= AUTO_WORKERS_MIN_STEP_S and config.num_envs >= 2 * workers:
-        return dataclasses.replace(config, vector="workers")
+        return _with_rollout(config, vector="sync", policy_lag=0)
+    if seconds >= AUTO_WORKERS_MIN_STEP_S and config.rollout.num_envs >= 2 * workers:
+        return _with_rollout(config, vector="workers")
     if seconds >= AUTO_SLOW_STEP_S:
-        return dataclasses.replace(config, vector="workers", num_workers=min(workers, config.num_envs))
-    return dataclasses.replace(config, vector="sync", policy_lag=0)
+        return _with_rollout(config, vector="workers", num_workers=min(workers, config.rollout.num_envs))
+    return _with_rollout(config, vector="sync", policy_lag=0)
+
+
+def _with_rollout(config: ExperimentConfig, **changes: Any) -> ExperimentConfig:
+    """`config` with the `rollout` keys in `changes` replaced."""
+    return dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, **changes))
 
 
 def usable_cores() -> int:

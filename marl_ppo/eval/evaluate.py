@@ -169,22 +169,22 @@ def evaluation_step(stepper: Stepper, acting: Acting) -> list[Finished]:
 def eval_config(config: ExperimentConfig, episodes: int, **env_kwargs: Any) -> ExperimentConfig:
     """The run's config for evaluation: in-process env copies (at most one per episode), extra env kwargs."""
     data = config_to_dict(config)
-    data.update(vector="sync", policy_lag=0, num_envs=min(episodes, config.num_envs))
+    data["rollout"].update(vector="sync", policy_lag=0, num_envs=min(episodes, config.rollout.num_envs))
     data["ppo"]["num_minibatches"] = 1  # unused here; keeps the batch-size check valid for few copies
     data["env"]["kwargs"] = {**data["env"]["kwargs"], **env_kwargs}
     return build_config(data)
 
 
 class PeriodicEvaluation:
-    """Deterministic evaluations during training every `eval_every` env steps, on env copies of their own."""
+    """Deterministic evaluations during training every `eval.every` env steps, on env copies of their own."""
 
     def __init__(
         self, config: ExperimentConfig, venv: VectorEnv, model: TeamModel, device: torch.device
     ) -> None:
-        if not config.eval_every:
-            raise ValueError(f"PeriodicEvaluation needs eval_every > 0, got {config.eval_every!r}")
-        self.every = config.eval_every
-        self.episodes = config.eval_episodes
+        if not config.eval.every:
+            raise ValueError(f"PeriodicEvaluation needs eval.every > 0, got {config.eval.every!r}")
+        self.every = config.eval.every
+        self.episodes = config.eval.episodes
         self.per_agent = config.log.per_agent
         self.seed = eval_seed(config)
         self.venv, self.model, self.device = venv, model, device
@@ -193,7 +193,7 @@ class PeriodicEvaluation:
         """The latest evaluation's episodes."""
 
     def after_update(self, env_steps: int, *, final: bool) -> dict[str, float]:
-        """Evaluate when `env_steps` reached the next multiple of eval_every, or at the end; tags -> values."""
+        """Evaluate when `env_steps` reached the next multiple of eval.every, or at the end; tags -> values."""
         if env_steps < self.next_step and not final:
             return {}
         self.next_step = (env_steps // self.every + 1) * self.every

@@ -72,7 +72,7 @@ class EvalOutput:
     eval_json: Path
     video: Path | None
     versus: VersusResult | None = None
-    """The scores against random opponents, where the config's `eval_vs_random` asks for them."""
+    """The scores against random opponents, where the config's `eval.vs_random` asks for them."""
 
 
 def evaluate_checkpoint(
@@ -93,7 +93,7 @@ def evaluate_checkpoint(
     checkpoint, run_dir = resolve_checkpoint(target)
     payload = load_checkpoint(checkpoint)
     config = build_config(merge(payload["config"], parse_overrides(overrides)))
-    device = resolve_device(config.device)
+    device = resolve_device(config.host.device)
     seed = eval_seed(config) if seed is None else seed
     if render is not None and is_batched(config):
         raise EvalError(
@@ -157,16 +157,16 @@ def _play(
         model = load_policy(payload, spec, config, device)
         result = run_episodes(venv, model, device, episodes=episodes, seed=seed, deterministic=deterministic)
         versus = None
-        if config.eval_vs_random is not None:
+        if config.eval.vs_random is not None:
             policy = PolicyActing(model, venv.num_envs, device, deterministic=deterministic)
             versus = play_vs_random(
                 venv,
                 policy,
                 device,
-                mode=config.eval_vs_random,
+                mode=config.eval.vs_random,
                 episodes_per_side=episodes,
                 seed=seed,
-                teams=config.eval_teams,
+                teams=config.eval.teams,
             )
     finally:
         venv.close()

@@ -1,5 +1,5 @@
 """`marl-ppo eval --random`: the uniform random policy on an experiment's (or a run's) env, the floor a
-result is read against; for a game (`eval_vs_random`), random against random: the win, draw and loss
+result is read against; for a game (`eval.vs_random`), random against random: the win, draw and loss
 rates a first policy has to beat."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from marl_ppo.config import ConfigError, ExperimentConfig, load_config
+from marl_ppo.config import ConfigError, ExperimentConfig, load_config, load_stored_config
 from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.envs.vector.base import VectorEnv
 from marl_ppo.eval.evaluate import EvalError, EvalResult, eval_config, eval_seed, run_episodes
@@ -26,7 +26,7 @@ class RandomFloor:
 
     result: EvalResult
     versus: VersusResult | None
-    """Random against random by side, where the config's `eval_vs_random` scores sides (a game)."""
+    """Random against random by side, where the config's `eval.vs_random` scores sides (a game)."""
     eval_json: Path | None
 
 
@@ -64,10 +64,13 @@ def evaluate_random(
         raise EvalError(f"--episodes {episodes} must be at least 1")
     experiment = experiment_of(target)
     try:
-        config = load_config(experiment, overrides)
+        if experiment is not None and Path(str(target)).is_dir():
+            config = load_stored_config(experiment, overrides)  # a run's config.yaml, maybe an older one's
+        else:
+            config = load_config(experiment, overrides)
     except ConfigError as err:
         raise EvalError(str(err)) from None
-    device = resolve_device(config.device)
+    device = resolve_device(config.host.device)
     seed = eval_seed(config) if seed is None else seed
     venv = build_vector_env(eval_config(config, episodes), device)
     try:
@@ -82,17 +85,17 @@ def evaluate_random(
 def _random_versus_random(
     config: ExperimentConfig, venv: VectorEnv, device: torch.device, episodes: int, seed: int
 ) -> VersusResult | None:
-    """Random against random on every side (`eval_vs_random`): the rates a trained side is read against."""
-    if config.eval_vs_random is None:
+    """Random against random on every side (`eval.vs_random`): the rates a trained side is read against."""
+    if config.eval.vs_random is None:
         return None
     return play_vs_random(
         venv,
         RandomActing(venv.spec, device),
         device,
-        mode=config.eval_vs_random,
+        mode=config.eval.vs_random,
         episodes_per_side=episodes,
         seed=seed,
-        teams=config.eval_teams,
+        teams=config.eval.teams,
     )
 
 

@@ -1,4 +1,4 @@
-"""The uniform random policy: the floor a result is read against, and the opponent of `eval_vs_random`."""
+"""The uniform random policy: the floor a result is read against, and the opponent of `eval.vs_random`."""
 
 from __future__ import annotations
 

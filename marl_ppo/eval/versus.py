@@ -2,9 +2,9 @@
 
 A zero-sum game's team return summed over its seats is always 0, so self-play shows no progress in
 it. Here the policy plays one side of each episode and a random policy (uniform over the allowed
-actions) plays every other agent. Sides (`eval_vs_random`): `seats`, every agent is a side (classic
+actions) plays every other agent. Sides (`eval.vs_random`): `seats`, every agent is a side (classic
 games); `teams`, agents are sides by their names without the trailing number (`adversary_0` and
-`adversary_1` are the team `adversary`), or as `eval_teams` names them where names do not tell teams apart
+`adversary_1` are the team `adversary`), or as `eval.teams` names them where names do not tell teams apart
 (simple_crypto's alice and bob against eve). Each side is played for the same number of episodes.
 """
 
@@ -69,9 +69,9 @@ def sides_of(
     spec: TeamSpec, mode: str, teams: Mapping[str, Sequence[str]] | None = None
 ) -> dict[str, tuple[str, ...]]:
     """The sides the policy plays in turn: each agent (`seats`), or teams (`teams`): those `teams` names
-    (`eval_teams`), else agents by name without its number."""
+    (`eval.teams`), else agents by name without its number."""
     if mode not in ("seats", "teams"):
-        raise EvalError(f"eval_vs_random '{mode}' is not a scoring mode; use seats or teams")
+        raise EvalError(f"eval.vs_random '{mode}' is not a scoring mode; use seats or teams")
     if mode == "teams" and teams is not None:
         return _named_teams(spec, teams)
     sides: dict[str, list[str]] = {}
@@ -79,27 +79,27 @@ def sides_of(
         sides.setdefault(agent if mode == "seats" else agent_stem(agent), []).append(agent)
     if len(sides) < 2:
         raise EvalError(
-            f"eval_vs_random: {mode} needs two or more sides, but env '{spec.env_id}' has agents "
+            f"eval.vs_random: {mode} needs two or more sides, but env '{spec.env_id}' has agents "
             f"{list(spec.agents)} ({'one team' if mode == 'teams' else 'one seat'}); use the other mode, "
-            "eval_teams, or null"
+            "eval.teams, or null"
         )
     return {name: tuple(agents) for name, agents in sides.items()}
 
 
 def _named_teams(spec: TeamSpec, teams: Mapping[str, Sequence[str]]) -> dict[str, tuple[str, ...]]:
-    """The teams `eval_teams` names, each name an agent or a stem; every agent on exactly one team."""
+    """The teams `eval.teams` names, each name an agent or a stem; every agent on exactly one team."""
     sides: dict[str, tuple[str, ...]] = {}
     for team, names in teams.items():
         sides[team], unknown = agents_named(names, spec.agents)
         if unknown:
             raise EvalError(
-                f"eval_teams: team '{team}' names {unknown}, which match none of env '{spec.env_id}''s "
+                f"eval.teams: team '{team}' names {unknown}, which match none of env '{spec.env_id}''s "
                 f"agents {list(spec.agents)}; name agents or their names without the number"
             )
     counts = {a: sum(a in members for members in sides.values()) for a in spec.agents}
     if any(n != 1 for n in counts.values()) or len(sides) < 2:
         raise EvalError(
-            f"eval_teams must put each of {list(spec.agents)} on exactly one of two or more teams "
+            f"eval.teams must put each of {list(spec.agents)} on exactly one of two or more teams "
             f"(on none: {[a for a, n in counts.items() if n == 0]}, on several: "
             f"{[a for a, n in counts.items() if n > 1]}, teams: {len(sides)})"
         )
@@ -218,9 +218,9 @@ class PeriodicEvaluationVsRandom(PeriodicEvaluation):
         self, config: ExperimentConfig, venv: VectorEnv, model: TeamModel, device: torch.device
     ) -> None:
         super().__init__(config, venv, model, device)
-        if config.eval_vs_random is None:
-            raise ValueError("PeriodicEvaluationVsRandom needs eval_vs_random: seats or teams")
-        self.mode, self.teams = config.eval_vs_random, config.eval_teams
+        if config.eval.vs_random is None:
+            raise ValueError("PeriodicEvaluationVsRandom needs eval.vs_random: seats or teams")
+        self.mode, self.teams = config.eval.vs_random, config.eval.teams
         sides_of(
             venv.spec, self.mode, self.teams
         )  # fewer than two sides stops the run before its first update
@@ -246,7 +246,7 @@ class PeriodicEvaluationVsRandom(PeriodicEvaluation):
 def periodic_evaluation(
     config: ExperimentConfig, venv: VectorEnv, model: TeamModel, device: torch.device
 ) -> PeriodicEvaluation:
-    """The periodic evaluation the config asks for: with scores against random opponents where `eval_vs_random` is set."""
-    if config.eval_vs_random is None:
+    """The periodic evaluation the config asks for: with scores against random opponents where `eval.vs_random` is set."""
+    if config.eval.vs_random is None:
         return PeriodicEvaluation(config, venv, model, device)
     return PeriodicEvaluationVsRandom(config, venv, model, device)

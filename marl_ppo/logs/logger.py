@@ -29,7 +29,7 @@ def team_return_headline(logger: RunLogger) -> str:
 
 def game_headline(logger: RunLogger) -> str:
     """For a game, whose team return says nothing (zero-sum: always 0): the last scores against random
-    opponents (`eval_vs_random`), the recent episodes' length and the policy's entropy."""
+    opponents (`eval.vs_random`), the recent episodes' length and the policy's entropy."""
     if not logger.team_returns:
         return "no episode finished yet"
     scores = {

@@ -219,5 +219,7 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device=cuda but no CUDA device is available; use device=cpu or device=auto")
+        raise ConfigError(
+            "host.device=cuda but no CUDA device is available; use host.device=cpu or host.device=auto"
+        )
     return torch.device(name)

@@ -419,16 +419,16 @@ class TeamModel(nn.Module):
         self.spec = spec
         library_cell = not config.fast.recurrent_cell
         self.actors = nn.ModuleList(
-            GroupActor(g, config.model, shared=config.share_actor, library_cell=library_cell)
+            GroupActor(g, config.model, shared=config.model.share_actor, library_cell=library_cell)
             for g in spec.groups
         )
         self.critics = nn.ModuleList(
             GroupCritic(
                 g,
                 spec.state_dim,
-                config.critic,
+                config.ppo.critic,
                 config.model,
-                shared=config.share_critic,
+                shared=config.model.share_critic,
                 state_layout=spec.state_layout,
                 library_cell=library_cell,
             )

@@ -1,12 +1,12 @@
-"""Rollout workers as Ray actors (`vector: ray`): the local rollout workers' slices, on any node of a cluster.
+"""Rollout workers as Ray actors (`rollout.vector: ray`): the local rollout workers' slices, on any node of a cluster.
 
 Each actor holds a `RolloutSlice` of `marl_ppo.rollout.slice` (its env copies, a CPU copy of the
 networks, its sampling RNG; the same 'reset', state and env-state commands) built from small
 constructor arguments: the config as a plain dict, its slice of the env copies and its worker index.
 Per update the learner puts its weights into Ray's object store once, with a version number, and
 asks every live actor for one rollout of its slice; a rollout comes back through the object store
-as the slice's buffer tensors. With one worker and `policy_lag: 0` a run is step for step the run
-of `vector: workers` with one worker.
+as the slice's buffer tensors. With one worker and `rollout.policy_lag: 0` a run is step for step the run
+of `rollout.vector: workers` with one worker.
 
 A lost actor (its process or its node died, or it did not answer in time) is restarted by Ray where
 resources allow (`ray.max_worker_restarts`). Meanwhile the updates use the rollouts of the workers
@@ -43,7 +43,7 @@ _REJOIN_SEED_STRIDE = 1_000_003
 START_TIMEOUT_S = 300.0
 """The least time a Ray worker has for its first answer: Ray starts its process (on any node), which
 imports torch and builds its envs; on a busy machine that alone can pass a minute. Later answers get
-`worker_timeout_s`."""
+`rollout.worker_timeout_s`."""
 
 
 def import_ray() -> Any:
@@ -85,7 +85,7 @@ class _ActorSlice(RolloutSlice):
     def __init__(self, config: dict[str, Any], envs: range, worker: int, spec: TeamSpec) -> None:
         settings = build_config(config)
         # the shared buffer only sizes the slice here: on the meta device it holds no memory
-        sizes = RolloutBuffer(spec, settings.rollout_steps, envs.stop, device="meta")
+        sizes = RolloutBuffer(spec, settings.rollout.rollout_steps, envs.stop, device="meta")
         super().__init__(
             lambda: make_adapter(settings, spec),
             lambda: TeamModel(spec, settings),
@@ -138,25 +138,27 @@ class RolloutActor:
 
 
 class RayRolloutWorkers(SlicedSource):
-    """E env copies in `num_workers` Ray actors that act with a copy of the policy; a RolloutSource."""
+    """E env copies in `rollout.num_workers` Ray actors that act with a copy of the policy; a RolloutSource."""
 
     _worker_name = "Ray rollout worker"
 
     def __init__(self, config: ExperimentConfig, model: TeamModel, spec: TeamSpec) -> None:
-        if config.policy_lag not in (0, 1):
-            raise ValueError(f"policy_lag must be 0 or 1, got {config.policy_lag}")
+        if config.rollout.policy_lag not in (0, 1):
+            raise ValueError(f"rollout.policy_lag must be 0 or 1, got {config.rollout.policy_lag}")
         self._ray = import_ray()
         self.spec = spec
         self.model = model
-        self.num_envs = config.num_envs
-        self.steps = config.rollout_steps
-        self.policy_lag = config.policy_lag
+        self.num_envs = config.rollout.num_envs
+        self.steps = config.rollout.rollout_steps
+        self.policy_lag = config.rollout.policy_lag
         self.min_workers = config.ray.min_workers
-        self.timeout_s = config.worker_timeout_s
+        self.timeout_s = config.rollout.worker_timeout_s
         self.env_steps = 0
         self.rejoins = 0
         """Times a lost worker came back (Ray restarted its actor)."""
-        self._slices = split_envs(config.num_envs, min(config.num_workers, config.num_envs))
+        self._slices = split_envs(
+            config.rollout.num_envs, min(config.rollout.num_workers, config.rollout.num_envs)
+        )
         self._version = 0
         self._seed = config.seed
         self._refs: dict[int, Any] = {}
@@ -185,7 +187,7 @@ class RayRolloutWorkers(SlicedSource):
         except ray.exceptions.GetTimeoutError:
             offered = ray.available_resources().get("CPU", 0.0)
             raise ConfigError(
-                f"the Ray cluster offers {offered:g} free CPUs, fewer than num_workers={len(self._slices)} x "
+                f"the Ray cluster offers {offered:g} free CPUs, fewer than rollout.num_workers={len(self._slices)} x "
                 f"ray.num_cpus_per_worker={cpus:g}; lower them or add nodes to the cluster"
             ) from None
         actor = ray.remote(RolloutActor)
@@ -314,7 +316,9 @@ class RayRolloutWorkers(SlicedSource):
             except ray.exceptions.GetTimeoutError:
                 ray.kill(self._actors[k], no_restart=False)  # hung: Ray restarts it
                 reasons.append(
-                    self._lose(k, f"no rollout within worker_timeout_s per step ({self.timeout_s:g} s)")
+                    self._lose(
+                        k, f"no rollout within rollout.worker_timeout_s per step ({self.timeout_s:g} s)"
+                    )
                 )
             except ray.exceptions.RayActorError as err:
                 reasons.append(self._lose(k, type(err).__name__))
@@ -371,12 +375,12 @@ class RayRolloutWorkers(SlicedSource):
         return self._wait_all(refs, command)
 
     def _wait_all(self, refs: dict[int, Any], command: str, *, timeout_s: float | None = None) -> list[Any]:
-        """The replies to `refs` in worker order, waiting `timeout_s` (`worker_timeout_s` by default); a
+        """The replies to `refs` in worker order, waiting `timeout_s` (`rollout.worker_timeout_s` by default); a
         worker that died meanwhile is marked lost (None)."""
         ray = self._ray
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
-        limit = "worker_timeout_s" if timeout_s == self.timeout_s else "a Ray worker's start"
+        limit = "rollout.worker_timeout_s" if timeout_s == self.timeout_s else "a Ray worker's start"
         replies: list[Any] = [None] * len(self._actors)
         for k, ref in refs.items():
             try:

@@ -1,6 +1,6 @@
 """What both kinds of rollout workers share: a worker's slice of the env copies, and the learner's side.
 
-`vector: workers` (worker processes, `rollout.workers`) and `vector: ray` (Ray actors,
+`rollout.vector: workers` (worker processes, `rollout.workers`) and `rollout.vector: ray` (Ray actors,
 `rollout.ray_workers`) split the E env copies into contiguous slices, one per worker. Every worker
 runs a `RolloutSlice`: its env copies, a CPU copy of the team's networks and its own sampling RNG,
 answering the same commands ('start', 'reset', 'collect', 'get_state', 'set_state', 'env_states',

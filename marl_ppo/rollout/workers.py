@@ -1,6 +1,6 @@
 """Rollout workers: env copies *and* a copy of the policy in each worker process.
 
-`vector: workers` moves acting out of the learner's process. Each worker owns a contiguous slice of
+`rollout.vector: workers` moves acting out of the learner's process. Each worker owns a contiguous slice of
 the E env copies, a CPU copy of the team's networks and its own sampling RNG (a `RolloutSlice` of
 `marl_ppo.rollout.slice`, as the Ray workers' actors do); per rollout it reads the learner's weights
 from shared memory, collects its slice with the ordinary `Collector` (same auto-reset, truncation
@@ -9,10 +9,10 @@ buffer. Per rollout the pipes carry one command and one small reply per
 worker (finished episodes and timings); no array data is pickled. The processes are started,
 commanded and stopped by `marl_ppo.envs.vector.pool`, as `SubprocessVectorEnv`'s are.
 
-`policy_lag = 1` overlaps collection with learning: as soon as rollout k is copied out, the workers
+`rollout.policy_lag = 1` overlaps collection with learning: as soon as rollout k is copied out, the workers
 start rollout k + 1 with the weights the learner had *before* update k. PPO then uses that behaviour
 policy's log-probabilities as `logp_old`, so the ratio and its clip are taken against the policy that
-acted. With `policy_lag = 0` the workers wait for the update: exactly on-policy.
+acted. With `rollout.policy_lag = 0` the workers wait for the update: exactly on-policy.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from marl_ppo.rollout.source import RolloutResult
 
 
 class RolloutWorkers(SlicedSource):
-    """E env copies in `num_workers` processes that act with a copy of the policy; a Collector's interface."""
+    """E env copies in `rollout.num_workers` processes that act with a copy of the policy; a Collector's interface."""
 
     def __init__(
         self,
@@ -90,7 +90,7 @@ class RolloutWorkers(SlicedSource):
             args,
             "marl_ppo-rollout-worker",
             timeout_s,
-            timeout_name="worker_timeout_s per env step",
+            timeout_name="rollout.worker_timeout_s per env step",
         )
         self._processes = self._pool.processes  # in worker order (tests watch and kill them)
 

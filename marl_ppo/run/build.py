@@ -19,31 +19,31 @@ from marl_ppo.rollout.workers import RolloutWorkers
 def build_collector(
     config: ExperimentConfig, device: torch.device, spec: TeamSpec | None = None
 ) -> tuple[RolloutSource, TeamModel]:
-    """The rollout collector and the team's networks: acting here, or in rollout workers (`vector: workers`,
+    """The rollout collector and the team's networks: acting here, or in rollout workers (`rollout.vector: workers`,
     or Ray actors: `ray`). `config` is settled (a `RunPlan`'s); `spec` is the plan's team layout (None
     reads it from one probe copy built here)."""
-    if config.vector == "auto":
+    if config.rollout.vector == "auto":
         raise ValueError(
-            "build_collector needs a settled config (vector=auto); build it from plan_run(config)"
+            "build_collector needs a settled config (rollout.vector=auto); build it from plan_run(config)"
         )
-    if is_batched(config) or config.vector not in ("workers", "ray"):
+    if is_batched(config) or config.rollout.vector not in ("workers", "ray"):
         venv = build_vector_env(config, device, spec=spec)
         model = TeamModel(venv.spec, config).to(device)
         return Collector(venv, model, device), model
     if spec is None:
         spec = team_spec(config)
     model = TeamModel(spec, config).to(device)
-    if config.vector == "ray":
+    if config.rollout.vector == "ray":
         return RayRolloutWorkers(config, model, spec), model
     workers = RolloutWorkers(
         functools.partial(make_adapter, config, spec),
         functools.partial(TeamModel, spec, config),
         model,
         spec=spec,
-        num_envs=config.num_envs,
-        steps=config.rollout_steps,
-        num_workers=min(config.num_workers, config.num_envs),
-        policy_lag=config.policy_lag,
-        timeout_s=config.worker_timeout_s,
+        num_envs=config.rollout.num_envs,
+        steps=config.rollout.rollout_steps,
+        num_workers=min(config.rollout.num_workers, config.rollout.num_envs),
+        policy_lag=config.rollout.policy_lag,
+        timeout_s=config.rollout.worker_timeout_s,
     )
     return workers, model

@@ -206,8 +206,7 @@ def _check_train(env_id: str, kwargs: dict[str, Any]) -> str:
     config = _config(
         env_id,
         kwargs,
-        num_envs=2,
-        rollout_steps=16,
+        rollout={"num_envs": 2, "rollout_steps": 16},
         total_steps=32,
         log={"progress": False},
         ppo={"train_pi_iters": 1, "train_vf_iters": 1, "num_minibatches": 1},
@@ -241,7 +240,7 @@ def _batched_steps(env_id: str, kwargs: dict[str, Any], seed: int, steps: int = 
     from marl_ppo.envs.factory import build_vector_env
     from marl_ppo.eval.random_policy import random_actions
 
-    venv = build_vector_env(_config(env_id, kwargs, num_envs=4, seed=seed))
+    venv = build_vector_env(_config(env_id, kwargs, rollout={"num_envs": 4}, seed=seed))
     torch.manual_seed(seed)
     arrays = venv.reset(seed)
     record = []

@@ -14,7 +14,7 @@ from marl_ppo.envs.spec import TeamSpec
 
 
 def learner_threads(config: ExperimentConfig, *, convolutional: bool = False) -> int:
-    """Torch threads of the learner: `torch_threads`, or for `auto`, with a batched simulator (large
+    """Torch threads of the learner: `host.torch_threads`, or for `auto`, with a batched simulator (large
     tensors) or a CNN encoder (`convolutional`: convolutions over many frames per minibatch), the cores
     that the run's worker processes leave (`worker_processes`, at least 1), and 1 otherwise, a batched
     simulator with threads of its own (JAX) included.
@@ -23,8 +23,8 @@ def learner_threads(config: ExperimentConfig, *, convolutional: bool = False) ->
     share their cores with busy processes wait for each other: a CNN learner with as many threads as
     cores next to two env workers acted 20 times slower than with one thread.
     """
-    if config.torch_threads != "auto":
-        return config.torch_threads
+    if config.host.torch_threads != "auto":
+        return config.host.torch_threads
     if has_own_threads(config) or not (is_batched(config) or convolutional):
         return 1
     return max(1, usable_cores() - worker_processes(config))
@@ -33,14 +33,14 @@ def learner_threads(config: ExperimentConfig, *, convolutional: bool = False) ->
 def update_threads(config: ExperimentConfig, *, convolutional: bool = False) -> int:
     """Torch threads while the learner updates: `learner_threads`, except that for `auto` a learner
     with large tensors (a CNN encoder or a batched simulator) takes every usable core when nothing
-    else runs during the update (`policy_lag: 0`: env and rollout workers wait for the next rollout).
+    else runs during the update (`rollout.policy_lag: 0`: env and rollout workers wait for the next rollout).
     Collecting goes back to `learner_threads`: then the workers need their cores.
 
     An MLP learner keeps its one thread for the update too: a second thread speeds its small products
     up only on an idle machine, and beside other busy processes (a sweep's other runs, the user's own
     work) two threads wait for each other at every product and make the update many times slower."""
     threads = learner_threads(config, convolutional=convolutional)
-    if config.torch_threads != "auto" or config.policy_lag > 0 or has_own_threads(config):
+    if config.host.torch_threads != "auto" or config.rollout.policy_lag > 0 or has_own_threads(config):
         return threads
     if not (is_batched(config) or convolutional):
         return threads
@@ -51,9 +51,9 @@ def worker_processes(config: ExperimentConfig) -> int:
     """Processes the run starts on this machine besides itself: env or rollout workers (`vector:
     subprocess`, `workers`, and `auto`, which may pick workers); none for a batched simulator, in
     this process, or Ray's workers, which reserve their own CPUs."""
-    if is_batched(config) or config.vector not in ("subprocess", "workers", "auto"):
+    if is_batched(config) or config.rollout.vector not in ("subprocess", "workers", "auto"):
         return 0
-    return config.num_workers
+    return config.rollout.num_workers
 
 
 ACTING_DWARFS_ENV = 4.0
@@ -63,12 +63,12 @@ ACTING_DWARFS_ENV = 4.0
 def acting_hint(config: ExperimentConfig, threads: int, act_s: float, env_s: float) -> str | None:
     """One line when this process's acting (`act_s`, over some updates) dwarfs its env time (`env_s`)
     while it runs several torch threads: threads that share busy cores wait for each other."""
-    acting_here = config.vector in ("sync", "subprocess") or is_batched(config)
+    acting_here = config.rollout.vector in ("sync", "subprocess") or is_batched(config)
     if not acting_here or threads < 2 or act_s < ACTING_DWARFS_ENV * max(env_s, 1e-3):
         return None
     return (
         f"note: acting takes {act_s:.2f} s per update against {env_s:.2f} s of env steps with "
-        f"{threads} torch threads; where other work shares the cores, torch_threads=1 is often faster"
+        f"{threads} torch threads; where other work shares the cores, host.torch_threads=1 is often faster"
     )
 
 
@@ -112,12 +112,12 @@ def settled_epochs(config: ExperimentConfig, spec: TeamSpec | None = None) -> Ex
 
 def run_cores(config: ExperimentConfig) -> int:
     """Cores one training process keeps busy: its env or rollout worker processes while it collects
-    or its learner threads while it learns (`update_threads`), whichever are more (`vector: ray`: 1,
-    its workers reserve their own as Ray actors). With `torch_threads: auto` one env copy is built to
+    or its learner threads while it learns (`update_threads`), whichever are more (`rollout.vector: ray`: 1,
+    its workers reserve their own as Ray actors). With `host.torch_threads: auto` one env copy is built to
     see whether the model will have a CNN encoder."""
-    if config.vector == "ray":
+    if config.rollout.vector == "ray":
         return 1
-    images = config.torch_threads == "auto" and convolutional(config)
+    images = config.host.torch_threads == "auto" and convolutional(config)
     return max(worker_processes(config), update_threads(config, convolutional=images))
 
 

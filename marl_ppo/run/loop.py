@@ -93,9 +93,9 @@ def train(
             (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
             write_code_record(run_dir, resume=resume, env_id=config.env.id)
             trainer = Trainer(model, config.ppo, generator=generator, optimizer=config.fast.optimizer)
-            if config.eval_every:  # deterministic episodes on env copies of their own, logged under eval/
+            if config.eval.every:  # deterministic episodes on env copies of their own, logged under eval/
                 eval_venv = build_vector_env(
-                    eval_config(config, config.eval_episodes), device, spec=plan.spec
+                    eval_config(config, config.eval.episodes), device, spec=plan.spec
                 )
                 evaluation = periodic_evaluation(config, eval_venv, model, device)
             logger = _make_logger(config, run_dir, spec, None if saved is None else saved["env_steps"])
@@ -113,7 +113,9 @@ def train(
             )
             run.begin(saved)
             logger.hyperparameters(config_to_dict(config))
-            buffer = RolloutBuffer(spec, config.rollout_steps, config.num_envs, device, model.memory_layout())
+            buffer = RolloutBuffer(
+                spec, config.rollout.rollout_steps, config.rollout.num_envs, device, model.memory_layout()
+            )
             with StopSignals() as stop:  # also covers the last save: a first signal cannot cut it short
                 run.loop(buffer, stop)
                 if stop.received is not None and collector.env_steps < config.total_steps:
@@ -162,7 +164,7 @@ def _make_logger(
         progress=config.log.progress,
         resume_step=resume_step,
         # a game's team return says nothing (zero-sum): its progress shows its scores against random
-        headline=team_return_headline if config.eval_vs_random is None else game_headline,
+        headline=team_return_headline if config.eval.vs_random is None else game_headline,
         backends=open_backends(config, run_dir, resume_step=resume_step),
     )
 
@@ -384,15 +386,20 @@ def _one_update(
     ahead = collector.env_steps + buffer.steps * buffer.num_envs < config.total_steps
     rollout = collector.collect(buffer, ahead=ahead)
     t1 = time.perf_counter()
-    team = config.critic == "team"
-    if team and config.team_reward == "refuse":
+    team = config.ppo.critic == "team"
+    if team and config.ppo.team_reward == "refuse":
         refuse_unshared_rewards(buffer, env_steps_before=collector.env_steps - rollout.env_steps)
     batches = rollout_batches(
-        buffer, rollout.last_values, rollout.last_alive, gamma=config.gamma, lam=config.gae_lambda, team=team
+        buffer,
+        rollout.last_values,
+        rollout.last_alive,
+        gamma=config.ppo.gamma,
+        lam=config.ppo.gae_lambda,
+        team=team,
     )
     trainer.set_lr_scale(schedule.scale(collector.env_steps - rollout.env_steps))
     with torch_threads(update_threads):
-        stats = trainer.update(batches, lagged=config.policy_lag > 0)
+        stats = trainer.update(batches, lagged=config.rollout.policy_lag > 0)
     t2 = time.perf_counter()
     logger.episodes_done(rollout.episodes)
     act_s = rollout.act_seconds if rollout.act_seconds is not None else (t1 - t0) - rollout.env_seconds

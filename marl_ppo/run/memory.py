@@ -26,7 +26,7 @@ from marl_ppo.run.plan import RunPlan
 PROCESS_BYTES = 300 * 2**20
 """Resident memory of one process before the run allocates (Python, torch, NumPy, an env copy)."""
 
-SHRINK_KEYS = "num_envs, rollout_steps, env.image_pool or model.encoder"
+SHRINK_KEYS = "rollout.num_envs, rollout.rollout_steps, env.image_pool or model.encoder"
 
 
 @dataclass(frozen=True)
@@ -58,20 +58,20 @@ class MemoryEstimate:
 def estimate_memory(spec: TeamSpec, config: ExperimentConfig) -> MemoryEstimate:
     """What a run of `config` on a team `spec` will hold; the networks are sized on the meta device
     (nothing allocated)."""
-    steps = config.rollout_steps * config.num_envs
+    steps = config.rollout.rollout_steps * config.rollout.num_envs
     state_bytes = spec.state_dim * spec.state_dtype.itemsize
     per_step = state_bytes + sum(_group_step_bytes(g) for g in spec.groups)
-    vector_arrays = config.num_envs * 2 * per_step  # the step arrays, and their final_* halves
+    vector_arrays = config.rollout.num_envs * 2 * per_step  # the step arrays, and their final_* halves
     buffer = steps * per_step + vector_arrays
     with torch.device("meta"):
         model = TeamModel(spec, config)
     weights = sum(p.numel() for p in model.parameters()) * 4
-    workers = config.num_workers if config.vector == "workers" else 0
+    workers = config.rollout.num_workers if config.rollout.vector == "workers" else 0
     networks = (
         4 * weights + workers * 2 * weights
     )  # weights, gradients, two moments; each worker's copy and its share
     update = _update_bytes(spec, config, model, steps)
-    processes = PROCESS_BYTES * (1 + (config.num_workers if config.vector != "sync" else 0))
+    processes = PROCESS_BYTES * (1 + (config.rollout.num_workers if config.rollout.vector != "sync" else 0))
     return MemoryEstimate(buffer, networks, update, processes)
 
 
@@ -137,10 +137,10 @@ def check_memory(plan: RunPlan) -> MemoryEstimate | None:
     config = plan.config
     estimate = estimate_memory(plan.spec, config)
     available = available_memory()
-    if config.memory_check and available is not None and estimate.total > available:
+    if config.host.memory_check and available is not None and estimate.total > available:
         raise ConfigError(
             f"this run would need about {estimate.describe()} but {_gb(available)} of memory is available; "
-            f"shrink it with {SHRINK_KEYS}, or set memory_check=false to run anyway"
+            f"shrink it with {SHRINK_KEYS}, or set host.memory_check=false to run anyway"
         )
     return estimate
 

@@ -24,17 +24,17 @@ class RunPlan:
     """What a run is built from, settled once before its first step (`plan_run`)."""
 
     config: ExperimentConfig
-    """The config the run trains, and records in config.yaml and its checkpoints: `vector: auto` settled
-    (with `policy_lag` 0 unless rollout workers act, and `num_workers`), `model.precision: auto` and
-    `auto` PPO epochs settled. `device` and `torch_threads` stay as written: they say where this
+    """The config the run trains, and records in config.yaml and its checkpoints: `rollout.vector: auto` settled
+    (with `rollout.policy_lag` 0 unless rollout workers act, and `rollout.num_workers`), `model.precision: auto` and
+    `auto` PPO epochs settled. `host.device` and `host.torch_threads` stay as written: they say where this
     process runs, not what it learns, and a resumed run settles them again (`device`, `threads`)."""
     spec: TeamSpec | None
     """The team layout (groups, spaces, state) read from the probe copy; None for a batched simulator
     (VMAS), whose one env object reports its layout when built."""
     device: torch.device
-    """Where the networks live (`device: auto` settled)."""
+    """Where the networks live (`host.device: auto` settled)."""
     threads: int
-    """torch threads of the learner (`torch_threads: auto` settled, `run.host.learner_threads`)."""
+    """torch threads of the learner (`host.torch_threads: auto` settled, `run.host.learner_threads`)."""
     update_threads: int
     """torch threads while the learner updates (`run.host.update_threads`): `threads`, or every core
     for a CNN or batched-simulator learner that nothing runs beside during its update."""
@@ -51,7 +51,7 @@ class RunPlan:
     def describe(self) -> str:
         """What the run builds, in one line: algorithm, env, team, env copies and where they run, threads."""
         config = self.config
-        algorithm = "IPPO" if config.critic == "obs" else "MAPPO"
+        algorithm = "IPPO" if config.ppo.critic == "obs" else "MAPPO"
         if config.ppo.actor_update == "sequential":
             algorithm = "HAPPO"
         if self.spec is None:
@@ -61,17 +61,15 @@ class RunPlan:
             team = f" ({self.spec.num_agents} agents in {groups} group{'s' * (groups > 1)})"
             where = {
                 "sync": "in this process",
-                "subprocess": f"in {config.num_workers} env worker processes",
-                "workers": f"in {config.num_workers} rollout worker processes",
-                "ray": f"in {config.num_workers} Ray workers",
-            }[config.vector]
+                "subprocess": f"in {config.rollout.num_workers} env worker processes",
+                "workers": f"in {config.rollout.num_workers} rollout worker processes",
+                "ray": f"in {config.rollout.num_workers} Ray workers",
+            }[config.rollout.vector]
         encoder = ", a CNN encoder" if self.convolutional else ""
         threads = f"{self.threads} torch thread{'s' * (self.threads > 1)}"
         if self.update_threads != self.threads:
             threads += f" ({self.update_threads} while updating)"
-        return (
-            f"{algorithm} on {config.env.id}{team}: {config.num_envs} env copies {where}, {threads}{encoder}"
-        )
+        return f"{algorithm} on {config.env.id}{team}: {config.rollout.num_envs} env copies {where}, {threads}{encoder}"
 
 
 def anchored_config(config: ExperimentConfig) -> ExperimentConfig:
@@ -87,9 +85,9 @@ def anchored_config(config: ExperimentConfig) -> ExperimentConfig:
 
 def plan_run(config: ExperimentConfig) -> RunPlan:
     """`config` settled for a run on this machine. Builds at most one env copy, the probe (none for a
-    batched simulator): its layout is the plan's `spec`, and `vector: auto` times its steps."""
+    batched simulator): its layout is the plan's `spec`, and `rollout.vector: auto` times its steps."""
     config = anchored_config(config)
-    device = resolve_device(config.device)
+    device = resolve_device(config.host.device)
     precision = cast(Literal["fp32", "bf16"], resolve_precision(config.model.precision, device))
     config = dataclasses.replace(config, model=dataclasses.replace(config.model, precision=precision))
     spec = None

@@ -1,8 +1,8 @@
 """The evaluation protocol's records in a run directory (Gorsane et al. 2022, as marl-eval reads it).
 
-Every periodic evaluation (`eval_every`) appends its episodes' team returns to `evaluations.jsonl`;
+Every periodic evaluation (`eval.every`) appends its episodes' team returns to `evaluations.jsonl`;
 the best evaluated policy so far is kept as `checkpoints/best.pt`; at the end of the run that
-policy plays `eval_absolute` times `eval_episodes` fresh episodes: the absolute metric, written to
+policy plays `eval.absolute` times `eval.episodes` fresh episodes: the absolute metric, written to
 `absolute_metric.json`. `marl-ppo compare` reads both files. With `log.video`, the run ends with a
 recorded episode of that policy (`record_video`).
 """
@@ -89,17 +89,17 @@ def absolute_metric(
     venv: VectorEnv,
     device: torch.device,
 ) -> dict[str, Any] | None:
-    """Play the best evaluated policy (`checkpoints/best.pt`) for `eval_absolute * eval_episodes`
+    """Play the best evaluated policy (`checkpoints/best.pt`) for `eval.absolute * eval.episodes`
     deterministic episodes, write `absolute_metric.json` and return it; None when the run has none.
 
     Loads the best weights into `model`: call it once training is over and saved."""
-    if not config.eval_absolute or record.best_step is None:
+    if not config.eval.absolute or record.best_step is None:
         return None
     best = load_checkpoint(run_dir / "checkpoints" / BEST_CHECKPOINT)
     if best["env_steps"] != record.best_step:  # best.pt from a stopped process's discarded evaluations
         return None
     model.load_state_dict(best["model"])
-    episodes = config.eval_absolute * config.eval_episodes
+    episodes = config.eval.absolute * config.eval.episodes
     seed = eval_seed(config) + ABSOLUTE_SEED_OFFSET
     result = run_episodes(venv, model, device, episodes=episodes, seed=seed, deterministic=True)
     metric = {

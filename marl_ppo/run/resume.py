@@ -29,6 +29,7 @@ from marl_ppo.config import (
     config_to_dict,
     merge,
     parse_overrides,
+    refuse_moved,
 )
 from marl_ppo.envs.vector.state import EnvStateError
 from marl_ppo.registry import env_file, moved
@@ -37,16 +38,16 @@ from marl_ppo.run.seeding import restore_rng_state, resume_seed, rng_state
 
 RESUMABLE_KEYS = (  # and env.id, where it points to the run's env file at another path
     "total_steps",
-    "vector",
-    "num_workers",
-    "torch_threads",
+    "rollout.vector",
+    "rollout.num_workers",
+    "host.torch_threads",
     "log.progress",
     "log.checkpoint_every",
     "log.keep_last",
     "log.backends",
     "log.wandb.mode",
     "log.wandb.init_timeout_s",
-    "eval_absolute",
+    "eval.absolute",
     "ray.address",
     "ray.num_cpus_per_worker",
     "ray.max_worker_restarts",
@@ -86,6 +87,7 @@ def resume_config(run_dir: Path, overrides: Iterable[str] = ()) -> ExperimentCon
     """The config of the run in `run_dir` with `key=value` overrides of RESUMABLE_KEYS only."""
     payload = load_resumable(run_dir)
     changes = parse_overrides(overrides)
+    refuse_moved(changes)
     for key in _dotted_keys(changes):
         if key == "env.id" and moved(payload["config"]["env"]["id"], str(changes["env"]["id"])):
             continue  # the run's env file, where it went
@@ -104,12 +106,12 @@ def load_resumable(run_dir: Path, config: ExperimentConfig | None = None) -> dic
     path = latest_checkpoint(run_dir)
     payload = load_checkpoint(path)
     if config is not None:
-        used = payload["config"].get("vector")
+        used = payload["config"]["rollout"]["vector"]
         acting = ("workers", "ray")  # rollout workers, local or on Ray, save their state alike
-        if (used in acting) != (config.vector in acting):  # the collectors' states differ in kind
+        if (used in acting) != (config.rollout.vector in acting):  # the collectors' states differ in kind
             raise ConfigError(
-                f"--resume: the run in '{run_dir}' used vector={used} and cannot continue with "
-                f"vector={config.vector}; resume it with vector={used}"
+                f"--resume: the run in '{run_dir}' used rollout.vector={used} and cannot continue with "
+                f"rollout.vector={config.rollout.vector}; resume it with rollout.vector={used}"
             )
         saved, wanted = _flat(payload["config"]), _flat(config_to_dict(config))
         for key in sorted(saved.keys() | wanted.keys()):

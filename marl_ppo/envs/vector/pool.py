@@ -181,7 +181,7 @@ class WorkerPool:
         handler_args: Sequence[tuple],
         name: str,
         timeout_s: float | None,
-        timeout_name: str = "worker_timeout_s",
+        timeout_name: str = "rollout.worker_timeout_s",
     ) -> None:
         """Start worker k (process `f"{name}-{k}"`) serving `make_handler(*handler_args[k])`; wait for 'start'.
 

@@ -112,7 +112,7 @@ class _EnvSlice:
 
 
 class SubprocessVectorEnv:
-    """Steps `num_envs` copies in `num_workers` processes; same results as `SyncVectorEnv`, in shared memory."""
+    """Steps `num_envs` copies in `rollout.num_workers` processes; same results as `SyncVectorEnv`, in shared memory."""
 
     tensor_io = False
     """Actions go in and results come out as NumPy arrays."""

@@ -1,0 +1,55 @@
+"""The `fast` section: switches between our hand-written pieces and the library's."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import model_validator
+from pydantic.dataclasses import dataclass
+from pydantic_core import ArgsKwargs
+
+from marl_ppo.config.base import STRICT
+
+
+@dataclass(frozen=True, config=STRICT)
+class FastConfig:
+    """Hand-written replacements of library pieces (`marl_ppo/fast/`), each with a switch back to the library."""
+
+    optimizer: Literal["flat_adam", "adam", "adam_foreach", "adam_fused"] = "flat_adam"
+    """`flat_adam`: Adam over one flat buffer per network (one clip norm, a few ops per step; the same
+    numbers as `adam`); `adam`, `adam_foreach`, `adam_fused`: torch.optim.Adam with its single-tensor,
+    multi-tensor or fused implementation, and nn.utils.clip_grad_norm_."""
+    screen_copy: bool = True
+    """Pistonball and cooperative_pong: every agent's observation and the state are views of one copy
+    of the screen per frame (the same arrays), and cooperative_pong's step draws without the copies
+    its renders throw away; false: the envs' own observe(), state() and render(), one copy each."""
+    mamujoco_gather: bool = True
+    """Multi-agent MuJoCo: each step maps the agents' actions to the robot's and reads their
+    observations and the state by index arrays found once per env copy (`fast/mamujoco_gather.py`;
+    the same numbers); false: Gymnasium-Robotics' own step, which walks the joint graph each time."""
+    recurrent_cell: bool = True
+    """With `model.recurrent`: our agent-stacked GRU/LSTM step (batched products over the agents'
+    weights, each sequence's input product taken at once); false: torch's nn.GRUCell / nn.LSTMCell
+    on the same weights, called once per agent (per-agent weights) or once (shared)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_keys(cls, data: Any) -> Any:
+        keys = data.kwargs if isinstance(data, ArgsKwargs) else data
+        for key, library in REMOVED_FAST_KEYS.items():
+            if isinstance(keys, dict) and key in keys:
+                raise ValueError(
+                    f"config key 'fast.{key}' was removed: {library} is always used now; "
+                    "delete the key from the experiment file or the overrides"
+                )
+        return data
+
+
+REMOVED_FAST_KEYS = {
+    "distributions": "torch.distributions",
+    "event_writer": "torch.utils.tensorboard's SummaryWriter",
+    "allocator": "glibc's default malloc",
+    "sigmoid_tanh": "torch.tanh",
+    "lean_cycle": "PettingZoo's aec_to_parallel wrapper",
+}
+"""`fast` switches whose hand-written piece was removed, and the library piece that replaced it."""
