@@ -1,5 +1,6 @@
-"""The run settled once: every `auto` of a config resolved on this machine, and the team layout read
-from one probe env copy, in a frozen record that the builders, the trainer and the memory check take.
+"""The run settled once: every `auto` of a config resolved on this machine, and the env's layout read
+from one probe env copy, in a frozen record that the builders, the trainer, evaluation and the memory
+check take.
 """
 
 from __future__ import annotations
@@ -12,31 +13,32 @@ from typing import Literal, cast
 import torch
 
 from marl_ppo.config import ExperimentConfig
-from marl_ppo.envs.factory import is_batched, make_team_env, probe_step_seconds, resolve_vector, team_spec
-from marl_ppo.envs.spec import TeamSpec
+from marl_ppo.envs.factory import batched_layout, make_team_env, probe_step_seconds, resolve_vector, team_spec
+from marl_ppo.envs.spec import BatchedLayout, EnvLayout, TeamSpec
 from marl_ppo.models.layers import resolve_device, resolve_precision
+from marl_ppo.plan.host import convolutional, learner_threads, settled_epochs, update_threads
 from marl_ppo.registry import anchored
-from marl_ppo.run.host import convolutional, learner_threads, settled_epochs, update_threads
 
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What a run is built from, settled once before its first step (`plan_run`)."""
+    """What a run (or an evaluation) is built from, settled once before its first step (`plan_run`,
+    `plan_eval`)."""
 
     config: ExperimentConfig
     """The config the run trains, and records in config.yaml and its checkpoints: `vector: auto` settled
     (with `policy_lag` 0 unless rollout workers act, and `num_workers`), `model.precision: auto` and
     `auto` PPO epochs settled. `device` and `torch_threads` stay as written: they say where this
     process runs, not what it learns, and a resumed run settles them again (`device`, `threads`)."""
-    spec: TeamSpec | None
-    """The team layout (groups, spaces, state) read from the probe copy; None for a batched simulator
-    (VMAS), whose one env object reports its layout when built."""
+    layout: EnvLayout
+    """The env's layout: the team (groups, spaces, state) read from the probe copy, or `BatchedLayout`
+    for a batched simulator (VMAS, JaxMARL), whose one env object reports its team when built."""
     device: torch.device
     """Where the networks live (`device: auto` settled)."""
     threads: int
-    """torch threads of the learner (`torch_threads: auto` settled, `run.host.learner_threads`)."""
+    """torch threads of the learner (`torch_threads: auto` settled, `plan.host.learner_threads`)."""
     update_threads: int
-    """torch threads while the learner updates (`run.host.update_threads`): `threads`, or every core
+    """torch threads while the learner updates (`plan.host.update_threads`): `threads`, or every core
     for a CNN or batched-simulator learner that nothing runs beside during its update."""
     build_threads: int
     """torch threads while the networks are built and initialised: `threads` without the rule for CNN
@@ -44,9 +46,14 @@ class RunPlan:
     thread count: a CNN model starts from the same weights on any number of cores."""
 
     @property
+    def batched(self) -> bool:
+        """Whether the env is a batched simulator: one object holds every copy, built in this process."""
+        return isinstance(self.layout, BatchedLayout)
+
+    @property
     def convolutional(self) -> bool:
         """Whether the networks have a CNN encoder (an image input and `model.encoder` other than `mlp`)."""
-        return self.spec is not None and convolutional(self.config, self.spec)
+        return convolutional(self.config, self.layout)
 
     def describe(self) -> str:
         """What the run builds, in one line: algorithm, env, team, env copies and where they run, threads."""
@@ -54,11 +61,11 @@ class RunPlan:
         algorithm = "IPPO" if config.critic == "obs" else "MAPPO"
         if config.ppo.actor_update == "sequential":
             algorithm = "HAPPO"
-        if self.spec is None:
+        if not isinstance(self.layout, TeamSpec):
             team, where = "", f"in one batched simulator on {self.device}"
         else:
-            groups = len(self.spec.groups)
-            team = f" ({self.spec.num_agents} agents in {groups} group{'s' * (groups > 1)})"
+            groups = len(self.layout.groups)
+            team = f" ({self.layout.num_agents} agents in {groups} group{'s' * (groups > 1)})"
             where = {
                 "sync": "in this process",
                 "subprocess": f"in {config.num_workers} env worker processes",
@@ -87,29 +94,58 @@ def anchored_config(config: ExperimentConfig) -> ExperimentConfig:
 
 def plan_run(config: ExperimentConfig) -> RunPlan:
     """`config` settled for a run on this machine. Builds at most one env copy, the probe (none for a
-    batched simulator): its layout is the plan's `spec`, and `vector: auto` times its steps."""
-    config = anchored_config(config)
-    device = resolve_device(config.device)
-    precision = cast(Literal["fp32", "bf16"], resolve_precision(config.model.precision, device))
-    config = dataclasses.replace(config, model=dataclasses.replace(config.model, precision=precision))
-    spec = None
-    if is_batched(config):
-        config = resolve_vector(config)  # batched simulators run as one object: no probe
+    batched simulator): its layout is the plan's, and `vector: auto` times its steps."""
+    config = _with_precision(anchored_config(config))
+    layout: EnvLayout
+    batched = batched_layout(config)
+    if batched is not None:
+        layout = batched  # batched simulators run as one object: no probe
+        config = resolve_vector(config, batched=True, step_seconds=_untimed)
     else:
         probe = make_team_env(config)
         try:
-            spec = team_spec(config, probe)
-            timing = functools.partial(probe_step_seconds, config, env=probe, spec=spec)
-            config = resolve_vector(config, step_seconds=timing)
+            layout = spec = team_spec(config, probe)
+            timing = functools.partial(probe_step_seconds, config, probe, spec)
+            config = resolve_vector(config, batched=False, step_seconds=timing)
         finally:
             probe.close()
-    config = settled_epochs(config, spec)
-    cnn = spec is not None and convolutional(config, spec)
+    return _settled(config, layout)
+
+
+def plan_eval(config: ExperimentConfig) -> RunPlan:
+    """`config` (a checkpoint's, with any overrides) settled to evaluate in this process: env copies
+    stepped here (`vector: sync`), its layout read from one probe copy (none for a batched simulator)."""
+    config = _with_precision(config)
+    config = dataclasses.replace(config, vector="sync", policy_lag=0)
+    layout: EnvLayout | None = batched_layout(config)
+    if layout is None:
+        probe = make_team_env(config)
+        try:
+            layout = team_spec(config, probe)
+        finally:
+            probe.close()
+    return _settled(config, layout)
+
+
+def _with_precision(config: ExperimentConfig) -> ExperimentConfig:
+    """`config` with `model.precision: auto` settled for its device."""
+    precision = resolve_precision(config.model.precision, resolve_device(config.device))
+    model = dataclasses.replace(config.model, precision=cast(Literal["fp32", "bf16"], precision))
+    return dataclasses.replace(config, model=model)
+
+
+def _untimed() -> float:
+    raise AssertionError("a batched simulator's vector mode needs no step timing")
+
+
+def _settled(config: ExperimentConfig, layout: EnvLayout) -> RunPlan:
+    config = settled_epochs(config, layout)
+    cnn = convolutional(config, layout)
     return RunPlan(
         config=config,
-        spec=spec,
-        device=device,
-        threads=learner_threads(config, convolutional=cnn),
-        update_threads=update_threads(config, convolutional=cnn),
-        build_threads=learner_threads(config),
+        layout=layout,
+        device=resolve_device(config.device),
+        threads=learner_threads(config, layout, convolutional=cnn),
+        update_threads=update_threads(config, layout, convolutional=cnn),
+        build_threads=learner_threads(config, layout),
     )
