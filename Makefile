@@ -34,21 +34,21 @@ reproduce: install
 		$(BIN)/marl-ppo reproduce $$file $(ARGS) || status=1; done; exit $$status
 
 bench: install
-	$(BIN)/python -m marl_ppo.bench $(ARGS)
+	$(BIN)/python -m bench $(ARGS)
 
 bench-memory: install
-	$(BIN)/python -m marl_ppo.bench.memory $(ARGS)
+	$(BIN)/python -m bench.memory $(ARGS)
 
 # On a machine with an NVIDIA GPU, with torch's CUDA build: `make clean && make gpu-check TORCH=torch`.
 # The device tests run on the CPU and on the GPU; the benchmark's VMAS cases run on the GPU.
 gpu-check: install
 	$(BIN)/python -c "import sys, torch; torch.cuda.is_available() or sys.exit('gpu-check: torch sees no CUDA device; on a GPU machine run: make clean && make gpu-check TORCH=torch')"
 	$(BIN)/python -m pytest -q -rs tests/test_devices.py tests/test_vmas.py tests/test_optim.py tests/test_precision.py
-	$(BIN)/python -m marl_ppo.bench --only vmas --device cuda $(ARGS)
+	$(BIN)/python -m bench --only vmas --device cuda $(ARGS)
 
 lint: install
-	$(BIN)/ruff check marl_ppo envs tests
-	$(BIN)/ruff format --check marl_ppo envs tests
+	$(BIN)/ruff check marl_ppo envs tests bench
+	$(BIN)/ruff format --check marl_ppo envs tests bench
 	$(BIN)/mypy
 
 clean:

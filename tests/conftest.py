@@ -50,14 +50,18 @@ def collect_rollout(config, seed=0):
 
 def values_of(model, state, obs):
     """A feed-forward model's values in return units for one step of `len(state)` env copies, every
-    agent acting: `state` `(E, S)`, `obs` per group `(E, A_g, D)`."""
+    agent acting, from the critics' own forward (learning's path): `state` `(E, S)`, `obs` per group
+    `(E, A_g, D)`."""
     import torch
 
-    from marl_ppo.rollout.memory import make_memory
-
-    memory = make_memory(model, state.shape[0], state.device)
-    alive = {name: torch.ones(o.shape[:-1], dtype=torch.bool, device=o.device) for name, o in obs.items()}
-    return memory.values(state, obs, alive)
+    values = {}
+    for name, group_obs in obs.items():
+        critic, norm = model.group(name).critic, model.group(name).value_norm
+        flags = torch.ones((1, *group_obs.shape[:-1]), dtype=torch.bool, device=group_obs.device)
+        carry = torch.zeros(group_obs.shape[0], critic.carry_rows, 0, device=group_obs.device)
+        raw, _ = critic(state.unsqueeze(0), group_obs.unsqueeze(0), carry, flags, flags)
+        values[name] = norm.denormalize(raw[0])
+    return values
 
 
 def common_twin(net):

@@ -313,41 +313,6 @@ def test_an_agent_that_joins_later_becomes_alive_with_its_first_observation():
     np.testing.assert_array_equal(agents.reward, [1, 2, 3])
 
 
-def _cycle_env_ids():
-    from marl_ppo.envs.catalog import MPE2_SCENARIOS, PETTINGZOO_PARALLEL
-
-    return [f"mpe2/{name}" for name in MPE2_SCENARIOS] + list(PETTINGZOO_PARALLEL)
-
-
-@pytest.mark.parametrize("env_id", _cycle_env_ids())
-def test_lean_cycle_step_keeps_every_catalog_trajectory(env_id):
-    """Every catalog env that steps through PettingZoo's AEC-to-parallel wrapper gives the same
-    observations, rewards, flags and infos when the cycle skips the discarded `last()` observations
-    (so their `observe()` only reads the env)."""
-    from marl_ppo.envs.adapters.check_wrappers import without_check_wrappers
-    from marl_ppo.envs.catalog import PETTINGZOO_PARALLEL
-    from marl_ppo.fast.lean_cycle import lean_cycle
-
-    needs = PETTINGZOO_PARALLEL[env_id][2] if env_id in PETTINGZOO_PARALLEL else ("mpe2",)
-    for module in needs:
-        pytest.importorskip(module)
-    stock, lean = make_env(env_id), lean_cycle(without_check_wrappers(make_env(env_id)))
-    assert type(lean).__name__ == "LeanCycleParallel"
-    outputs = {id(stock): [], id(lean): []}
-    for env in (stock, lean):
-        env.reset(seed=3)
-        for agent in env.possible_agents:
-            env.action_space(agent).seed(11)
-        trace = outputs[id(env)]
-        for _ in range(40):
-            if not env.agents:
-                env.reset()
-            actions = {agent: env.action_space(agent).sample() for agent in env.agents}
-            trace.append(env.step(actions))
-    assert sum(len(step[0]) for step in outputs[id(lean)]) > 0
-    np.testing.assert_equal(outputs[id(lean)], outputs[id(stock)])
-
-
 @pytest.mark.parametrize("continuous", [False, True])
 def test_stepping_without_check_wrappers_keeps_every_trajectory(continuous):
     """The assertion-only wrappers go; behaviour-changing ones (action clipping) stay; data is identical."""

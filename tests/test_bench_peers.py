@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from marl_ppo.bench import pairs, peers
-from marl_ppo.bench.pairs import PISTONBALL_TUTORIAL, PeerCase, peer_cases, peer_report, run_pair
-from marl_ppo.bench.peer_sb3_pistonball import ENV_KWARGS, PPO_KWARGS, result_record
-from marl_ppo.bench.peers import PeerResult, PeerUnavailable, parse_result
+from bench import pairs, peers
+from bench.pairs import PISTONBALL_TUTORIAL, PeerCase, peer_cases, peer_report, run_pair
+from bench.peer_sb3_pistonball import ENV_KWARGS, PPO_KWARGS, result_record
+from bench.peers import PeerResult, PeerUnavailable, parse_result
 from marl_ppo.config.loading import load_config
 
 FAKE = peers.Peer("fake", ("fakepkg==1.0",), "fake_script.py")

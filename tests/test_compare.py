@@ -2,6 +2,7 @@
 hand-computed values, the figures and the marl-eval JSON of 2 configurations x 2 tasks x 3 seeds."""
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
@@ -63,19 +64,51 @@ def test_aggregates_and_probability_of_improvement_match_the_hand_computed_value
     assert improvement[("x", "y")].value == pytest.approx((6.5 / 9 + 7 / 9) / 2)
 
 
+def test_bootstrap_intervals_follow_their_seed_not_numpys_global_generator():
+    """rliable's bootstraps draw from NumPy's global generator: two calls with one seed after different
+    global states give the very same intervals, and the global generator is left as it was."""
+    pytest.importorskip("rliable")
+    from marl_ppo.analysis.stats import interval_estimates, iqm
+
+    generator = np.random.default_rng(0)
+    scores = {algorithm: generator.uniform(size=(5, 3)) for algorithm in ("x", "y")}  # 5 runs, 3 tasks
+    intervals, continued = [], []
+    for state in (1, 2):
+        np.random.seed(state)
+        intervals.append(interval_estimates(scores, iqm, reps=200, seed=0)[1])
+        continued.append(np.random.random() == np.random.RandomState(state).random_sample())
+    for algorithm in scores:
+        np.testing.assert_array_equal(intervals[0][algorithm], intervals[1][algorithm])
+    assert continued == [True, True]  # the caller's generator draws on where it was
+    other = interval_estimates(scores, iqm, reps=200, seed=1)[1]
+    assert any(not np.array_equal(other[a], intervals[0][a]) for a in scores)
+
+
 def test_the_marl_eval_layout_nests_env_task_algorithm_run_step():
     data = marl_eval_json(_table())
-    run = data["mpe2"]["a"]["x"]["seed_0"]
+    run = data["mpe2"]["a"]["x"]["run_0"]
     assert run == {
         "step_0": {"step_count": 10, "return": [0.0]},
         "step_1": {"step_count": 20, "return": [10.0]},
         "absolute_metrics": {"return": [10.0]},
     }
-    assert sorted(data["mpe2"]) == ["a", "b"] and sorted(data["mpe2"]["b"]["y"]) == [
-        "seed_0",
-        "seed_1",
-        "seed_2",
-    ]
+    assert sorted(data["mpe2"]) == ["a", "b"]
+    assert sorted(data["mpe2"]["b"]["y"]) == ["run_0", "run_1", "run_2"]
+
+
+def test_the_marl_eval_runs_line_up_by_rank_when_algorithms_ran_different_seeds():
+    """marl-eval reads every algorithm and task by the first one's run keys: y's seeds 3, 4, 5 must
+    export under x's keys, its k-th lowest seed as run k, as the score matrices' rows."""
+    table = _table()
+    shifted = tuple(dataclasses.replace(r, seed=r.seed + 3) if r.algorithm == "y" else r for r in table.runs)
+    data = marl_eval_json(dataclasses.replace(table, runs=shifted))
+    first = list(data["mpe2"]["a"]["x"])
+    assert first == ["run_0", "run_1", "run_2"]
+    for task, values in (("a", [2.0, 4.0, 8.0]), ("b", [5.0, 1.0, 2.0])):
+        assert list(data["mpe2"][task]["x"]) == list(data["mpe2"][task]["y"]) == first
+        assert [data["mpe2"][task]["y"][run]["absolute_metrics"]["return"] for run in first] == [
+            [v] for v in values
+        ]
 
 
 def _fake_run(path, env_id, critic, seed, finals):
@@ -113,7 +146,7 @@ def test_compare_on_two_configurations_two_tasks_three_seeds_writes_every_output
     for name in ("performance_profiles.png", "sample_efficiency.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     data = json.loads((out / "marl_eval.json").read_text())
-    run = data["mpe2"]["simple_spread_v3"]["critic=state"]["seed_2"]
+    run = data["mpe2"]["simple_spread_v3"]["critic=state"]["run_2"]
     assert run["step_2"] == {"step_count": 300, "return": [-49.0, -47.0]}
     assert run["absolute_metrics"]["return"] == [-48.5, -47.5, -48.0, -48.0]
     rows = list(csv.DictReader((out / "scores.csv").open()))
@@ -144,6 +177,6 @@ def test_every_task_exports_as_many_evaluations_as_the_task_with_fewest():
     )
     table = ScoreTable(longer, table.tasks, table.algorithms, table.bounds)
     data = marl_eval_json(table)
-    assert sorted(data["mpe2"]["b"]["x"]["seed_0"]) == ["absolute_metrics", "step_0", "step_1"]
+    assert sorted(data["mpe2"]["b"]["x"]["run_0"]) == ["absolute_metrics", "step_0", "step_1"]
     steps, curves = table.curve_scores()
     assert steps.tolist() == [10, 20] and curves["x"].shape == (3, 2, 2)

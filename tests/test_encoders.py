@@ -8,6 +8,7 @@ import pytest
 import torch
 import yaml
 from conftest import collect_rollout, values_of
+from marl_ppo.run.plan import plan_run
 
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import ConfigError, PPOConfig, load_config
@@ -18,7 +19,6 @@ from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.loop import train
-from marl_ppo.run.plan import plan_run
 
 SIGNAL, COMPASS = "envs/pixel_signal_v0", "envs/pixel_compass_v0"
 FAST = [

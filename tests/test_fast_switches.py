@@ -21,9 +21,9 @@ from marl_ppo.run.loop import train
 
 SPREAD = ROOT / "experiments/mpe/simple_spread.yaml"
 PISTONBALL = ROOT / "experiments/butterfly/pistonball_v6.yaml"
-SPREAD_SWITCHES = ["fast.optimizer=adam", "fast.lean_cycle=false"]
+SPREAD_SWITCHES = ["fast.optimizer=adam"]
 """The switches that act in a simple_spread run, each to a library piece that computes the same numbers
-(torch's single-tensor Adam, PettingZoo's AEC-to-parallel cycle)."""
+(torch's single-tensor Adam)."""
 
 
 def _scalars(run_dir):
@@ -185,32 +185,18 @@ def test_a_removed_switch_is_refused_in_one_line_naming_the_library_piece_and_th
     )
 
 
-def test_sigmoid_tanh_agrees_with_torch_tanh_in_value_and_gradient():
-    from marl_ppo.fast.tanh import sigmoid_tanh
-
-    torch.manual_seed(0)
-    x = (torch.randn(600, 64, dtype=torch.float64) * 3).float().requires_grad_()
-    reference = x.detach().clone().requires_grad_()
-    weights = torch.randn(600, 64)
-    (sigmoid_tanh(x) * weights).sum().backward()
-    (torch.tanh(reference) * weights).sum().backward()
-    torch.testing.assert_close(sigmoid_tanh(x), torch.tanh(reference), rtol=0, atol=2.5e-7)
-    # each gradient is weight * (1 - y^2): the value's error times 2|y| times the weight (|w| < 5)
-    torch.testing.assert_close(x.grad, reference.grad, rtol=0, atol=2.5e-6)
-    assert float(sigmoid_tanh(torch.tensor(30.0))) == 1.0 and float(sigmoid_tanh(torch.tensor(-30.0))) == -1.0
-
-
-def test_the_sigmoid_tanh_switch_puts_it_in_every_tanh_mlp_and_keeps_relu():
-    from marl_ppo.fast.tanh import sigmoid_tanh
+def test_the_recurrent_cell_switch_and_the_activation_reach_every_layer_they_name():
     from marl_ppo.models.layers import AgentMLP
+    from marl_ppo.models.recurrent import StackedRecurrent
     from marl_ppo.models.team import TeamModel
 
-    for overrides, expected in (
-        (["fast.sigmoid_tanh=true"], sigmoid_tanh),
-        ([], torch.tanh),
-        (["fast.sigmoid_tanh=true", "model.activation=relu"], torch.relu),
+    for overrides, library, activation in (
+        ([], False, torch.tanh),
+        (["fast.recurrent_cell=false", "model.activation=relu"], True, torch.relu),
     ):
-        config = load_config(SPREAD, overrides)
+        config = load_config(SPREAD, ["model.recurrent=gru", *overrides])
         model = TeamModel(team_spec(config), config)
+        cells = [m for m in model.modules() if isinstance(m, StackedRecurrent)]
         mlps = [m for m in model.modules() if isinstance(m, AgentMLP)]
-        assert mlps and all(m.activation is expected for m in mlps), overrides
+        assert len(cells) == 2 and all(cell.library_cell is library for cell in cells), overrides
+        assert len(mlps) == 2 and all(mlp.activation is activation for mlp in mlps), overrides

@@ -55,10 +55,10 @@ def test_with_one_agent_happos_update_is_mappos_bit_for_bit(tmp_path, variant):
         payloads[name] = load_checkpoint(tmp_path / name / "checkpoints/final.pt")
     mappo, happo = payloads["mappo"], payloads["happo"]
     assert_identical(happo["model"], mappo["model"], "model")
-    for key in ("actor_optimizer", "critic_optimizer", "generator"):
+    for key in ("critic_optimizer", "generator"):
         assert_identical(happo["trainer"][key], mappo["trainer"][key], key)
-    steps = float(mappo["trainer"]["actor_optimizer"]["state"][0]["step"])
-    assert happo["trainer"]["actor_adam_steps"].tolist() == [steps]
+    (agent,) = happo["trainer"]["actor_optimizers"].values()  # the one agent's Adam is MAPPO's
+    assert_identical(agent, mappo["trainer"]["actor_optimizer"], "actor_optimizer")
 
 
 def _setup(env, *overrides):
@@ -81,15 +81,18 @@ def _setup(env, *overrides):
 
 
 def _record_turns(monkeypatch):
-    """Each turn the trainer takes, with copies of the model and actor optimizer before and after it."""
+    """Each turn the trainer takes, with copies of the model and the actor optimizers' states before and
+    after it."""
     turns, real = [], Trainer._epochs
 
+    def snapshot(trainer):
+        states = {name: o.state_dict() for name, o in trainer.actor_update.optimizers.items()}
+        return copy.deepcopy(trainer.model), copy.deepcopy(states)
+
     def epochs(self, turn):
-        before = copy.deepcopy(self.model), copy.deepcopy(self.actor_optimizer.state_dict())
+        before = snapshot(self)
         result = real(self, turn)
-        turns.append(
-            (turn, before, (copy.deepcopy(self.model), copy.deepcopy(self.actor_optimizer.state_dict())))
-        )
+        turns.append((turn, before, snapshot(self)))
         return result
 
     monkeypatch.setattr(Trainer, "_epochs", epochs)
@@ -173,7 +176,7 @@ def test_a_turn_moves_its_agents_weights_and_adam_moments_only(monkeypatch, env,
     trainer.update(batches)  # the first update leaves every agent's Adam moments non-zero
     turns = _record_turns(monkeypatch)
     trainer.update(batches)
-    for turn, (before, moments_before), (after, moments_after) in turns:
+    for turn, (before, states_before), (after, states_after) in turns:
         group, agent = _learner(turn)
         for (name, p0), p1 in zip(before.named_parameters(), after.parameters(), strict=True):
             if not name.startswith("actors."):
@@ -182,16 +185,22 @@ def test_a_turn_moves_its_agents_weights_and_adam_moments_only(monkeypatch, env,
             others = [i for i in range(agents) if i != agent]
             assert torch.equal(rows0[others], rows1[others]), name
             assert not torch.equal(rows0[agent], rows1[agent]), name
-        for index, state in moments_after["state"].items():
-            for key in ("exp_avg", "exp_avg_sq"):
-                rows0 = moments_before["state"][index][key].view(agents, -1)
-                rows1 = state[key].view(agents, -1)
-                others = [i for i in range(agents) if i != agent]
-                assert torch.equal(rows0[others], rows1[others])
-                assert bool((rows0[others] != 0).any())  # what a plain Adam step would have moved
+        learner = model.spec.group(group).agents[agent]
+        assert turn.optimizer is trainer.actor_update.optimizers[learner]
+        for name, state in states_after.items():  # every other agent's Adam is as it was
+            if name != learner:
+                assert_identical(state, states_before[name], name)
+                assert all(bool(entry["exp_avg"].abs().sum() > 0) for entry in state["state"].values())
+        moved = states_after[learner]["state"]
+        assert all(
+            entry["exp_avg"].shape[0] * agents == p.shape[0]
+            for entry, p in zip(moved.values(), model.group(group).actor.parameters(), strict=True)
+        )  # moments of the agent's rows only
     # every agent has its own Adam step count: 2 updates x 2 epochs x 2 minibatches
-    assert trainer.actor_update.adam_steps.tolist() == [8.0] * agents
-    assert float(trainer.actor_optimizer.state_dict()["state"][0]["step"]) == 8.0
+    for optimizer in trainer.actor_update.optimizers.values():
+        assert [float(entry["step"]) for entry in optimizer.state_dict()["state"].values()] == [8.0] * len(
+            optimizer.state
+        )
 
 
 def test_the_order_is_a_fresh_permutation_each_update():
@@ -234,5 +243,94 @@ def test_torchs_adam_takes_the_same_turns_as_ours(tmp_path):
         train(config, tmp_path / kind)
         final[kind] = load_checkpoint(tmp_path / kind / "checkpoints/final.pt")
     assert_identical(final["adam"]["model"], final["flat_adam"]["model"], "model")
-    steps = [float(entry["step"]) for entry in final["adam"]["trainer"]["actor_optimizer"]["state"].values()]
-    assert steps == [3 * 2 * 2] * len(steps)  # every agent's count, the same in every parameter
+    for kind in final:
+        optimizers = final[kind]["trainer"]["actor_optimizers"]
+        assert len(optimizers) == 3
+        steps = [float(entry["step"]) for saved in optimizers.values() for entry in saved["state"].values()]
+        assert steps == [3 * 2 * 2] * len(steps)  # every agent's count, the same in every parameter
+
+
+@pytest.mark.parametrize("kind", ["flat_adam", "adam_foreach"])
+@pytest.mark.parametrize("overrides", [[], ["model.recurrent=gru", "ppo.chunk_length=5"]])
+def test_each_agent_steps_as_a_plain_adam_over_its_own_weights(kind, overrides):
+    """Beside the trainer, one torch.optim.Adam per agent over clones of its rows, stepped with the
+    agent's rows of every gradient the trainer steps with: after two updates (every agent stepping in its
+    turns, the others' steps between) each agent's weights and moments are the plain Adam's, bit for bit.
+    The clip binds at every step (max_grad_norm far below the gradients' norms) and bounds the agent's own."""
+    max_norm = 1e-3
+    model, trainer, batches = _setup(
+        "experiments/mpe/simple_spread.yaml",
+        f"fast.optimizer={kind}",
+        f"ppo.max_grad_norm={max_norm}",
+        *overrides,
+    )
+    plain, norms = {}, []
+    for name, optimizer in trainer.actor_update.optimizers.items():
+        params = optimizer.param_groups[0]["params"]
+        clones = [optimizer.rows(p).detach().clone().requires_grad_() for p in params]
+        adam = torch.optim.Adam(clones, lr=optimizer.param_groups[0]["lr"], eps=1e-5, foreach=False)
+        plain[name] = clones, adam
+
+        def step(original=optimizer.step, optimizer=optimizer, params=params, clones=clones, adam=adam):
+            for clone, p in zip(clones, params, strict=True):
+                clone.grad = optimizer.rows(p.grad).clone()
+            norms.append(float(torch.nn.utils.get_total_norm([c.grad for c in clones])))
+            adam.step()
+            original()
+
+        optimizer.step = step
+    for _ in range(2):
+        trainer.update(batches)
+    assert len(norms) == 2 * 3 * 2 * 2 and norms == pytest.approx([max_norm] * len(norms), rel=1e-4)
+    for name, optimizer in trainer.actor_update.optimizers.items():
+        clones, adam = plain[name]
+        for clone, p in zip(clones, optimizer.param_groups[0]["params"], strict=True):
+            assert torch.equal(optimizer.rows(p), clone), name
+            ours, theirs = optimizer.state[p], adam.state[clone]
+            for key in ("step", "exp_avg", "exp_avg_sq"):
+                assert torch.equal(ours[key], theirs[key]), (name, key)
+        assert float(adam.state[clones[0]]["step"]) == 2 * 2 * 2
+
+
+def test_a_checkpoint_with_one_adam_over_every_actor_resumes_each_agents_own():
+    """The layout written before the agents had optimizers of their own (one Adam state over every actor
+    parameter, each agent's rows in it, and each agent's step count) loads as each agent's Adam."""
+    model, trainer, batches = _setup("experiments/mpe/simple_spread.yaml")
+    for _ in range(2):
+        trainer.update(batches)
+    trainer.actor_update.optimizers["agent_2"].step()  # the agents' step counts differ: 8, 8 and 9
+    state = trainer.state_dict()
+    agents = trainer.actor_update.optimizers
+    team = {}
+    for index, p in enumerate(model.actors.parameters()):
+        rows = [optimizers.state[p] for optimizers in agents.values()]
+        team[index] = {
+            "step": torch.tensor(9.0),  # the largest count, as that layout kept in every parameter
+            **{key: torch.cat([entry[key] for entry in rows]) for key in ("exp_avg", "exp_avg_sq")},
+        }
+    (settings,) = state["actor_optimizers"]["agent_0"]["param_groups"]
+    old = {
+        **{key: value for key, value in state.items() if key != "actor_optimizers"},
+        "actor_optimizer": {"state": team, "param_groups": [settings]},
+        "actor_adam_steps": torch.tensor([8.0, 8.0, 9.0], dtype=torch.float64),
+    }
+    _, resumed, _ = _setup("experiments/mpe/simple_spread.yaml")
+    resumed.load_state_dict(old)
+    assert_identical(resumed.state_dict(), state, "trainer")
+
+
+def test_a_checkpoint_of_the_other_actor_update_is_refused_in_one_line():
+    _, happo, _ = _setup("experiments/mpe/simple_spread.yaml")
+    config = load_config(ROOT / "experiments/mpe/simple_spread.yaml", [*SMALL, "share_actor=false"])
+    venv = build_vector_env(config)
+    mappo = Trainer(
+        TeamModel(venv.spec, config),
+        config.ppo.settled(convolutional=False),
+        generator=torch.Generator().manual_seed(0),
+    )
+    for trainer, saved, written in ((mappo, happo, "sequential"), (happo, mappo, "simultaneous")):
+        with pytest.raises(
+            ValueError, match=f"ppo.actor_update={written}; resume it with that setting"
+        ) as refused:
+            trainer.load_state_dict(saved.state_dict())
+        assert "\n" not in str(refused.value)

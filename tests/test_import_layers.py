@@ -31,8 +31,9 @@ LAYERS = [
     ("marl_ppo.rollout",),
     ("marl_ppo.algo",),
     ("marl_ppo.eval",),
+    ("marl_ppo.logs",),  # the run logger, its scalar backends and the experiment trackers
     ("marl_ppo.run",),
-    ("marl_ppo.analysis", "marl_ppo.bench"),
+    ("marl_ppo.analysis",),
     ("marl_ppo.cli", "marl_ppo.__main__", "marl_ppo.api", "marl_ppo"),
 ]
 """Lowest first, whole folders only. A module may import from its own layer and the layers below, never
@@ -115,6 +116,15 @@ def test_no_import_cycles():
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
+def test_the_package_never_imports_the_benchmarks():
+    """bench/ sits beside the package, outside the wheel: an installed marl_ppo could not import it."""
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            assert not [n for n in names if n == "bench" or n.startswith("bench.")], path
+
+
 def test_the_maths_and_the_fast_pieces_import_nothing_of_the_framework():
     for module in ("marl_ppo.algo.gae", "marl_ppo.algo.losses", "marl_ppo.models.value_norm"):
         assert _imports(_modules()[module]) == set(), module
@@ -131,7 +141,7 @@ def test_the_rollout_layer_knows_envs_by_their_protocol():
 
 
 def test_only_the_loop_builds_the_logger_and_the_cli_only_calls_the_library():
-    users = [_module_name(p) for p in PACKAGE.rglob("*.py") if "marl_ppo.run.logger" in _imports(p)]
+    users = [_module_name(p) for p in PACKAGE.rglob("*.py") if "marl_ppo.logs.logger" in _imports(p)]
     assert users == ["marl_ppo.run.loop"]
     assert not [name for name in _imports(PACKAGE / "cli.py") if name.startswith("marl_ppo.algo")]
 

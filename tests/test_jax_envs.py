@@ -8,6 +8,7 @@ so only the first run on a machine pays the compile (tens of seconds for SMAX).
 import numpy as np
 import pytest
 import torch
+from marl_ppo.run.plan import plan_run
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from marl_ppo.config import load_config
@@ -15,7 +16,6 @@ from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.envs.vector.base import VectorEnv, WinsEpisodes
 from marl_ppo.registry import EnvError, env_spec, id_families
 from marl_ppo.run.loop import train
-from marl_ppo.run.plan import plan_run
 
 pytestmark = pytest.mark.jax  # JAX is imported inside the tests, so that collecting them loads nothing
 

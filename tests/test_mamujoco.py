@@ -108,6 +108,44 @@ def test_marl_ppo_envs_lists_every_split_the_family_offers(capsys):
         assert rows[env_id]["installed"] and rows[env_id]["extra"] == "mamujoco"
 
 
+def test_every_split_the_family_lists_builds_and_steps_with_the_installed_libraries():
+    from marl_ppo.envs import mamujoco
+
+    listed = mamujoco.names()
+    assert "HalfCheetah-2x3" in listed and len(listed) >= 14
+    for name in listed:
+        env = make_env(f"mamujoco/{name}")
+        env.reset(seed=0)
+        observations, *_ = env.step({agent: env.action_space(agent).sample() for agent in env.agents})
+        assert observations.keys() == set(env.possible_agents), name
+        env.close()
+
+
+def test_a_split_the_libraries_fail_to_build_is_not_listed_and_is_refused_in_one_line(monkeypatch, capsys):
+    """CoupledHalfCheetah's observation reads MuJoCo's tendon Jacobian as dense, which MuJoCo 3.6 made
+    sparse: with MuJoCo 3.6 and Gymnasium-Robotics 1.4.2 `marl-ppo envs` leaves it out and building it
+    says why; with an older MuJoCo or a newer Gymnasium-Robotics it is listed."""
+    from marl_ppo.envs import mamujoco
+
+    monkeypatch.setattr(mamujoco, "_version", {"mujoco": (3, 6, 0), "gymnasium-robotics": (1, 4, 2)}.get)
+    assert main(["envs", "--json"]) == 0
+    listed = {row["id"] for row in json.loads(capsys.readouterr().out)}
+    assert "mamujoco/CoupledHalfCheetah-1p1" not in listed and "mamujoco/HalfCheetah-6x1" in listed
+    with pytest.raises(EnvError) as caught:
+        make_env("mamujoco/CoupledHalfCheetah-1p1")
+    assert str(caught.value) == (
+        "env 'mamujoco/CoupledHalfCheetah-1p1' does not build with the installed libraries: "
+        "Gymnasium-Robotics 1.4.2 and earlier read MuJoCo's tendon Jacobian `ten_J` as a dense matrix, "
+        "which MuJoCo 3.6 made sparse; pip install 'mujoco<3.6' to build it"
+    )
+    for versions in (
+        {"mujoco": (3, 5, 1), "gymnasium-robotics": (1, 4, 2)},
+        {"mujoco": (3, 6, 0), "gymnasium-robotics": (1, 4, 3)},
+    ):
+        monkeypatch.setattr(mamujoco, "_version", versions.get)
+        assert "CoupledHalfCheetah-1p1" in mamujoco.names()
+
+
 def _same_step(ours, theirs):
     """Two step results (or reset results) hold the same numbers, keys and flags."""
     for mine, library in zip(ours, theirs, strict=True):

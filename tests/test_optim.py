@@ -3,14 +3,16 @@ speaks its state dict."""
 
 import copy
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from marl_ppo.algo.optim import clip_grad_norms, make_optimizer
-from marl_ppo.fast.adam import FlatAdam
+from marl_ppo.algo.optim import clip_grad_norms, group_parts, make_agent_optimizer, make_optimizer
+from marl_ppo.fast.adam import FlatAdam, missing_torch_internals
 
 
 def _net() -> nn.Module:
@@ -246,3 +248,99 @@ def test_parts_must_cover_the_parameters():
     optimizer = FlatAdam(_net().parameters(), lr=1e-3, eps=1e-5)
     with pytest.raises(ValueError, match=r"parts \[2, 3\] must be positive and add up to the 6 parameters"):
         clip_grad_norms(optimizer, 1.0, parts=[2, 3])
+
+
+def test_flat_adam_finds_the_torch_internals_its_step_reads():
+    """FlatAdam's step skips torch's step wrapper by reading private torch names; a torch that renames one
+    makes FlatAdam keep the wrapper (slower, same numbers): this names what to update in fast/adam.py."""
+    missing = missing_torch_internals()
+    assert not missing, f"torch {torch.__version__} lacks {missing}; FlatAdam keeps torch's step wrapper"
+    step = FlatAdam.__dict__["step"]
+    FlatAdam(_net().parameters(), lr=1e-3, eps=1e-5)
+    assert FlatAdam.__dict__["step"] is step, "torch re-wrapped FlatAdam.step: it no longer reads `hooked`"
+
+
+_WITHOUT_INTERNALS = """
+import importlib, torch
+internals = importlib.import_module("torch.optim.optimizer")
+hooks = internals._global_optimizer_pre_hooks
+del internals._global_optimizer_pre_hooks  # as FlatAdam finds a torch that renamed it
+from marl_ppo.fast import adam
+internals._global_optimizer_pre_hooks = hooks  # torch's own wrapper reads it
+assert adam._HOOKED_FLAT_STEP is None and not hasattr(adam.FlatAdam.step, "hooked")
+torch.manual_seed(0)
+nets = [torch.nn.Linear(3, 2) for _ in range(2)]
+nets[1].load_state_dict(nets[0].state_dict())
+flat = adam.FlatAdam(nets[0].parameters(), lr=1e-2, eps=1e-5)
+calls = []
+flat.register_step_pre_hook(lambda *_: calls.append("pre"))
+plain = torch.optim.Adam(nets[1].parameters(), lr=1e-2, eps=1e-5, foreach=False)
+for optimizer, net in ((flat, nets[0]), (plain, nets[1])):
+    for step in range(3):
+        optimizer.zero_grad()
+        net(torch.ones(4, 3) * step).pow(2).sum().backward()
+        optimizer.step()
+with torch.profiler.profile() as profile:
+    flat.step()
+events = [e.count for e in profile.key_averages() if e.key == "Optimizer.step#FlatAdam.step"]
+plain.step()
+assert calls == ["pre"] * 4 and events == [1], (calls, events)
+assert all(torch.equal(a, b) for a, b in zip(nets[0].parameters(), nets[1].parameters()))
+"""
+
+
+def test_without_the_torch_internals_flat_adam_steps_through_torchs_wrapper():
+    """On a torch without one of the names, torch wraps FlatAdam's step as any optimizer's: hooks run
+    once per step, the profiler sees it, the numbers are torch's Adam's."""
+    result = subprocess.run([sys.executable, "-c", _WITHOUT_INTERNALS], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("kind", ["flat_adam", "adam", "adam_foreach", "adam_fused"])
+def test_an_agents_adam_steps_its_rows_as_a_plain_adam_of_its_own(kind):
+    """Three agents' weights stacked in each parameter, agent 1 and agent 2 stepping in turns with their
+    own optimizers: each agent's rows are a plain Adam's over a clone of them, bit for bit, and the rows
+    of an agent that did not step never move, though its rows' gradients are zero in the others' steps."""
+    torch.manual_seed(0)
+    stacked = [nn.Parameter(torch.randn(3 * 4, 5)), nn.Parameter(torch.randn(3, 2))]
+    start = [p.detach().clone() for p in stacked]
+    agents = {i: make_agent_optimizer(stacked, agent=i, agents=3, lr=1e-2, kind=kind) for i in (1, 2)}
+    clones = {i: [optimizer.rows(p).detach().clone() for p in stacked] for i, optimizer in agents.items()}
+    plain = {i: torch.optim.Adam(clones[i], lr=1e-2, eps=1e-5, foreach=False) for i in agents}
+    for step in range(6):
+        agent = 1 + step % 2
+        optimizer = agents[agent]
+        optimizer.zero_grad()
+        grads = [torch.randn(p.shape, generator=torch.Generator().manual_seed(step)) for p in stacked]
+        for p, grad in zip(stacked, grads, strict=True):
+            p.grad = torch.zeros_like(p)
+            optimizer.rows(p.grad).copy_(optimizer.rows(grad))
+        for clone, grad in zip(clones[agent], grads, strict=True):
+            clone.grad = optimizer.rows(grad).clone()
+        optimizer.step()
+        plain[agent].step()
+    for agent, optimizer in agents.items():
+        for p, clone in zip(stacked, clones[agent], strict=True):
+            assert torch.equal(optimizer.rows(p), clone)
+            assert optimizer.state[p]["exp_avg"].shape == clone.shape
+            assert float(optimizer.state[p]["step"]) == 3.0
+    for p, before in zip(stacked, start, strict=True):
+        assert torch.equal(p.detach()[: p.shape[0] // 3], before[: p.shape[0] // 3])  # agent 0's rows
+
+
+def test_an_agents_adam_refuses_a_parameter_that_does_not_stack_its_agents():
+    with pytest.raises(ValueError, match=r"parameter of shape \(4, 5\) does not stack 3 agents"):
+        make_agent_optimizer([nn.Parameter(torch.zeros(4, 5))], agent=0, agents=3, lr=1e-3, kind="adam")
+
+
+def test_per_group_parts_are_the_runs_of_each_groups_parameters_in_the_optimizer():
+    groups = nn.ModuleList([nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 1))])
+    assert group_parts(make_optimizer(groups.parameters(), lr=1e-3, kind="adam"), groups) == [2, 4]
+    second = make_agent_optimizer(groups[1].parameters(), agent=0, agents=1, lr=1e-3, kind="adam")
+    assert group_parts(second, groups) == [4]  # a group holding none of its parameters has no part
+    first, *rest = groups[1].parameters()
+    shuffled = [first, *groups[0].parameters(), *rest]  # group 1's parameters on both sides of group 0's
+    with pytest.raises(ValueError, match="not ordered group by group"):
+        group_parts(torch.optim.Adam(shuffled), groups)
+    with pytest.raises(ValueError, match="none of the groups' networks"):
+        group_parts(torch.optim.Adam(nn.Linear(1, 1).parameters()), groups)

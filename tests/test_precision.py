@@ -66,7 +66,7 @@ def test_bf16_acting_and_learning_agree_so_every_first_ratio_is_one(critic, devi
     """Acting and the update's losses run the same bfloat16 layers on the same rows: before the first
     step every log-probability equals the one recorded while acting, and every value its `values_old`,
     so PPO's ratio starts at 1 and nothing is clipped for rounding. On a GPU bit for bit; a CPU acts
-    with float32 products on bfloat16's grid (`AgentMLP.hold_weights`), whose sums may run in another
+    with float32 products on bfloat16's grid (`models.acting.ActingMLP`), whose sums may run in another
     order than the update's bfloat16 products: there an entry may differ by one bfloat16 rounding."""
     pytest.importorskip("vmas")
     from marl_ppo.envs.factory import build_vector_env

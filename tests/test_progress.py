@@ -7,8 +7,8 @@ import re
 import numpy as np
 
 from marl_ppo.algo.stats import TrainStats
+from marl_ppo.logs.logger import ProgressLines, RunLogger
 from marl_ppo.rollout.source import EpisodeRecord
-from marl_ppo.run.logger import ProgressLines, RunLogger
 
 STATS = TrainStats(**{field.name: 0.0 for field in dataclasses.fields(TrainStats) if field.name != "agents"})
 LINE = re.compile(r"^step (\d+)/(\d+) \((\d+)%\): (\d+) steps/s, (.*)$")
@@ -196,7 +196,7 @@ def test_a_run_says_what_it_builds_as_it_starts_and_a_resume_where_it_continues(
 
 def test_a_games_progress_shows_its_last_win_rate_episode_length_and_entropy(tmp_path):
     """A zero-sum game's team return is always 0: its line says what moves instead."""
-    from marl_ppo.run.logger import game_headline
+    from marl_ppo.logs.logger import game_headline
 
     stream = io.StringIO()
     logger = RunLogger(

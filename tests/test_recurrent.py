@@ -92,14 +92,14 @@ def test_stacked_cells_compute_torchs_cells(kind, copies):
 @pytest.mark.parametrize("copies", [1, 3])
 def test_the_stacked_step_and_torchs_cells_unroll_alike(kind, copies):
     """`fast.recurrent_cell: false` (torch's cells) computes the same outputs, states and gradients."""
-    torch.manual_seed(0)
-    layer = StackedRecurrent(kind, copies=copies, in_dim=5, hidden=4, orthogonal_init=False)
-    x, state = torch.randn(6, 2, 3, 5), torch.randn(2, 3, layer.state_size)
-    is_first, acted = torch.rand(6, 2, 3) < 0.2, torch.rand(6, 2, 3) < 0.7
     results = []
     for library in (False, True):
-        layer.library_cell = library
-        layer.zero_grad()
+        torch.manual_seed(0)  # the same weights and inputs for both
+        layer = StackedRecurrent(
+            kind, copies=copies, in_dim=5, hidden=4, orthogonal_init=False, library_cell=library
+        )
+        x, state = torch.randn(6, 2, 3, 5), torch.randn(2, 3, layer.state_size)
+        is_first, acted = torch.rand(6, 2, 3) < 0.2, torch.rand(6, 2, 3) < 0.7
         outputs, final = layer(x, state, is_first, acted)
         (outputs.sum() + final.pow(2).sum()).backward()
         results.append((outputs.detach(), final.detach(), [p.grad.clone() for p in layer.parameters()]))
@@ -489,6 +489,7 @@ def test_a_groups_carries_start_afresh_where_its_team_episode_ends(tiny_override
 
     import numpy as np
 
+    from marl_ppo.models.acting import ActingView
     from marl_ppo.models.team import TeamModel
     from marl_ppo.rollout.memory import make_memory
 
@@ -496,12 +497,13 @@ def test_a_groups_carries_start_afresh_where_its_team_episode_ends(tiny_override
     spec = build_collector(config, torch.device("cpu"))[1].spec
     model = TeamModel(spec, config)
     memory = make_memory(model, 1, torch.device("cpu"))
+    policy = ActingView(model)
     obs_dim = spec.groups[0].obs_dim
     inputs = ({"agent": torch.zeros(1, 3, obs_dim)}, {"agent": torch.ones(1, 3, 0, dtype=torch.bool)})
     continuing = np.zeros(1, dtype=bool)
 
     def step(acting, ended):
-        memory.distributions(*inputs, {"agent": torch.tensor([acting])})
+        memory.distributions(policy, *inputs, {"agent": torch.tensor([acting])})
         flags = SimpleNamespace(terminated=np.array([ended]), truncated=np.zeros((1, 3), bool))
         memory.advance(SimpleNamespace(groups={"agent": flags}), continuing)
         return memory.live["agent"].is_first[0].tolist()

@@ -12,7 +12,6 @@ import torch
 from marl_ppo.config import load_config
 from marl_ppo.models.encoders import has_cnn
 from marl_ppo.rollout.buffer import RolloutBuffer
-from marl_ppo.rollout.memory import make_memory
 from marl_ppo.rollout.slice import worker_seed
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.loop import train
@@ -42,7 +41,7 @@ def _sync_slice(config, model, envs, seed, worker, rollouts):
     """What one process collects for env copies `envs` with worker `worker`'s sampling seed."""
     sliced = dataclasses.replace(config, num_envs=len(envs), vector="sync")
     collector, _ = build_collector(sliced, torch.device("cpu"))
-    collector.memory = make_memory(model, len(envs), torch.device("cpu"))  # act with the workers' weights
+    collector.model = model  # act with the workers' weights
     collector.start(seed + envs.start)
     torch.manual_seed(worker_seed(seed, worker))
     buffers, results = [], []
@@ -247,6 +246,7 @@ def test_a_cnn_learner_gets_every_core(monkeypatch, encoder, expected):
     """Convolutions over many frames per minibatch use the cores the env copies leave idle while a
     synchronous run learns; the same image env through an MLP stays on one thread."""
     import marl_ppo.run.host as host
+
     from marl_ppo.run.build import build_collector
 
     monkeypatch.setattr(host, "usable_cores", lambda: 2)
@@ -290,6 +290,7 @@ def test_a_cnn_run_updates_on_every_core_and_acts_on_the_cores_its_workers_leave
 ):
     """The thread count switches around each update, and back before the next rollout."""
     import marl_ppo.run.host as host
+
     from marl_ppo.algo.trainer import Trainer
 
     monkeypatch.setattr(host, "usable_cores", lambda: 2)

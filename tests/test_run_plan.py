@@ -7,19 +7,19 @@ import dataclasses
 import functools
 import sys
 
+import marl_ppo.run.host as host
 import pytest
 import torch
 import yaml
 from conftest import ROOT
+from marl_ppo.run.plan import plan_run
 
 import marl_ppo.envs.factory as factory
-import marl_ppo.run.host as host
 import marl_ppo.run.loop as loop
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import config_to_dict, load_config
 from marl_ppo.models.team import TeamModel
 from marl_ppo.run.build import build_collector
-from marl_ppo.run.plan import plan_run
 from marl_ppo.run.resume import resume_config
 
 SPREAD_YAML = ROOT / "experiments/mpe/simple_spread.yaml"

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from marl_ppo.run.host import settled_epochs
 
 from marl_ppo.analysis import sweep as sweep_module
 from marl_ppo.analysis.sweep import parse_grid, plan_sweep, split_values
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.cli import main
 from marl_ppo.config import config_to_dict, load_config
-from marl_ppo.run.host import settled_epochs
 
 TINY_MATRIX = {
     "env": {"id": "envs/matrix_game_v0"},

@@ -12,6 +12,7 @@ from marl_ppo.algo.schedule import LrSchedule
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import load_config
 from marl_ppo.envs.grouping import build_team_spec
+from marl_ppo.models.acting import ActingMLP
 from marl_ppo.models.layers import AgentMLP
 from marl_ppo.models.team import TeamModel
 from marl_ppo.registry import make_env
@@ -148,70 +149,52 @@ def test_common_input_equals_the_input_repeated_per_agent(shared):
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("common", [False, True])
 @pytest.mark.parametrize("shared", [False, True])
-def test_held_weights_give_the_same_outputs_bit_for_bit_and_follow_no_gradient(shared, common, precision):
-    """Acting holds each MLP's weights for a rollout (`hold_weights`): its forwards without gradients
-    return what they return without it (in float32 bit for bit; under bf16 on a CPU, float32 products
-    on bfloat16's grid, within one bfloat16 rounding); with gradients the parameters are read as always."""
+def test_the_acting_mlp_gives_the_mlps_outputs_from_weights_read_once(shared, common, precision, monkeypatch):
+    """Acting reads each MLP's weights once (`ActingMLP`): its forwards return what the MLP's own
+    forward returns without gradients (in float32 bit for bit; under bf16 on a CPU, float32 products
+    on bfloat16's grid, within one bfloat16 rounding); one built after an update reads the new weights."""
     net = _perturbed_mlp(shared, in_dim=10 if common else 6)
     net.precision = precision
     net = common_twin(net) if common else net
     x = torch.randn(5, 10) if common else torch.randn(5, 4, 6)
     with torch.no_grad():
         want = net(x)
-    net.hold_weights()
-    rebuild = net._first_layer
-    net._first_layer = _must_not_run  # held: the forward reads the held weights, not the parameters
+    acting = ActingMLP(net)
     if precision == "bf16":  # float32 tensors of bfloat16 values
-        held = [*net._held.first[:2], *(t for layer in net._held.rest for t in layer)]
-        assert all(t.dtype == torch.float32 and torch.equal(t, t.bfloat16().float()) for t in held)
-    with torch.no_grad():
-        _same_output(net(x), want, precision)
-    net._first_layer = rebuild
-    net.release_weights()
-    with torch.no_grad():  # an update after the rollout: the next forwards read the new weights
+        read = [*acting.first[:2], *(t for layer in acting.rest for t in layer)]
+        assert all(t.dtype == torch.float32 and torch.equal(t, t.bfloat16().float()) for t in read)
+    with monkeypatch.context() as patch, torch.no_grad():
+        patch.setattr(net, "first_layer", _must_not_run)  # the weights were read when it was built
+        _same_output(acting(x), want, precision)
+    with torch.no_grad():  # an update after the rollout: the next acting MLP reads the new weights
         for p in net.parameters():
             p.add_(0.05)
         moved = net(x)
-    assert not torch.equal(moved, want)
-    net.hold_weights()
-    with torch.no_grad():
-        _same_output(net(x), moved, precision)
-    gradient = net(x)  # a forward with gradients reads the parameters themselves
-    assert gradient.requires_grad and torch.equal(gradient.detach(), moved)
-    net.release_weights()
+        assert not torch.equal(moved, want)
+        _same_output(ActingMLP(net)(x), moved, precision)
 
 
-def _same_output(held, unheld, precision):
+def _same_output(acting, forward, precision):
     if precision == "fp32":
-        assert torch.equal(held, unheld)
+        assert torch.equal(acting, forward)
     else:  # the sums of a float32 product may run in another order than bfloat16's
-        assert ((held - unheld).abs() <= unheld.abs() * 2**-7 + 1e-6).all()
+        assert ((acting - forward).abs() <= forward.abs() * 2**-7 + 1e-6).all()
 
 
 def _must_not_run():
-    raise AssertionError("a held forward rebuilt its first layer")
+    raise AssertionError("an acting forward read the first layer's parameters again")
 
 
-def test_a_rollout_holds_the_weights_and_lets_them_go(monkeypatch):
+def test_a_rollout_reads_each_mlps_weights_once_and_never_runs_the_training_forward(monkeypatch):
     config = load_config(overrides=["total_steps=64", "num_envs=2", "rollout_steps=8", "vector=sync"])
-    spec = build_team_spec(make_env("mpe2/simple_spread_v3"), "spread")
-    model = TeamModel(spec, config)
+    reads, forwards = [], []
+    first_layer, forward = AgentMLP.first_layer, AgentMLP.forward
+    monkeypatch.setattr(AgentMLP, "first_layer", lambda net: reads.append(net) or first_layer(net))
+    monkeypatch.setattr(AgentMLP, "forward", lambda net, x: forwards.append(net) or forward(net, x))
+    model, _, rollout = collect_rollout(config)
     mlps = [m for m in model.modules() if isinstance(m, AgentMLP)]
-    with model.held_weights():
-        assert all(m._held is not None for m in mlps)
-    assert all(m._held is None for m in mlps)
-    with pytest.raises(RuntimeError), model.held_weights():
-        raise RuntimeError("an env failed mid-rollout")
-    assert all(m._held is None for m in mlps)
-
-    # the collector acts with held weights: every acting forward of a rollout finds them held
-    seen = []
-    forward = AgentMLP.forward
-    monkeypatch.setattr(
-        AgentMLP, "forward", lambda net, x: seen.append(net._held is not None) or forward(net, x)
-    )
-    _, _, rollout = collect_rollout(config)
-    assert len(seen) > 2 * config.rollout_steps and all(seen)
+    assert len(mlps) == 2 and sorted(map(id, reads)) == sorted(map(id, mlps))  # actor and critic, once
+    assert forwards == []
     assert rollout.env_steps == config.rollout_steps * config.num_envs
 
 

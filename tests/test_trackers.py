@@ -10,10 +10,10 @@ import pytest
 from conftest import ROOT
 
 from marl_ppo.config import ConfigError, load_config
-from marl_ppo.run.backends import CsvBackend, TrackerWarning, read_scalars_csv, rows_of
+from marl_ppo.logs.backends import CsvBackend, TrackerWarning, read_scalars_csv, rows_of
+from marl_ppo.logs.trackers import wandb_logged_in, wandb_mode
 from marl_ppo.run.loop import train
 from marl_ppo.run.resume import resume_config
-from marl_ppo.run.trackers import wandb_logged_in, wandb_mode
 
 SPREAD = ROOT / "experiments/mpe/simple_spread.yaml"
 
@@ -192,7 +192,7 @@ def test_unreachable_trackers_cost_one_line_each_and_the_run_goes_on(
 def test_a_tracker_that_fails_mid_run_is_dropped_with_one_warning(
     tmp_path, tiny_overrides, no_wandb_env, monkeypatch
 ):
-    from marl_ppo.run import trackers
+    from marl_ppo.logs import trackers
 
     calls = []
 

@@ -40,9 +40,9 @@ def test_the_diagnostic_subset_leaves_learning_unchanged(spread_config, tmp_path
 
 
 def test_the_fingerprint_of_a_run_repeats_and_tells_another_run_apart():
-    """`python -m marl_ppo.bench.fingerprint` compares learning before and after a change: the same
+    """`python -m bench.fingerprint` compares learning before and after a change: the same
     seeded run gives the same hashes, another seed other ones."""
-    from marl_ppo.bench.fingerprint import fingerprint
+    from bench.fingerprint import fingerprint
 
     tiny = ["total_steps=100", "num_envs=2", "rollout_steps=25", "vector=sync", "ppo.num_minibatches=2"]
     first, again = (

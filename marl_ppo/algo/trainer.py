@@ -19,7 +19,7 @@ from marl_ppo.algo.losses import (
     policy_loss,
     value_loss,
 )
-from marl_ppo.algo.optim import clip_grad_norms, make_optimizer
+from marl_ppo.algo.optim import clip_grad_norms, group_parts, make_optimizer
 from marl_ppo.algo.sequences import Sequences, chunk_minibatches, critic_values, cut_batch, policy
 from marl_ppo.algo.stats import Evaluation, TrainStats, batch_statistics, diagnostic_rows, lag_statistics
 from marl_ppo.algo.turns import Turn, everyone, make_actor_update
@@ -38,33 +38,40 @@ class Trainer:
         self.model = model
         self.ppo = ppo.require_settled()
         self.generator = generator
-        self.actor_optimizer = make_optimizer(model.actors.parameters(), lr=ppo.pi_lr, kind=optimizer)
-        self.critic_optimizer = make_optimizer(model.critic_parameters(), lr=ppo.vf_lr, kind=optimizer)
         self.actor_update = make_actor_update(
             ppo.actor_update,
             model,
             seed=_order_seed(generator.initial_seed()),
             clip_ratio=ppo.clip_ratio,
+            lr=ppo.pi_lr,
+            optimizer=optimizer,
         )
-        """Whose actors learn in each turn of an update, in what order (`algo.turns`)."""
+        """Whose actors learn in each turn of an update, in what order, with which optimizers (`algo.turns`)."""
+        self.critic_optimizer = make_optimizer(model.critic_parameters(), lr=ppo.vf_lr, kind=optimizer)
         self.updates = 0
         """Updates started by this trainer (named in non-finite errors)."""
         self._skips = 0
 
+    @property
+    def actor_optimizer(self) -> torch.optim.Optimizer:
+        """The first actor optimizer: the only one of a simultaneous update (a sequential one has one per
+        agent, all at the same learning rate; see `actor_update.optimizers`)."""
+        return next(iter(self.actor_update.optimizers.values()))
+
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        return [*self.actor_update.optimizers.values(), self.critic_optimizer]
+
     def set_lr_scale(self, scale: float) -> None:
         """Set both learning rates to their configured values (`ppo.pi_lr`, `ppo.vf_lr`) times `scale`."""
-        for optimizer, base in (
-            (self.actor_optimizer, self.ppo.pi_lr),
-            (self.critic_optimizer, self.ppo.vf_lr),
-        ):
+        for optimizer in self._optimizers():
+            base = self.ppo.vf_lr if optimizer is self.critic_optimizer else self.ppo.pi_lr
             for group in optimizer.param_groups:
                 group["lr"] = base * scale
 
     def state_dict(self) -> dict[str, Any]:
-        """Both optimizers' states, the minibatch-shuffling generator's state and the actor update's
-        (a sequential update's order generator and Adam step counts)."""
+        """The critic optimizer's state, the minibatch-shuffling generator's state and the actor update's
+        (its optimizers' states; a sequential update's order generator)."""
         return {
-            "actor_optimizer": self.actor_optimizer.state_dict(),
             "critic_optimizer": self.critic_optimizer.state_dict(),
             "generator": self.generator.get_state(),
             **self.actor_update.state_dict(),
@@ -72,7 +79,6 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict()` (the model's weights are restored separately)."""
-        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.generator.set_state(state["generator"])
         self.actor_update.load_state_dict(state)
@@ -145,7 +151,7 @@ class Trainer:
         before = self._evaluate(probe)
         lag = lag_statistics(probe, before, decoupled=decoupled) if lagged else {}
         pi_epochs, pi_steps = 0, 0
-        for turn in self.actor_update.turns(sequences, self.actor_optimizer):
+        for turn in self.actor_update.turns(sequences):
             epochs, steps = self._epochs(turn)
             pi_epochs, pi_steps = max(pi_epochs, epochs), pi_steps + steps
         after = self._evaluate(probe)
@@ -283,32 +289,36 @@ class Trainer:
             train_pi = False
         if not (train_pi or train_vf):
             return False, False
-        self.actor_optimizer.zero_grad()
-        self.critic_optimizer.zero_grad()
+        self._zero_grad()
         terms = [loss for loss, on in ((loss_pi, train_pi), (loss_v, train_vf)) if on]
         total = terms[0] if len(terms) == 1 else terms[0] + terms[1]
         total.backward()
         checked = [total.detach().reshape(1)]
         if train_pi:
-            checked.append(self._clip(self.actor_optimizer))
+            checked.append(self._clip(turn.optimizer, self.model.actors))
         if train_vf:
-            checked.append(self._clip(self.critic_optimizer))
+            checked.append(self._clip(self.critic_optimizer, self.model.critics))
         if not bool(torch.isfinite(torch.cat(checked)).all()):  # one check (one sync) per step
             self._nonfinite(
                 self._culprit(diagnostics, train_pi, train_vf), f"epoch {where[0]}, minibatch {where[1]}"
             )
             return train_pi, False
         if train_pi:
-            turn.step(self.actor_optimizer)
+            turn.optimizer.step()
         if train_vf:
             self.critic_optimizer.step()
         return train_pi, True
 
-    def _clip(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
-        """Clip the optimizer's gradients as `ppo.grad_clip` says; the norms before (1-D)."""
+    def _zero_grad(self) -> None:
+        for optimizer in self._optimizers():
+            optimizer.zero_grad()
+
+    def _clip(self, optimizer: torch.optim.Optimizer, networks: nn.ModuleList) -> torch.Tensor:
+        """Clip the gradients of the optimizer over the groups' `networks` as `ppo.grad_clip` says: one
+        norm over all of them, or one per group's network; the norms before (1-D)."""
         if self.ppo.grad_clip == "per_group":
-            networks = self.model.actors if optimizer is self.actor_optimizer else self.model.critics
-            return clip_grad_norms(optimizer, self.ppo.max_grad_norm, parts=_sizes(networks, optimizer))
+            parts = group_parts(optimizer, networks)
+            return clip_grad_norms(optimizer, self.ppo.max_grad_norm, parts=parts)
         return clip_grad_norms(optimizer, self.ppo.max_grad_norm)
 
     def _culprit(
@@ -331,8 +341,7 @@ class Trainer:
         """Raise NonFiniteError (ppo.on_nonfinite=error) or count a skipped step (skip)."""
         if self.ppo.on_nonfinite == "skip":
             self._skips += 1
-            self.actor_optimizer.zero_grad()
-            self.critic_optimizer.zero_grad()
+            self._zero_grad()
             return
         raise NonFiniteError(
             f"non-finite {what} at update {self.updates} ({where}); no weights were changed by it. "
@@ -362,10 +371,3 @@ def _settled(epochs: int | str) -> int:
 
 _ADVANTAGE_NORMS = {"group": normalize_advantages, "agent": normalize_advantages_per_agent}
 """`ppo.advantage_norm`: over a group's live samples, or over each agent's."""
-
-
-def _sizes(networks: nn.ModuleList, optimizer: torch.optim.Optimizer) -> list[int]:
-    """Parameters of `optimizer` per group's network, in order: the parts that `grad_clip: per_group`
-    clips apart (a CNN the critic shares is the actor's)."""
-    owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    return [sum(id(p) in owned for p in network.parameters()) for network in networks]

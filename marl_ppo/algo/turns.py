@@ -15,25 +15,24 @@ sequence, in a fresh random order each update (its own generator, saved in check
 - The reference `pi_ref` is the one the trainer's ratio uses (`logp_ref`): the acting policy, or under
   decoupled policy lag the policy at the start of the update, which is each agent's own until its turn.
 - The critic learns in the first turn's epochs (its loss does not read the actors).
-- An actor step changes the learning agent's weights only (`AgentRows`): every other actor weight and
-  Adam moment is put back after it, and each agent keeps its own Adam step count, so every agent's
-  actor steps as if it had an Adam of its own.
+- Every agent has an Adam of its own (`AgentAdam`: its rows of its group's stacked actor parameters,
+  its own moments and step count), and a turn steps the learning agent's: no other agent's weights,
+  moments or count change in it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
 from marl_ppo.algo.losses import masked_mean
+from marl_ppo.algo.optim import AgentAdam, make_agent_optimizer, make_optimizer
 from marl_ppo.algo.sequences import Sequences, policy
 from marl_ppo.models.team import TeamModel
-
-StepActors = Callable[[torch.optim.Optimizer], None]
 
 
 @dataclass(frozen=True)
@@ -46,14 +45,20 @@ class Turn:
     """Group -> `(A_g,)` bool: the agents whose actors learn in the turn (a group not named: none)."""
     critic: bool
     """Whether the critic learns in the turn's epochs."""
-    step: StepActors
-    """Takes one actor optimizer step (the gradients are clipped before)."""
+    optimizer: torch.optim.Optimizer
+    """The learning actors' optimizer: the trainer clips its gradients and steps it."""
 
 
 class ActorUpdate(Protocol):
-    """What the trainer asks of `ppo.actor_update`: the turns of an update, their scalars, a state to save."""
+    """What the trainer asks of `ppo.actor_update`: the actors' optimizers, the turns of an update, their
+    scalars, a state to save."""
 
-    def turns(self, batches: Mapping[str, Sequences], optimizer: torch.optim.Optimizer) -> Iterator[Turn]:
+    @property
+    def optimizers(self) -> Mapping[str, torch.optim.Optimizer]:
+        """Every actor optimizer by name (the trainer zeroes them all and sets their learning rate)."""
+        ...
+
+    def turns(self, batches: Mapping[str, Sequences]) -> Iterator[Turn]:
         """The update's turns; each is taken (its epochs run) before the next is drawn."""
         ...
 
@@ -70,10 +75,6 @@ class ActorUpdate(Protocol):
         ...
 
 
-def _step(optimizer: torch.optim.Optimizer) -> None:
-    optimizer.step()
-
-
 def everyone(batches: Mapping[str, Sequences]) -> dict[str, torch.Tensor]:
     """`Turn.learners` naming every agent of every group."""
     return {
@@ -83,42 +84,61 @@ def everyone(batches: Mapping[str, Sequences]) -> dict[str, torch.Tensor]:
 
 
 class Simultaneous:
-    """Every actor learns at once from the same batch (MAPPO, IPPO): one turn, with the critic."""
+    """Every actor learns at once from the same batch (MAPPO, IPPO): one turn, with the critic, and one
+    optimizer over every actor parameter."""
 
-    def turns(self, batches: Mapping[str, Sequences], optimizer: torch.optim.Optimizer) -> Iterator[Turn]:
-        """One turn: every agent, the critic, the prepared batches, a plain optimizer step."""
-        yield Turn(batches, everyone(batches), critic=True, step=_step)
+    def __init__(self, model: TeamModel, *, lr: float, optimizer: str) -> None:
+        self.optimizer = make_optimizer(model.actors.parameters(), lr=lr, kind=optimizer)
+        self.optimizers = {"actors": self.optimizer}
+
+    def turns(self, batches: Mapping[str, Sequences]) -> Iterator[Turn]:
+        """One turn: every agent, the critic, the prepared batches, the one optimizer."""
+        yield Turn(batches, everyone(batches), critic=True, optimizer=self.optimizer)
 
     def scalars(self) -> dict[str, float]:
         """None: the trainer's `train/` diagnostics cover the one turn."""
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        """Nothing to keep."""
-        return {}
+        """The optimizer's state."""
+        return {"actor_optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Nothing to restore."""
+        """Restore `state_dict()`; a checkpoint of a sequential run is refused."""
+        if "actor_order" in state:
+            raise ValueError(
+                "the checkpoint was written by a run with ppo.actor_update=sequential; resume it with that setting"
+            )
+        self.optimizer.load_state_dict(state["actor_optimizer"])
 
 
 class Sequential:
     """HAPPO: the agents learn one after another in a fresh random order, each objective weighted by the
     factor of the agents before it (see the module docstring)."""
 
-    def __init__(self, model: TeamModel, *, seed: int, clip_ratio: float) -> None:
+    def __init__(self, model: TeamModel, *, seed: int, clip_ratio: float, lr: float, optimizer: str) -> None:
         self.model = model
         self.agents = [(g.name, i, agent) for g in model.spec.groups for i, agent in enumerate(g.agents)]
         """(group, index in the group, agent id) of every agent, in the team's order."""
+        self.optimizers: dict[str, AgentAdam] = {
+            name: make_agent_optimizer(
+                model.group(group).actor.parameters(),
+                agent=agent,
+                agents=model.spec.group(group).num_agents,
+                lr=lr,
+                kind=optimizer,
+            )
+            for group, agent, name in self.agents
+        }
+        """Agent id -> the Adam of its rows of its group's actor parameters."""
         self.clip_ratio = clip_ratio
         self.generator = torch.Generator().manual_seed(seed)
         """Draws each update's order."""
-        self.adam_steps = torch.zeros(len(self.agents), dtype=torch.float64)
-        """Adam steps each agent's actor has taken (its bias correction's count)."""
         self.order: list[int] = []
         """The last update's order, as indices into `agents`."""
         self._scalars: dict[str, float] = {}
 
-    def turns(self, batches: Mapping[str, Sequences], optimizer: torch.optim.Optimizer) -> Iterator[Turn]:
+    def turns(self, batches: Mapping[str, Sequences]) -> Iterator[Turn]:
         """One turn per agent in a fresh random order; after each, the factor takes in its ratio."""
         self.order = torch.randperm(len(self.agents), generator=self.generator).tolist()
         self._scalars = {}
@@ -131,21 +151,11 @@ class Sequential:
                 turn_batches[group] = dataclasses.replace(batch, weight=batch.weight * factor.unsqueeze(-1))
             learners = torch.zeros(batch.alive.shape[-1], dtype=torch.bool, device=batch.alive.device)
             learners[agent] = True
-            own = list(self.model.group(group).actor.parameters())
-            _set_adam_step(optimizer, own, float(self.adam_steps[index]))
-            yield Turn(
-                turn_batches,
-                {group: learners},
-                critic=position == 0,
-                step=AgentRows(self.model, group, agent),
-            )
-            self.adam_steps[index] = _adam_step(optimizer, own)
+            yield Turn(turn_batches, {group: learners}, critic=position == 0, optimizer=self.optimizers[name])
             log_ratio = self._log_ratio(batch, group, agent)
             ratio = log_ratio.exp()
             self._record(name, position, batch.alive[..., agent], factor, ratio, log_ratio)
             factor = ratio if factor is None else factor * ratio
-        # one count in every parameter's state, so a checkpoint moves between Adam implementations
-        _set_adam_step(optimizer, list(self.model.actors.parameters()), float(self.adam_steps.max()))
 
     @torch.no_grad()
     def _log_ratio(self, batch: Sequences, group: str, agent: int) -> torch.Tensor:
@@ -182,101 +192,63 @@ class Sequential:
         return dict(self._scalars)
 
     def state_dict(self) -> dict[str, Any]:
-        """The order generator's state and each agent's Adam step count."""
-        return {"actor_order": self.generator.get_state(), "actor_adam_steps": self.adam_steps.clone()}
+        """The order generator's state and every agent's optimizer state, by agent id."""
+        return {
+            "actor_order": self.generator.get_state(),
+            "actor_optimizers": {name: optimizer.state_dict() for name, optimizer in self.optimizers.items()},
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore `state_dict()`; a checkpoint of a simultaneous run has neither entry and is refused."""
+        """Restore `state_dict()`, or the layout written before every agent had an optimizer of its own
+        (`_split_team_optimizer`); a checkpoint of a simultaneous run is refused."""
         if "actor_order" not in state:
             raise ValueError(
                 "the checkpoint was written by a run with ppo.actor_update=simultaneous; resume it with that setting"
             )
         self.generator.set_state(state["actor_order"])
-        self.adam_steps = state["actor_adam_steps"].clone().to(torch.float64)
+        saved = state.get("actor_optimizers")
+        if saved is None:
+            saved = self._split_team_optimizer(state["actor_optimizer"], state["actor_adam_steps"])
+        if saved.keys() != self.optimizers.keys():
+            raise ValueError(
+                f"the checkpoint holds actor optimizers of agents {sorted(saved)} but this run has "
+                f"{sorted(self.optimizers)}; it was written for a different team"
+            )
+        for name, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(saved[name])
+
+    def _split_team_optimizer(self, team: Mapping[str, Any], steps: torch.Tensor) -> dict[str, Any]:
+        """Every agent's optimizer state from the layout that kept one Adam over all actor parameters
+        (every agent's rows and moments put back after another agent's step) and each agent's step
+        count: the agent's rows of each moment, with its own count (no state: it has not stepped)."""
+        index = {id(p): i for i, p in enumerate(self.model.actors.parameters())}
+        (settings,) = team["param_groups"]
+        states: dict[str, Any] = {}
+        for (_, _, name), count in zip(self.agents, steps.tolist(), strict=True):
+            optimizer = self.optimizers[name]
+            params = optimizer.param_groups[0]["params"]
+            entries = {}
+            for i, p in enumerate(params):
+                saved = team["state"].get(index[id(p)])
+                if saved is not None and count > 0:
+                    entries[i] = {
+                        "step": torch.tensor(count, dtype=torch.float32),
+                        **{key: optimizer.rows(saved[key]).clone() for key in ("exp_avg", "exp_avg_sq")},
+                    }
+            states[name] = {
+                "state": entries,
+                "param_groups": [{**settings, "params": list(range(len(params)))}],
+            }
+        return states
 
 
-class AgentRows:
-    """An actor optimizer step that changes one agent's actor only.
-
-    Every actor parameter of a group without a shared actor stacks its agents' weights along its first
-    axis, agent-major; the learning agent's rows are kept, and every other row of its group and every
-    other group's parameter, with their Adam moments, is put back after the step (a zero gradient still
-    moves weights by their momentum). Where the optimizer had no state yet, the moments put back are zeros.
-    """
-
-    def __init__(self, model: TeamModel, group: str, agent: int) -> None:
-        agents = model.spec.group(group).num_agents
-        own = {id(p) for p in model.group(group).actor.parameters()}
-        self.parts: list[tuple[torch.Tensor, int, torch.Tensor]] = []
-        """(parameter, copies along its first axis, the rows put back)."""
-        for p in model.actors.parameters():
-            if id(p) not in own:
-                self.parts.append((p, 1, torch.zeros(1, dtype=torch.long, device=p.device)))
-            elif agents > 1:
-                if p.shape[0] % agents:
-                    raise ValueError(
-                        f"actor parameter of shape {tuple(p.shape)} is not stacked over {agents} agents"
-                    )
-                others = [i for i in range(agents) if i != agent]
-                self.parts.append((p, agents, torch.tensor(others, dtype=torch.long, device=p.device)))
-
-    def __call__(self, optimizer: torch.optim.Optimizer) -> None:
-        """Step, then put every row but the learning agent's back."""
-        kept = [self._rows(optimizer, p, copies, rows) for p, copies, rows in self.parts]
-        optimizer.step()
-        with torch.no_grad():
-            for (p, copies, rows), saved in zip(self.parts, kept, strict=True):
-                for key, tensor in _stacked(optimizer, p).items():
-                    before = saved.get(key)
-                    view = tensor.view(copies, -1)
-                    if before is None:  # state the step created: zero before it
-                        view.index_fill_(0, rows, 0.0)
-                    else:
-                        view.index_copy_(0, rows, before)
-
-    @staticmethod
-    def _rows(
-        optimizer: torch.optim.Optimizer, p: torch.Tensor, copies: int, rows: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
-        return {
-            key: tensor.view(copies, -1).index_select(0, rows)
-            for key, tensor in _stacked(optimizer, p).items()
-        }
-
-
-def _stacked(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The parameter's values and every state tensor of its shape (Adam's moments), detached."""
-    state = optimizer.state.get(p, {})
-    tensors = {"param": p.detach()}
-    tensors.update(
-        (key, value)
-        for key, value in state.items()
-        if isinstance(value, torch.Tensor) and value.shape == p.shape
-    )
-    return tensors
-
-
-def _adam_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> float:
-    """The Adam step count in the state of the first of `params` that has one (0: none has stepped)."""
-    for p in params:
-        step = optimizer.state.get(p, {}).get("step")
-        if step is not None:
-            return float(step)
-    return 0.0
-
-
-def _set_adam_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor], count: float) -> None:
-    """Set the Adam step count of every one of `params` that has state."""
-    for p in params:
-        step = optimizer.state.get(p, {}).get("step")
-        if isinstance(step, torch.Tensor):
-            step.fill_(count)
-
-
-def make_actor_update(kind: str, model: TeamModel, *, seed: int, clip_ratio: float) -> ActorUpdate:
-    """The `ppo.actor_update` named `kind`; `seed` seeds a sequential update's order."""
+def make_actor_update(
+    kind: str, model: TeamModel, *, seed: int, clip_ratio: float, lr: float, optimizer: str
+) -> ActorUpdate:
+    """The `ppo.actor_update` named `kind`, its actors' optimizers Adam at `lr` on the code path
+    `optimizer` names (`fast.optimizer`); `seed` seeds a sequential update's order."""
     if kind == "sequential":
-        return Sequential(model, seed=seed, clip_ratio=clip_ratio)
+        return Sequential(model, seed=seed, clip_ratio=clip_ratio, lr=lr, optimizer=optimizer)
     if kind == "simultaneous":
-        return Simultaneous()
+        return Simultaneous(model, lr=lr, optimizer=optimizer)
     raise ValueError(f"unknown ppo.actor_update '{kind}'; expected simultaneous or sequential")

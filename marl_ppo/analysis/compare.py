@@ -19,7 +19,7 @@ import numpy as np
 
 from marl_ppo.analysis.runlogs import ReportError, find_run_dirs, read_run
 from marl_ppo.analysis.scores import ScoreTable, marl_eval_json, score_table, write_scores_csv
-from marl_ppo.analysis.stats import interval_estimates, rliable
+from marl_ppo.analysis.stats import global_numpy_seed, interval_estimates, rliable
 
 AGGREGATES = ("median", "iqm", "mean", "optimality_gap")
 
@@ -101,8 +101,8 @@ def plot_profiles(table: ScoreTable, path: Path, *, reps: int, seed: int) -> Non
 
     library = rliable()[0]
     taus = np.linspace(0.0, 1.0, 51)
-    np.random.seed(seed)  # rliable's profile bootstrap draws from NumPy's global generator
-    profiles, bands = library.create_performance_profile(table.final_scores(), taus, reps=reps)
+    with global_numpy_seed(seed):  # rliable's profile bootstrap draws from NumPy's global generator
+        profiles, bands = library.create_performance_profile(table.final_scores(), taus, reps=reps)
     figure = Figure(figsize=(6, 4), layout="constrained")
     axes = figure.subplots()
     for algorithm in table.algorithms:

@@ -89,7 +89,7 @@ def scalar_series(run_dir: Path, tags: Iterable[str]) -> dict[str, tuple[np.ndar
         for tag in wanted & set(events.Tags()["scalars"]):
             points[tag] = [(p.step, p.value) for p in events.Scalars(tag)]
     else:
-        from marl_ppo.run.backends import read_scalars_csv
+        from marl_ppo.logs.backends import read_scalars_csv
 
         for step, tag, value in read_scalars_csv(run_dir / "csv" / "scalars.csv"):
             if tag in wanted:

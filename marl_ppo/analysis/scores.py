@@ -226,12 +226,16 @@ def score_table(runs: Sequence[RunLog], by: Sequence[str] | None = None) -> Scor
 
 def marl_eval_json(table: ScoreTable) -> dict[str, Any]:
     """marl-eval's layout: env -> task -> algorithm -> run -> `step_<k>` {step_count, return: [episodes]},
-    and `absolute_metrics` {return: [episodes]}, at the `evaluation_steps` of each task."""
+    and `absolute_metrics` {return: [episodes]}, at the `evaluation_steps` of each task.
+
+    Runs are keyed `run_<rank>` by seed order (as the score matrices' rows): marl-eval reads every
+    algorithm and task by the first one's run keys, which seed values would break wherever
+    algorithms ran different seeds (scores.csv keeps the seeds)."""
     data: dict[str, Any] = {}
     for task in table.tasks:
         steps = table.evaluation_steps(task)
         for algorithm in table.algorithms:
-            for r in table.of(task, algorithm):
+            for rank, r in enumerate(table.of(task, algorithm)):
                 by_step = dict(zip(r.steps, r.returns, strict=True))
                 record: dict[str, Any] = {
                     f"step_{k}": {"step_count": step, "return": list(by_step[step])}
@@ -239,7 +243,7 @@ def marl_eval_json(table: ScoreTable) -> dict[str, Any]:
                 }
                 record["absolute_metrics"] = {"return": list(r.absolute)}
                 runs = data.setdefault(r.env, {}).setdefault(r.task_name, {}).setdefault(algorithm, {})
-                runs[f"seed_{r.seed}"] = record
+                runs[f"run_{rank}"] = record
     return data
 
 

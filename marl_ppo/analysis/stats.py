@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,21 @@ def rliable() -> tuple[Any, Any]:
     return library, metrics
 
 
+@contextlib.contextmanager
+def global_numpy_seed(seed: int) -> Iterator[None]:
+    """NumPy's global generator seeded with `seed` inside the block and put back as it was after it.
+
+    rliable's bootstraps draw from the global generator (`np.random.choice`) whatever `random_state`
+    they are given, so an interval is reproducible from its seed only inside this block.
+    """
+    saved = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        yield
+    finally:
+        np.random.set_state(saved)
+
+
 def iqm(scores: np.ndarray) -> np.ndarray:
     """Interquartile mean of all the scores (25% trimmed from each end), as a one-element array."""
     return np.array([rliable()[1].aggregate_iqm(scores)])
@@ -38,9 +54,10 @@ def interval_estimates(
 
     Each score array is `(runs, tasks, ...)`; runs are resampled within each task. A tuple of arrays
     (two algorithms' scores) is resampled array by array and passed to `statistic` as its arguments.
+    The intervals depend on `seed` alone, not on NumPy's global generator, which is left as it was.
     """
     library, _ = rliable()
-    with warnings.catch_warnings():  # arch warns about the random_state argument rliable passes it
+    with global_numpy_seed(seed), warnings.catch_warnings():  # arch warns of the random_state rliable passes
         warnings.filterwarnings("ignore", message="random_state is deprecated", category=FutureWarning)
         estimates: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] = library.get_interval_estimates(
             scores, statistic, reps=reps, random_state=np.random.RandomState(seed)

@@ -317,9 +317,6 @@ class FastConfig:
     """`flat_adam`: Adam over one flat buffer per network (one clip norm, a few ops per step; the same
     numbers as `adam`); `adam`, `adam_foreach`, `adam_fused`: torch.optim.Adam with its single-tensor,
     multi-tensor or fused implementation, and nn.utils.clip_grad_norm_."""
-    lean_cycle: bool = True
-    """Step AEC-converted PettingZoo envs without the observations the parallel wrapper computes and
-    discards (the same trajectories); false: PettingZoo's aec_to_parallel wrapper as it is."""
     screen_copy: bool = True
     """Pistonball and cooperative_pong: every agent's observation and the state are views of one copy
     of the screen per frame (the same arrays), and cooperative_pong's step draws without the copies
@@ -328,9 +325,6 @@ class FastConfig:
     """Multi-agent MuJoCo: each step maps the agents' actions to the robot's and reads their
     observations and the state by index arrays found once per env copy (`fast/mamujoco_gather.py`;
     the same numbers); false: Gymnasium-Robotics' own step, which walks the joint graph each time."""
-    sigmoid_tanh: bool = False
-    """The MLPs' tanh activations as 2 sigmoid(2x) - 1 with tanh's backward (`fast/tanh.py`): 2-3x
-    faster than torch's CPU tanh on a minibatch's activations, within 2e-7 of it; false: torch.tanh."""
     recurrent_cell: bool = True
     """With `model.recurrent`: our agent-stacked GRU/LSTM step (batched products over the agents'
     weights, each sequence's input product taken at once); false: torch's nn.GRUCell / nn.LSTMCell
@@ -353,6 +347,8 @@ REMOVED_FAST_KEYS = {
     "distributions": "torch.distributions",
     "event_writer": "torch.utils.tensorboard's SummaryWriter",
     "allocator": "glibc's default malloc",
+    "sigmoid_tanh": "torch.tanh",
+    "lean_cycle": "PettingZoo's aec_to_parallel wrapper",
 }
 """`fast` switches whose hand-written piece was removed, and the library piece that replaced it."""
 

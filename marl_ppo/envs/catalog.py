@@ -107,9 +107,8 @@ def multiwalker(**kwargs: Any) -> Any:
 
     PettingZoo's multiwalker marks every walker terminated once `max_cycles` frames have passed, so a
     walker still carrying the package at the limit would get no bootstrap. The AEC core's `step` is
-    wrapped on the instance, which leaves PettingZoo's wrappers (and the parallel cycle's fast path,
-    `fast.lean_cycle`) as they are; a walker whose own step ended it (a fall, the package dropped or
-    delivered: the core's `last_dones`) stays terminated.
+    wrapped on the instance, which leaves PettingZoo's wrappers as they are; a walker whose own step
+    ended it (a fall, the package dropped or delivered: the core's `last_dones`) stays terminated.
     """
     env = pettingzoo_parallel("sisl/multiwalker-v9", **kwargs)
     core = env.aec_env.unwrapped

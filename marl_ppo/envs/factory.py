@@ -32,7 +32,6 @@ from marl_ppo.envs.vector.base import VectorEnv
 from marl_ppo.envs.vector.subprocess import SubprocessVectorEnv
 from marl_ppo.envs.vector.sync import SyncVectorEnv
 from marl_ppo.envs.vmas.adapter import VmasVectorEnv
-from marl_ppo.fast.lean_cycle import lean_cycle
 from marl_ppo.fast.screen_copy import one_screen_copy
 from marl_ppo.registry import EnvError, env_spec, make_env, registered_id
 
@@ -94,8 +93,6 @@ def adapt(config: ExperimentConfig, spec: TeamSpec, env: Any) -> ParallelEnvAdap
         return TurnBasedAdapter(env, spec)
     if config.env.skip_check_wrappers:
         env = without_check_wrappers(env)
-    if config.fast.lean_cycle:
-        env = lean_cycle(env)
     if config.fast.screen_copy:
         env = one_screen_copy(env)
     if config.fast.mamujoco_gather and type(env).__module__.startswith(MAMUJOCO_MODULE):

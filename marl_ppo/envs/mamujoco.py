@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import importlib.metadata
 import io
+import re
 import warnings
 from typing import Any
 
@@ -37,14 +39,55 @@ ANY_SPLIT = ("ManySegmentSwimmer", "ManySegmentAnt")
 """Scenarios whose robot is generated for the split, so every `NxK` builds."""
 
 
+LIBRARY_FAULTS: dict[str, tuple[tuple[int, ...], tuple[int, ...], str]] = {
+    # scenario: (the first MuJoCo version, the last Gymnasium-Robotics version, why they fail together)
+    "CoupledHalfCheetah": (
+        (3, 6),
+        (1, 4, 2),
+        "Gymnasium-Robotics 1.4.2 and earlier read MuJoCo's tendon Jacobian `ten_J` as a dense matrix, "
+        "which MuJoCo 3.6 made sparse; pip install 'mujoco<3.6' to build it",
+    ),
+}
+"""Scenarios whose observation fails inside the libraries at these versions; not listed there."""
+
+
 def names() -> list[str]:
-    """The `<Scenario>-<split>` names the family lists (ManySegment robots take any NxK)."""
-    return [f"{scenario}-{split}" for scenario, splits in SPLITS.items() for split in splits]
+    """The `<Scenario>-<split>` names the family lists (ManySegment robots take any NxK), less those
+    the installed libraries fail to build."""
+    return [
+        f"{scenario}-{split}"
+        for scenario, splits in SPLITS.items()
+        if library_fault(scenario) is None
+        for split in splits
+    ]
+
+
+def library_fault(scenario: str) -> str | None:
+    """Why the installed MuJoCo and Gymnasium-Robotics fail to build `scenario`, or None where they build it."""
+    if scenario not in LIBRARY_FAULTS:
+        return None
+    first_mujoco, last_robotics, why = LIBRARY_FAULTS[scenario]
+    mujoco, robotics = _version("mujoco"), _version("gymnasium-robotics")
+    if mujoco is None or robotics is None:  # not installed: building names the extra to install
+        return None
+    return why if mujoco >= first_mujoco and robotics <= last_robotics else None
+
+
+def _version(distribution: str) -> tuple[int, ...] | None:
+    """The installed release of `distribution` as numbers (`(3, 6, 0)`), without importing it."""
+    try:
+        text = importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
 
 
 def make_mamujoco(name: str, /, **kwargs: Any) -> Any:
     """The MaMuJoCo parallel env `name` (`HalfCheetah-2x3`), with a `state_space` for the critic."""
     scenario, split = _parse(name)
+    fault = library_fault(scenario)
+    if fault is not None:
+        raise EnvError(f"env 'mamujoco/{name}' does not build with the installed libraries: {fault}")
     # importing gymnasium_robotics prints a notice about its Adroit hand envs, unrelated to MaMuJoCo, to
     # stderr, once per process (every rollout worker): it is kept out of the run's output
     with contextlib.redirect_stderr(io.StringIO()):

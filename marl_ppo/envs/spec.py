@@ -208,4 +208,3 @@ class BatchedLayout:
 EnvLayout: TypeAlias = TeamSpec | BatchedLayout
 """What a run knows of its env before building its copies: the team layout read from one probe copy,
 or, for a batched simulator, that it is one."""
-

@@ -134,17 +134,16 @@ def run_episodes(
     quota = [episodes // copies + (i < episodes % copies) for i in range(copies)]
     finished: list[list[Finished]] = [[] for _ in range(copies)]
     stepper = Stepper(venv, max_episode_steps=MAX_EPISODE_STEPS)
-    held = contextlib.nullcontext() if model is None else model.held_weights()  # no update runs here
-    with _global_rng_untouched(device), held:
+    with _global_rng_untouched(device):
         torch.manual_seed(seed)  # stochastic evaluations are reproducible and independent of training
         stepper.reset(seed)
-        acting: Acting = (  # a policy's carries, fresh for every copy
+        acting: Acting = (  # a policy's carries, fresh for every copy; its weights read once
             RandomActing(spec, device)
             if model is None
             else PolicyActing(model, copies, device, deterministic=deterministic)
         )
         while any(len(done) < share for done, share in zip(finished, quota, strict=True)):
-            for episode in _steps(stepper, acting):
+            for episode in evaluation_step(stepper, acting):
                 finished[episode.copy].append(episode)
     kept = [episode for done, share in zip(finished, quota, strict=True) for episode in done[:share]]
     agent_returns = np.stack([episode.agent_returns for episode in kept])
@@ -159,7 +158,7 @@ def run_episodes(
     )
 
 
-def _steps(stepper: Stepper, acting: Acting) -> list[Finished]:
+def evaluation_step(stepper: Stepper, acting: Acting) -> list[Finished]:
     """One step of the stepping loop, its episode limit reported as an evaluation error."""
     try:
         return stepper.step(acting)

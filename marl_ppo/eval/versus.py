@@ -26,7 +26,7 @@ from marl_ppo.eval.evaluate import (
     EvalError,
     PeriodicEvaluation,
     _global_rng_untouched,
-    _steps,
+    evaluation_step,
     mean_ci95,
 )
 from marl_ppo.eval.random_policy import RandomActing
@@ -201,7 +201,7 @@ def play_vs_random(
             acting.side = torch.tensor(
                 [s[min(d, len(s) - 1)] if s else 0 for s, d in zip(schedule, done, strict=True)]
             )
-            for episode in _steps(stepper, acting):
+            for episode in evaluation_step(stepper, acting):
                 i = episode.copy
                 if done[i] < len(schedule[i]):
                     played.append(schedule[i][done[i]])

@@ -19,7 +19,7 @@ from marl_ppo.envs.adapters.aec import TurnBasedAdapter, is_aec
 from marl_ppo.envs.adapters.pettingzoo import ParallelEnvAdapter
 from marl_ppo.envs.factory import make_team_env
 from marl_ppo.envs.spec import TeamArrays, TeamSpec
-from marl_ppo.eval.evaluate import MAX_EPISODE_STEPS, EvalError, _steps, eval_config
+from marl_ppo.eval.evaluate import MAX_EPISODE_STEPS, EvalError, eval_config, evaluation_step
 from marl_ppo.models.team import TeamModel
 from marl_ppo.registry import EnvError, resolve_factory
 from marl_ppo.rollout.stepper import PolicyActing, Stepper
@@ -173,7 +173,7 @@ def record_episode(
         torch.manual_seed(seed)
         stepper.reset(seed)
         acting = PolicyActing(model, 1, device, deterministic=deterministic)
-        while not _steps(stepper, acting):
+        while not evaluation_step(stepper, acting):
             pass
     fps = float((getattr(env, "metadata", None) or {}).get("render_fps") or DEFAULT_FPS)
     return recording.frames, fps

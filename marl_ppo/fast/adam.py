@@ -7,23 +7,61 @@ path falls back to per-tensor kernels there. `FlatAdam` moves a network's parame
 and one scale, and an Adam step is a handful of operations on one tensor. It is a
 `torch.optim.Adam`: the same arithmetic, element for element, the same param groups and the same
 per-parameter state dict, so checkpoints move between it and torch's Adam.
+
+Its step skips torch's step wrapper (a profiler range and the step hooks) when no hook or profiler
+would see it, which reads private torch names (`TORCH_INTERNALS`); on a torch without one of them it
+keeps the wrapper, as any optimizer does.
 """
 
 from __future__ import annotations
 
+import importlib
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
-from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
 
 _STATE_KEYS = ("exp_avg", "exp_avg_sq")
 _UNSUPPORTED = {"amsgrad": False, "weight_decay": 0.0, "maximize": False}
 """Adam options FlatAdam's step does not implement, with the only values it accepts."""
 IMPLEMENTATION_SETTINGS = ("foreach", "fused", "capturable", "differentiable")
 """Adam options that choose torch's code path, not the arithmetic: a loaded state dict keeps ours."""
+
+
+TORCH_INTERNALS = (
+    "torch.optim.optimizer._global_optimizer_pre_hooks",
+    "torch.optim.optimizer._global_optimizer_post_hooks",
+    "torch._C._autograd._profiler_enabled",
+    "torch.optim.Optimizer.profile_hook_step",
+)
+"""The private torch names FlatAdam's step reads to skip torch's step wrapper: the global step hooks,
+whether a profiler runs, and the wrapper itself (torch skips wrapping a step marked `hooked`)."""
+
+
+def _lookup(dotted: str) -> Any:
+    """The object a dotted name names (its longest importable prefix, then attributes), or None."""
+    parts = dotted.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            found: Any = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for name in parts[split:]:
+            found = getattr(found, name, None)
+        return found
+    return None
+
+
+def missing_torch_internals() -> list[str]:
+    """The names of `TORCH_INTERNALS` this torch lacks (empty: FlatAdam's step can skip the wrapper)."""
+    return [name for name in TORCH_INTERNALS if _lookup(name) is None]
+
+
+_GLOBAL_PRE_HOOKS, _GLOBAL_POST_HOOKS, _PROFILER_ENABLED, _PROFILE_HOOK_STEP = map(_lookup, TORCH_INTERNALS)
+_SKIPS_WRAPPER = not missing_torch_internals()
+"""Whether FlatAdam's step skips torch's wrapper when nothing would see it (else torch wraps it)."""
 
 
 def part_bounds(parts: Sequence[int], count: int) -> list[tuple[int, int]]:
@@ -147,17 +185,22 @@ class FlatAdam(torch.optim.Adam):
 
         Step hooks (this optimizer's or global ones) and a running profiler see it as any optimizer's
         step: then it goes through torch's own step wrapper. Without them it skips that wrapper, whose
-        profiler range costs more than the step's arithmetic on a small network.
+        profiler range costs more than the step's arithmetic on a small network. On a torch that lacks
+        one of `TORCH_INTERNALS` torch wraps this method as any optimizer's, and it only steps.
         """
-        if (
+        if _HOOKED_FLAT_STEP is not None and self._observed():
+            return _HOOKED_FLAT_STEP(self, closure)
+        return self._flat_step(closure)
+
+    def _observed(self) -> bool:
+        """Whether a step hook (this optimizer's or a global one) or a running profiler would see a step."""
+        return bool(
             self._optimizer_step_pre_hooks
             or self._optimizer_step_post_hooks
-            or _global_optimizer_pre_hooks
-            or _global_optimizer_post_hooks
-            or torch._C._autograd._profiler_enabled()
-        ):
-            return self._hooked_step(self, closure)
-        return self._flat_step(closure)
+            or _GLOBAL_PRE_HOOKS
+            or _GLOBAL_POST_HOOKS
+            or _PROFILER_ENABLED()
+        )
 
     @torch.no_grad()
     def _flat_step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -241,10 +284,12 @@ class FlatAdam(torch.optim.Adam):
             }
             self._start_state(steps.pop(), moments)
 
-    _hooked_step = staticmethod(torch.optim.Optimizer.profile_hook_step(_flat_step))
-    """`_flat_step` inside torch's step wrapper: profiler range, then step hooks around the step."""
 
-
-# torch wraps an optimizer class's `step` in its profiler-and-hooks wrapper unless it is marked as
-# wrapped already; `FlatAdam.step` calls that wrapper itself when something would see it
-FlatAdam.step.hooked = True  # type: ignore[attr-defined]
+_HOOKED_FLAT_STEP: Callable[..., float | None] | None = None
+"""`FlatAdam._flat_step` inside torch's step wrapper (profiler range, step hooks); None: torch wraps
+`FlatAdam.step` itself."""
+if _SKIPS_WRAPPER:
+    _HOOKED_FLAT_STEP = _PROFILE_HOOK_STEP(FlatAdam._flat_step)
+    # torch wraps an optimizer class's `step` in its profiler-and-hooks wrapper unless it is marked as
+    # wrapped already; `FlatAdam.step` calls that wrapper itself when something would see it
+    FlatAdam.step.hooked = True  # type: ignore[attr-defined]

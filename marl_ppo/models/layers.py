@@ -12,6 +12,9 @@ The first layer is computed in a cheaper, mathematically identical form:
 - a network built with `common_input=True` reads one input shared by all agents (a critic's global
   state), `(..., in) -> (..., A, out)`, and computes the first layer once per row instead of once per
   agent.
+
+`AgentMLP.forward` is the one path, with or without gradients; acting reads the same weights once per
+rollout instead (`models.acting.ActingMLP`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import contextlib
 import functools
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -91,7 +94,7 @@ class AgentMLP(nn.Module):
         self.activate_output = activate_output
         """The output layer is a hidden layer (a recurrent network's trunk): activated like the others."""
         self.precision = precision
-        """`fp32`, `bf16` (the layers' products and activations in bfloat16, see `_arithmetic`) or
+        """`fp32`, `bf16` (the layers' products and activations in bfloat16, see `arithmetic`) or
         `auto` (`bf16` where the input's device computes it natively, see `resolve_precision`)."""
         self.num_agents = num_agents
         self.in_dim = in_dim
@@ -104,83 +107,35 @@ class AgentMLP(nn.Module):
         sizes = [width, *hidden_sizes, out_dim]
         linears = [StackedLinear(copies, a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True)]
         self.layers = nn.ModuleList(linears)
-        self._linears = tuple(linears)
+        self.linears = tuple(linears)
         """The same layers, typed (plain references; the ModuleList registers them)."""
         self.activation: Callable[[torch.Tensor], torch.Tensor] = _ACTIVATIONS[activation]
         if orthogonal_init:
             for layer in linears[:-1]:
                 layer.reset_orthogonal(math.sqrt(2.0))
             linears[-1].reset_orthogonal(head_gain)
-        self._held: _Weights | None = None
-        """The weights as the forward reads them, while `held_weights` holds them (else None)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`(..., A, in) -> (..., A, out)`; with `common_input`, `(..., in) -> (..., A, out)`: every
         agent's output for one input they all see, as if it were expanded to `(..., A, in)`."""
-        held = self._held if self._held is not None and not torch.is_grad_enabled() else None
-        weight, bias, agent_bias = self._first_layer() if held is None else held.first
-        grid = _as_is if held is None else held.grid
-        x = grid(self._normalized(x))
-        with self._arithmetic(x) if grid is _as_is else contextlib.nullcontext():
-            if not self.common_input:
-                h = grid(stacked_linear(x, weight, bias))
-                h = h if agent_bias is None else grid(h + agent_bias.to(h.dtype))
-                return self._output(self._rest(h) if held is None else self._rest_held(h, held))
-            if self._linears[0].copies == 1:
-                h = grid(F.linear(x, weight.squeeze(0), bias.squeeze(0))).unsqueeze(-2)
-                if agent_bias is not None:
-                    h = grid(h + agent_bias.to(h.dtype))
-                else:
-                    h = h.expand(*h.shape[:-2], self.num_agents, h.shape[-1])
-            else:
-                out_dim = weight.shape[1]
-                h = grid(F.linear(x, weight.reshape(self.num_agents * out_dim, -1), bias.reshape(-1)))
-                h = h.unflatten(-1, (self.num_agents, out_dim))
-            return self._output(self._rest(h) if held is None else self._rest_held(h, held))
+        first = self.first_layer()  # in float32: outside the arithmetic's autocast
+        x = self.normalized(x)
+        with arithmetic(self.precision, x.device):
+            h = first_layer_output(x, *first, common_input=self.common_input, agents=self.num_agents)
+            # the tuple, not `self.layers[1:]`: slicing a ModuleList builds a new module per call
+            for layer in self.linears[1:]:
+                h = layer(self.activation(h))
+            return self.output(h)
 
-    def hold_weights(self) -> None:
-        """Compute the weights as `forward` reads them (the first layer's folded form, the others'
-        views) once, and read them in every forward without gradients until `release_weights`. For
-        acting, where many small forwards run between two changes of the weights; in float32 the
-        outputs are the same, bit for bit, since the same operations make the same weights. The
-        parameters must not change while held (a rollout runs no update).
-
-        Under `bf16` on a GPU the held weights are the bfloat16 copies autocast would make at every
-        product. On a CPU they are float32 tensors of bfloat16 values and the forward keeps every
-        product's input and output, and every activation, on bfloat16's grid (`_bf16_grid`): the
-        numbers of autocast's bfloat16 layers up to the order of a product's sums, in float32
-        products, which CPUs without matrix units (and those with them, on acting's few rows) run
-        about twice as fast as bfloat16 ones."""
-        with torch.no_grad():
-            weight, bias, agent_bias = self._first_layer()
-            rest = tuple(_linear_form(layer.weight, layer.bias) for layer in self._linears[1:])
-            grid: Callable[[torch.Tensor], torch.Tensor] = _as_is
-            if resolve_precision(self.precision, weight.device) == "bf16":
-                grid = _bf16_grid if weight.device.type == "cpu" else _as_is
-                cast = _bf16_grid if grid is _bf16_grid else torch.Tensor.bfloat16
-                weight, bias = cast(weight), cast(bias)
-                agent_bias = None if agent_bias is None else cast(agent_bias)
-                rest = tuple((cast(w), cast(b)) for w, b in rest)
-        self._held = _Weights((weight, bias, agent_bias), rest, grid)
-
-    def release_weights(self) -> None:
-        """Read the parameters again at every forward (`hold_weights`)."""
-        self._held = None
-
-    def _arithmetic(self, x: torch.Tensor) -> contextlib.AbstractContextManager[Any]:
-        """`arithmetic`: the output is float32 (`forward` casts it), so distributions and losses
-        compute as before."""
-        return arithmetic(self.precision, x.device)
-
-    def _normalized(self, x: torch.Tensor) -> torch.Tensor:
+    def normalized(self, x: torch.Tensor) -> torch.Tensor:
         """The input as the first layer reads it: LayerNorm without its affine (which lives in the first
         layer's weights), or `x` unchanged. Row by row, so a minibatch's rows equal the whole batch's."""
         return F.layer_norm(x, x.shape[-1:]) if self.norm_weight is not None else x
 
-    def _first_layer(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def first_layer(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The first layer's effective `(copies, out, in)` weights and `(copies, out)` biases, and the
         `(A, out)` per-agent bias standing in for the one-hot agent id (None without ids)."""
-        first, in_dim = self._linears[0], self.in_dim
+        first, in_dim = self.linears[0], self.in_dim
         weight: torch.Tensor = first.weight[..., :in_dim]
         bias: torch.Tensor = first.bias
         if self.norm_weight is not None and self.norm_bias is not None:
@@ -191,51 +146,43 @@ class AgentMLP(nn.Module):
         agent_bias = first.weight[0, :, in_dim:].T.contiguous() if self.add_agent_id else None
         return weight, bias, agent_bias
 
-    def _output(self, h: torch.Tensor) -> torch.Tensor:
+    def output(self, h: torch.Tensor) -> torch.Tensor:
         """The last layer's output in float32, activated where it is a hidden layer."""
         h = h.float()
         return self.activation(h) if self.activate_output else h
 
-    def _rest(self, h: torch.Tensor) -> torch.Tensor:
-        """The layers after the first, on the first layer's pre-activation `(..., A, hidden)`."""
-        # the tuple, not `self.layers[1:]`: slicing a ModuleList builds a new module per call
-        for layer in self._linears[1:]:
-            h = layer(self.activation(h))
-        return h
 
-    def _rest_held(self, h: torch.Tensor, held: _Weights) -> torch.Tensor:
-        """`_rest` with the held weights (`_linear_form`): the same products, on the held grid."""
-        grid = held.grid
-        for weight, bias in held.rest:
-            h = grid(self.activation(h))
-            h = grid(F.linear(h, weight, bias) if weight.dim() == 2 else stacked_linear(h, weight, bias))
-        return h
-
-
-class _Weights(NamedTuple):
-    """An AgentMLP's weights as its forward reads them (`AgentMLP.hold_weights`)."""
-
-    first: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
-    """`AgentMLP._first_layer()`"""
-    rest: tuple[tuple[torch.Tensor, torch.Tensor], ...]
-    """The later layers' `_linear_form`s."""
-    grid: Callable[[torch.Tensor], torch.Tensor]
-    """What each product's input and output pass through: `_as_is`, or `_bf16_grid` (bf16 on a CPU)."""
-
-
-def _as_is(t: torch.Tensor) -> torch.Tensor:
+def as_is(t: torch.Tensor) -> torch.Tensor:
+    """`t` itself: the first layer's sums as they come (`first_layer_output`)."""
     return t
 
 
-def _bf16_grid(t: torch.Tensor) -> torch.Tensor:
-    """`t` rounded to the nearest bfloat16 value, kept in float32."""
-    return t.bfloat16().float()
-
-
-def _linear_form(weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A stacked layer's weights as `stacked_linear` hands them to its product: one map's `(out, in)`
-    and `(out,)` views (copies == 1), else the `(copies, out, in)` and `(copies, out)` tensors."""
-    return (weight.squeeze(0), bias.squeeze(0)) if weight.shape[0] == 1 else (weight, bias)
+def first_layer_output(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    agent_bias: torch.Tensor | None,
+    *,
+    common_input: bool,
+    agents: int,
+    grid: Callable[[torch.Tensor], torch.Tensor] = as_is,
+) -> torch.Tensor:
+    """The first layer's pre-activation `(..., A, out)` from the normalized input and
+    `AgentMLP.first_layer()`'s weights: per agent `(..., A, in)`, or with `common_input` one row
+    `(..., in)` every agent sees, its product taken once per row. `grid`: what each sum passes
+    through (acting's bfloat16 rounding, `models.acting`; none in training)."""
+    if not common_input:
+        h = grid(stacked_linear(x, weight, bias))
+        return h if agent_bias is None else grid(h + agent_bias.to(h.dtype))
+    if weight.shape[0] == 1:
+        h = grid(F.linear(x, weight.squeeze(0), bias.squeeze(0))).unsqueeze(-2)
+        if agent_bias is not None:
+            return grid(h + agent_bias.to(h.dtype))
+        return h.expand(*h.shape[:-2], agents, h.shape[-1])
+    out_dim = weight.shape[1]
+    h = grid(F.linear(x, weight.reshape(agents * out_dim, -1), bias.reshape(-1)))
+    per_agent: torch.Tensor = h.unflatten(-1, (agents, out_dim))
+    return per_agent
 
 
 def arithmetic(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:

@@ -64,12 +64,21 @@ class StackedRecurrent(nn.Module):
     (`S = 2 * hidden`); the output is `h`.
     """
 
-    def __init__(self, kind: str, *, copies: int, in_dim: int, hidden: int, orthogonal_init: bool) -> None:
+    def __init__(
+        self,
+        kind: str,
+        *,
+        copies: int,
+        in_dim: int,
+        hidden: int,
+        orthogonal_init: bool,
+        library_cell: bool = False,
+    ) -> None:
         super().__init__()
         if kind not in RECURRENT_GATES:
             raise ValueError(f"recurrent kind must be one of {sorted(RECURRENT_GATES)}, got {kind!r}")
         self.kind, self.hidden = kind, hidden
-        self.library_cell = False
+        self.library_cell = library_cell
         """Step with torch's own `nn.GRUCell` / `nn.LSTMCell` on these weights, called once per agent
         (per-agent weights) or once for all (shared), instead of the stacked products
         (`fast.recurrent_cell: false`); the same numbers up to float rounding."""

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import NamedTuple, cast
 
 import gymnasium as gym
@@ -14,7 +13,6 @@ from torch import nn
 from marl_ppo.config import ConfigError, ExperimentConfig, ModelConfig
 from marl_ppo.envs.layout import InputLayout, InputPart
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
-from marl_ppo.fast.tanh import sigmoid_tanh
 from marl_ppo.models.distributions import ActionDistribution, head_size, make_distribution
 from marl_ppo.models.encoders import CnnShape, FeatureEncoder, ReusedFeatures
 from marl_ppo.models.layers import AgentMLP, StackedLinear
@@ -92,10 +90,12 @@ def _network(
     out_dim: int,
     shared: bool,
     head_gain: float,
+    library_cell: bool,
     common_input: bool = False,
 ) -> NetworkParts:
     """A feed-forward MLP (`recurrent` None), or trunk (the hidden layers, activated) -> `gru` or
-    `lstm` cell (`model.recurrent_size`) -> linear head."""
+    `lstm` cell (`model.recurrent_size`, stepped by torch's own cell where `library_cell`) -> linear
+    head."""
     if recurrent is None:
         mlp = _mlp(
             model,
@@ -125,6 +125,7 @@ def _network(
         in_dim=model.hidden_sizes[-1],
         hidden=model.recurrent_size,
         orthogonal_init=model.orthogonal_init,
+        library_cell=library_cell,
     )
     head = StackedLinear(copies, model.recurrent_size, out_dim)
     if model.orthogonal_init:
@@ -147,7 +148,10 @@ class GroupActor(nn.Module):
     feed-forward actor's carry is empty, `(B, A_g, 0)`, and passes through unchanged.
     """
 
-    def __init__(self, group: GroupSpec, model: ModelConfig, *, shared: bool) -> None:
+    def __init__(
+        self, group: GroupSpec, model: ModelConfig, *, shared: bool, library_cell: bool = False
+    ) -> None:
+        """`library_cell`: a recurrent actor steps torch's own cell (`fast.recurrent_cell: false`)."""
         super().__init__()
         self.action_space = group.action_space
         self.features: FeatureEncoder | ReusedFeatures | None = _encoder(
@@ -163,6 +167,7 @@ class GroupActor(nn.Module):
             out_dim=head_size(group.action_space),
             shared=shared,
             head_gain=0.01,
+            library_cell=library_cell,
         )
         self.log_std: nn.Parameter | None = None
         """The Gaussian's state-independent log standard deviations (Box actions only)."""
@@ -189,7 +194,20 @@ class GroupActor(nn.Module):
         carry `(B, A, S)`, and the carry after it. `is_first` `(L, B, A)`: the agent's episode starts
         at the step (its carry resets first); `acted`: it acts there (its carry advances only then).
         Masked actions (`action_mask` `(L, B, A, mask_dim)`, mask_dim 0 without masks) get probability 0."""
-        features = self.net(obs if self.features is None else self.features(obs))
+        return self.forward_with(self.net, obs, action_mask, carry, is_first, acted)
+
+    def forward_with(
+        self,
+        net: Callable[[torch.Tensor], torch.Tensor],
+        obs: torch.Tensor,
+        action_mask: torch.Tensor,
+        carry: torch.Tensor,
+        is_first: torch.Tensor,
+        acted: torch.Tensor,
+    ) -> tuple[ActionDistribution, torch.Tensor]:
+        """`forward` with `net` in the MLP's place: the MLP itself, or acting's form of it
+        (`models.acting.ActingMLP`)."""
+        features = net(obs if self.features is None else self.features(obs))
         outputs, carry = self.core(features, carry, is_first, acted)
         return self._distribution(self.head(outputs), action_mask), carry
 
@@ -212,7 +230,9 @@ class GroupCritic(nn.Module):
         *,
         shared: bool,
         state_layout: InputLayout | None = None,
+        library_cell: bool = False,
     ) -> None:
+        """`library_cell`: a recurrent critic steps torch's own cell (`fast.recurrent_cell: false`)."""
         super().__init__()
         self.build_input, width = CRITIC_INPUTS[kind]
         self.num_agents = group.num_agents
@@ -234,6 +254,7 @@ class GroupCritic(nn.Module):
             out_dim=1,
             shared=shared,
             head_gain=1.0,
+            library_cell=library_cell,
             common_input=self.common_input if self.images is None else self.images.common,
         )
 
@@ -259,9 +280,22 @@ class GroupCritic(nn.Module):
         `(L, B, state_dim)` and observations `(L, B, A, obs_dim)`, from the carry `(B, rows, S)`, and
         the carry after it. A team critic's one row starts afresh where every agent's episode starts
         and advances where any agent acts."""
+        return self.forward_with(self.net, state, obs, carry, is_first, acted)
+
+    def forward_with(
+        self,
+        net: Callable[[torch.Tensor], torch.Tensor],
+        state: torch.Tensor,
+        obs: torch.Tensor,
+        carry: torch.Tensor,
+        is_first: torch.Tensor,
+        acted: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` with `net` in the MLP's place: the MLP itself, or acting's form of it
+        (`models.acting.ActingMLP`)."""
         if self.team:
             is_first, acted = is_first.all(-1, keepdim=True), acted.any(-1, keepdim=True)
-        outputs, carry = self.core(self.net(self._features(state, obs)), carry, is_first, acted)
+        outputs, carry = self.core(net(self._features(state, obs)), carry, is_first, acted)
         return self._per_agent(self.head(outputs).squeeze(-1)), carry
 
     def _features(self, state: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
@@ -383,8 +417,10 @@ class TeamModel(nn.Module):
     def __init__(self, spec: TeamSpec, config: ExperimentConfig) -> None:
         super().__init__()
         self.spec = spec
+        library_cell = not config.fast.recurrent_cell
         self.actors = nn.ModuleList(
-            GroupActor(g, config.model, shared=config.share_actor) for g in spec.groups
+            GroupActor(g, config.model, shared=config.share_actor, library_cell=library_cell)
+            for g in spec.groups
         )
         self.critics = nn.ModuleList(
             GroupCritic(
@@ -394,6 +430,7 @@ class TeamModel(nn.Module):
                 config.model,
                 shared=config.share_critic,
                 state_layout=spec.state_layout,
+                library_cell=library_cell,
             )
             for g in spec.groups
         )
@@ -401,11 +438,6 @@ class TeamModel(nn.Module):
             ValueNorm(enabled=config.ppo.value_norm, var_floor=config.ppo.value_norm_var_floor)
             for _ in spec.groups
         )
-        for module in self.modules():  # `fast.recurrent_cell`: our stacked step or torch's cells
-            if isinstance(module, StackedRecurrent):
-                module.library_cell = not config.fast.recurrent_cell
-            if isinstance(module, AgentMLP) and config.fast.sigmoid_tanh and module.activation is torch.tanh:
-                module.activation = sigmoid_tanh
         if config.model.shared_cnn:
             for group, actor, critic in zip(spec.groups, self.actors, self.critics, strict=True):
                 _share_cnn(group.name, cast(GroupActor, actor), cast(GroupCritic, critic))
@@ -443,20 +475,6 @@ class TeamModel(nn.Module):
     def group(self, name: str) -> GroupNetworks:
         """The actor, critic and value normalizer of group `name`."""
         return self._groups[name]
-
-    @contextlib.contextmanager
-    def held_weights(self) -> Iterator[None]:
-        """Inside, every MLP of the team reads its weights once for all its forwards without gradients
-        (`AgentMLP.hold_weights`): for a rollout, during which the weights do not change. Forwards with
-        gradients read the parameters as always."""
-        mlps = [module for module in self.modules() if isinstance(module, AgentMLP)]
-        for mlp in mlps:
-            mlp.hold_weights()
-        try:
-            yield
-        finally:
-            for mlp in mlps:
-                mlp.release_weights()
 
 
 def _share_cnn(name: str, actor: GroupActor, critic: GroupCritic) -> None:

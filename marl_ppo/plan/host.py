@@ -83,7 +83,9 @@ class ActingWatch:
     """Watches a run's first updates (the very first, which warms up, aside) and prints `acting_hint`'s
     line once, where it has one."""
 
-    def __init__(self, config: ExperimentConfig, layout: EnvLayout, threads: int, *, updates: int = 3) -> None:
+    def __init__(
+        self, config: ExperimentConfig, layout: EnvLayout, threads: int, *, updates: int = 3
+    ) -> None:
         self.config, self.layout, self.threads, self.updates = config, layout, threads, updates
         self.seen: list[Mapping[str, float]] = []
 

@@ -1,5 +1,8 @@
 """The collector: fills a RolloutBuffer with one rollout of every env copy, stepping them through the
-one stepping loop (`rollout.stepper`) and storing each step as it goes."""
+one stepping loop (`rollout.stepper`) and storing each step as it goes.
+
+Each rollout acts through a `RolloutActing` (the stepper's `Acting`) of its own: the policy's
+`ActingView` built for it, the buffer it fills and the step being taken."""
 
 from __future__ import annotations
 
@@ -11,9 +14,10 @@ import torch
 
 from marl_ppo.envs.spec import TeamArrays
 from marl_ppo.envs.vector.base import VectorEnv
+from marl_ppo.models.acting import ActingView
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import GroupStep, RolloutBuffer
-from marl_ppo.rollout.memory import make_memory
+from marl_ppo.rollout.memory import PolicyMemory, make_memory
 from marl_ppo.rollout.source import EpisodeRecord, RolloutResult
 from marl_ppo.rollout.stepper import Finished, Stepper, to_tensor
 
@@ -38,13 +42,13 @@ class Collector:
     def __init__(self, venv: VectorEnv, model: TeamModel, device: torch.device) -> None:
         self.venv = venv
         self.device = device
+        self.model = model
+        """The policy that acts: each rollout reads its weights once (`ActingView`)."""
         self.memory = make_memory(model, venv.num_envs, device)
         """The policy's live carries over the venv's copies."""
         self.stepper = Stepper(venv)
         self.env_steps = 0
         """Env steps taken so far over all copies (one per copy per step)."""
-        self._buffer: RolloutBuffer | None = None
-        self._acted: _Acted | None = None
 
     def start(self, seed: int) -> None:
         """Reset every env copy (env i gets `seed + i`) and clear episode accounting."""
@@ -87,47 +91,61 @@ class Collector:
         the run needs another rollout) matters only to collectors that run ahead of the learner."""
         result = RolloutResult()
         env_seconds = self.stepper.env_seconds
-        self._buffer = buffer
-        with self.memory.model.held_weights():  # no update runs during a rollout
-            try:
-                while not buffer.full:
-                    for episode in self.stepper.step(self):  # env_steps counts the step in `advance`
-                        result.episodes.append(self._record(episode))
-            finally:
-                self._buffer, self._acted = None, None
-            result.env_seconds = self.stepper.env_seconds - env_seconds
-            arrays = self.venv.arrays
-            next_state = to_tensor(arrays.state, self.device)
-            next_obs = {name: to_tensor(g.obs, self.device) for name, g in arrays.groups.items()}
-            result.last_alive = {name: to_tensor(g.alive, self.device) for name, g in arrays.groups.items()}
-            result.last_values = self.memory.values(next_state, next_obs, result.last_alive)
+        policy = ActingView(self.model)  # no update runs during a rollout
+        acting = RolloutActing(policy, self.memory, buffer, self.device)
+        while not buffer.full:
+            ended = self.stepper.step(acting)
+            self.env_steps += self.venv.num_envs
+            result.episodes.extend(self._record(episode) for episode in ended)
+        result.env_seconds = self.stepper.env_seconds - env_seconds
+        arrays = self.venv.arrays
+        next_state = to_tensor(arrays.state, self.device)
+        next_obs = {name: to_tensor(g.obs, self.device) for name, g in arrays.groups.items()}
+        result.last_alive = {name: to_tensor(g.alive, self.device) for name, g in arrays.groups.items()}
+        result.last_values = self.memory.values(policy, next_state, next_obs, result.last_alive)
         result.env_steps = buffer.steps * self.venv.num_envs
         return result
 
+    def _record(self, episode: Finished) -> EpisodeRecord:
+        returns = episode.agent_returns
+        return EpisodeRecord(float(returns.sum()), returns, episode.length, self.env_steps, episode.won)
+
+
+class RolloutActing:
+    """One rollout's `Acting`: samples every agent's action with the rollout's `ActingView`, and once
+    the env has stepped stores the step in `buffer` and carries the policy's memory on."""
+
+    _acted: _Acted
+    """What the policy read and chose at the step being taken (set by `act`, stored by `advance`)."""
+
+    def __init__(
+        self, policy: ActingView, memory: PolicyMemory, buffer: RolloutBuffer, device: torch.device
+    ) -> None:
+        self.policy, self.memory, self.buffer, self.device = policy, memory, buffer, device
+
     def act(self, arrays: TeamArrays) -> dict[str, torch.Tensor]:
-        """The stepper's `Acting`: sample every agent's action; keep what the buffer will store."""
+        """Sample every agent's action; keep what the buffer will store."""
         groups = arrays.groups
         obs = {name: to_tensor(group.obs, self.device) for name, group in groups.items()}
         alive = {name: to_tensor(group.alive, self.device) for name, group in groups.items()}
         masks = {name: to_tensor(group.action_mask, self.device) for name, group in groups.items()}
         state = to_tensor(arrays.state, self.device)
-        dists = self.memory.distributions(obs, masks, alive)
+        dists = self.memory.distributions(self.policy, obs, masks, alive)
         actions = {name: dist.sample() for name, dist in dists.items()}
         logp = {name: dist.log_prob(actions[name]) for name, dist in dists.items()}
-        values = self.memory.values(state, obs, alive)
+        values = self.memory.values(self.policy, state, obs, alive)
         self._acted = _Acted(state, obs, alive, masks, actions, logp, values)
         return actions
 
     def advance(self, arrays: TeamArrays, episode_over: np.ndarray | torch.Tensor) -> None:
-        """The stepper's `Acting`, after the env step: store the step, then carry the policy on."""
-        acted, buffer = self._acted, self._buffer
-        assert acted is not None and buffer is not None, "advance follows act within collect"
+        """After the env step: store the step, then carry the policy on."""
+        acted, buffer = self._acted, self.buffer
         groups = arrays.groups
         if any(group.truncated.any() for group in groups.values()):
             final_obs = {name: to_tensor(group.final_obs, self.device) for name, group in groups.items()}
             final_state = to_tensor(arrays.final_state, self.device)
             # from the critics' carries after the step
-            final_values = self.memory.final_values(final_state, final_obs)
+            final_values = self.memory.final_values(self.policy, final_state, final_obs)
         else:
             final_values = {name: torch.zeros_like(v) for name, v in acted.values.items()}
         steps = {
@@ -148,12 +166,7 @@ class Collector:
         buffer.add(
             acted.state, steps, self.memory.records(), episode_over=to_tensor(episode_over, buffer.device)
         )
-        self.env_steps += self.venv.num_envs
         self.memory.advance(arrays, episode_over)
-
-    def _record(self, episode: Finished) -> EpisodeRecord:
-        returns = episode.agent_returns
-        return EpisodeRecord(float(returns.sum()), returns, episode.length, self.env_steps, episode.won)
 
 
 def _arrays_state(arrays: TeamArrays) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """The live carries of E env copies while a policy acts (collector and evaluation).
 
 Per group it keeps the actors' carry `(E, A_g, S)`, the critics' `(E, rows, S)` and each agent's
-`is_first` flag. A step reads them (`distributions`, `values`), records them as the step's
+`is_first` flag. A step reads them (`distributions`, `values`, each through the caller's
+`ActingView` of the model, built once for the rollout or evaluation), records them as the step's
 `GroupMemory` for the buffer, and `advance` keeps the stepped carries and flags the agents whose
 episode starts next: those that terminated or truncated, and every agent of a copy whose episode
 ended. The reset itself happens in the networks, from the flag, as it does in training. A
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 
 from marl_ppo.envs.spec import TeamArrays
+from marl_ppo.models.acting import ActingView
 from marl_ppo.models.distributions import ActionDistribution
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import GroupMemory
@@ -60,7 +62,7 @@ class PolicyMemory:
     """The carries and episode flags of `num_envs` env copies for `model`'s groups."""
 
     def __init__(self, model: TeamModel, num_envs: int, device: torch.device) -> None:
-        self.model, self.num_envs, self.device = model, num_envs, device
+        self.num_envs, self.device = num_envs, device
         self.layout = model.memory_layout()
         spec = model.spec
         self.live = {
@@ -93,6 +95,7 @@ class PolicyMemory:
 
     def distributions(
         self,
+        policy: ActingView,
         obs: Mapping[str, torch.Tensor],
         masks: Mapping[str, torch.Tensor],
         alive: Mapping[str, torch.Tensor],
@@ -101,8 +104,8 @@ class PolicyMemory:
         `alive` itself (so it must be a copy the env step does not overwrite), are kept for `advance`."""
         dists: dict[str, ActionDistribution] = {}
         for name, record in self.live.items():
-            actor = self.model.group(name).actor
-            dist, self._actor_next[name] = actor(
+            dist, self._actor_next[name] = policy.actor(
+                name,
                 obs[name].unsqueeze(0),
                 masks[name].unsqueeze(0),
                 record.actor_state,
@@ -114,30 +117,34 @@ class PolicyMemory:
         return dists
 
     def values(
-        self, state: torch.Tensor, obs: Mapping[str, torch.Tensor], alive: Mapping[str, torch.Tensor]
+        self,
+        policy: ActingView,
+        state: torch.Tensor,
+        obs: Mapping[str, torch.Tensor],
+        alive: Mapping[str, torch.Tensor],
     ) -> dict[str, torch.Tensor]:
         """Per group the values `(E, A_g)` of this step in return units; the stepped critic states are
         kept for `advance` and `final_values`."""
         values = {}
         for name, record in self.live.items():
-            raw, self._critic_next[name] = self._critic(
-                name, state, obs[name], record.critic_state, record.is_first, alive[name]
+            raw, self._critic_next[name] = _critic_step(
+                policy, name, state, obs[name], record.critic_state, record.is_first, alive[name]
             )
-            values[name] = self.model.group(name).value_norm.denormalize(raw)
+            values[name] = policy.denormalize(name, raw)
         return values
 
     def final_values(
-        self, final_state: torch.Tensor, final_obs: Mapping[str, torch.Tensor]
+        self, policy: ActingView, final_state: torch.Tensor, final_obs: Mapping[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
         """V(final state, final obs) of the step just taken, from the critics' states after it (for
         the truncation bootstrap; the states are not kept)."""
         values = {}
         for name, record in self.live.items():
             acting = torch.ones_like(record.is_first)
-            raw, _ = self._critic(
-                name, final_state, final_obs[name], self._critic_next[name], ~acting, acting
+            raw, _ = _critic_step(
+                policy, name, final_state, final_obs[name], self._critic_next[name], ~acting, acting
             )
-            values[name] = self.model.group(name).value_norm.denormalize(raw)
+            values[name] = policy.denormalize(name, raw)
         return values
 
     def advance(self, arrays: TeamArrays, episode_over: np.ndarray | torch.Tensor) -> None:
@@ -190,21 +197,21 @@ class PolicyMemory:
                 target.copy_(saved[key])
         self._actor_next, self._critic_next, self._acted = {}, {}, {}
 
-    def _critic(
-        self,
-        name: str,
-        state: torch.Tensor,
-        obs: torch.Tensor,
-        carried: torch.Tensor,
-        is_first: torch.Tensor,
-        alive: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One critic step: raw values `(E, A_g)` and the stepped state."""
-        critic = self.model.group(name).critic
-        raw, stepped = critic(
-            state.unsqueeze(0), obs.unsqueeze(0), carried, is_first.unsqueeze(0), alive.unsqueeze(0)
-        )
-        return raw[0], stepped
+
+def _critic_step(
+    policy: ActingView,
+    name: str,
+    state: torch.Tensor,
+    obs: torch.Tensor,
+    carried: torch.Tensor,
+    is_first: torch.Tensor,
+    alive: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of group `name`'s critic: raw values `(E, A_g)` and the stepped state."""
+    raw, stepped = policy.critic(
+        name, state.unsqueeze(0), obs.unsqueeze(0), carried, is_first.unsqueeze(0), alive.unsqueeze(0)
+    )
+    return raw[0], stepped
 
 
 def make_memory(model: TeamModel, num_envs: int, device: torch.device) -> PolicyMemory:

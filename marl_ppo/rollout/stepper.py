@@ -19,6 +19,7 @@ import torch
 
 from marl_ppo.envs.spec import TeamArrays
 from marl_ppo.envs.vector.base import VectorEnv, WinsEpisodes
+from marl_ppo.models.acting import ActingView
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.memory import PolicyMemory, make_memory
 
@@ -170,10 +171,14 @@ def _as_list(flags: np.ndarray | torch.Tensor, copies: list[int]) -> list[bool |
 
 
 class PolicyActing:
-    """The model's actions (its mode, or a sample), its carries kept from step to step (fresh per copy)."""
+    """The model's actions (its mode, or a sample), its carries kept from step to step (fresh per copy).
+
+    It reads the model's weights once, when built (`ActingView`): build it after the last update
+    and for one set of episodes, as the collector builds one view per rollout."""
 
     def __init__(self, model: TeamModel, copies: int, device: torch.device, *, deterministic: bool) -> None:
         self.memory: PolicyMemory = make_memory(model, copies, device)
+        self.policy = ActingView(model)
         self.device, self.deterministic = device, deterministic
 
     @torch.no_grad()
@@ -183,7 +188,7 @@ class PolicyActing:
         obs = {name: to_tensor(group.obs, self.device) for name, group in groups.items()}
         masks = {name: to_tensor(group.action_mask, self.device) for name, group in groups.items()}
         alive = {name: to_tensor(group.alive, self.device) for name, group in groups.items()}
-        dists = self.memory.distributions(obs, masks, alive)
+        dists = self.memory.distributions(self.policy, obs, masks, alive)
         return {name: d.mode() if self.deterministic else d.sample() for name, d in dists.items()}
 
     def advance(self, arrays: TeamArrays, episode_over: np.ndarray | torch.Tensor) -> None:

@@ -23,21 +23,21 @@ from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.eval.evaluate import PeriodicEvaluation, eval_config
 from marl_ppo.eval.versus import periodic_evaluation
 from marl_ppo.faults import WorkersLost
+from marl_ppo.logs.logger import RunLogger, game_headline, team_return_headline
+from marl_ppo.logs.trackers import check_backends_installed, open_backends
 from marl_ppo.models.team import TeamModel
+from marl_ppo.plan.host import ActingWatch, cpu_seconds, peak_rss_mb, rss_mb
+from marl_ppo.plan.settle import RunPlan, plan_run
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.source import RolloutSource
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.code_record import write_code_record
-from marl_ppo.plan.host import ActingWatch, cpu_seconds, peak_rss_mb, rss_mb
-from marl_ppo.run.logger import RunLogger, game_headline, team_return_headline
 from marl_ppo.run.memory import check_memory
-from marl_ppo.plan.settle import RunPlan, plan_run
 from marl_ppo.run.protocol import BEST_CHECKPOINT, EvaluationRecord, absolute_metric, record_video
 from marl_ppo.run.resume import load_resumable, restore_run_state, run_state
 from marl_ppo.run.rundir import write_summary
 from marl_ppo.run.seeding import seed_everything
 from marl_ppo.run.signals import Interrupted, StopSignals
-from marl_ppo.run.trackers import check_backends_installed, open_backends
 
 
 @dataclass(frozen=True)

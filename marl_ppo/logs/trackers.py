@@ -19,7 +19,7 @@ from typing import Any, cast
 from urllib.parse import urlparse
 
 from marl_ppo.config import ConfigError, ExperimentConfig, WandbConfig
-from marl_ppo.run.backends import (
+from marl_ppo.logs.backends import (
     CsvBackend,
     Guarded,
     LogBackend,

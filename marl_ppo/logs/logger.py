@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from marl_ppo.algo.stats import TrainStats
+from marl_ppo.logs.backends import LogBackend, TensorBoardBackend
 from marl_ppo.rollout.source import EpisodeRecord
-from marl_ppo.run.backends import LogBackend, TensorBoardBackend
 
 Headline = Callable[["RunLogger"], str]
 """What a progress line says of the run after its step and speed (`team_return_headline`, `game_headline`)."""

@@ -1,4 +1,4 @@
-"""`python -m marl_ppo.bench.fingerprint`: hashes of short runs' final weights and optimizer state.
+"""`python -m bench.fingerprint`: hashes of short runs' final weights and optimizer state.
 
 A change that should not alter learning (a refactor, a faster path) prints the same hashes before and
 after it on the same machine: run it on both checkouts and compare. The runs are seeded and end with

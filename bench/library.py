@@ -1,4 +1,4 @@
-"""Our hand-written pieces against the library's own, side by side: `python -m marl_ppo.bench.library`.
+"""Our hand-written pieces against the library's own, side by side: `python -m bench.library`.
 
 Each piece of `marl_ppo/fast/` has a `fast.*` switch back to the library piece. On the cases where
 the piece acts (the default experiment, simple_spread; VMAS navigation with 1,024 copies; pistonball
@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from marl_ppo.bench.speed import NAVIGATION_YAML, ROOT, SPREAD_YAML, training_run
+from bench.speed import NAVIGATION_YAML, ROOT, SPREAD_YAML, training_run
 
 PISTONBALL_YAML = ROOT / "experiments" / "butterfly" / "pistonball_v6.yaml"
 
@@ -40,7 +40,6 @@ PIECES = (
     Piece("optimizer vs torch Adam (fused)", "fast.optimizer=adam_fused"),
     Piece("optimizer vs torch Adam (foreach)", "fast.optimizer=adam_foreach"),
     Piece("screen copy vs the env's own", "fast.screen_copy=false", ("pistonball",)),
-    Piece("lean cycle vs PettingZoo's wrapper", "fast.lean_cycle=false", ("spread",)),
 )
 
 

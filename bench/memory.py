@@ -4,7 +4,7 @@ Trains a small simple_spread experiment for `--updates` updates (2,000 by defaul
 and prints the resident memory (RSS) of the trainer, and of its env workers, at update 100, every
 `--every` updates, and at the end, with the trainer's peak RSS and the growth per update after 100.
 
-    python -m marl_ppo.bench.memory [--updates N] [--every N] [--vector sync|subprocess]
+    python -m bench.memory [--updates N] [--every N] [--vector sync|subprocess]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from marl_ppo.config import load_config
 from marl_ppo.plan.host import peak_rss_mb, rss_mb
 from marl_ppo.run.loop import train
 
-SPREAD_YAML = Path(__file__).resolve().parents[2] / "experiments" / "mpe" / "simple_spread.yaml"
+SPREAD_YAML = Path(__file__).resolve().parents[1] / "experiments" / "mpe" / "simple_spread.yaml"
 SMALL = [
     "num_envs=4",
     "rollout_steps=25",

@@ -1,8 +1,8 @@
-"""Each hand-written piece of `marl_ppo/fast/` against the library's, in one process: `python -m marl_ppo.bench.pieces`.
+"""Each hand-written piece of `marl_ppo/fast/` against the library's, in one process: `python -m bench.pieces`.
 
 The pieces' own work at the sizes the default experiment and VMAS navigation give them, timed in
 turn (ours first in even repeats, the library's first in odd ones) on one thread; medians over the
-repeats. `marl_ppo.bench.library` measures what each piece changes in a whole training run.
+repeats. `bench.library` measures what each piece changes in a whole training run.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -29,25 +28,6 @@ def paired(name: str, ours: Callable[[], None], library: Callable[[], None], rep
     a, b = statistics.median(times["ours"]), statistics.median(times["library"])
     print(
         f"{name:58s} ours {a * 1e3:9.2f} ms  library {b * 1e3:9.2f} ms  library/ours {b / a:6.2f}", flush=True
-    )
-
-
-def lean_cycle() -> None:
-    from marl_ppo.envs.adapters.check_wrappers import without_check_wrappers
-    from marl_ppo.fast.lean_cycle import lean_cycle as lean
-    from marl_ppo.registry import make_env
-
-    kwargs = {"N": 3, "max_cycles": 25, "continuous_actions": False}
-    ours = lean(without_check_wrappers(make_env("mpe2/simple_spread_v3", **kwargs)))
-    library = without_check_wrappers(make_env("mpe2/simple_spread_v3", **kwargs))
-    rng = np.random.default_rng(0)
-    actions = [{agent: int(rng.integers(5)) for agent in ours.possible_agents} for _ in range(2000)]
-
-    paired(
-        "lean cycle, simple_spread, 2,000 raw env steps",
-        _raw_steps(ours, actions),
-        _raw_steps(library, actions),
-        repeats=7,
     )
 
 
@@ -70,7 +50,6 @@ def _raw_steps(env: Any, actions: list[dict[str, Any]], *, state: bool = False) 
 def screen_copy() -> None:
     """Pistonball's and cooperative_pong's observations and state per step, from one screen copy and
     from the envs' own calls."""
-    from marl_ppo.fast.lean_cycle import lean_cycle as lean
     from marl_ppo.fast.screen_copy import one_screen_copy
     from marl_ppo.registry import make_env
 
@@ -79,8 +58,8 @@ def screen_copy() -> None:
         ("butterfly/cooperative_pong_v6", "pong"),
     ):
         try:
-            ours = one_screen_copy(lean(make_env(env_id)))
-            library = lean(make_env(env_id))
+            ours = one_screen_copy(make_env(env_id))
+            library = make_env(env_id)
         except Exception as err:  # the butterfly extra is optional
             print(f"{'screen copy, ' + short:58s} skipped: {err}", flush=True)
             return
@@ -128,7 +107,7 @@ def optimizers() -> None:
 def main() -> int:
     """Time every piece against the library's."""
     torch.set_num_threads(1)
-    for measure in (lean_cycle, screen_copy, optimizers):
+    for measure in (screen_copy, optimizers):
         measure()
     return 0
 

@@ -2,7 +2,7 @@
 
 A backend receives every logged step as `(tag, value)` pairs (a tag may repeat when several episodes
 end at the same env step), the resolved config once, and the finished run's summary. TensorBoard
-and CSV write into the run directory; W&B and MLflow (`run/trackers.py`, which opens them all) may talk to a server, so
+and CSV write into the run directory; W&B and MLflow (`logs/trackers.py`, which opens them all) may talk to a server, so
 they are `Guarded`: the first error costs a one-line warning and the run goes on without them.
 """
 

@@ -1,6 +1,6 @@
 """BenchMARL's MAPPO on PettingZoo's simple_spread at the bench's shared settings; prints env steps/s.
 
-Runs in the benchmarl peer's venv (`marl_ppo/bench/peers.py`), never inside marl_ppo: it imports
+Runs in the benchmarl peer's venv (`bench/peers.py`), never inside marl_ppo: it imports
 only BenchMARL and its dependencies. Settings: 3 agents, 25-cycle episodes, discrete actions, 800
 frames a batch from 32 env copies, 10 epochs of minibatches of 200 (4 a batch), lr 1e-3, gamma
 0.95, one torch thread, no evaluation, loggers or checkpoints, and MLPs of the widths asked for the

@@ -1,6 +1,6 @@
 """Stable-Baselines3's PPO on pistonball at the settings of PettingZoo's SB3 tutorial; prints env steps/s.
 
-Runs in the sb3 peer's venv (`marl_ppo/bench/peers.py`), never inside marl_ppo: it imports only
+Runs in the sb3 peer's venv (`bench/peers.py`), never inside marl_ppo: it imports only
 SB3, SuperSuit and PettingZoo. The tutorial's settings: 20 pistons, 25-cycle episodes, SuperSuit's
 colour reduction (the blue channel), 84x84 resize and 3 stacked frames, every piston a slot of one
 vector env (`pettingzoo_env_to_vec_env_v1`), 4 copies in 2 processes (`concat_vec_envs_v1`), and

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from marl_ppo.bench.peers import BENCHMARL, SB3, Peer, PeerResult, PeerUnavailable, ensure_peer, run_peer
+from bench.peers import BENCHMARL, SB3, Peer, PeerResult, PeerUnavailable, ensure_peer, run_peer
 
 Train = Callable[[Path | None, list[str]], dict[str, Any]]
 """Runs marl_ppo's training on an experiment file (or none) with overrides; returns its summary.json."""
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SPREAD_YAML = ROOT / "experiments" / "mpe" / "simple_spread.yaml"
 
 PISTONBALL_TUTORIAL = [

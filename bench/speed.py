@@ -5,12 +5,12 @@ before and just after a training run, which runs as a separate process; this rep
 The script prints medians, the ratio of each training run to the raw rate around it (median and
 range), the training's timing split (env stepping, acting, learning) and its peak RSS.
 
-    python -m marl_ppo.bench.speed [--repeats N] [--steps N] [--only NAME ...] [--device cpu|cuda]
+    python -m bench.speed [--repeats N] [--steps N] [--only NAME ...] [--device cpu|cuda]
 
-The peer cases (`marl_ppo/bench/pairs.py`) run marl_ppo and another framework at the same settings
+The peer cases (`bench/pairs.py`) run marl_ppo and another framework at the same settings
 in turn and print the ratio of their env steps/s; each peer runs in a venv of its own (`peers.py`).
 
-On a machine with a GPU, `python -m marl_ppo.bench.speed --only vmas --device cuda` is the GPU check: the
+On a machine with a GPU, `python -m bench.speed --only vmas --device cuda` is the GPU check: the
 VMAS simulator, the rollout buffer and the learner all on the GPU, with 8,192 and 32,768 copies too.
 """
 
@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from marl_ppo.bench.pairs import PeerCase, median, peer_cases, peer_report, run_pair
+from bench.pairs import PeerCase, median, peer_cases, peer_report, run_pair
 from marl_ppo.run.rundir import read_summary
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SPREAD_YAML = ROOT / "experiments" / "mpe" / "simple_spread.yaml"
 NAVIGATION_YAML = ROOT / "experiments" / "vmas" / "navigation.yaml"
 SMAX_YAML = ROOT / "experiments" / "jaxmarl" / "smax_2s3z.yaml"
@@ -39,22 +39,12 @@ SPREAD_KWARGS = {"N": 3, "max_cycles": 25, "continuous_actions": False}
 """The default experiment's env.kwargs, for the raw-env baseline."""
 
 
-def raw_pettingzoo_sps(
-    env_id: str, kwargs: dict[str, Any], seconds: float = 4.0, seed: int = 0, *, bare: bool = False
-) -> float:
-    """Env steps/s of one env copy in this process, with random actions drawn beforehand.
-
-    The env is stepped as its factory ships it; `bare` first strips the assertion-only wrappers and
-    the discarded `last()` observations, as training does (`env.skip_check_wrappers`, `fast.lean_cycle`), to show
-    how much of the step they cost.
-    """
-    from marl_ppo.envs.adapters.check_wrappers import without_check_wrappers
-    from marl_ppo.fast.lean_cycle import lean_cycle
+def raw_pettingzoo_sps(env_id: str, kwargs: dict[str, Any], seconds: float = 4.0, seed: int = 0) -> float:
+    """Env steps/s of one env copy in this process, stepped as its factory ships it, with random actions
+    drawn beforehand."""
     from marl_ppo.registry import make_env
 
     env = make_env(env_id, **kwargs)
-    if bare:
-        env = lean_cycle(without_check_wrappers(env))
     env.reset(seed=seed)
     agents = list(env.possible_agents)
     for agent in agents:
@@ -388,16 +378,6 @@ def main(argv: list[str] | None = None) -> int:
     ray_line = paired_ratio(selected, "spread 2 ray workers", "spread 2 workers")
     if ray_line is not None:
         print(ray_line)
-    if any(case.name.startswith("spread") for case in selected):
-        bare = [
-            raw_pettingzoo_sps("mpe2/simple_spread_v3", SPREAD_KWARGS, bare=True)
-            for _ in range(options.repeats)
-        ]
-        print(
-            f"simple_spread raw without its assertion-only wrappers and discarded observations "
-            f"(how the adapter steps it): "
-            f"{median(bare):.0f} steps/s"
-        )
     return 0
 
 
