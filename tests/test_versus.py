@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
+from helpers import vector_env
 from pettingzoo import ParallelEnv
 
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
-from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.eval.evaluate import EvalError
 from marl_ppo.eval.random_policy import random_actions
 from marl_ppo.eval.versus import play_vs_random, sides_of
@@ -63,7 +63,7 @@ def _venv(agents, copies=4):
     overrides = [f"env.id={__file__}:duel", "vector=sync", f"num_envs={copies}", "ppo.num_minibatches=1"]
     if agents is not None:
         overrides.append(f"env.kwargs={{agents: {list(agents)}}}")
-    return build_vector_env(load_config(None, overrides))
+    return vector_env(load_config(None, overrides))
 
 
 class Scripted:
@@ -154,7 +154,7 @@ def test_eval_teams_names_the_sides_where_agents_names_do_not():
 
 def test_random_actions_respect_masks_and_bounds():
     pytest.importorskip("pygame")
-    venv = build_vector_env(load_config(None, ["env.id=classic/tictactoe_v3", "vector=sync", "num_envs=3"]))
+    venv = vector_env(load_config(None, ["env.id=classic/tictactoe_v3", "vector=sync", "num_envs=3"]))
     try:
         arrays = venv.reset(0)
         for _ in range(30):
@@ -198,7 +198,7 @@ def test_a_recurrent_policy_plays_random_seats_with_its_states_carried():
     config = load_config(
         None, ["env.id=classic/tictactoe_v3", "vector=sync", "num_envs=2", "model.recurrent=gru"]
     )
-    venv = build_vector_env(config)
+    venv = vector_env(config)
     try:
         torch.manual_seed(0)
         model = TeamModel(venv.spec, config)
