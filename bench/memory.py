@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from marl_ppo.config import load_config
-from marl_ppo.run.host import peak_rss_mb, rss_mb
+from marl_ppo.plan.host import peak_rss_mb, rss_mb
 from marl_ppo.run.loop import train
 
 SPREAD_YAML = Path(__file__).resolve().parents[1] / "experiments" / "mpe" / "simple_spread.yaml"

@@ -34,13 +34,13 @@ def collect_rollout(config, seed=0):
     """Build the config's vector env and a fresh model, and collect one full rollout."""
     import torch
 
-    from marl_ppo.envs.factory import build_vector_env
+    from marl_ppo.envs.factory import build_vector_env, probe_layout
     from marl_ppo.models.team import TeamModel
     from marl_ppo.rollout.buffer import RolloutBuffer
     from marl_ppo.rollout.collector import Collector
 
     torch.manual_seed(seed)
-    venv = build_vector_env(config)
+    venv = build_vector_env(config, probe_layout(config))
     model = TeamModel(venv.spec, config)
     buffer = RolloutBuffer(venv.spec, config.rollout.rollout_steps, config.rollout.num_envs)
     collector = Collector(venv, model, torch.device("cpu"))

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 from conftest import ROOT
+from helpers import vector_env
 
 from marl_ppo.config import load_config
-from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.eval.evaluate import eval_config, run_episodes
 from marl_ppo.eval.versus import play_vs_random
 from marl_ppo.eval.video import record_episode, render_env
@@ -99,7 +99,7 @@ def test_every_acting_caller_gives_the_same_actions_and_log_probs(precision, rec
     pytest.importorskip("pygame")  # mpe2's frames for the recorded episode
     config = _config(precision, recurrent)
     torch.manual_seed(0)
-    venv = build_vector_env(config)
+    venv = vector_env(config)
     model = TeamModel(venv.spec, config)
     recorder = _Recorder(model, monkeypatch)
     taken = {}
@@ -152,7 +152,7 @@ def test_acting_reads_the_weights_when_its_view_is_built():
     """A view built after an update acts with the new weights; one built before keeps the folded
     first layers it read (a view serves one rollout or one set of episodes)."""
     config = _config("fp32", None)
-    spec_env = build_vector_env(eval_config(config, 1))
+    spec_env = vector_env(eval_config(config, 1))
     try:
         spec = spec_env.spec
     finally:

@@ -3,10 +3,10 @@
 import numpy as np
 import torch
 from conftest import values_of
+from helpers import vector_env
 
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.config import load_config
-from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.models.team import TeamModel
 from marl_ppo.run.loop import train
 
@@ -33,7 +33,7 @@ def _learned_value(tmp_path, env_kwargs):
         ],
     )
     train(config, tmp_path)
-    venv = build_vector_env(config)
+    venv = vector_env(config)
     model = TeamModel(venv.spec, config)
     model.load_state_dict(load_checkpoint(tmp_path / "checkpoints/final.pt")["model"])
     arrays = venv.reset(seed=0)

@@ -8,9 +8,10 @@ import pytest
 import torch
 import yaml
 from conftest import ROOT
+from helpers import vector_env
 
 from marl_ppo.config import load_config, yaml_value
-from marl_ppo.envs.factory import build_vector_env, team_spec
+from marl_ppo.envs.factory import probe_spec
 from marl_ppo.eval.random_policy import random_actions
 from marl_ppo.eval.versus import sides_of
 from marl_ppo.registry import registered_specs
@@ -55,8 +56,8 @@ def test_catalog_env_trains_one_update(spec, tmp_path):
         )
     config = load_config(_experiments()[spec.id], ONE_UPDATE)
     file = load_config(_experiments()[spec.id])
-    if file.eval.vs_random is not None:  # its sides exist in the env
-        assert len(sides_of(team_spec(config), file.eval.vs_random, file.eval.teams)) >= 2
+    if file.eval_vs_random is not None:  # its sides exist in the env
+        assert len(sides_of(probe_spec(config), file.eval_vs_random, file.eval_teams)) >= 2
     result = train(config, tmp_path)
     assert result.updates == 1 and result.env_steps == 32
     assert (tmp_path / "checkpoints/final.pt").is_file()
@@ -110,7 +111,7 @@ def test_catalog_env_runs_whole_episodes_with_auto_reset(spec):
         _experiments()[spec.id],
         ["rollout.vector=sync", "rollout.num_envs=2", "ppo.num_minibatches=1", *overrides],
     )
-    venv = build_vector_env(config)
+    venv = vector_env(config)
     torch.manual_seed(0)
     seen, episodes, observations_changed = set(), np.zeros(2, dtype=np.int64), False
     try:
@@ -170,7 +171,7 @@ def test_battle_agents_that_die_leave_mid_episode_and_return_at_the_reset():
         _experiments()["magent2/battle_v4"],
         ["rollout.vector=sync", "rollout.num_envs=1", "env.kwargs.map_size=12", "env.kwargs.max_cycles=100"],
     )
-    venv = build_vector_env(config)
+    venv = vector_env(config)
     (group,) = venv.spec.groups
     red = np.array([agent.startswith("red") for agent in group.agents])
     rng = np.random.default_rng(0)

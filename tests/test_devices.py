@@ -83,14 +83,15 @@ def test_flat_adam_on_the_device_equals_torch_adam(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_vmas_rollout_and_its_batches_stay_on_the_device(device):
     pytest.importorskip("vmas")
-    from marl_ppo.envs.factory import build_vector_env
+    from helpers import vector_env
+
     from marl_ppo.models.team import TeamModel
     from marl_ppo.rollout.buffer import RolloutBuffer
     from marl_ppo.rollout.collector import Collector
 
     config = load_config(None, ["env.id=vmas/navigation", "env.kwargs={max_steps: 4}", "rollout.num_envs=8"])
     where = torch.device(device)
-    venv = build_vector_env(config, where)
+    venv = vector_env(config, where)
     model = TeamModel(venv.spec, config).to(where)
     buffer = RolloutBuffer(venv.spec, 6, config.rollout.num_envs, where)
     collector = Collector(venv, model, where)

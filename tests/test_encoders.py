@@ -8,17 +8,18 @@ import pytest
 import torch
 import yaml
 from conftest import collect_rollout, values_of
+from helpers import vector_env
 
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import ConfigError, PPOConfig, load_config
-from marl_ppo.envs.factory import build_vector_env, team_spec
+from marl_ppo.envs.factory import probe_spec
 from marl_ppo.envs.layout import InputLayout, InputPart, auto_pool, channels_last, layout_of, pool_frame
 from marl_ppo.models.encoders import CnnShape, FeatureEncoder, ImageEncoder, conv_activation_floats
 from marl_ppo.models.team import TeamModel
+from marl_ppo.plan.settle import plan_run
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.loop import train
-from marl_ppo.run.plan import plan_run
 
 SIGNAL, COMPASS = "envs/pixel_signal_v0", "envs/pixel_compass_v0"
 FAST = [
@@ -104,7 +105,7 @@ def test_layout_of_an_image_a_dict_and_a_vector():
 
 def test_image_env_frames_are_stored_as_uint8_pixels_end_to_end():
     config = _config(SIGNAL)
-    spec = team_spec(config)
+    spec = probe_spec(config)
     (group,) = spec.groups
     assert group.obs_dtype == np.uint8 and group.obs_dim == 144
     assert spec.state_dtype == np.uint8 and spec.state_layout.parts[0].chw == (2, 12, 12)
@@ -119,7 +120,7 @@ def test_image_env_frames_are_stored_as_uint8_pixels_end_to_end():
 def test_subprocess_shared_memory_carries_the_frames_bit_for_bit():
     arrays = {}
     for vector in ("sync", "subprocess"):
-        venv = build_vector_env(_config(SIGNAL, f"rollout.vector={vector}"))
+        venv = vector_env(_config(SIGNAL, f"rollout.vector={vector}"))
         try:
             venv.reset(seed=5)
             venv.step({"seer": np.array([[0, 1]] * 4)})
@@ -148,7 +149,7 @@ def test_training_on_frames_gives_the_same_weights_in_sync_and_subprocess_envs(t
 
 def test_rollout_workers_fill_the_buffer_with_frames_their_policy_acted_on():
     config = _config(SIGNAL, "rollout.vector=workers", "rollout.num_workers=2")
-    collector, model = build_collector(config, torch.device("cpu"))
+    collector, model = build_collector(plan_run(config))
     try:
         collector.start(seed=1)
         buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.num_envs)
@@ -169,7 +170,7 @@ def test_rollout_workers_fill_the_buffer_with_frames_their_policy_acted_on():
 
 def test_mlp_encoder_keeps_the_flat_float_input():
     config = _config(SIGNAL, "model.encoder=mlp")
-    spec = team_spec(config)
+    spec = probe_spec(config)
     assert spec.groups[0].obs_dtype == np.float32 and spec.state_dtype == np.float32
     model = TeamModel(spec, config)
     assert model.group("seer").actor.features is None and model.group("seer").critic.images is None
@@ -178,7 +179,7 @@ def test_mlp_encoder_keeps_the_flat_float_input():
 
 def test_cnn_encoder_refuses_an_env_without_images():
     with pytest.raises(ConfigError, match="model.encoder=cnn but no observation or state .* is an image"):
-        team_spec(load_config(None, ["env.id=envs/matrix_game_v0", "model.encoder=cnn"]))
+        probe_spec(load_config(None, ["env.id=envs/matrix_game_v0", "model.encoder=cnn"]))
 
 
 def test_cnn_layer_lists_must_have_one_value_per_layer():
@@ -242,7 +243,7 @@ def test_frames_are_scaled_inside_the_model_and_chw_equals_hwc():
 
 def test_state_critic_reads_the_image_state():
     config = _config(SIGNAL)
-    spec = team_spec(config)
+    spec = probe_spec(config)
     model = TeamModel(spec, config)
     state = torch.full((2, spec.state_dim), 20, dtype=torch.uint8)
     obs = torch.full((2, 2, spec.groups[0].obs_dim), 20, dtype=torch.uint8)
@@ -269,7 +270,7 @@ def test_every_critic_input_kind_takes_frames(critic):
 
 def test_dict_observation_masks_and_stores_its_image_beside_the_vector():
     config = _config(COMPASS)
-    spec = team_spec(config)
+    spec = probe_spec(config)
     (group,) = spec.groups
     assert group.mask_source == "obs" and group.mask_dim == 3 and group.obs_dim == 66
     model, buffer, _ = collect_rollout(config)
@@ -317,7 +318,7 @@ def test_a_recurrent_policy_behind_the_cnn_recomputes_its_acting_log_probs(env_i
         "ppo.chunk_length=3",
     )
     torch.manual_seed(0)
-    collector, model = build_collector(config, torch.device("cpu"))
+    collector, model = build_collector(plan_run(config))
     try:
         collector.start(0)
         buffer = RolloutBuffer(

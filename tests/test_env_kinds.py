@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 from conftest import collect_rollout
+from helpers import vector_env
 from marl_ppo_examples.mixed_actions import MixedActionsEnv
 from pettingzoo.test import parallel_api_test
 
@@ -15,7 +16,6 @@ from marl_ppo.algo.trainer import Trainer
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
-from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.run.loop import train
 
 TINY = [
@@ -44,7 +44,7 @@ def test_heterogeneous_team_with_a_leaver_trains(tmp_path):
 @pytest.mark.parametrize("share_actor", [False, True])
 def test_box_and_multidiscrete_agents_train_together(tmp_path, share_actor):
     config = load_config(None, ["env.id=envs/mixed_actions_v0", f"model.share_actor={share_actor}", *TINY])
-    venv = build_vector_env(config)
+    venv = vector_env(config)
     assert [(g.name, g.action_shape) for g in venv.spec.groups] == [("mover", (2,)), ("signaller", (2,))]
     result = train(config, tmp_path)
     assert result.updates == 2 and result.episodes == 4

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 from gymnasium import spaces
+from helpers import vector_env
 from pettingzoo import ParallelEnv
 
 from marl_ppo.config import load_config
 from marl_ppo.envs.adapters.pettingzoo import ParallelEnvAdapter
-from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.envs.grouping import build_team_spec
 from marl_ppo.envs.spec import TeamArrays
 
@@ -78,7 +78,7 @@ def test_multiwalker_steps_through_a_walkers_fall_and_auto_resets():
         "experiments/sisl/multiwalker_v9.yaml",
         ["rollout.vector=sync", "rollout.num_envs=2", "ppo.num_minibatches=1"],
     )
-    venv = build_vector_env(config)
+    venv = vector_env(config)
     rng = np.random.default_rng(0)
     falls = 0
     try:
@@ -110,7 +110,7 @@ def test_multiwalker_reports_its_time_limit_as_truncation_with_the_state_to_boot
         "experiments/sisl/multiwalker_v9.yaml",
         ["rollout.vector=sync", "rollout.num_envs=1", "ppo.num_minibatches=1", "env.kwargs.max_cycles=5"],
     )
-    venv = build_vector_env(config)
+    venv = vector_env(config)
     try:
         arrays = venv.reset(0)
         zeros = {

@@ -233,7 +233,8 @@ def test_mean_ci95_is_the_student_t_interval():
 
 
 def _never_ending(max_steps):
-    from marl_ppo.envs.factory import build_vector_env
+    from helpers import vector_env
+
     from marl_ppo.models.team import TeamModel
 
     config = load_config(
@@ -244,7 +245,7 @@ def _never_ending(max_steps):
             f"env.kwargs={{num_agents: 2, max_steps: {max_steps}}}",
         ],
     )
-    venv = build_vector_env(config)
+    venv = vector_env(config)
     return venv, TeamModel(venv.spec, config)
 
 

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 from conftest import ROOT
+from marl_ppo.config.records import REMOVED_FAST_KEYS
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
 from marl_ppo.algo.optim import clip_grad_norms, make_optimizer
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.config import ConfigError, load_config
-from marl_ppo.config.fast import REMOVED_FAST_KEYS
-from marl_ppo.envs.factory import make_adapter, team_spec
+from marl_ppo.envs.factory import make_adapter, probe_spec
 from marl_ppo.fast.adam import FlatAdam
 from marl_ppo.fast.screen_copy import one_screen_copy
 from marl_ppo.registry import make_env
@@ -85,7 +85,7 @@ def test_a_pistonball_run_reading_its_own_screen_learns_the_very_same_weights(tm
         pytest.importorskip(module)
     for value, module in (("true", "marl_ppo.fast.screen_copy"), ("false", "pettingzoo.butterfly")):
         config = load_config(PISTONBALL, [*PISTONBALL_TINY, f"fast.screen_copy={value}"])
-        adapter = make_adapter(config, team_spec(config))
+        adapter = make_adapter(config, probe_spec(config))
         assert adapter.env.aec_env.unwrapped.observe.__func__.__module__.startswith(module)
         adapter.close()
     _assert_same_runs(PISTONBALL, PISTONBALL_TINY, ["fast.screen_copy=false"], tmp_path)
@@ -197,7 +197,7 @@ def test_the_recurrent_cell_switch_and_the_activation_reach_every_layer_they_nam
         (["fast.recurrent_cell=false", "model.activation=relu"], True, torch.relu),
     ):
         config = load_config(SPREAD, ["model.recurrent=gru", *overrides])
-        model = TeamModel(team_spec(config), config)
+        model = TeamModel(probe_spec(config), config)
         cells = [m for m in model.modules() if isinstance(m, StackedRecurrent)]
         mlps = [m for m in model.modules() if isinstance(m, AgentMLP)]
         assert len(cells) == 2 and all(cell.library_cell is library for cell in cells), overrides

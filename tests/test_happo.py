@@ -8,13 +8,13 @@ import dataclasses
 import pytest
 import torch
 from conftest import ROOT
+from helpers import vector_env
 
 from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.sequences import policy
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.config import ConfigError, load_config
-from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.collector import Collector
@@ -65,7 +65,7 @@ def _setup(env, *overrides):
     """A HAPPO trainer on a fresh model and the batches of one rollout."""
     config = load_config(None if env is None else ROOT / env, [*SMALL, *HAPPO, *overrides])
     torch.manual_seed(0)
-    venv = build_vector_env(config)
+    venv = vector_env(config)
     model = TeamModel(venv.spec, config)
     buffer = RolloutBuffer(
         venv.spec, config.rollout.rollout_steps, config.rollout.num_envs, memory=model.memory_layout()
@@ -325,7 +325,7 @@ def test_a_checkpoint_with_one_adam_over_every_actor_resumes_each_agents_own():
 def test_a_checkpoint_of_the_other_actor_update_is_refused_in_one_line():
     _, happo, _ = _setup("experiments/mpe/simple_spread.yaml")
     config = load_config(ROOT / "experiments/mpe/simple_spread.yaml", [*SMALL, "model.share_actor=false"])
-    venv = build_vector_env(config)
+    venv = vector_env(config)
     mappo = Trainer(
         TeamModel(venv.spec, config),
         config.ppo.settled(convolutional=False),

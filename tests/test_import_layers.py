@@ -27,6 +27,7 @@ LAYERS = [
     ),
     ("marl_ppo.envs",),
     ("marl_ppo.models",),  # the networks and their value normalizers
+    ("marl_ppo.plan",),  # the run settled once: what every builder below the run takes
     ("marl_ppo.rollout",),
     ("marl_ppo.algo",),
     ("marl_ppo.eval",),

@@ -5,12 +5,12 @@ import json
 import torch
 import yaml
 from conftest import ROOT
+from helpers import vector_env
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.cli import main
 from marl_ppo.config import build_config, load_config
-from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.models.team import TeamModel
 from marl_ppo.run.loop import train
 
@@ -62,7 +62,7 @@ def test_two_updates_log_every_tag_and_write_a_loadable_checkpoint(spread_config
     assert payload["updates"] == 2 and payload["env_steps"] == 100
     config = build_config(payload["config"])
     assert config == spread_config
-    model = TeamModel(build_vector_env(config).spec, config)
+    model = TeamModel(vector_env(config).spec, config)
     model.load_state_dict(payload["model"])
     assert (tmp_path / "checkpoints/latest.pt").is_file()
 

@@ -8,14 +8,14 @@ so only the first run on a machine pays the compile (tens of seconds for SMAX).
 import numpy as np
 import pytest
 import torch
+from helpers import vector_env
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from marl_ppo.config import load_config
-from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.envs.vector.base import VectorEnv, WinsEpisodes
+from marl_ppo.plan.settle import plan_run
 from marl_ppo.registry import EnvError, env_spec, id_families
 from marl_ppo.run.loop import train
-from marl_ppo.run.plan import plan_run
 
 pytestmark = pytest.mark.jax  # JAX is imported inside the tests, so that collecting them loads nothing
 
@@ -26,7 +26,7 @@ def _venv(name, copies=COPIES, **kwargs):
     overrides = [f"env.id=jaxmarl/{name}", f"rollout.num_envs={copies}"]
     if kwargs:
         overrides.append("env.kwargs={" + ", ".join(f"{k}: {v}" for k, v in kwargs.items()) + "}")
-    return build_vector_env(load_config(None, overrides))
+    return vector_env(load_config(None, overrides))
 
 
 def _allowed_actions(venv, generator):
@@ -173,7 +173,7 @@ def test_saved_copies_continue_exactly():
 
 def test_the_learner_keeps_one_torch_thread_beside_jax():
     plan = plan_run(load_config(None, ["env.id=jaxmarl/smax_3m", "rollout.num_envs=4"]))
-    assert plan.threads == 1 and plan.config.rollout.vector == "sync" and plan.spec is None
+    assert plan.threads == 1 and plan.config.rollout.vector == "sync" and plan.batched
 
 
 @pytest.mark.parametrize(

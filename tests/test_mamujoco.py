@@ -6,10 +6,11 @@ import json
 import numpy as np
 import pytest
 from conftest import ROOT
+from helpers import vector_env
 
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
-from marl_ppo.envs.factory import build_vector_env, team_spec
+from marl_ppo.envs.factory import probe_spec
 from marl_ppo.registry import EnvError, env_spec, make_env, registered_ids
 from marl_ppo.run.loop import train
 
@@ -32,7 +33,7 @@ def test_ids_split_the_robot_between_agents_and_give_the_critic_the_robot_state(
 
 def test_the_team_critic_reads_the_env_state_and_the_actions_are_boxes():
     config = load_config(HALFCHEETAH, ["rollout.num_envs=2", "rollout.vector=sync"])
-    spec = team_spec(config)
+    spec = probe_spec(config)
     (group,) = spec.groups
     assert group.agents == ("agent_0", "agent_1") and group.action_shape == (3,)
     assert spec.state_dim == 17  # the env's state, not the 22 numbers of the two observations
@@ -40,7 +41,7 @@ def test_the_team_critic_reads_the_env_state_and_the_actions_are_boxes():
 
 def test_the_1000_step_limit_is_a_truncation_and_a_fall_a_termination():
     config = load_config(HALFCHEETAH, ["rollout.num_envs=1", "rollout.vector=sync"])
-    venv = build_vector_env(config)
+    venv = vector_env(config)
     rng = np.random.default_rng(0)
     try:
         arrays = venv.reset(0)
@@ -224,7 +225,7 @@ def test_a_run_on_the_librarys_step_learns_the_very_same_weights(tmp_path):
 def test_the_switch_picks_the_step_each_env_copy_takes():
     kinds = {}
     for switch in ("true", "false"):
-        venv = build_vector_env(
+        venv = vector_env(
             load_config(
                 HALFCHEETAH, ["rollout.num_envs=2", "rollout.vector=sync", f"fast.mamujoco_gather={switch}"]
             )

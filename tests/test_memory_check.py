@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT
 
 from marl_ppo.config import ConfigError, load_config
-from marl_ppo.envs.factory import team_spec
+from marl_ppo.envs.factory import probe_spec
 from marl_ppo.run import memory
 from marl_ppo.run.loop import train
 
@@ -22,7 +22,7 @@ def test_the_buffer_estimate_counts_frames_at_one_byte_per_pixel():
     floats = load_config(
         None, [*SIGNAL, "rollout.num_envs=4", "rollout.rollout_steps=10", "model.encoder=mlp"]
     )
-    small, large = (memory.estimate_memory(team_spec(c), c) for c in (frames, floats))
+    small, large = (memory.estimate_memory(probe_spec(c), c) for c in (frames, floats))
     # per env step: 2 agents' 144-pixel images and the 288-pixel state, 1 byte each against 4; per
     # agent an int64 action (8), four float32 fields (16) and three flags (3)
     per_step_frames = 288 + 2 * (144 + 8 + 16 + 3)
@@ -33,7 +33,7 @@ def test_the_buffer_estimate_counts_frames_at_one_byte_per_pixel():
 
 def test_the_network_estimate_is_weights_gradients_and_two_adam_moments():
     config = load_config(None, [*SIGNAL, "model.encoder=mlp", "model.hidden_sizes=[8]"])
-    estimate = memory.estimate_memory(team_spec(config), config)
+    estimate = memory.estimate_memory(probe_spec(config), config)
     # actors (per agent): LayerNorm 2*144, layers 144*8+8 and 8*4+4; the state critic (shared, with
     # an agent id): LayerNorm 2*288, layers (288+2)*8+8 and 8+1
     params = 2 * (2 * 144 + 144 * 8 + 8 + 8 * 4 + 4) + (2 * 288 + 290 * 8 + 8 + 8 + 1)
@@ -85,7 +85,7 @@ def test_memory_check_false_runs_anyway_and_the_summary_logs_the_estimate(tmp_pa
     train(load_config(None, [*overrides, "host.memory_check=false"]), tmp_path / "run")
     summary = json.loads((tmp_path / "run/summary.json").read_text())
     config = load_config(None, [*overrides, "host.memory_check=false"])
-    expected = memory.estimate_memory(team_spec(config), config).total / 2**20
+    expected = memory.estimate_memory(probe_spec(config), config).total / 2**20
     assert summary["memory_estimate_mb"] == pytest.approx(expected)
     assert summary["peak_rss_mb"] > 0
 
@@ -94,8 +94,8 @@ def test_pistonball_without_an_experiment_file_is_estimated_under_2_gb():
     pytest.importorskip("pymunk")
     pistons = ["env.id=butterfly/pistonball_v6", "rollout.num_envs=2", "rollout.vector=sync"]
     config = load_config(None, pistons)
-    estimate = memory.estimate_memory(team_spec(config), config)
+    estimate = memory.estimate_memory(probe_spec(config), config)
     assert estimate.total < 2 * 2**30
     # the flat-vector networks of full frames that the CNN and pooling replace: over 10 GB
     flat = load_config(None, [*pistons, "model.encoder=mlp", "env.image_pool=1"])
-    assert memory.estimate_memory(team_spec(flat), flat).total > 10 * 2**30
+    assert memory.estimate_memory(probe_spec(flat), flat).total > 10 * 2**30

@@ -69,7 +69,8 @@ def test_bf16_acting_and_learning_agree_so_every_first_ratio_is_one(critic, devi
     with float32 products on bfloat16's grid (`models.acting.ActingMLP`), whose sums may run in another
     order than the update's bfloat16 products: there an entry may differ by one bfloat16 rounding."""
     pytest.importorskip("vmas")
-    from marl_ppo.envs.factory import build_vector_env
+    from helpers import vector_env
+
     from marl_ppo.models.team import TeamModel
     from marl_ppo.rollout.buffer import RolloutBuffer
     from marl_ppo.rollout.collector import Collector
@@ -83,7 +84,7 @@ def test_bf16_acting_and_learning_agree_so_every_first_ratio_is_one(critic, devi
     config = load_config(None, [*overrides, "model.precision=bf16"])
     where = torch.device(device)
     torch.manual_seed(0)
-    venv = build_vector_env(config, where)
+    venv = vector_env(config, where)
     model = TeamModel(venv.spec, config).to(where)
     buffer = RolloutBuffer(venv.spec, config.rollout.rollout_steps, config.rollout.num_envs, where)
     collector = Collector(venv, model, where)

@@ -6,10 +6,10 @@ import json
 import numpy as np
 import torch
 from conftest import ROOT
+from helpers import vector_env
 
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.config import build_config, load_config
-from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.eval.evaluate import eval_config, eval_seed, run_episodes
 from marl_ppo.eval.from_checkpoint import evaluate_checkpoint
 from marl_ppo.models.team import TeamModel
@@ -49,7 +49,7 @@ def test_evaluations_the_best_policy_and_its_absolute_metric_are_recorded(tmp_pa
     assert metric["best_eval_team_return"] == means[best]
     # the same policy replayed on its own gives the same 20 episodes
     config = build_config(checkpoint["config"])
-    venv = build_vector_env(eval_config(config, config.eval.episodes))
+    venv = vector_env(eval_config(config, config.eval.episodes))
     model = TeamModel(venv.spec, config)
     model.load_state_dict(checkpoint["model"])
     seed = eval_seed(config) + ABSOLUTE_SEED_OFFSET

@@ -18,6 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from marl_ppo.checkpoint import load_checkpoint, periodic_path
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
+from marl_ppo.plan.settle import plan_run
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.loop import train
@@ -95,8 +96,7 @@ def test_one_ray_worker_collects_and_trains_exactly_as_one_local_worker(two_node
     for vector in ("workers", "ray"):
         torch.manual_seed(0)
         source, model = build_collector(
-            dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vector=vector)),
-            torch.device("cpu"),
+            plan_run(dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vector=vector)))
         )
         try:
             source.start(seed=3)
@@ -387,7 +387,7 @@ def test_a_lost_worker_rejoins_with_the_current_weights_once_its_node_is_back(tw
         "ray.placement=spread",
     )
     torch.manual_seed(0)
-    source, model = build_collector(config, torch.device("cpu"))
+    source, model = build_collector(plan_run(config))
     buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.num_envs)
     try:
         source.start(seed=0)

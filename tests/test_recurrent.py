@@ -20,6 +20,7 @@ from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.config import ConfigError, load_config
 from marl_ppo.models.layers import stacked_linear
 from marl_ppo.models.recurrent import StackedRecurrent
+from marl_ppo.plan.settle import plan_run
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.loop import train
@@ -52,7 +53,7 @@ def _spread(tiny_overrides, *extra):
 
 def _collect(config, seed=0):
     torch.manual_seed(seed)
-    collector, model = build_collector(config, torch.device("cpu"))
+    collector, model = build_collector(plan_run(config))
     try:
         collector.start(seed)
         buffer = RolloutBuffer(
@@ -214,8 +215,7 @@ def test_the_recurrent_policy_acts_alike_in_every_collection_mode(tiny_overrides
     for mode in ("sync", vector):
         torch.manual_seed(0)
         collector, model = build_collector(
-            dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vector=mode)),
-            torch.device("cpu"),
+            plan_run(dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vector=mode)))
         )
         model.load_state_dict(reference.state_dict())
         try:
@@ -418,7 +418,8 @@ def test_a_recurrent_run_evaluates_deterministic_and_sampled_and_records_a_gif(t
 
 def test_a_recurrent_policy_in_vmas_restarts_the_states_of_finished_copies():
     pytest.importorskip("vmas")
-    from marl_ppo.envs.factory import build_vector_env
+    from helpers import vector_env
+
     from marl_ppo.models.team import TeamModel
     from marl_ppo.rollout.collector import Collector
 
@@ -426,7 +427,7 @@ def test_a_recurrent_policy_in_vmas_restarts_the_states_of_finished_copies():
         None,
         ["env.id=vmas/navigation", "env.kwargs={max_steps: 4}", "rollout.num_envs=4", "model.recurrent=gru"],
     )
-    venv = build_vector_env(config)
+    venv = vector_env(config)
     torch.manual_seed(0)
     model = TeamModel(venv.spec, config)
     cpu = torch.device("cpu")
@@ -445,8 +446,9 @@ def test_a_recurrent_policy_in_vmas_restarts_the_states_of_finished_copies():
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_recurrent_vmas_rollout_and_update_stay_on_the_device(device):
     pytest.importorskip("vmas")
+    from helpers import vector_env
+
     from marl_ppo.algo.batch import rollout_batches
-    from marl_ppo.envs.factory import build_vector_env
     from marl_ppo.models.team import TeamModel
     from marl_ppo.rollout.collector import Collector
 
@@ -462,7 +464,7 @@ def test_a_recurrent_vmas_rollout_and_update_stay_on_the_device(device):
             "ppo.num_minibatches=2",
         ],
     )
-    venv = build_vector_env(config, where)
+    venv = vector_env(config, where)
     torch.manual_seed(0)
     model = TeamModel(venv.spec, config).to(where)
     buffer = RolloutBuffer(venv.spec, 8, config.rollout.num_envs, where, model.memory_layout())
@@ -522,7 +524,7 @@ def test_a_groups_carries_start_afresh_where_its_team_episode_ends(tiny_override
     from marl_ppo.rollout.memory import make_memory
 
     config = _spread(tiny_overrides, "ppo.critic=team")
-    spec = build_collector(config, torch.device("cpu"))[1].spec
+    spec = build_collector(plan_run(config))[1].spec
     model = TeamModel(spec, config)
     memory = make_memory(model, 1, torch.device("cpu"))
     policy = ActingView(model)

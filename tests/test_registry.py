@@ -165,12 +165,13 @@ def test_a_missing_dependency_of_an_env_module_names_the_pip_install(tmp_path, m
 
 
 def test_a_batched_envs_kwargs_cannot_name_what_the_run_sets():
+    from helpers import vector_env
+
     from marl_ppo.config import load_config
-    from marl_ppo.envs.factory import build_vector_env
 
     config = load_config(None, ["env.id=vmas/navigation", "env.kwargs.num_envs=4"])
     with pytest.raises(EnvError, match=r"the run sets its num_envs .*; drop env.kwargs.num_envs$"):
-        build_vector_env(config)
+        vector_env(config)
 
 
 def test_help_and_envs_import_neither_torch_nor_numpy_nor_pydantic():

@@ -10,7 +10,10 @@ import pytest
 import torch
 
 from marl_ppo.config import load_config
+from marl_ppo.envs.factory import probe_layout
+from marl_ppo.envs.spec import BatchedLayout
 from marl_ppo.models.encoders import has_cnn
+from marl_ppo.plan.settle import plan_run
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.slice import worker_seed
 from marl_ppo.run.build import build_collector
@@ -39,7 +42,7 @@ def _workers(config, num_workers, policy_lag=0):
             config.rollout, vector="workers", num_workers=num_workers, policy_lag=policy_lag
         ),
     )
-    return build_collector(config, torch.device("cpu"))
+    return build_collector(plan_run(config))
 
 
 def _sync_slice(config, model, envs, seed, worker, rollouts):
@@ -47,7 +50,7 @@ def _sync_slice(config, model, envs, seed, worker, rollouts):
     sliced = dataclasses.replace(
         config, rollout=dataclasses.replace(config.rollout, num_envs=len(envs), vector="sync")
     )
-    collector, _ = build_collector(sliced, torch.device("cpu"))
+    collector, _ = build_collector(plan_run(sliced))
     collector.model = model  # act with the workers' weights
     collector.start(seed + envs.start)
     torch.manual_seed(worker_seed(seed, worker))
@@ -179,9 +182,13 @@ def test_policy_lag_is_zero_without_rollout_workers(tiny_overrides):
         config = load_config(
             SPREAD_YAML, [*tiny_overrides, f"rollout.vector={vector}", "rollout.policy_lag=1"]
         )
-        assert resolve_vector(config).rollout.policy_lag == 0
+        assert resolve_vector(config, batched=False, step_seconds=_untimed).policy_lag == 0
     config = load_config(SPREAD_YAML, [*tiny_overrides, "rollout.vector=workers", "rollout.policy_lag=1"])
-    assert resolve_vector(config).rollout.policy_lag == 1
+    assert resolve_vector(config, batched=False, step_seconds=_untimed).policy_lag == 1
+
+
+def _untimed() -> float:
+    raise AssertionError("an explicit vector mode needs no step timing")
 
 
 def test_a_killed_worker_stops_the_run_with_a_clear_error(tiny_overrides):
@@ -216,23 +223,29 @@ def test_auto_vector_picks_by_cores_copies_and_step_cost(
     import marl_ppo.envs.factory as factory
 
     monkeypatch.setattr(factory, "usable_cores", lambda: cores)
-    monkeypatch.setattr(factory, "probe_step_seconds", lambda config: step_s)
     config = load_config(
         SPREAD_YAML,
         [*tiny_overrides, "rollout.vector=auto", f"rollout.num_envs={num_envs}", "rollout.policy_lag=1"],
     )
-    resolved = factory.resolve_vector(config)
-    assert resolved.rollout.vector == expected
-    assert resolved.rollout.policy_lag == (1 if expected == "workers" else 0)
+    resolved = factory.resolve_vector(config, batched=False, step_seconds=lambda: step_s)
+    assert resolved.vector == expected
+    assert resolved.policy_lag == (1 if expected == "workers" else 0)
     if expected == "workers":  # two workers, whether the copies are split in halves or one each
         assert resolved.rollout.num_workers == 2
 
 
 def test_auto_vector_probe_tells_a_toy_env_from_simple_spread(tiny_overrides):
-    from marl_ppo.envs.factory import probe_step_seconds
+    from marl_ppo.envs.factory import make_team_env, probe_step_seconds, team_spec
 
-    spread = probe_step_seconds(load_config(SPREAD_YAML, tiny_overrides))
-    toy = probe_step_seconds(load_config(None, [*tiny_overrides, "env.id=envs/matrix_game_v0"]))
+    def step_seconds(config):
+        probe = make_team_env(config)
+        try:
+            return probe_step_seconds(config, probe, team_spec(config, probe))
+        finally:
+            probe.close()
+
+    spread = step_seconds(load_config(SPREAD_YAML, tiny_overrides))
+    toy = step_seconds(load_config(None, [*tiny_overrides, "env.id=envs/matrix_game_v0"]))
     # A ratio within one process, not a wall-clock bound: a loaded machine slows both probes alike
     # (about 10x apart on an idle one), while the fixed threshold is tested with a patched probe above.
     assert spread > 3 * toy
@@ -250,18 +263,18 @@ def test_auto_vector_probe_tells_a_toy_env_from_simple_spread(tiny_overrides):
 def test_learner_threads_are_one_except_for_batched_simulators(
     tiny_overrides, monkeypatch, overrides, expected
 ):
-    import marl_ppo.run.host as host
+    import marl_ppo.plan.host as host
 
     monkeypatch.setattr(host, "usable_cores", lambda: 2)
     config = load_config(SPREAD_YAML, [*tiny_overrides, *overrides])
-    assert host.learner_threads(config) == expected
+    assert host.learner_threads(config, probe_layout(config)) == expected
 
 
 @pytest.mark.parametrize(("encoder", "expected"), [("cnn", 2), ("mlp", 1)])
 def test_a_cnn_learner_gets_every_core(monkeypatch, encoder, expected):
     """Convolutions over many frames per minibatch use the cores the env copies leave idle while a
     synchronous run learns; the same image env through an MLP stays on one thread."""
-    import marl_ppo.run.host as host
+    import marl_ppo.plan.host as host
     from marl_ppo.run.build import build_collector
 
     monkeypatch.setattr(host, "usable_cores", lambda: 2)
@@ -274,9 +287,10 @@ def test_a_cnn_learner_gets_every_core(monkeypatch, encoder, expected):
             f"model.encoder={encoder}",
         ],
     )
-    _, model = build_collector(config, torch.device("cpu"))
-    assert host.learner_threads(config) == 1
-    assert host.learner_threads(config, convolutional=has_cnn(model)) == expected
+    _, model = build_collector(plan_run(config))
+    layout = probe_layout(config)
+    assert host.learner_threads(config, layout) == 1
+    assert host.learner_threads(config, layout, convolutional=has_cnn(model)) == expected
 
 
 @pytest.mark.parametrize(
@@ -296,8 +310,8 @@ def test_a_cnn_learner_gets_every_core(monkeypatch, encoder, expected):
 def test_a_cnn_learner_leaves_the_cores_its_workers_use(monkeypatch, overrides, cores, expected):
     """torch_threads: auto never oversubscribes the cores with the run's own processes: acting leaves
     the workers theirs, an update without policy lag (the workers idle) takes them all."""
-    import marl_ppo.run.host as host
-    from marl_ppo.run.plan import plan_run
+    import marl_ppo.plan.host as host
+    from marl_ppo.plan.settle import plan_run
 
     monkeypatch.setattr(host, "usable_cores", lambda: cores)
     written = ["env.id=envs/pixel_signal_v0", "rollout.num_envs=4", "model.encoder=cnn", *overrides]
@@ -314,7 +328,7 @@ def test_a_cnn_run_updates_on_every_core_and_acts_on_the_cores_its_workers_leave
     tiny_overrides, monkeypatch, tmp_path
 ):
     """The thread count switches around each update, and back before the next rollout."""
-    import marl_ppo.run.host as host
+    import marl_ppo.plan.host as host
     from marl_ppo.algo.trainer import Trainer
 
     monkeypatch.setattr(host, "usable_cores", lambda: 2)
@@ -346,20 +360,27 @@ def test_a_cnn_run_updates_on_every_core_and_acts_on_the_cores_its_workers_leave
 
 
 def test_acting_that_dwarfs_the_env_steps_with_several_threads_gets_one_line_naming_the_key():
-    from marl_ppo.run.host import acting_hint
+    from marl_ppo.plan.host import acting_hint
 
     sync = load_config(None, ["rollout.vector=sync"])
-    line = acting_hint(sync, threads=2, act_s=24.5, env_s=1.2)
+    layout = probe_layout(sync)
+    line = acting_hint(sync, layout, threads=2, act_s=24.5, env_s=1.2)
     assert (
         line is not None
         and "host.torch_threads=1" in line
         and "24.50 s per update" in line
         and "\n" not in line
     )
-    assert acting_hint(sync, threads=1, act_s=24.5, env_s=1.2) is None  # one thread already
-    assert acting_hint(sync, threads=2, act_s=2.0, env_s=1.2) is None  # the env steps take their share
+    assert acting_hint(sync, layout, threads=1, act_s=24.5, env_s=1.2) is None  # one thread already
+    assert (
+        acting_hint(sync, layout, threads=2, act_s=2.0, env_s=1.2) is None
+    )  # the env steps take their share
     workers = load_config(None, ["rollout.vector=workers"])
-    assert acting_hint(workers, threads=2, act_s=24.5, env_s=1.2) is None  # workers act, on one thread each
+    assert (
+        acting_hint(workers, layout, threads=2, act_s=24.5, env_s=1.2) is None
+    )  # workers act, one thread each
+    # a batched simulator acts in this process whatever `vector` says
+    assert acting_hint(workers, BatchedLayout(), threads=2, act_s=24.5, env_s=1.2) is not None
 
 
 @pytest.mark.parametrize(
@@ -385,7 +406,7 @@ def test_a_run_keeps_busy_its_workers_or_its_learner_threads_whichever_are_more(
 ):
     """What a sweep divides the cores by: an image env's CNN learner counts every core, before any
     model is built."""
-    import marl_ppo.run.host as host
+    import marl_ppo.plan.host as host
 
     monkeypatch.setattr(host, "usable_cores", lambda: 8)
     config = load_config(None, ["env.id=envs/pixel_signal_v0", "rollout.num_envs=2", *overrides])

@@ -1,5 +1,5 @@
-"""The run settled once (`run.plan`): one probe env copy, one `resolve_vector`, every `auto` settled and
-recorded, and the builders and the trainer refusing what is not settled."""
+"""The run settled once (`marl_ppo.plan`): one probe env copy, one `resolve_vector`, every `auto` settled and
+recorded, the trainer refusing what is not settled, and an evaluation planned from its checkpoint."""
 
 from __future__ import annotations
 
@@ -13,13 +13,14 @@ import yaml
 from conftest import ROOT
 
 import marl_ppo.envs.factory as factory
-import marl_ppo.run.host as host
+import marl_ppo.plan.host as host
 import marl_ppo.run.loop as loop
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import config_to_dict, load_config
+from marl_ppo.envs.spec import BatchedLayout, TeamSpec
+from marl_ppo.eval.from_checkpoint import evaluate_checkpoint
 from marl_ppo.models.team import TeamModel
-from marl_ppo.run.build import build_collector
-from marl_ppo.run.plan import plan_run
+from marl_ppo.plan.settle import plan_run
 from marl_ppo.run.resume import resume_config
 
 SPREAD_YAML = ROOT / "experiments/mpe/simple_spread.yaml"
@@ -124,8 +125,8 @@ def test_the_plan_settles_every_auto_and_config_yaml_records_its_config(tmp_path
     assert (settled.host.device, settled.host.torch_threads) == ("auto", "auto")
     assert plan.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert (plan.threads, plan.build_threads, plan.convolutional) == (1, 1, False)
-    assert plan.spec is not None and [g.name for g in plan.spec.groups] == ["agent"]
-    assert plan.spec.groups[0].agents == ("agent_0", "agent_1", "agent_2")
+    assert isinstance(plan.layout, TeamSpec) and [g.name for g in plan.layout.groups] == ["agent"]
+    assert plan.layout.groups[0].agents == ("agent_0", "agent_1", "agent_2")
     loop.train(config, tmp_path / "run")
     recorded = yaml.safe_load((tmp_path / "run/config.yaml").read_text())
     assert recorded == config_to_dict(settled)
@@ -147,16 +148,22 @@ def test_a_batched_simulator_is_planned_without_a_probe_copy(monkeypatch):
     plan = plan_run(
         load_config(None, ["env.id=vmas/navigation", "rollout.num_envs=4", "rollout.vector=auto"])
     )
-    assert plan.spec is None and plan.config.rollout.vector == "sync"
+    assert plan.layout == BatchedLayout() and plan.config.rollout.vector == "sync"
     assert counts.calls == {"env copies": 0, "resolve_vector": 1, "team layouts": 0}
 
 
-def test_the_trainer_and_the_collector_refuse_an_unsettled_config():
+def test_the_trainer_refuses_an_unsettled_config():
     config = load_config(SPREAD_YAML, [*TINY, "rollout.vector=auto"])
     plan = plan_run(dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vector="sync")))
-    model = TeamModel(plan.spec, plan.config)
+    assert isinstance(plan.layout, TeamSpec)
+    model = TeamModel(plan.layout, plan.config)
     with pytest.raises(ValueError, match=r"ppo.train_pi_iters is still auto; settle it first"):
         Trainer(model, config.ppo, generator=torch.Generator())
     assert Trainer(model, plan.config.ppo, generator=torch.Generator()).ppo.train_vf_iters == 10
-    with pytest.raises(ValueError, match=r"build_collector needs a settled config \(rollout.vector=auto\)"):
-        build_collector(config, torch.device("cpu"), plan.spec)
+
+
+def test_an_evaluation_reads_its_layout_from_one_probe_copy_of_its_own(tmp_path, monkeypatch):
+    loop.train(load_config(SPREAD_YAML, [*TINY, "rollout.vector=sync"]), tmp_path / "run")
+    counts = Counts(monkeypatch)
+    evaluate_checkpoint(tmp_path / "run", episodes=3)
+    assert counts.calls == {"env copies": 1 + 3, "resolve_vector": 0, "team layouts": 1}

@@ -7,7 +7,7 @@ from conftest import collect_rollout
 from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import load_config
-from marl_ppo.envs.factory import team_spec
+from marl_ppo.envs.factory import probe_spec
 from marl_ppo.envs.layout import InputLayout, InputPart
 from marl_ppo.models.encoders import CnnShape, FeatureEncoder, ReusedFeatures
 from marl_ppo.models.team import TeamModel
@@ -31,12 +31,12 @@ SHARED = [
 
 def test_the_critic_reads_the_actors_cnn_and_its_optimizer_leaves_it_to_the_actors():
     config = load_config(None, SHARED)
-    model = TeamModel(team_spec(config), config)
+    model = TeamModel(probe_spec(config), config)
     actor, critic, _ = model.group("seer")
     assert isinstance(actor.features, ReusedFeatures) and critic.images.obs is actor.features
     cnn = {id(p) for p in actor.features.parameters()}
     assert cnn and not cnn & {id(p) for p in model.critic_parameters()}
-    separate = TeamModel(team_spec(config), load_config(None, [*SHARED, "model.shared_cnn=false"]))
+    separate = TeamModel(probe_spec(config), load_config(None, [*SHARED, "model.shared_cnn=false"]))
     own_cnn = sum(p.numel() for p in separate.group("seer").critic.images.parameters())
     count = sum(p.numel() for p in model.parameters())
     assert count == sum(p.numel() for p in separate.parameters()) - own_cnn

@@ -18,7 +18,8 @@ from marl_ppo.analysis.sweep import parse_grid, plan_sweep, split_values
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.cli import main
 from marl_ppo.config import config_to_dict, load_config
-from marl_ppo.run.host import settled_epochs
+from marl_ppo.envs.factory import probe_layout
+from marl_ppo.plan.host import settled_epochs
 
 TINY_MATRIX = {
     "env": {"id": "envs/matrix_game_v0"},
@@ -308,9 +309,9 @@ def test_auto_epochs_reuse_only_a_run_that_trained_the_epochs_auto_gives_now():
     recorded = config_to_dict(planned)
     recorded["ppo"].update(train_pi_iters=10, train_vf_iters=10)  # a run of the earlier default
     epochs = ["ppo.train_pi_iters", "ppo.train_vf_iters"]
-    assert sweep_module.config_differences(settled_epochs(planned), recorded) == epochs
+    assert sweep_module.config_differences(settled_epochs(planned, probe_layout(planned)), recorded) == epochs
     recorded["ppo"].update(train_pi_iters=4, train_vf_iters=4)
-    assert sweep_module.config_differences(settled_epochs(planned), recorded) == []
+    assert sweep_module.config_differences(settled_epochs(planned, probe_layout(planned)), recorded) == []
 
 
 def test_auto_choices_recorded_by_a_finished_run_match_the_auto_it_was_started_with():
@@ -320,9 +321,12 @@ def test_auto_choices_recorded_by_a_finished_run_match_the_auto_it_was_started_w
     recorded["host"]["torch_threads"] = 1
     recorded["model"]["precision"] = "fp32"
     recorded["ppo"].update(train_pi_iters=10, train_vf_iters=10)
-    assert sweep_module.config_differences(settled_epochs(planned), recorded) == []
-    recorded["seed"], recorded["ppo"]["gamma"] = 4, 0.5
-    assert sweep_module.config_differences(settled_epochs(planned), recorded) == ["ppo.gamma", "seed"]
+    assert sweep_module.config_differences(settled_epochs(planned, probe_layout(planned)), recorded) == []
+    recorded.update(seed=4, gamma=0.5)
+    assert sweep_module.config_differences(settled_epochs(planned, probe_layout(planned)), recorded) == [
+        "gamma",
+        "seed",
+    ]
     without_lag = load_config(None, ["env.id=envs/matrix_game_v0"])  # auto, policy_lag 0
     recorded = config_to_dict(without_lag)
     recorded["rollout"].update(vector="workers", policy_lag=1)  # auto never turns lag on: started otherwise

@@ -102,14 +102,15 @@ class _Rollouts:
     """One model collecting rollout after rollout from its env copies, as the training loop does."""
 
     def __init__(self, config, seed=0):
-        from marl_ppo.envs.factory import build_vector_env
+        from helpers import vector_env
+
         from marl_ppo.models.team import TeamModel
         from marl_ppo.rollout.buffer import RolloutBuffer
         from marl_ppo.rollout.collector import Collector
 
         torch.manual_seed(seed)
         self.config = config
-        venv = build_vector_env(config)
+        venv = vector_env(config)
         self.model = TeamModel(venv.spec, config)
         self.buffer = RolloutBuffer(venv.spec, config.rollout.rollout_steps, config.rollout.num_envs)
         self.collector = Collector(venv, self.model, torch.device("cpu"))

@@ -12,7 +12,7 @@ from conftest import ROOT
 from user_env_files import write_env_file
 
 from marl_ppo.config import load_config
-from marl_ppo.envs.factory import make_adapter, team_spec
+from marl_ppo.envs.factory import make_adapter, probe_spec
 from marl_ppo.envs.vector.subprocess import SubprocessVectorEnv
 from marl_ppo.envs.vector.sync import SyncVectorEnv
 from marl_ppo.registry import EnvError, make_env, resolve_factory
@@ -56,7 +56,7 @@ def test_spawned_worker_processes_load_the_file_again(tmp_path):
     config = load_config(
         None, [f"env.id={path}:mine/rendezvous_spawn_v0", "rollout.num_envs=2", "rollout.vector=sync"]
     )
-    make_copy = functools.partial(make_adapter, config, team_spec(config))
+    make_copy = functools.partial(make_adapter, config, probe_spec(config))
     sync = SyncVectorEnv(make_copy, num_envs=2)
     spawned = SubprocessVectorEnv(make_copy, num_envs=2, num_workers=2, start_method="spawn", timeout_s=60)
     try:

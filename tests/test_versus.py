@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
+from helpers import vector_env
 from pettingzoo import ParallelEnv
 
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
-from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.eval.evaluate import EvalError
 from marl_ppo.eval.random_policy import random_actions
 from marl_ppo.eval.versus import play_vs_random, sides_of
@@ -68,7 +68,7 @@ def _venv(agents, copies=4):
     ]
     if agents is not None:
         overrides.append(f"env.kwargs={{agents: {list(agents)}}}")
-    return build_vector_env(load_config(None, overrides))
+    return vector_env(load_config(None, overrides))
 
 
 class Scripted:
@@ -159,7 +159,7 @@ def test_eval_teams_names_the_sides_where_agents_names_do_not():
 
 def test_random_actions_respect_masks_and_bounds():
     pytest.importorskip("pygame")
-    venv = build_vector_env(
+    venv = vector_env(
         load_config(None, ["env.id=classic/tictactoe_v3", "rollout.vector=sync", "rollout.num_envs=3"])
     )
     try:
@@ -212,7 +212,7 @@ def test_a_recurrent_policy_plays_random_seats_with_its_states_carried():
         None,
         ["env.id=classic/tictactoe_v3", "rollout.vector=sync", "rollout.num_envs=2", "model.recurrent=gru"],
     )
-    venv = build_vector_env(config)
+    venv = vector_env(config)
     try:
         torch.manual_seed(0)
         model = TeamModel(venv.spec, config)

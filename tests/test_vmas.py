@@ -5,8 +5,9 @@ import torch
 
 pytest.importorskip("vmas")
 
+from helpers import vector_env  # noqa: E402
+
 from marl_ppo.config import load_config  # noqa: E402
-from marl_ppo.envs.factory import build_vector_env  # noqa: E402
 from marl_ppo.envs.vmas.adapter import SlowResetWarning  # noqa: E402
 from marl_ppo.models.team import TeamModel  # noqa: E402
 from marl_ppo.rollout.buffer import RolloutBuffer  # noqa: E402
@@ -20,7 +21,7 @@ def _config(max_steps):
 
 
 def test_spec_and_tensor_arrays():
-    venv = build_vector_env(_config(5))
+    venv = vector_env(_config(5))
     (group,) = venv.spec.groups
     assert group.agents == ("agent_0", "agent_1", "agent_2", "agent_3") and group.obs_dim == 18
     assert group.action_shape == (2,) and venv.spec.state_dim == 4 * 18
@@ -32,7 +33,7 @@ def test_spec_and_tensor_arrays():
 
 
 def test_truncation_keeps_the_final_observation_then_resets():
-    venv = build_vector_env(_config(3))
+    venv = vector_env(_config(3))
     arrays = venv.reset(0)
     agents = arrays.groups["agent"]
     actions = {"agent": torch.ones(8, 4, 2)}  # every agent pushes the same way, so positions drift
@@ -49,7 +50,7 @@ def test_truncation_keeps_the_final_observation_then_resets():
 
 def test_a_vmas_rollout_never_leaves_torch(monkeypatch):
     config = _config(1000)  # no episode ends inside the rollout, so nothing is logged either
-    venv = build_vector_env(config)
+    venv = vector_env(config)
     torch.manual_seed(0)
     model = TeamModel(venv.spec, config)
     buffer = RolloutBuffer(venv.spec, 10, config.rollout.num_envs)
@@ -70,7 +71,7 @@ def test_a_vmas_rollout_never_leaves_torch(monkeypatch):
 def test_resetting_some_copies_gives_the_observations_of_one_reset_at_a_time():
     """Copies that end at different steps are reset with one observation pass for all of them;
     the observations equal VMAS's one-copy-at-a-time `reset_at`."""
-    batched, reference = build_vector_env(_config(100)), build_vector_env(_config(100))
+    batched, reference = vector_env(_config(100)), vector_env(_config(100))
     for venv in (batched, reference):
         venv.reset(0)
         venv.step({"agent": torch.ones(8, 4, 2)})  # move away from the spawn points
@@ -94,7 +95,7 @@ def _venv(scenario, max_steps, num_envs=8, spare=True, device="cpu"):
         None,
         [f"env.id=vmas/{scenario}", f"env.kwargs={{max_steps: {max_steps}}}", f"rollout.num_envs={num_envs}"],
     )
-    venv = build_vector_env(config, torch.device(device))
+    venv = vector_env(config, torch.device(device))
     if not spare:
         venv._fresh_off = True
     return venv

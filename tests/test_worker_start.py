@@ -10,7 +10,7 @@ import pytest
 from user_env_files import RENDEZVOUS
 
 from marl_ppo.config import load_config
-from marl_ppo.envs.factory import make_adapter, team_spec
+from marl_ppo.envs.factory import make_adapter, probe_spec
 from marl_ppo.envs.vector.pool import context, default_start_method, fork_unsafe_reason
 from marl_ppo.envs.vector.subprocess import SubprocessVectorEnv
 from marl_ppo.envs.vector.sync import SyncVectorEnv
@@ -71,7 +71,7 @@ def test_a_jax_env_in_spawned_env_workers_steps_as_in_this_process(tmp_path):
     config = load_config(
         None, [f"env.id={path}:JaxRendezvous", "rollout.num_envs=4", "rollout.vector=subprocess"]
     )
-    spec = team_spec(config)
+    spec = probe_spec(config)
     make_copy = functools.partial(make_adapter, config, spec)
     spawned = SubprocessVectorEnv(make_copy, num_envs=4, num_workers=2, timeout_s=120, spec=spec)
     local = SyncVectorEnv(make_copy, num_envs=4)

@@ -23,8 +23,8 @@ from typing import Any
 
 from marl_ppo.analysis.sweep import SweepError, SweepOutcome, SweepRun, _result_line, launch_words
 from marl_ppo.config import ExperimentConfig
+from marl_ppo.plan.host import run_cores
 from marl_ppo.rollout.ray_workers import connect_ray, import_ray
-from marl_ppo.run.host import run_cores
 from marl_ppo.run.rundir import is_finished
 
 TASK_RETRIES = 3

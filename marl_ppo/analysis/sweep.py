@@ -29,10 +29,10 @@ import yaml
 
 from marl_ppo.analysis.runlogs import CHECK_KEYS, flatten_config, with_defaults
 from marl_ppo.config import ConfigError, ExperimentConfig, config_to_dict, load_config
-from marl_ppo.envs.factory import usable_cores
+from marl_ppo.envs.factory import probe_layout, usable_cores
 from marl_ppo.faults import UserError
-from marl_ppo.run.host import run_cores, settled_epochs
-from marl_ppo.run.plan import anchored_config
+from marl_ppo.plan.host import run_cores, settled_epochs
+from marl_ppo.plan.settle import anchored_config
 from marl_ppo.run.rundir import is_finished, read_summary
 
 
@@ -186,7 +186,8 @@ def _check_reusable(run: SweepRun, config: ExperimentConfig) -> None:
             f"run directory '{run.run_dir}' holds a run without a readable config.yaml, so it "
             "cannot be told apart from another config; remove it or pass another --out"
         )
-    config = settled_epochs(config)
+    if "auto" in (config.ppo.train_pi_iters, config.ppo.train_vf_iters):  # settled as the run settled them
+        config = settled_epochs(config, probe_layout(config))
     differences = config_differences(config, recorded)
     if differences:
         wanted, found = flatten_config(config_to_dict(config)), flatten_config(with_defaults(recorded))

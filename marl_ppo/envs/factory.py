@@ -1,8 +1,9 @@
 """From a config to env copies: one adapted copy, its team layout, and the vector env of E copies.
 
 `resolve_vector` also settles `rollout.vector: auto` (in this process or in rollout workers) from the cores
-available and a short timing probe of one env step. A run settles both once (`run.plan`), on one
-probe copy, and hands the layout to the builders here.
+available and a short timing probe of one env step. A run settles both once (`marl_ppo.plan`), on
+one probe copy, and hands the layout to the builders here: nothing here builds a probe behind the
+caller's back (`probe_layout` is the one explicit way to read a layout without a plan).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from marl_ppo.envs.adapters.gymnasium import GymnasiumTeamEnv
 from marl_ppo.envs.adapters.pettingzoo import ParallelEnvAdapter
 from marl_ppo.envs.frames import FrameOptions, with_frame_options
 from marl_ppo.envs.grouping import build_team_spec
-from marl_ppo.envs.spec import GroupSpec, TeamArrays, TeamSpec
+from marl_ppo.envs.spec import BatchedLayout, EnvLayout, GroupSpec, TeamArrays, TeamSpec
 from marl_ppo.envs.vector.base import VectorEnv
 from marl_ppo.envs.vector.subprocess import SubprocessVectorEnv
 from marl_ppo.envs.vector.sync import SyncVectorEnv
@@ -38,16 +39,34 @@ MAMUJOCO_MODULE = "gymnasium_robotics.envs.multiagent_mujoco"
 """Gymnasium-Robotics' multi-agent MuJoCo package, whose envs `fast.mamujoco_gather` steps."""
 
 
-def is_batched(config: ExperimentConfig) -> bool:
-    """Whether the configured env id is a batched simulator (VMAS): one object holds every copy."""
+def batched_layout(config: ExperimentConfig) -> BatchedLayout | None:
+    """The layout of the configured env id where it is a batched simulator (its registration says so;
+    nothing is built), else None: its layout is read from a copy (`team_spec`)."""
     name = registered_id(config.env.id)
-    return name is not None and env_spec(name).batched
+    if name is None or not env_spec(name).batched:
+        return None
+    return BatchedLayout(own_threads=env_spec(name).own_threads)
 
 
-def has_own_threads(config: ExperimentConfig) -> bool:
-    """Whether the configured env is a batched simulator with a thread pool of its own (JAX)."""
-    name = registered_id(config.env.id)
-    return name is not None and env_spec(name).own_threads
+def probe_layout(config: ExperimentConfig) -> EnvLayout:
+    """The configured env's layout without a run's plan: one probe copy built, read and closed here
+    (none for a batched simulator). For tools and tests; a run reads it once, in its plan."""
+    batched = batched_layout(config)
+    if batched is not None:
+        return batched
+    probe = make_team_env(config)
+    try:
+        return team_spec(config, probe)
+    finally:
+        probe.close()
+
+
+def probe_spec(config: ExperimentConfig) -> TeamSpec:
+    """`probe_layout` of an env that is not a batched simulator; a clear error for one that is."""
+    layout = probe_layout(config)
+    if not isinstance(layout, TeamSpec):
+        raise EnvError(f"env '{config.env.id}' is a batched simulator: its layout is read once it is built")
+    return layout
 
 
 def make_team_env(config: ExperimentConfig) -> Any:
@@ -84,12 +103,11 @@ def adapt(config: ExperimentConfig, spec: TeamSpec, env: Any) -> ParallelEnvAdap
 
 
 def build_vector_env(
-    config: ExperimentConfig, device: torch.device | None = None, *, spec: TeamSpec | None = None
+    config: ExperimentConfig, layout: EnvLayout, device: torch.device | None = None
 ) -> VectorEnv:
     """E copies of the configured env: one batched simulator, or copies in this process or in workers
-    (`rollout.vector: subprocess`; every other mode steps them here). `spec`: the team layout, as a run's plan
-    holds it; None reads it from one probe copy built here."""
-    if is_batched(config):
+    (`rollout.vector: subprocess`; every other mode steps them here). `layout`: the env's, as a plan holds it."""
+    if isinstance(layout, BatchedLayout):
         device = device or torch.device("cpu")
         taken = sorted({"num_envs", "device", "seed"} & config.env.kwargs.keys())
         if taken:
@@ -104,8 +122,7 @@ def build_vector_env(
         if isinstance(env, VectorEnv):  # a batched factory that builds its own vector env (JAX)
             return env
         return VmasVectorEnv(env, config.env.id, make_spare=make)
-    if spec is None:
-        spec = team_spec(config)
+    spec = layout
     make_copy = functools.partial(make_adapter, config, spec)
     if config.rollout.vector == "subprocess":
         return SubprocessVectorEnv(
@@ -118,12 +135,11 @@ def build_vector_env(
     return SyncVectorEnv(make_copy, config.rollout.num_envs)
 
 
-def team_spec(config: ExperimentConfig, env: Any = None) -> TeamSpec:
+def team_spec(config: ExperimentConfig, env: Any) -> TeamSpec:
     """The team layout (groups, spaces, state) of the configured env, read from `env` (a fresh copy
-    from `make_team_env`, reset here and left open) or from one probe copy built and closed here."""
-    probe = make_team_env(config) if env is None else env
-    spec = build_team_spec(
-        with_frame_options(probe, FrameOptions.of(config.env)),
+    from `make_team_env`, reset here and left open for its owner to close)."""
+    return build_team_spec(
+        with_frame_options(env, FrameOptions.of(config.env)),
         config.env.id,
         config.env.groups,
         image_pool=config.env.image_pool,
@@ -131,9 +147,6 @@ def team_spec(config: ExperimentConfig, env: Any = None) -> TeamSpec:
         encoder=config.model.encoder,
         sized_obs=config.env.resize is not None,
     )
-    if env is None:
-        probe.close()
-    return spec
 
 
 AUTO_WORKERS_MIN_STEP_S = 50e-6
@@ -145,13 +158,13 @@ AUTO_SLOW_STEP_S = 2e-3
 
 
 def resolve_vector(
-    config: ExperimentConfig, *, step_seconds: Callable[[], float] | None = None
+    config: ExperimentConfig, *, batched: bool, step_seconds: Callable[[], float]
 ) -> ExperimentConfig:
     """Replace `rollout.vector: auto` by `sync` or `workers`, from the cores available and the env's step cost
     (and set `rollout.policy_lag` to 0 unless the envs run in rollout workers).
 
-    `step_seconds` times one env step where the choice needs it (a run times its probe copy);
-    None times a copy built here (`probe_step_seconds`).
+    `batched`: the env is a batched simulator (it runs in this process as one object);
+    `step_seconds` times one env step where the choice needs it (a run times its probe copy).
 
     Workers pay for themselves when there are at least two cores, enough env copies to split
     (two per worker) and an env step that costs more than the per-step bookkeeping (50 us); an env
@@ -164,10 +177,10 @@ def resolve_vector(
         return config if acting else _with_rollout(config, policy_lag=0)
     cores = usable_cores()
     workers = min(config.rollout.num_workers, cores)
-    if is_batched(config) or cores < 2 or config.rollout.num_envs < 2:
+    if batched or cores < 2 or config.rollout.num_envs < 2:
         return _with_rollout(config, vector="sync", policy_lag=0)
     try:
-        seconds = probe_step_seconds(config) if step_seconds is None else step_seconds()
+        seconds = step_seconds()
     except EnvContractError:  # the run meets it too, and reports it where it happens, after its updates
         return _with_rollout(config, vector="sync", policy_lag=0)
     if seconds >= AUTO_WORKERS_MIN_STEP_S and config.rollout.num_envs >= 2 * workers:
@@ -187,20 +200,9 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def probe_step_seconds(
-    config: ExperimentConfig, budget_s: float = 0.25, *, env: Any = None, spec: TeamSpec | None = None
-) -> float:
-    """Typical seconds (25th percentile) of one adapter step of one env copy, with a fixed legal action:
-    of `env` (a copy from `make_team_env` whose layout is `spec`, stepped here and left for its owner
-    to close), or of one copy built and closed here."""
-    if env is None:
-        probe = make_team_env(config)
-        try:
-            return probe_step_seconds(config, budget_s, env=probe, spec=team_spec(config, probe))
-        finally:
-            probe.close()
-    if spec is None:
-        raise ValueError("probe_step_seconds: give the probe env's spec with it (team_spec(config, env))")
+def probe_step_seconds(config: ExperimentConfig, env: Any, spec: TeamSpec, budget_s: float = 0.25) -> float:
+    """Typical seconds (25th percentile) of one adapter step of `env` with a fixed legal action: a copy
+    from `make_team_env` whose layout is `spec`, stepped here and left for its owner to close."""
     adapter = adapt(config, spec, env)
     arrays = TeamArrays.allocate(spec)
     adapter.reset(config.seed, arrays)

@@ -194,3 +194,17 @@ class TeamArrays(Generic[Array]):
     def row(self, index: int | slice) -> TeamArrays[Array]:
         """Views of env `index`, or of a slice of envs (for arrays allocated with one leading env dim)."""
         return self.map(lambda array: array[index])
+
+
+@dataclass(frozen=True)
+class BatchedLayout:
+    """The layout of a batched simulator (VMAS, JaxMARL), which holds every env copy in one object and
+    reports its team layout (`TeamSpec`) only once it is built."""
+
+    own_threads: bool = False
+    """The simulator computes on a thread pool of its own (JAX's), beside torch's."""
+
+
+EnvLayout: TypeAlias = TeamSpec | BatchedLayout
+"""What a run knows of its env before building its copies: the team layout read from one probe copy,
+or, for a batched simulator, that it is one."""

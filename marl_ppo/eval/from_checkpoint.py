@@ -16,13 +16,13 @@ import torch
 
 from marl_ppo.checkpoint import CheckpointError, load_checkpoint
 from marl_ppo.config import ExperimentConfig, build_config, merge, parse_overrides
-from marl_ppo.envs.factory import build_vector_env, is_batched
+from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.eval.evaluate import EvalError, EvalResult, eval_config, eval_seed, run_episodes
 from marl_ppo.eval.versus import VersusResult, play_vs_random
 from marl_ppo.eval.video import check_video_format, record_episode, render_env, write_video
-from marl_ppo.models.layers import resolve_device
 from marl_ppo.models.team import TeamModel
+from marl_ppo.plan.settle import RunPlan, plan_eval
 from marl_ppo.rollout.stepper import PolicyActing
 
 
@@ -92,16 +92,16 @@ def evaluate_checkpoint(
         check_video_format(render)
     checkpoint, run_dir = resolve_checkpoint(target)
     payload = load_checkpoint(checkpoint)
-    config = build_config(merge(payload["config"], parse_overrides(overrides)))
-    device = resolve_device(config.host.device)
+    plan = plan_eval(build_config(merge(payload["config"], parse_overrides(overrides))))
+    config, device = plan.config, plan.device
     seed = eval_seed(config) if seed is None else seed
-    if render is not None and is_batched(config):
+    if render is not None and plan.batched:
         raise EvalError(
             f"env '{config.env.id}' is a batched env (VMAS, JaxMARL), which cannot be rendered yet; drop --render"
         )
     recorded = render_env(config) if render is not None else None  # an env that cannot render stops here
     try:
-        played = _play(payload, config, device, episodes, seed, deterministic)
+        played = _play(payload, plan, episodes, seed, deterministic)
         out_dir = Path(out) if out is not None else run_dir
         out_dir.mkdir(parents=True, exist_ok=True)
         summary = {
@@ -142,16 +142,10 @@ class _Played:
     spec: TeamSpec
 
 
-def _play(
-    payload: dict[str, Any],
-    config: ExperimentConfig,
-    device: torch.device,
-    episodes: int,
-    seed: int,
-    deterministic: bool,
-) -> _Played:
+def _play(payload: dict[str, Any], plan: RunPlan, episodes: int, seed: int, deterministic: bool) -> _Played:
     """The evaluation episodes, and those against random opponents where configured."""
-    venv = build_vector_env(eval_config(config, episodes), device)
+    config, device = plan.config, plan.device
+    venv = build_vector_env(eval_config(config, episodes), plan.layout, device)
     try:
         spec = venv.spec
         model = load_policy(payload, spec, config, device)

@@ -17,7 +17,7 @@ from marl_ppo.envs.vector.base import VectorEnv
 from marl_ppo.eval.evaluate import EvalError, EvalResult, eval_config, eval_seed, run_episodes
 from marl_ppo.eval.random_policy import RandomActing
 from marl_ppo.eval.versus import VersusResult, play_vs_random
-from marl_ppo.models.layers import resolve_device
+from marl_ppo.plan.settle import plan_eval
 
 
 @dataclass(frozen=True)
@@ -68,11 +68,12 @@ def evaluate_random(
             config = load_stored_config(experiment, overrides)  # a run's config.yaml, maybe an older one's
         else:
             config = load_config(experiment, overrides)
+        plan = plan_eval(config)
     except ConfigError as err:
         raise EvalError(str(err)) from None
-    device = resolve_device(config.host.device)
+    config, device = plan.config, plan.device
     seed = eval_seed(config) if seed is None else seed
-    venv = build_vector_env(eval_config(config, episodes), device)
+    venv = build_vector_env(eval_config(config, episodes), plan.layout, device)
     try:
         result = run_episodes(venv, None, device, episodes=episodes, seed=seed, deterministic=False)
         versus = _random_versus_random(config, venv, device, episodes, seed)

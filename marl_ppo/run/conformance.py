@@ -237,10 +237,11 @@ def _batched_steps(env_id: str, kwargs: dict[str, Any], seed: int, steps: int = 
     """Observations, rewards and flags of 4 copies of a batched env over `steps` seeded random steps."""
     import torch
 
-    from marl_ppo.envs.factory import build_vector_env
+    from marl_ppo.envs.factory import build_vector_env, probe_layout
     from marl_ppo.eval.random_policy import random_actions
 
-    venv = build_vector_env(_config(env_id, kwargs, rollout={"num_envs": 4}, seed=seed))
+    config = _config(env_id, kwargs, rollout={"num_envs": 4}, seed=seed)
+    venv = build_vector_env(config, probe_layout(config))  # a batched simulator: nothing is probed
     torch.manual_seed(seed)
     arrays = venv.reset(seed)
     record = []

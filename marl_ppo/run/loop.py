@@ -26,13 +26,13 @@ from marl_ppo.faults import WorkersLost
 from marl_ppo.logs.logger import RunLogger, game_headline, team_return_headline
 from marl_ppo.logs.trackers import check_backends_installed, open_backends
 from marl_ppo.models.team import TeamModel
+from marl_ppo.plan.host import ActingWatch, cpu_seconds, peak_rss_mb, rss_mb
+from marl_ppo.plan.settle import RunPlan, plan_run
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.source import RolloutSource
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.code_record import write_code_record
-from marl_ppo.run.host import ActingWatch, cpu_seconds, peak_rss_mb, rss_mb
 from marl_ppo.run.memory import check_memory
-from marl_ppo.run.plan import RunPlan, plan_run
 from marl_ppo.run.protocol import BEST_CHECKPOINT, EvaluationRecord, absolute_metric, record_video
 from marl_ppo.run.resume import load_resumable, restore_run_state, run_state
 from marl_ppo.run.rundir import write_summary
@@ -82,7 +82,7 @@ def train(
     estimate = check_memory(plan)
     generator = seed_everything(config.seed)
     # before touching run_dir: a bad env leaves nothing behind
-    collector, model = build_collector(config, device, plan.spec)
+    collector, model = build_collector(plan)
     torch.set_num_threads(plan.threads)
     spec = model.spec
     evaluation = None
@@ -94,23 +94,10 @@ def train(
             write_code_record(run_dir, resume=resume, env_id=config.env.id)
             trainer = Trainer(model, config.ppo, generator=generator, optimizer=config.fast.optimizer)
             if config.eval.every:  # deterministic episodes on env copies of their own, logged under eval/
-                eval_venv = build_vector_env(
-                    eval_config(config, config.eval.episodes), device, spec=plan.spec
-                )
+                eval_venv = build_vector_env(eval_config(config, config.eval.episodes), plan.layout, device)
                 evaluation = periodic_evaluation(config, eval_venv, model, device)
             logger = _make_logger(config, run_dir, spec, None if saved is None else saved["env_steps"])
-            run = _Run(
-                config,
-                run_dir,
-                model,
-                trainer,
-                collector,
-                logger,
-                evaluation,
-                on_update,
-                plan.threads,
-                plan.update_threads,
-            )
+            run = _Run(plan, run_dir, model, trainer, collector, logger, evaluation, on_update)
             run.begin(saved)
             logger.hyperparameters(config_to_dict(config))
             buffer = RolloutBuffer(
@@ -174,7 +161,7 @@ class _Run:
 
     def __init__(
         self,
-        config: ExperimentConfig,
+        plan: RunPlan,
         run_dir: Path,
         model: TeamModel,
         trainer: Trainer,
@@ -182,15 +169,14 @@ class _Run:
         logger: RunLogger,
         evaluation: PeriodicEvaluation | None = None,
         on_update: Callable[[int], None] | None = None,
-        threads: int = 1,
-        update_threads: int | None = None,
     ) -> None:
+        config = plan.config
         self.config, self.run_dir = config, run_dir
         self.model, self.trainer, self.collector, self.logger = model, trainer, collector, logger
         self.evaluation, self.on_update = evaluation, on_update
-        self.acting = ActingWatch(config, threads)
-        self.update_threads = threads if update_threads is None else update_threads
-        """torch threads while the trainer updates (the rest of the run uses `threads`)."""
+        self.acting = ActingWatch(config, plan.layout, plan.threads)
+        self.update_threads = plan.update_threads
+        """torch threads while the trainer updates (the rest of the run uses the plan's `threads`)."""
         self.updates = 0
         self.saved_updates: int | None = None
         """The update count of the last checkpoint written (or resumed from)."""

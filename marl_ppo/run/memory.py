@@ -21,7 +21,7 @@ from marl_ppo.envs.layout import InputLayout
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
 from marl_ppo.models.encoders import NO_GRAD_CHUNK, CnnShape, conv_activation_floats
 from marl_ppo.models.team import TeamModel
-from marl_ppo.run.plan import RunPlan
+from marl_ppo.plan.settle import RunPlan
 
 PROCESS_BYTES = 300 * 2**20
 """Resident memory of one process before the run allocates (Python, torch, NumPy, an env copy)."""
@@ -132,10 +132,10 @@ def available_memory() -> int | None:
 def check_memory(plan: RunPlan) -> MemoryEstimate | None:
     """The planned run's estimate, after refusing (ConfigError, exit 2) a run that would need more than
     is available; None for a batched simulator (VMAS), whose layout is known only once it is built."""
-    if plan.spec is None:
+    if not isinstance(plan.layout, TeamSpec):
         return None
     config = plan.config
-    estimate = estimate_memory(plan.spec, config)
+    estimate = estimate_memory(plan.layout, config)
     available = available_memory()
     if config.host.memory_check and available is not None and estimate.total > available:
         raise ConfigError(

@@ -9,11 +9,11 @@ import sys
 from collections.abc import Mapping
 
 from marl_ppo.config import ExperimentConfig
-from marl_ppo.envs.factory import has_own_threads, is_batched, team_spec, usable_cores
-from marl_ppo.envs.spec import TeamSpec
+from marl_ppo.envs.factory import probe_layout, usable_cores
+from marl_ppo.envs.spec import BatchedLayout, EnvLayout
 
 
-def learner_threads(config: ExperimentConfig, *, convolutional: bool = False) -> int:
+def learner_threads(config: ExperimentConfig, layout: EnvLayout, *, convolutional: bool = False) -> int:
     """Torch threads of the learner: `host.torch_threads`, or for `auto`, with a batched simulator (large
     tensors) or a CNN encoder (`convolutional`: convolutions over many frames per minibatch), the cores
     that the run's worker processes leave (`worker_processes`, at least 1), and 1 otherwise, a batched
@@ -25,12 +25,17 @@ def learner_threads(config: ExperimentConfig, *, convolutional: bool = False) ->
     """
     if config.host.torch_threads != "auto":
         return config.host.torch_threads
-    if has_own_threads(config) or not (is_batched(config) or convolutional):
+    batched = isinstance(layout, BatchedLayout)
+    if _own_threads(layout) or not (batched or convolutional):
         return 1
-    return max(1, usable_cores() - worker_processes(config))
+    return max(1, usable_cores() - worker_processes(config, layout))
 
 
-def update_threads(config: ExperimentConfig, *, convolutional: bool = False) -> int:
+def _own_threads(layout: EnvLayout) -> bool:
+    return isinstance(layout, BatchedLayout) and layout.own_threads
+
+
+def update_threads(config: ExperimentConfig, layout: EnvLayout, *, convolutional: bool = False) -> int:
     """Torch threads while the learner updates: `learner_threads`, except that for `auto` a learner
     with large tensors (a CNN encoder or a batched simulator) takes every usable core when nothing
     else runs during the update (`rollout.policy_lag: 0`: env and rollout workers wait for the next rollout).
@@ -39,19 +44,19 @@ def update_threads(config: ExperimentConfig, *, convolutional: bool = False) -> 
     An MLP learner keeps its one thread for the update too: a second thread speeds its small products
     up only on an idle machine, and beside other busy processes (a sweep's other runs, the user's own
     work) two threads wait for each other at every product and make the update many times slower."""
-    threads = learner_threads(config, convolutional=convolutional)
-    if config.host.torch_threads != "auto" or config.rollout.policy_lag > 0 or has_own_threads(config):
+    threads = learner_threads(config, layout, convolutional=convolutional)
+    if config.host.torch_threads != "auto" or config.rollout.policy_lag > 0 or _own_threads(layout):
         return threads
-    if not (is_batched(config) or convolutional):
+    if not (isinstance(layout, BatchedLayout) or convolutional):
         return threads
     return max(threads, usable_cores())
 
 
-def worker_processes(config: ExperimentConfig) -> int:
-    """Processes the run starts on this machine besides itself: env or rollout workers (`vector:
+def worker_processes(config: ExperimentConfig, layout: EnvLayout) -> int:
+    """Processes the run starts on this machine besides itself: env or rollout workers (`rollout.vector:
     subprocess`, `workers`, and `auto`, which may pick workers); none for a batched simulator, in
     this process, or Ray's workers, which reserve their own CPUs."""
-    if is_batched(config) or config.rollout.vector not in ("subprocess", "workers", "auto"):
+    if isinstance(layout, BatchedLayout) or config.rollout.vector not in ("subprocess", "workers", "auto"):
         return 0
     return config.rollout.num_workers
 
@@ -60,10 +65,12 @@ ACTING_DWARFS_ENV = 4.0
 """Acting this many times slower than the env steps it acts on (per update) is worth a line."""
 
 
-def acting_hint(config: ExperimentConfig, threads: int, act_s: float, env_s: float) -> str | None:
+def acting_hint(
+    config: ExperimentConfig, layout: EnvLayout, threads: int, act_s: float, env_s: float
+) -> str | None:
     """One line when this process's acting (`act_s`, over some updates) dwarfs its env time (`env_s`)
     while it runs several torch threads: threads that share busy cores wait for each other."""
-    acting_here = config.rollout.vector in ("sync", "subprocess") or is_batched(config)
+    acting_here = config.rollout.vector in ("sync", "subprocess") or isinstance(layout, BatchedLayout)
     if not acting_here or threads < 2 or act_s < ACTING_DWARFS_ENV * max(env_s, 1e-3):
         return None
     return (
@@ -76,8 +83,10 @@ class ActingWatch:
     """Watches a run's first updates (the very first, which warms up, aside) and prints `acting_hint`'s
     line once, where it has one."""
 
-    def __init__(self, config: ExperimentConfig, threads: int, *, updates: int = 3) -> None:
-        self.config, self.threads, self.updates = config, threads, updates
+    def __init__(
+        self, config: ExperimentConfig, layout: EnvLayout, threads: int, *, updates: int = 3
+    ) -> None:
+        self.config, self.layout, self.threads, self.updates = config, layout, threads, updates
         self.seen: list[Mapping[str, float]] = []
 
     def update_done(self, seconds: Mapping[str, float]) -> None:
@@ -89,36 +98,38 @@ class ActingWatch:
             watched = self.seen[1:]
             act = sum(s["act_s"] for s in watched) / self.updates
             env = sum(s["env_s"] for s in watched) / self.updates
-            line = acting_hint(self.config, self.threads, act, env)
+            line = acting_hint(self.config, self.layout, self.threads, act, env)
             if line is not None:
                 print(line, file=sys.stderr, flush=True)
 
 
-def convolutional(config: ExperimentConfig, spec: TeamSpec | None = None) -> bool:
+def convolutional(config: ExperimentConfig, layout: EnvLayout) -> bool:
     """Whether the configured model will have a CNN encoder: an image among the env's observations or
-    state (`spec`, else read from one env copy built here) and `model.encoder` other than `mlp`."""
-    if config.model.encoder == "mlp" or is_batched(config):
+    state (`layout`) and `model.encoder` other than `mlp`."""
+    if config.model.encoder == "mlp" or isinstance(layout, BatchedLayout):
         return False
-    return (spec or team_spec(config)).has_image
+    return layout.has_image
 
 
-def settled_epochs(config: ExperimentConfig, spec: TeamSpec | None = None) -> ExperimentConfig:
-    """`config` with `auto` PPO epochs settled as its run settles them (4 with a CNN encoder, else 10;
-    `spec` as for `convolutional`): what a run records, and what a sweep compares a finished run with."""
+def settled_epochs(config: ExperimentConfig, layout: EnvLayout) -> ExperimentConfig:
+    """`config` with `auto` PPO epochs settled as its run settles them (4 with a CNN encoder, else 10):
+    what a run records, and what a sweep compares a finished run with."""
     if "auto" not in (config.ppo.train_pi_iters, config.ppo.train_vf_iters):
         return config
-    return dataclasses.replace(config, ppo=config.ppo.settled(convolutional=convolutional(config, spec)))
+    cnn = convolutional(config, layout)
+    return dataclasses.replace(config, ppo=config.ppo.settled(convolutional=cnn))
 
 
-def run_cores(config: ExperimentConfig) -> int:
+def run_cores(config: ExperimentConfig, layout: EnvLayout | None = None) -> int:
     """Cores one training process keeps busy: its env or rollout worker processes while it collects
     or its learner threads while it learns (`update_threads`), whichever are more (`rollout.vector: ray`: 1,
-    its workers reserve their own as Ray actors). With `host.torch_threads: auto` one env copy is built to
-    see whether the model will have a CNN encoder."""
+    its workers reserve their own as Ray actors). Without `layout`, one env copy is built to read it
+    (`probe_layout`)."""
     if config.rollout.vector == "ray":
         return 1
-    images = config.host.torch_threads == "auto" and convolutional(config)
-    return max(worker_processes(config), update_threads(config, convolutional=images))
+    layout = probe_layout(config) if layout is None else layout
+    images = config.host.torch_threads == "auto" and convolutional(config, layout)
+    return max(worker_processes(config, layout), update_threads(config, layout, convolutional=images))
 
 
 def rss_mb(pid: int | str = "self") -> float:

@@ -1,0 +1,151 @@
+"""The run settled once: every `auto` of a config resolved on this machine, and the env's layout read
+from one probe env copy, in a frozen record that the builders, the trainer, evaluation and the memory
+check take.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Literal, cast
+
+import torch
+
+from marl_ppo.config import ExperimentConfig
+from marl_ppo.envs.factory import batched_layout, make_team_env, probe_step_seconds, resolve_vector, team_spec
+from marl_ppo.envs.spec import BatchedLayout, EnvLayout, TeamSpec
+from marl_ppo.models.layers import resolve_device, resolve_precision
+from marl_ppo.plan.host import convolutional, learner_threads, settled_epochs, update_threads
+from marl_ppo.registry import anchored
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run (or an evaluation) is built from, settled once before its first step (`plan_run`,
+    `plan_eval`)."""
+
+    config: ExperimentConfig
+    """The config the run trains, and records in config.yaml and its checkpoints: `rollout.vector: auto`
+    settled (with `policy_lag` 0 unless rollout workers act, and `num_workers`), `model.precision: auto`
+    and `auto` PPO epochs settled. `host.device` and `host.torch_threads` stay as written: they say where this
+    process runs, not what it learns, and a resumed run settles them again (`device`, `threads`)."""
+    layout: EnvLayout
+    """The env's layout: the team (groups, spaces, state) read from the probe copy, or `BatchedLayout`
+    for a batched simulator (VMAS, JaxMARL), whose one env object reports its team when built."""
+    device: torch.device
+    """Where the networks live (`device: auto` settled)."""
+    threads: int
+    """torch threads of the learner (`host.torch_threads: auto` settled, `plan.host.learner_threads`)."""
+    update_threads: int
+    """torch threads while the learner updates (`plan.host.update_threads`): `threads`, or every core
+    for a CNN or batched-simulator learner that nothing runs beside during its update."""
+    build_threads: int
+    """torch threads while the networks are built and initialised: `threads` without the rule for CNN
+    encoders (1 unless set or batched), since the orthogonal init of a CNN's weights varies with the
+    thread count: a CNN model starts from the same weights on any number of cores."""
+
+    @property
+    def batched(self) -> bool:
+        """Whether the env is a batched simulator: one object holds every copy, built in this process."""
+        return isinstance(self.layout, BatchedLayout)
+
+    @property
+    def convolutional(self) -> bool:
+        """Whether the networks have a CNN encoder (an image input and `model.encoder` other than `mlp`)."""
+        return convolutional(self.config, self.layout)
+
+    def describe(self) -> str:
+        """What the run builds, in one line: algorithm, env, team, env copies and where they run, threads."""
+        config = self.config
+        algorithm = "IPPO" if config.ppo.critic == "obs" else "MAPPO"
+        if config.ppo.actor_update == "sequential":
+            algorithm = "HAPPO"
+        if not isinstance(self.layout, TeamSpec):
+            team, where = "", f"in one batched simulator on {self.device}"
+        else:
+            groups = len(self.layout.groups)
+            team = f" ({self.layout.num_agents} agents in {groups} group{'s' * (groups > 1)})"
+            where = {
+                "sync": "in this process",
+                "subprocess": f"in {config.rollout.num_workers} env worker processes",
+                "workers": f"in {config.rollout.num_workers} rollout worker processes",
+                "ray": f"in {config.rollout.num_workers} Ray workers",
+            }[config.rollout.vector]
+        encoder = ", a CNN encoder" if self.convolutional else ""
+        threads = f"{self.threads} torch thread{'s' * (self.threads > 1)}"
+        if self.update_threads != self.threads:
+            threads += f" ({self.update_threads} while updating)"
+        return f"{algorithm} on {config.env.id}{team}: {config.rollout.num_envs} env copies {where}, {threads}{encoder}"
+
+
+def anchored_config(config: ExperimentConfig) -> ExperimentConfig:
+    """`config` with a user's env file named by its absolute path (`registry.anchored`): what a run
+    records, so that resume and eval find the file from any directory."""
+    env_id = anchored(config.env.id)
+    return (
+        config
+        if env_id == config.env.id
+        else dataclasses.replace(config, env=dataclasses.replace(config.env, id=env_id))
+    )
+
+
+def plan_run(config: ExperimentConfig) -> RunPlan:
+    """`config` settled for a run on this machine. Builds at most one env copy, the probe (none for a
+    batched simulator): its layout is the plan's, and `rollout.vector: auto` times its steps."""
+    config = _with_precision(anchored_config(config))
+    layout: EnvLayout
+    batched = batched_layout(config)
+    if batched is not None:
+        layout = batched  # batched simulators run as one object: no probe
+        config = resolve_vector(config, batched=True, step_seconds=_untimed)
+    else:
+        probe = make_team_env(config)
+        try:
+            layout = spec = team_spec(config, probe)
+            timing = functools.partial(probe_step_seconds, config, probe, spec)
+            config = resolve_vector(config, batched=False, step_seconds=timing)
+        finally:
+            probe.close()
+    return _settled(config, layout)
+
+
+def plan_eval(config: ExperimentConfig) -> RunPlan:
+    """`config` (a checkpoint's, with any overrides) settled to evaluate in this process: env copies
+    stepped here (`rollout.vector: sync`), its layout read from one probe copy (none for a batched simulator)."""
+    config = _with_precision(config)
+    config = dataclasses.replace(
+        config, rollout=dataclasses.replace(config.rollout, vector="sync", policy_lag=0)
+    )
+    layout: EnvLayout | None = batched_layout(config)
+    if layout is None:
+        probe = make_team_env(config)
+        try:
+            layout = team_spec(config, probe)
+        finally:
+            probe.close()
+    return _settled(config, layout)
+
+
+def _with_precision(config: ExperimentConfig) -> ExperimentConfig:
+    """`config` with `model.precision: auto` settled for its device."""
+    precision = resolve_precision(config.model.precision, resolve_device(config.host.device))
+    model = dataclasses.replace(config.model, precision=cast(Literal["fp32", "bf16"], precision))
+    return dataclasses.replace(config, model=model)
+
+
+def _untimed() -> float:
+    raise AssertionError("a batched simulator's vector mode needs no step timing")
+
+
+def _settled(config: ExperimentConfig, layout: EnvLayout) -> RunPlan:
+    config = settled_epochs(config, layout)
+    cnn = convolutional(config, layout)
+    return RunPlan(
+        config=config,
+        layout=layout,
+        device=resolve_device(config.host.device),
+        threads=learner_threads(config, layout, convolutional=cnn),
+        update_threads=update_threads(config, layout, convolutional=cnn),
+        build_threads=learner_threads(config, layout),
+    )
