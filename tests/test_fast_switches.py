@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import ROOT
-from marl_ppo.config.records import REMOVED_FAST_KEYS
+from marl_ppo.config.fast import REMOVED_FAST_KEYS
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 

@@ -3,7 +3,6 @@ recorded, the trainer refusing what is not settled, and an evaluation planned fr
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import sys
 
@@ -16,7 +15,7 @@ import marl_ppo.envs.factory as factory
 import marl_ppo.plan.host as host
 import marl_ppo.run.loop as loop
 from marl_ppo.algo.trainer import Trainer
-from marl_ppo.config import config_to_dict, load_config
+from marl_ppo.config import SettledPPO, config_to_dict, load_config
 from marl_ppo.envs.spec import BatchedLayout, TeamSpec
 from marl_ppo.eval.from_checkpoint import evaluate_checkpoint
 from marl_ppo.models.team import TeamModel
@@ -152,14 +151,17 @@ def test_a_batched_simulator_is_planned_without_a_probe_copy(monkeypatch):
     assert counts.calls == {"env copies": 0, "resolve_vector": 1, "team layouts": 0}
 
 
-def test_the_trainer_refuses_an_unsettled_config():
-    config = load_config(SPREAD_YAML, [*TINY, "rollout.vector=auto"])
-    plan = plan_run(dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vector="sync")))
+def test_the_trainer_takes_the_plans_settled_ppo_whose_epochs_are_numbers():
+    config = load_config(SPREAD_YAML, [*TINY, "ppo.train_vf_iters=3"])
+    assert config.ppo.train_pi_iters == "auto" and not isinstance(config.ppo, SettledPPO)
+    plan = plan_run(config)
+    assert isinstance(plan.ppo, SettledPPO) and plan.config.ppo == plan.ppo
+    assert (plan.ppo.train_pi_iters, plan.ppo.train_vf_iters) == (10, 3)
+    # a settled config records the same keys and values as any other
+    assert config_to_dict(plan.config)["ppo"] == {**config_to_dict(config)["ppo"], "train_pi_iters": 10}
     assert isinstance(plan.layout, TeamSpec)
-    model = TeamModel(plan.layout, plan.config)
-    with pytest.raises(ValueError, match=r"ppo.train_pi_iters is still auto; settle it first"):
-        Trainer(model, config.ppo, generator=torch.Generator())
-    assert Trainer(model, plan.config.ppo, generator=torch.Generator()).ppo.train_vf_iters == 10
+    trainer = Trainer(TeamModel(plan.layout, plan.config), plan.ppo, generator=torch.Generator())
+    assert trainer.ppo.train_vf_iters == 3
 
 
 def test_an_evaluation_reads_its_layout_from_one_probe_copy_of_its_own(tmp_path, monkeypatch):

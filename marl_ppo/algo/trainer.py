@@ -23,20 +23,20 @@ from marl_ppo.algo.optim import clip_grad_norms, group_parts, make_optimizer
 from marl_ppo.algo.sequences import Sequences, chunk_minibatches, critic_values, cut_batch, policy
 from marl_ppo.algo.stats import Evaluation, TrainStats, batch_statistics, diagnostic_rows, lag_statistics
 from marl_ppo.algo.turns import Turn, everyone, make_actor_update
-from marl_ppo.config import PPOConfig
+from marl_ppo.config import SettledPPO
 from marl_ppo.faults import NonFiniteError
 from marl_ppo.models.team import TeamModel
 
 
 class Trainer:
     """Runs `train_pi_iters` / `train_vf_iters` epochs of minibatch PPO over one batch per group (`ppo`
-    settled: no `auto` epochs), once per turn of `ppo.actor_update` (`algo.turns`)."""
+    settled: its epochs are numbers), once per turn of `ppo.actor_update` (`algo.turns`)."""
 
     def __init__(
-        self, model: TeamModel, ppo: PPOConfig, *, generator: torch.Generator, optimizer: str = "flat_adam"
+        self, model: TeamModel, ppo: SettledPPO, *, generator: torch.Generator, optimizer: str = "flat_adam"
     ) -> None:
         self.model = model
-        self.ppo = ppo.require_settled()
+        self.ppo = ppo
         self.generator = generator
         self.actor_update = make_actor_update(
             ppo.actor_update,
@@ -178,8 +178,8 @@ class Trainer:
         the critic, when it learns in the turn, finishes its epochs.
         """
         ppo, batches = self.ppo, turn.batches
-        pi_iters = _settled(ppo.train_pi_iters)
-        vf_iters = _settled(ppo.train_vf_iters) if turn.critic else 0
+        pi_iters = ppo.train_pi_iters
+        vf_iters = ppo.train_vf_iters if turn.critic else 0
         policy_active, pi_epochs, pi_steps = True, 0, 0
         for epoch in range(max(pi_iters, vf_iters)):
             train_vf = epoch < vf_iters
@@ -361,12 +361,6 @@ class Trainer:
 def _order_seed(seed: int) -> int:
     """The seed of a sequential actor update's order, apart from the minibatch generator's `seed`."""
     return int(np.random.SeedSequence([seed, 37]).generate_state(1)[0])
-
-
-def _settled(epochs: int | str) -> int:
-    """Epochs of a settled config (the trainer is given no `auto`, see `PPOConfig.require_settled`)."""
-    assert isinstance(epochs, int), f"epochs still {epochs!r}"
-    return epochs
 
 
 _ADVANTAGE_NORMS = {"group": normalize_advantages, "agent": normalize_advantages_per_agent}

@@ -35,7 +35,7 @@ from marl_ppo.config.loading import (
 )
 from marl_ppo.config.log import LogConfig, MlflowConfig, WandbConfig
 from marl_ppo.config.model import ModelConfig
-from marl_ppo.config.ppo import PPOConfig
+from marl_ppo.config.ppo import PPOConfig, SettledPPO
 from marl_ppo.config.rollout import RayConfig, RolloutConfig
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "MlflowConfig",
     "ModelConfig",
     "PPOConfig",
+    "SettledPPO",
     "PositiveFloat",
     "PositiveInt",
     "RayConfig",

@@ -112,23 +112,22 @@ class PPOConfig:
     `skip` drops that minibatch step (or the update's value-norm statistics) and counts it in
     `train/nonfinite_skips`."""
 
-    def settled(self, *, convolutional: bool) -> PPOConfig:
+    def settled(self, *, convolutional: bool) -> SettledPPO:
         """This config with `auto` epochs replaced by their choice for a model with (`convolutional`) or
-        without a CNN encoder."""
+        without a CNN encoder: what the trainer takes."""
         epochs = AUTO_EPOCHS_CNN if convolutional else AUTO_EPOCHS
-        return dataclasses.replace(
-            self,
-            train_pi_iters=epochs if self.train_pi_iters == "auto" else self.train_pi_iters,
-            train_vf_iters=epochs if self.train_vf_iters == "auto" else self.train_vf_iters,
-        )
+        fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        fields["train_pi_iters"] = epochs if self.train_pi_iters == "auto" else self.train_pi_iters
+        fields["train_vf_iters"] = epochs if self.train_vf_iters == "auto" else self.train_vf_iters
+        return SettledPPO(**fields)
 
-    def require_settled(self) -> PPOConfig:
-        """This config, after refusing (ValueError) epochs still `auto`: PPO runs on a settled config
-        (`settled`; a run's plan settles it)."""
-        for key in ("train_pi_iters", "train_vf_iters"):
-            if getattr(self, key) == "auto":
-                raise ValueError(
-                    f"ppo.{key} is still auto; settle it first with ppo.settled(convolutional=...) "
-                    "(a run's plan, run.plan.plan_run, does)"
-                )
-        return self
+
+@dataclass(frozen=True, config=STRICT)
+class SettledPPO(PPOConfig):
+    """PPO settings with their epochs settled (`PPOConfig.settled`; a run's plan settles them): the
+    trainer's type, whose epochs are numbers."""
+
+    train_pi_iters: PositiveInt = AUTO_EPOCHS
+    """Epochs over the batch for the actors (see `PPOConfig.train_pi_iters`), settled."""
+    train_vf_iters: PositiveInt = AUTO_EPOCHS
+    """Epochs over the batch for the critic, settled."""

@@ -112,12 +112,9 @@ def convolutional(config: ExperimentConfig, layout: EnvLayout) -> bool:
 
 
 def settled_epochs(config: ExperimentConfig, layout: EnvLayout) -> ExperimentConfig:
-    """`config` with `auto` PPO epochs settled as its run settles them (4 with a CNN encoder, else 10):
-    what a run records, and what a sweep compares a finished run with."""
-    if "auto" not in (config.ppo.train_pi_iters, config.ppo.train_vf_iters):
-        return config
-    cnn = convolutional(config, layout)
-    return dataclasses.replace(config, ppo=config.ppo.settled(convolutional=cnn))
+    """`config` with its PPO epochs settled as its run settles them (`auto`: 4 with a CNN encoder, else
+    10): what a run records, and what a sweep compares a finished run with."""
+    return dataclasses.replace(config, ppo=config.ppo.settled(convolutional=convolutional(config, layout)))
 
 
 def run_cores(config: ExperimentConfig, layout: EnvLayout | None = None) -> int:

@@ -12,11 +12,11 @@ from typing import Literal, cast
 
 import torch
 
-from marl_ppo.config import ExperimentConfig
+from marl_ppo.config import ExperimentConfig, SettledPPO
 from marl_ppo.envs.factory import batched_layout, make_team_env, probe_step_seconds, resolve_vector, team_spec
 from marl_ppo.envs.spec import BatchedLayout, EnvLayout, TeamSpec
 from marl_ppo.models.layers import resolve_device, resolve_precision
-from marl_ppo.plan.host import convolutional, learner_threads, settled_epochs, update_threads
+from marl_ppo.plan.host import convolutional, learner_threads, update_threads
 from marl_ppo.registry import anchored
 
 
@@ -40,6 +40,8 @@ class RunPlan:
     update_threads: int
     """torch threads while the learner updates (`plan.host.update_threads`): `threads`, or every core
     for a CNN or batched-simulator learner that nothing runs beside during its update."""
+    ppo: SettledPPO
+    """The config's PPO settings with their epochs settled (`config.ppo`, typed): what the trainer takes."""
     build_threads: int
     """torch threads while the networks are built and initialised: `threads` without the rule for CNN
     encoders (1 unless set or batched), since the orthogonal init of a CNN's weights varies with the
@@ -139,11 +141,13 @@ def _untimed() -> float:
 
 
 def _settled(config: ExperimentConfig, layout: EnvLayout) -> RunPlan:
-    config = settled_epochs(config, layout)
+    ppo = config.ppo.settled(convolutional=convolutional(config, layout))
+    config = dataclasses.replace(config, ppo=ppo)
     cnn = convolutional(config, layout)
     return RunPlan(
         config=config,
         layout=layout,
+        ppo=ppo,
         device=resolve_device(config.host.device),
         threads=learner_threads(config, layout, convolutional=cnn),
         update_threads=update_threads(config, layout, convolutional=cnn),

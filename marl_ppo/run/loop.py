@@ -92,7 +92,7 @@ def train(
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
             write_code_record(run_dir, resume=resume, env_id=config.env.id)
-            trainer = Trainer(model, config.ppo, generator=generator, optimizer=config.fast.optimizer)
+            trainer = Trainer(model, plan.ppo, generator=generator, optimizer=config.fast.optimizer)
             if config.eval.every:  # deterministic episodes on env copies of their own, logged under eval/
                 eval_venv = build_vector_env(eval_config(config, config.eval.episodes), plan.layout, device)
                 evaluation = periodic_evaluation(config, eval_venv, model, device)
