@@ -32,7 +32,6 @@ from marl_ppo.models.layers import (
     arithmetic,
     as_is,
     first_layer_output,
-    resolve_precision,
     stacked_linear,
 )
 from marl_ppo.models.team import GroupNetworks, TeamModel
@@ -52,7 +51,7 @@ class ActingMLP:
         with torch.no_grad():
             weight, bias, agent_bias = mlp.first_layer()
             rest = tuple(_linear_form(layer.weight, layer.bias) for layer in mlp.linears[1:])
-            if resolve_precision(mlp.precision, weight.device) == "bf16":
+            if mlp.precision == "bf16":
                 grid = bf16_grid if weight.device.type == "cpu" else as_is
                 cast = bf16_grid if grid is bf16_grid else torch.Tensor.bfloat16
                 weight, bias = cast(weight), cast(bias)

@@ -24,7 +24,7 @@ from torch import nn
 
 from marl_ppo.config import ConfigError, ModelConfig
 from marl_ppo.envs.layout import InputLayout, InputPart
-from marl_ppo.models.layers import StackedLinear, arithmetic, resolve_precision
+from marl_ppo.models.layers import Precision, StackedLinear, arithmetic, settled_precision
 
 NO_GRAD_CHUNK = 1024
 """Rows of images a CNN evaluates at once without gradients (acting, diagnostics): bounds the
@@ -43,8 +43,8 @@ class CnnShape:
     orthogonal_init: bool = True
     padding: str = "same"
     """`same` (half the kernel on each side) or `valid` (none), as `model.cnn_padding`."""
-    precision: str = "fp32"
-    """`model.precision`: the convolutions and the linear layer in float32 or bfloat16 (`layers.arithmetic`)."""
+    precision: Precision = "fp32"
+    """`model.precision` settled: the convolutions and the linear layer in float32 or bfloat16 (`layers.arithmetic`)."""
 
     @classmethod
     def of(cls, model: ModelConfig) -> CnnShape:
@@ -56,7 +56,7 @@ class CnnShape:
             model.cnn_features,
             model.orthogonal_init,
             model.cnn_padding,
-            model.precision,
+            settled_precision(model.precision),
         )
 
     def layers(self) -> zip[tuple[int, int, int]]:
@@ -124,9 +124,8 @@ class ImageEncoder(nn.Module):
         if self.part.shape != self.part.chw:  # HWC as stored -> CHW as convolutions read
             image = image.permute(0, 1, 4, 2, 3)
         h = image.reshape(rows, -1, *self.part.chw[1:])
-        precision = resolve_precision(self.precision, h.device)
-        with arithmetic(precision, h.device):
-            if precision == "bf16":
+        with arithmetic(self.precision, h.device):
+            if self.precision == "bf16":
                 # pixels straight to bfloat16 (exact up to 256) and the scale in the first filters:
                 # one pass over the frames where float32 and autocast's cast would take three
                 first, *rest = self._convs

@@ -23,7 +23,7 @@ import contextlib
 import functools
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -84,7 +84,7 @@ class AgentMLP(nn.Module):
         shared: bool,
         orthogonal_init: bool,
         head_gain: float,
-        precision: str = "fp32",
+        precision: Precision = "fp32",
         common_input: bool = False,
         activate_output: bool = False,
     ) -> None:
@@ -93,9 +93,9 @@ class AgentMLP(nn.Module):
         """The input is one row every agent sees, `(..., in)`, rather than one per agent."""
         self.activate_output = activate_output
         """The output layer is a hidden layer (a recurrent network's trunk): activated like the others."""
-        self.precision = precision
-        """`fp32`, `bf16` (the layers' products and activations in bfloat16, see `arithmetic`) or
-        `auto` (`bf16` where the input's device computes it natively, see `resolve_precision`)."""
+        self.precision = settled_precision(precision)
+        """`fp32` or `bf16` (the layers' products and activations in bfloat16, see `arithmetic`), as a
+        run's plan settles `model.precision` (`resolve_precision`)."""
         self.num_agents = num_agents
         self.in_dim = in_dim
         self.add_agent_id = shared and num_agents > 1
@@ -185,14 +185,29 @@ def first_layer_output(
     return per_agent
 
 
-def arithmetic(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+def arithmetic(precision: Precision, device: torch.device) -> contextlib.AbstractContextManager[Any]:
     """The context a network's layers run in under `model.precision`. With `bf16`, torch's autocast:
     matrix products and convolutions take bfloat16 copies of their float32 weights and return
     bfloat16, so the activations between them are bfloat16 too. Weights, gradients (autocast casts
     them back) and optimizer state stay float32; the network casts its output to float32."""
-    if resolve_precision(precision, device) == "fp32":
+    if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+Precision = Literal["fp32", "bf16"]
+"""`model.precision` settled for a device: what the networks are built with."""
+
+
+def settled_precision(precision: str) -> Precision:
+    """`precision` when it is settled (`fp32` or `bf16`); a clear error for `auto`, which a run's plan
+    resolves for its device (`marl_ppo.plan`) before any network is built."""
+    if precision == "fp32" or precision == "bf16":
+        return precision
+    raise ValueError(
+        f"model.precision={precision} reached a network unsettled; build the networks from a run's plan "
+        "(marl_ppo.plan.plan_run or plan_eval), which resolves it for the device, or set fp32 or bf16"
+    )
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:

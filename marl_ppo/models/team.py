@@ -15,7 +15,7 @@ from marl_ppo.envs.layout import InputLayout, InputPart
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
 from marl_ppo.models.distributions import ActionDistribution, head_size, make_distribution
 from marl_ppo.models.encoders import CnnShape, FeatureEncoder, ReusedFeatures
-from marl_ppo.models.layers import AgentMLP, StackedLinear
+from marl_ppo.models.layers import AgentMLP, StackedLinear, settled_precision
 from marl_ppo.models.recurrent import MemoryLayout, StackedRecurrent, Stateless
 from marl_ppo.models.value_norm import ValueNorm
 
@@ -64,7 +64,7 @@ def _mlp(
         shared=shared,
         orthogonal_init=model.orthogonal_init,
         head_gain=head_gain,
-        precision=model.precision,
+        precision=settled_precision(model.precision),
         common_input=common_input,
         activate_output=activate_output,
     )
