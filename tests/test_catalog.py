@@ -56,8 +56,8 @@ def test_catalog_env_trains_one_update(spec, tmp_path):
         )
     config = load_config(_experiments()[spec.id], ONE_UPDATE)
     file = load_config(_experiments()[spec.id])
-    if file.eval_vs_random is not None:  # its sides exist in the env
-        assert len(sides_of(probe_spec(config), file.eval_vs_random, file.eval_teams)) >= 2
+    if file.eval.vs_random is not None:  # its sides exist in the env
+        assert len(sides_of(probe_spec(config), file.eval.vs_random, file.eval.teams)) >= 2
     result = train(config, tmp_path)
     assert result.updates == 1 and result.env_steps == 32
     assert (tmp_path / "checkpoints/final.pt").is_file()

@@ -182,9 +182,9 @@ def test_policy_lag_is_zero_without_rollout_workers(tiny_overrides):
         config = load_config(
             SPREAD_YAML, [*tiny_overrides, f"rollout.vector={vector}", "rollout.policy_lag=1"]
         )
-        assert resolve_vector(config, batched=False, step_seconds=_untimed).policy_lag == 0
+        assert resolve_vector(config, batched=False, step_seconds=_untimed).rollout.policy_lag == 0
     config = load_config(SPREAD_YAML, [*tiny_overrides, "rollout.vector=workers", "rollout.policy_lag=1"])
-    assert resolve_vector(config, batched=False, step_seconds=_untimed).policy_lag == 1
+    assert resolve_vector(config, batched=False, step_seconds=_untimed).rollout.policy_lag == 1
 
 
 def _untimed() -> float:
@@ -228,8 +228,8 @@ def test_auto_vector_picks_by_cores_copies_and_step_cost(
         [*tiny_overrides, "rollout.vector=auto", f"rollout.num_envs={num_envs}", "rollout.policy_lag=1"],
     )
     resolved = factory.resolve_vector(config, batched=False, step_seconds=lambda: step_s)
-    assert resolved.vector == expected
-    assert resolved.policy_lag == (1 if expected == "workers" else 0)
+    assert resolved.rollout.vector == expected
+    assert resolved.rollout.policy_lag == (1 if expected == "workers" else 0)
     if expected == "workers":  # two workers, whether the copies are split in halves or one each
         assert resolved.rollout.num_workers == 2
 

@@ -322,9 +322,9 @@ def test_auto_choices_recorded_by_a_finished_run_match_the_auto_it_was_started_w
     recorded["model"]["precision"] = "fp32"
     recorded["ppo"].update(train_pi_iters=10, train_vf_iters=10)
     assert sweep_module.config_differences(settled_epochs(planned, probe_layout(planned)), recorded) == []
-    recorded.update(seed=4, gamma=0.5)
+    recorded["seed"], recorded["ppo"]["gamma"] = 4, 0.5
     assert sweep_module.config_differences(settled_epochs(planned, probe_layout(planned)), recorded) == [
-        "gamma",
+        "ppo.gamma",
         "seed",
     ]
     without_lag = load_config(None, ["env.id=envs/matrix_game_v0"])  # auto, policy_lag 0
