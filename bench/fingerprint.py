@@ -20,6 +20,7 @@ import torch
 
 CASES: dict[str, tuple[str, list[str]]] = {
     "default_8": ("experiments/mpe/simple_spread.yaml", ["seed=0", "total_steps=6400"]),
+    "default_10": ("experiments/mpe/simple_spread.yaml", ["seed=0", "total_steps=8000"]),
     "cue_gru_3": ("experiments/envs/cue_recall.yaml", ["seed=0", "total_steps=960"]),
     "cue_lstm_team": (
         "experiments/envs/cue_recall.yaml",
@@ -38,8 +39,8 @@ CASES: dict[str, tuple[str, list[str]]] = {
         ],
     ),
 }
-"""Name -> experiment file and overrides: the default experiment for 8 updates, a GRU run of 3 updates
-on cue_recall, an LSTM team-critic run and an IPPO run in one process with the KL stop."""
+"""Name -> experiment file and overrides: the default experiment for 8 and for 10 updates, a GRU run of
+3 updates on cue_recall, an LSTM team-critic run and an IPPO run in one process with the KL stop."""
 
 
 def _digest(value: Any, into: Any) -> None:

@@ -1,1 +1,2 @@
-"""Rollouts: the collector (the only loop that steps envs and acts), rollout workers, and the buffer."""
+"""Rollouts: the stepping loop (`stepper.Stepper`, which every acting caller drives), the collector and
+rollout workers built on it, and the buffer."""
