@@ -1,8 +1,8 @@
 """Our hand-written pieces against the library's own, side by side: `python -m bench.library`.
 
-Each piece of `marl_ppo/fast/` has a `fast.*` switch back to the library piece. On the cases where
-the piece acts (the default experiment, simple_spread; VMAS navigation with 1,024 copies; pistonball
-for the screen copy), this runs training with ours and with the library's in turn, pair after pair
+Each piece of `marl_ppo/fast/` has a `fast.*` switch back to the library piece. On the case where
+the piece acts (pistonball for the screen copy, the cue_recall GRU file for the recurrent cell,
+HalfCheetah 2x3 for the MaMuJoCo gather), this runs training with ours and with the library's in turn, pair after pair
 (ours first in odd pairs, the library's first in even ones, so a drifting machine favours neither),
 and reports the medians of the pairs' ratios, library over ours, of the CPU seconds each run took
 (its process and its workers; above 1: the library's piece costs more) and of training steps/s
@@ -21,6 +21,8 @@ from pathlib import Path
 from bench.speed import NAVIGATION_YAML, ROOT, SPREAD_YAML, training_run
 
 PISTONBALL_YAML = ROOT / "experiments" / "butterfly" / "pistonball_v6.yaml"
+CUE_YAML = ROOT / "experiments" / "envs" / "cue_recall.yaml"
+HALFCHEETAH_YAML = ROOT / "experiments" / "mamujoco" / "halfcheetah_2x3.yaml"
 
 
 @dataclass(frozen=True)
@@ -30,16 +32,16 @@ class Piece:
     name: str
     library: str
     """The `fast.*` override that switches to the library piece."""
-    cases: tuple[str, ...] = ("spread", "vmas")
+    cases: tuple[str, ...]
     """The benchmark cases where the piece runs at all."""
 
 
-CASES = ["spread", "vmas", "pistonball"]
+CASES = ["spread", "vmas", "pistonball", "cue", "halfcheetah"]
 
 PIECES = (
-    Piece("optimizer vs torch Adam (fused)", "fast.optimizer=adam_fused"),
-    Piece("optimizer vs torch Adam (foreach)", "fast.optimizer=adam_foreach"),
     Piece("screen copy vs the env's own", "fast.screen_copy=false", ("pistonball",)),
+    Piece("recurrent cell vs torch's GRUCell", "fast.recurrent_cell=false", ("cue",)),
+    Piece("mamujoco gather vs the library's step", "fast.mamujoco_gather=false", ("halfcheetah",)),
 )
 
 
@@ -47,6 +49,15 @@ def case_run(case: str, steps: int, updates: int) -> tuple[Path, list[str]]:
     """The experiment file and overrides of a benchmark case."""
     if case == "spread":
         return SPREAD_YAML, [f"total_steps={steps}"]
+    if case == "cue":  # the GRU file, 40 updates of 16 copies x 20 steps
+        return CUE_YAML, ["total_steps=12800"]
+    if case == "halfcheetah":  # one rollout worker, policy lag 1
+        return HALFCHEETAH_YAML, [
+            "total_steps=40000",
+            "rollout.vector=workers",
+            "rollout.num_workers=1",
+            "rollout.policy_lag=1",
+        ]
     if case == "pistonball":  # 3 updates of 4 copies; one learner thread, as for VMAS
         return PISTONBALL_YAML, ["total_steps=1500", "host.torch_threads=1"]
     # one learner thread: CPU seconds then measure work, not threads spinning while they wait
@@ -61,7 +72,7 @@ def case_run(case: str, steps: int, updates: int) -> tuple[Path, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     """Pair runs with ours and with the library's piece; print each pair, then the medians."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=3, help="pairs of runs per piece and case")
+    parser.add_argument("--pairs", type=int, default=5, help="pairs of runs per piece and case")
     parser.add_argument("--steps", type=int, default=48_000, help="env steps of each simple_spread run")
     parser.add_argument("--updates", type=int, default=4, help="updates of each VMAS run")
     parser.add_argument("--only", nargs="*", help="pieces whose name contains one of these words")

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
 
 
 def paired(name: str, ours: Callable[[], None], library: Callable[[], None], repeats: int = 9) -> None:
@@ -76,39 +75,10 @@ def screen_copy() -> None:
         )
 
 
-def optimizers() -> None:
-    from marl_ppo.algo.optim import clip_grad_norms, make_optimizer
-
-    def network() -> nn.Module:
-        torch.manual_seed(0)  # the default experiment's shared actor: 18 inputs + 3 agent ids, 64x64
-        return nn.Sequential(nn.Linear(21, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 5))
-
-    x = torch.randn(600, 21)
-    for kind in ("adam", "adam_foreach", "adam_fused"):
-        nets = {"flat_adam": network(), kind: network()}
-        optimizers = {
-            name: make_optimizer(net.parameters(), lr=1e-3, kind=name) for name, net in nets.items()
-        }
-
-        def steps(name: str, nets=nets, optimizers=optimizers) -> Callable[[], None]:
-            def run() -> None:
-                for _ in range(100):
-                    optimizer = optimizers[name]
-                    optimizer.zero_grad()
-                    nets[name](x).pow(2).mean().backward()
-                    clip_grad_norms(optimizer, 10.0)
-                    optimizer.step()
-
-            return run
-
-        paired(f"optimizer, 100 minibatch steps, FlatAdam vs {kind}", steps("flat_adam"), steps(kind))
-
-
 def main() -> int:
     """Time every piece against the library's."""
     torch.set_num_threads(1)
-    for measure in (screen_copy, optimizers):
-        measure()
+    screen_copy()
     return 0
 
 

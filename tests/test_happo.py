@@ -234,26 +234,7 @@ def test_a_shared_actor_is_refused_in_one_line():
     assert "\n" not in str(refused.value)
 
 
-def test_torchs_adam_takes_the_same_turns_as_ours(tmp_path):
-    """With torch's Adam, whose parameters without a gradient are not stepped at all, the agents' rows
-    put back and their own step counts give the same weights as FlatAdam, where every row steps."""
-    final = {}
-    for kind in ("flat_adam", "adam"):
-        config = load_config(
-            ROOT / "experiments/mpe/simple_spread.yaml",
-            [*SMALL, *HAPPO, "total_steps=150", f"fast.optimizer={kind}"],
-        )
-        train(config, tmp_path / kind)
-        final[kind] = load_checkpoint(tmp_path / kind / "checkpoints/final.pt")
-    assert_identical(final["adam"]["model"], final["flat_adam"]["model"], "model")
-    for kind in final:
-        optimizers = final[kind]["trainer"]["actor_optimizers"]
-        assert len(optimizers) == 3
-        steps = [float(entry["step"]) for saved in optimizers.values() for entry in saved["state"].values()]
-        assert steps == [3 * 2 * 2] * len(steps)  # every agent's count, the same in every parameter
-
-
-@pytest.mark.parametrize("kind", ["flat_adam", "adam_foreach"])
+@pytest.mark.parametrize("kind", ["adam", "adam_foreach"])
 @pytest.mark.parametrize("overrides", [[], ["model.recurrent=gru", "ppo.chunk_length=5"]])
 def test_each_agent_steps_as_a_plain_adam_over_its_own_weights(kind, overrides):
     """Beside the trainer, one torch.optim.Adam per agent over clones of its rows, stepped with the

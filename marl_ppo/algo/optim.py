@@ -1,5 +1,5 @@
-"""The trainer's optimizers, ours or torch's Adam (`fast.optimizer`), an Adam of one agent's rows of
-agent-stacked parameters (HAPPO's per-agent steps), and gradient-norm clipping for any of them."""
+"""The trainer's optimizers, torch's Adam on the code path `fast.optimizer` names, an Adam of one
+agent's rows of agent-stacked parameters (HAPPO's per-agent steps), and gradient-norm clipping."""
 
 from __future__ import annotations
 
@@ -11,25 +11,22 @@ import torch
 from torch import nn
 from torch.optim.adam import adam
 
-from marl_ppo.fast.adam import IMPLEMENTATION_SETTINGS, FlatAdam, part_bounds
-
 ADAM_EPS = 1e-5
+
+IMPLEMENTATION_SETTINGS = ("foreach", "fused", "capturable", "differentiable")
+"""Adam options that choose torch's code path, not the arithmetic: a loaded state dict keeps ours."""
 
 _TORCH_ADAM_OPTIONS: dict[str, dict[str, Any]] = {
     "adam": {"foreach": False},
     "adam_foreach": {"foreach": True},
     "adam_fused": {"fused": True},
 }
-"""`fast.optimizer` -> the options of torch's Adam that pick its code path (`flat_adam` is ours)."""
+"""`fast.optimizer` -> the options of torch's Adam that pick its code path."""
 
 
 def make_optimizer(params: Iterable[nn.Parameter], *, lr: float, kind: str) -> torch.optim.Optimizer:
-    """Adam (eps 1e-5) over `params`: `flat_adam` (ours), or torch's `adam`, `adam_foreach`, `adam_fused`.
-
-    Build it after the model is on its device and dtype (`flat_adam` moves the parameters into one buffer).
-    """
-    if kind == "flat_adam":
-        return FlatAdam(params, lr=lr, eps=ADAM_EPS)
+    """torch's Adam (eps 1e-5) over `params` on the code path `kind` names: `adam` (single-tensor),
+    `adam_foreach` or `adam_fused`."""
     optimizer = torch.optim.Adam(params, lr=lr, eps=ADAM_EPS, **_torch_adam_options(kind))
     optimizer.register_load_state_dict_pre_hook(_keep_implementation)
     return optimizer
@@ -39,20 +36,17 @@ def make_agent_optimizer(
     params: Iterable[nn.Parameter], *, agent: int, agents: int, lr: float, kind: str
 ) -> AgentAdam:
     """Adam (eps 1e-5) over agent `agent`'s rows of `params`, each stacking `agents` agents' weights
-    (`AgentAdam`), on the code path `kind` names.
-
-    `flat_adam` steps with torch's single-tensor arithmetic, which is FlatAdam's element for element:
-    an agent's rows are spread over the stacked parameters, not one buffer.
-    """
-    options = {"foreach": False} if kind == "flat_adam" else _torch_adam_options(kind)
-    optimizer = AgentAdam(params, agent=agent, agents=agents, lr=lr, eps=ADAM_EPS, **options)
+    (`AgentAdam`), on the code path `kind` names."""
+    optimizer = AgentAdam(
+        params, agent=agent, agents=agents, lr=lr, eps=ADAM_EPS, **_torch_adam_options(kind)
+    )
     optimizer.register_load_state_dict_pre_hook(_keep_implementation)
     return optimizer
 
 
 def _torch_adam_options(kind: str) -> dict[str, Any]:
     if kind not in _TORCH_ADAM_OPTIONS:
-        raise ValueError(f"unknown optimizer '{kind}'; expected flat_adam, {', '.join(_TORCH_ADAM_OPTIONS)}")
+        raise ValueError(f"unknown optimizer '{kind}'; expected one of {', '.join(_TORCH_ADAM_OPTIONS)}")
     return _TORCH_ADAM_OPTIONS[kind]
 
 
@@ -154,11 +148,8 @@ def clip_grad_norms(
     (None: leave them); the parts' norms before, 1-D.
 
     `parts` counts each part's parameters, in the optimizer's order; empty: all of them are one part
-    (global clipping). FlatAdam takes each part's norm over its slice of one buffer; any other
-    optimizer's parameters are clipped by `nn.utils.clip_grad_norm_` (foreach).
+    (global clipping). Each part is clipped by `nn.utils.clip_grad_norm_` (foreach).
     """
-    if isinstance(optimizer, FlatAdam):
-        return optimizer.clip_grad_norm(max_norm, parts)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     norms = []
     for start, stop in part_bounds(parts, len(params)):
@@ -168,6 +159,15 @@ def clip_grad_norms(
         else:
             norms.append(nn.utils.clip_grad_norm_(part, max_norm, foreach=True))
     return torch.stack(norms)
+
+
+def part_bounds(parts: Sequence[int], count: int) -> list[tuple[int, int]]:
+    """`[start, stop)` indices into `count` parameters of parts of `parts` parameters each (empty: one part)."""
+    sizes = list(parts) or [count]
+    if sum(sizes) != count or min(sizes) < 1:
+        raise ValueError(f"optimizer parts {sizes} must be positive and add up to the {count} parameters")
+    ends = list(itertools.accumulate(sizes))
+    return list(zip([0, *ends[:-1]], ends, strict=True))
 
 
 def group_parts(optimizer: torch.optim.Optimizer, networks: Iterable[nn.Module]) -> list[int]:

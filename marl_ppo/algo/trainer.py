@@ -33,7 +33,7 @@ class Trainer:
     settled: its epochs are numbers), once per turn of `ppo.actor_update` (`algo.turns`)."""
 
     def __init__(
-        self, model: TeamModel, ppo: SettledPPO, *, generator: torch.Generator, optimizer: str = "flat_adam"
+        self, model: TeamModel, ppo: SettledPPO, *, generator: torch.Generator, optimizer: str = "adam"
     ) -> None:
         self.model = model
         self.ppo = ppo

@@ -16,7 +16,7 @@ from pydantic_core import ArgsKwargs
 from marl_ppo.config.base import STRICT, ConfigError, PositiveInt
 from marl_ppo.config.env import EnvConfig
 from marl_ppo.config.evaluation import EvalConfig
-from marl_ppo.config.fast import REMOVED_FAST_KEYS, FastConfig
+from marl_ppo.config.fast import REMOVED_FAST_KEYS, REMOVED_OPTIMIZERS, FastConfig
 from marl_ppo.config.host import HostConfig
 from marl_ppo.config.log import LogConfig
 from marl_ppo.config.model import ModelConfig
@@ -206,12 +206,16 @@ def refuse_moved(data: Mapping[str, Any]) -> None:
 
 def migrate_stored(data: Mapping[str, Any]) -> dict[str, Any]:
     """A config a run stored (its config.yaml, a checkpoint's), its moved keys (MOVED_KEYS) at their new
-    place and the switches of removed `fast` pieces (REMOVED_FAST_KEYS) dropped, the library piece
-    taking their place; nothing else changes, and a key already at the new place wins."""
+    place and the switches of removed `fast` pieces (REMOVED_FAST_KEYS, REMOVED_OPTIMIZERS) dropped or
+    renamed, the library piece with the same numbers taking their place; nothing else changes, and a key already at the new place wins."""
     migrated = copy.deepcopy(dict(data))
     fast = migrated.get("fast")
     if isinstance(fast, Mapping):
-        migrated["fast"] = {key: value for key, value in fast.items() if key not in REMOVED_FAST_KEYS}
+        fast = {key: value for key, value in fast.items() if key not in REMOVED_FAST_KEYS}
+        optimizer = fast.get("optimizer")
+        if isinstance(optimizer, str) and optimizer in REMOVED_OPTIMIZERS:
+            fast["optimizer"] = REMOVED_OPTIMIZERS[optimizer]
+        migrated["fast"] = fast
     for old, new in MOVED_KEYS.items():
         if not _holds(migrated, old):
             continue

@@ -13,12 +13,12 @@ from marl_ppo.config.base import STRICT
 
 @dataclass(frozen=True, config=STRICT)
 class FastConfig:
-    """Hand-written replacements of library pieces (`marl_ppo/fast/`), each with a switch back to the library."""
+    """Hand-written replacements of library pieces (`marl_ppo/fast/`), each with a switch back to the
+    library, and which of torch's Adam implementations the trainer steps."""
 
-    optimizer: Literal["flat_adam", "adam", "adam_foreach", "adam_fused"] = "flat_adam"
-    """`flat_adam`: Adam over one flat buffer per network (one clip norm, a few ops per step; the same
-    numbers as `adam`); `adam`, `adam_foreach`, `adam_fused`: torch.optim.Adam with its single-tensor,
-    multi-tensor or fused implementation, and nn.utils.clip_grad_norm_."""
+    optimizer: Literal["adam", "adam_foreach", "adam_fused"] = "adam"
+    """torch.optim.Adam with its single-tensor (`adam`), multi-tensor (`adam_foreach`) or fused
+    (`adam_fused`) implementation, and nn.utils.clip_grad_norm_."""
     screen_copy: bool = True
     """Pistonball and cooperative_pong: every agent's observation and the state are views of one copy
     of the screen per frame (the same arrays), and cooperative_pong's step draws without the copies
@@ -42,6 +42,11 @@ class FastConfig:
                     f"config key 'fast.{key}' was removed: {library} is always used now; "
                     "delete the key from the experiment file or the overrides"
                 )
+        if isinstance(keys, dict) and keys.get("optimizer") in REMOVED_OPTIMIZERS:
+            raise ValueError(
+                f"fast.optimizer={keys['optimizer']} was removed: torch.optim.Adam's single-tensor step "
+                "computes the same numbers; set fast.optimizer=adam (the default) or drop the key"
+            )
         return data
 
 
@@ -53,3 +58,6 @@ REMOVED_FAST_KEYS = {
     "lean_cycle": "PettingZoo's aec_to_parallel wrapper",
 }
 """`fast` switches whose hand-written piece was removed, and the library piece that replaced it."""
+
+REMOVED_OPTIMIZERS = {"flat_adam": "adam"}
+"""`fast.optimizer` values whose hand-written optimizer was removed -> the value with the same numbers."""
