@@ -18,6 +18,18 @@ from marl_ppo import registry
 from marl_ppo.envs.adapters.contract import REJOIN_KEY
 
 BROKEN = "tests/broken_v0"
+# 2 copies x 5 steps per update; the broken env strikes at its copy's 7th step, during update 2
+TINY_RUN = [
+    "rollout.num_envs=2",
+    "rollout.rollout_steps=5",
+    "total_steps=40",
+    "log.progress=false",
+    "log.checkpoint_every=1",
+    "ppo.train_pi_iters=1",
+    "ppo.train_vf_iters=1",
+    "ppo.num_minibatches=1",
+    "model.hidden_sizes=[8]",
+]
 
 FAULTS = (
     "none",

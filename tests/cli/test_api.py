@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_sweep import TINY_MATRIX
+from helpers import TINY_MATRIX
 
 import marl_ppo
 from marl_ppo.config import ConfigError, load_config

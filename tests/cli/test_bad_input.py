@@ -12,26 +12,14 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from broken_envs import BROKEN, register_for_test
-from conftest import ROOT
+from broken_envs import BROKEN, TINY_RUN, register_for_test
+from helpers import ROOT
 
 from marl_ppo.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_checkpoint
 from marl_ppo.cli import main
 from marl_ppo.envs.adapters.contract import EnvContractError
 
 SPREAD_YAML = str(ROOT / "experiments/mpe/simple_spread.yaml")
-# 2 copies x 5 steps per update; the broken env strikes at its copy's 7th step, during update 2
-TINY = [
-    "rollout.num_envs=2",
-    "rollout.rollout_steps=5",
-    "total_steps=40",
-    "log.progress=false",
-    "log.checkpoint_every=1",
-    "ppo.train_pi_iters=1",
-    "ppo.train_vf_iters=1",
-    "ppo.num_minibatches=1",
-    "model.hidden_sizes=[8]",
-]
 NOTHING, KEPT, UPDATE_1 = "nothing written", "kept as it was", "checkpoint of update 1"
 
 
@@ -45,7 +33,7 @@ class Case:
 
 
 def broken(fault: str, *names: str, status: int = 2, extra: tuple[str, ...] = ()) -> Case:
-    return Case([f"env.id={BROKEN}", f"env.kwargs.fault={fault}", *TINY, *extra], status, names, UPDATE_1)
+    return Case([f"env.id={BROKEN}", f"env.kwargs.fault={fault}", *TINY_RUN, *extra], status, names, UPDATE_1)
 
 
 CASES = {
@@ -292,7 +280,7 @@ def test_debug_shows_the_traceback_with_the_envs_own_error(tmp_path):
         "train",
         f"env.id={BROKEN}",
         "env.kwargs.fault=step_raises",
-        *TINY,
+        *TINY_RUN,
         "--run-dir",
         str(tmp_path / "r"),
     ]
@@ -308,7 +296,7 @@ def test_console_script_debug_prints_the_worker_traceback(tmp_path):
     args = [
         f"env.id={env_id}",
         "env.kwargs.fault=step_raises",
-        *TINY,
+        *TINY_RUN,
         "rollout.vector=subprocess",
         "rollout.num_workers=1",
     ]

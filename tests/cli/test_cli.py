@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT
+from helpers import ROOT
 
 from marl_ppo import cli, console
 from marl_ppo.checkpoint import CheckpointError, load_checkpoint

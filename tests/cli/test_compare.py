@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from helpers import fake_run
 
 from marl_ppo.analysis.compare import aggregates_of, improvements_of, write_comparison
 from marl_ppo.analysis.runlogs import ReportError
@@ -111,35 +112,12 @@ def test_the_marl_eval_runs_line_up_by_rank_when_algorithms_ran_different_seeds(
         ]
 
 
-def _fake_run(path, env_id, critic, seed, finals):
-    """A finished run directory as training writes it: config, evaluations and the absolute metric."""
-    path.mkdir(parents=True)
-    (path / "tensorboard").mkdir()
-    config = {
-        "env": {"id": env_id},
-        "seed": seed,
-        "ppo": {"critic": critic},
-        "total_steps": 300,
-        "eval": {"every": 100},
-    }
-    (path / "config.yaml").write_text(yaml.safe_dump(config))
-    with (path / "evaluations.jsonl").open("w") as handle:
-        for step, value in zip((100, 200, 300), finals, strict=True):
-            episodes = [value - 1.0, value + 1.0]
-            handle.write(
-                json.dumps({"step": step, "team_return_mean": value, "team_return": episodes}) + "\n"
-            )
-    best = max(finals)
-    absolute = {"step": 300, "per_episode": {"team_return": [best - 0.5, best + 0.5, best, best]}}
-    (path / "absolute_metric.json").write_text(json.dumps(absolute))
-
-
 def test_compare_on_two_configurations_two_tasks_three_seeds_writes_every_output(tmp_path, capsys):
     for task, offset in (("mpe2/simple_spread_v3", -60.0), ("mpe2/simple_reference_v3", -30.0)):
         for critic, gain in (("state", 10.0), ("obs", 5.0)):
             for seed in range(3):
                 finals = [offset, offset + gain / 2 + seed, offset + gain + seed]
-                _fake_run(
+                fake_run(
                     tmp_path / "runs" / f"{task.split('/')[1]}-{critic}-{seed}", task, critic, seed, finals
                 )
     out = tmp_path / "out"
@@ -164,9 +142,9 @@ def test_compare_on_two_configurations_two_tasks_three_seeds_writes_every_output
 
 
 def test_compare_refuses_an_incomplete_table(tmp_path):
-    _fake_run(tmp_path / "a", "mpe2/simple_spread_v3", "state", 0, [0.0, 1.0, 2.0])
-    _fake_run(tmp_path / "b", "mpe2/simple_spread_v3", "obs", 0, [0.0, 1.0, 2.0])
-    _fake_run(tmp_path / "c", "mpe2/simple_spread_v3", "obs", 1, [0.0, 1.0, 2.0])
+    fake_run(tmp_path / "a", "mpe2/simple_spread_v3", "state", 0, [0.0, 1.0, 2.0])
+    fake_run(tmp_path / "b", "mpe2/simple_spread_v3", "obs", 0, [0.0, 1.0, 2.0])
+    fake_run(tmp_path / "c", "mpe2/simple_spread_v3", "obs", 1, [0.0, 1.0, 2.0])
     with pytest.raises(ReportError, match="same number of seeds"):
         write_comparison([tmp_path], tmp_path / "out", reps=10)
 
@@ -190,9 +168,9 @@ def test_every_task_exports_as_many_evaluations_as_the_task_with_fewest():
 
 def test_compare_by_a_moved_key_reads_runs_stored_before_the_sections(tmp_path, capsys):
     for seed in range(2):
-        _fake_run(tmp_path / "runs" / f"new-{seed}", "mpe2/simple_spread_v3", "state", seed, [0.0, 1.0, 2.0])
+        fake_run(tmp_path / "runs" / f"new-{seed}", "mpe2/simple_spread_v3", "state", seed, [0.0, 1.0, 2.0])
         old = tmp_path / "runs" / f"old-{seed}"
-        _fake_run(old, "mpe2/simple_spread_v3", "obs", seed, [0.0, 2.0, 3.0])
+        fake_run(old, "mpe2/simple_spread_v3", "obs", seed, [0.0, 2.0, 3.0])
         config = yaml.safe_load((old / "config.yaml").read_text())
         config["critic"], config["eval_every"] = config.pop("ppo")["critic"], config.pop("eval")["every"]
         (old / "config.yaml").write_text(yaml.safe_dump(config))  # as a run before the sections stored it

@@ -5,9 +5,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT
+from helpers import ROOT, assert_same_final_weights, vector_env
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_integration import assert_same_final_weights
 from user_env_files import write_env_file, write_humans_only_file
 
 from marl_ppo.cli import main
@@ -233,8 +232,6 @@ def test_mean_ci95_is_the_student_t_interval():
 
 
 def _never_ending(max_steps):
-    from helpers import vector_env
-
     from marl_ppo.models.team import TeamModel
 
     config = load_config(

@@ -8,8 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT
-from test_compare import _fake_run
+from helpers import ROOT, fake_run
 
 from marl_ppo.analysis.compare import write_comparison
 
@@ -47,7 +46,7 @@ def test_marl_eval_reads_the_export_and_normalises_it_as_compare_does(tmp_path):
         for critic, gain in (("state", 10.0), ("obs", 5.0)):
             for seed in range(3):
                 finals = [offset, offset + gain / 2 + seed, offset + gain + seed]
-                _fake_run(
+                fake_run(
                     tmp_path / "runs" / f"{task.split('/')[1]}-{critic}-{seed}", task, critic, seed, finals
                 )
     comparison = write_comparison([tmp_path / "runs"], tmp_path / "out", reps=100)

@@ -10,9 +10,7 @@ import time
 
 import pytest
 import yaml
-from conftest import ROOT
-from test_resume_cli import _wait_for_checkpoint
-from test_sweep import TINY_MATRIX
+from helpers import ROOT, TINY_MATRIX, wait_for_checkpoint
 
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.cli import main
@@ -84,7 +82,7 @@ def test_train_stop_resume_eval_sweep_report(tmp_path, monkeypatch, capsys):
         text=True,
     )
     run_dir = _started_run_dir(train, tmp_path / "runs")
-    saved = _wait_for_checkpoint(train, run_dir, updates=1)
+    saved = wait_for_checkpoint(train, run_dir, updates=1)
     train.send_signal(signal.SIGINT)
     _, stderr = train.communicate(timeout=60)
     assert train.returncode == 130, stderr

@@ -5,7 +5,7 @@ import re
 
 import pytest
 import yaml
-from conftest import ROOT
+from helpers import ROOT
 
 from marl_ppo.cli import main
 

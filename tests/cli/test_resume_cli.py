@@ -11,11 +11,10 @@ import time
 import pytest
 import torch
 import yaml
-from conftest import ROOT
-from test_resume import scalars
+from helpers import ROOT, scalars, wait_for_checkpoint
 
 from marl_ppo.analysis.runlogs import read_run
-from marl_ppo.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from marl_ppo.checkpoint import load_checkpoint, save_checkpoint
 from marl_ppo.cli import main
 from marl_ppo.config import MOVED_KEYS
 
@@ -46,28 +45,10 @@ def _start(tiny_overrides, run_dir, *extra):
     )
 
 
-def _wait_for_checkpoint(process, run_dir, updates, timeout=60.0):
-    """Wait until latest.pt holds at least `updates` updates; return it."""
-    path = run_dir / "checkpoints/latest.pt"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert process.poll() is None, process.communicate()
-        if path.exists():
-            try:
-                saved = load_checkpoint(path)
-            except CheckpointError:  # replaced between exists() and the read
-                continue
-            if saved["updates"] >= updates:
-                return saved
-        time.sleep(0.05)
-    process.kill()
-    raise AssertionError(f"no checkpoint with {updates} updates after {timeout} s")
-
-
 def test_kill_9_then_resume_continues_the_log_without_duplicates(tiny_overrides, tmp_path, capsys):
     run_dir = tmp_path / "run"
     process = _start(tiny_overrides, run_dir, "log.checkpoint_every=2")
-    _wait_for_checkpoint(process, run_dir, updates=4)
+    wait_for_checkpoint(process, run_dir, updates=4)
     process.send_signal(signal.SIGKILL)
     process.communicate(timeout=30)
     assert process.returncode == -signal.SIGKILL
@@ -88,7 +69,7 @@ def test_sigterm_writes_a_checkpoint_and_exits_with_143(tiny_overrides, tmp_path
     signum = signal.SIGTERM
     run_dir = tmp_path / "run"
     process = _start(tiny_overrides, run_dir, "log.checkpoint_every=3")
-    _wait_for_checkpoint(process, run_dir, updates=3)
+    wait_for_checkpoint(process, run_dir, updates=3)
     process.send_signal(signum)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 128 + signum
@@ -108,7 +89,7 @@ def test_sigint_delivered_twice_as_timeout_sends_it_still_checkpoints(tiny_overr
     a moment apart are one request to stop, answered with a checkpoint."""
     run_dir = tmp_path / "run"
     process = _start(tiny_overrides, run_dir, "log.checkpoint_every=3")
-    _wait_for_checkpoint(process, run_dir, updates=3)
+    wait_for_checkpoint(process, run_dir, updates=3)
     process.send_signal(signal.SIGINT)
     time.sleep(0.3)  # the first one's handler has run by now, and a tiny run may have stopped
     process.send_signal(signal.SIGINT)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import TINY_MATRIX
 
 from marl_ppo.analysis import sweep as sweep_module
 from marl_ppo.analysis.sweep import parse_grid, plan_sweep, split_values
@@ -20,14 +21,6 @@ from marl_ppo.cli import main
 from marl_ppo.config import config_to_dict, load_config
 from marl_ppo.envs.factory import probe_layout
 from marl_ppo.plan.host import settled_epochs
-
-TINY_MATRIX = {
-    "env": {"id": "envs/matrix_game_v0"},
-    "rollout": {"num_envs": 2, "rollout_steps": 4},
-    "total_steps": 8,
-    "ppo": {"num_minibatches": 1, "train_pi_iters": 1, "train_vf_iters": 1},
-    "model": {"hidden_sizes": [8]},
-}
 
 
 @pytest.fixture

@@ -1,27 +1,17 @@
 """Every catalog id has an experiment file, steps through whole episodes with auto-reset (terminations and
 truncations) and trains one update (skipped, with the reason, where its extra is missing)."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
-import yaml
-from conftest import ROOT
-from helpers import vector_env
+from helpers import CATALOG, EPISODES, TERM, TRUNC, experiments, vector_env
 
 from marl_ppo.config import load_config, yaml_value
 from marl_ppo.envs.factory import probe_spec
 from marl_ppo.eval.random_policy import random_actions
 from marl_ppo.eval.versus import sides_of
-from marl_ppo.registry import registered_specs
 from marl_ppo.run.loop import train
 
-CATALOG = [spec for spec in registered_specs() if spec.family != "envs"]
-CATALOG_MPE2, CATALOG_LBF, CATALOG_RWARE, CATALOG_VMAS = (
-    [spec.id.split("/", 1)[1] for spec in CATALOG if spec.family == family]
-    for family in ("mpe2", "lbf", "rware", "vmas")
-)
 ONE_UPDATE = [
     "rollout.vector=sync",
     "rollout.num_envs=2",
@@ -35,16 +25,8 @@ ONE_UPDATE = [
 ]
 
 
-def _experiments() -> dict[str, Path]:
-    found = {}
-    for path in sorted((ROOT / "experiments").rglob("*.yaml")):
-        env_id = (yaml.safe_load(path.read_text()).get("env") or {}).get("id")
-        found.setdefault(env_id, path)
-    return found
-
-
 def test_every_catalog_id_has_an_experiment_file():
-    missing = [spec.id for spec in CATALOG if spec.id not in _experiments()]
+    missing = [spec.id for spec in CATALOG if spec.id not in experiments()]
     assert not missing, f"no experiments/*.yaml for {missing}"
 
 
@@ -54,43 +36,13 @@ def test_catalog_env_trains_one_update(spec, tmp_path):
         pytest.skip(
             f"{spec.id}: missing {', '.join(spec.missing_modules)} (pip install 'marl-ppo[{spec.extra}]')"
         )
-    config = load_config(_experiments()[spec.id], ONE_UPDATE)
-    file = load_config(_experiments()[spec.id])
+    config = load_config(experiments()[spec.id], ONE_UPDATE)
+    file = load_config(experiments()[spec.id])
     if file.eval_vs_random is not None:  # its sides exist in the env
         assert len(sides_of(probe_spec(config), file.eval_vs_random, file.eval_teams)) >= 2
     result = train(config, tmp_path)
     assert result.updates == 1 and result.env_steps == 32
     assert (tmp_path / "checkpoints/final.pt").is_file()
-
-
-TERM, TRUNC = "terminated", "truncated"
-_LBF = (
-    {"field_size": [5, 5], "max_num_food": 1, "force_coop": False, "max_episode_steps": 50},
-    {TERM, TRUNC},
-)
-EPISODES = {
-    # id: (env kwargs that keep episodes short, how its episodes are seen to end under random actions)
-    **{f"mpe2/{name}": ({"max_cycles": 5}, {TRUNC}) for name in CATALOG_MPE2},
-    "sisl/multiwalker_v9": ({"max_cycles": 100}, {TERM, TRUNC}),  # falls, and the time limit
-    "sisl/pursuit_v5": (
-        {"x_size": 5, "y_size": 5, "n_evaders": 1, "n_pursuers": 3, "n_catch": 1, "max_cycles": 60},
-        {TERM, TRUNC},
-    ),
-    "butterfly/pistonball_v6": ({"max_cycles": 5}, {TRUNC}),
-    "butterfly/cooperative_pong_v6": ({"max_cycles": 40}, {TERM, TRUNC}),
-    "butterfly/knights_archers_zombies_v11": ({"max_cycles": 150}, {TERM, TRUNC}),
-    "classic/rps_v2": ({"max_cycles": 3}, {TRUNC}),
-    "classic/connect_four_v3": ({}, {TERM}),
-    "classic/tictactoe_v3": ({}, {TERM}),
-    "classic/hanabi_v5": ({}, {TERM}),  # the third life lost (or the deck out)
-    **{f"lbf/{name}": _LBF for name in CATALOG_LBF},
-    **{f"rware/{name}": ({"max_steps": 10}, {TRUNC}) for name in CATALOG_RWARE},
-    "magent2/battle_v4": ({"max_cycles": 30}, {TRUNC}),
-    **{f"vmas/{name}": ({"max_steps": 5}, {TRUNC}) for name in CATALOG_VMAS},
-    "mamujoco/HalfCheetah-2x3": ({"max_episode_steps": 20}, {TRUNC}),
-    "mamujoco/Ant-4x2": ({"max_episode_steps": 40}, {TERM, TRUNC}),  # falls, and the time limit
-    "mamujoco/Walker2d-2x3": ({"max_episode_steps": 12}, {TERM, TRUNC}),
-}
 
 
 def test_every_catalog_id_says_how_its_episodes_end():
@@ -108,7 +60,7 @@ def test_catalog_env_runs_whole_episodes_with_auto_reset(spec):
     kwargs, ends = EPISODES[spec.id]
     overrides = [f"env.kwargs.{key}={yaml_value(value)}" for key, value in kwargs.items()]
     config = load_config(
-        _experiments()[spec.id],
+        experiments()[spec.id],
         ["rollout.vector=sync", "rollout.num_envs=2", "ppo.num_minibatches=1", *overrides],
     )
     venv = vector_env(config)
@@ -168,7 +120,7 @@ def test_battle_agents_that_die_leave_mid_episode_and_return_at_the_reset():
     auto-reset that follows the time limit."""
     pytest.importorskip("magent2")
     config = load_config(
-        _experiments()["magent2/battle_v4"],
+        experiments()["magent2/battle_v4"],
         ["rollout.vector=sync", "rollout.num_envs=1", "env.kwargs.map_size=12", "env.kwargs.max_cycles=100"],
     )
     venv = vector_env(config)

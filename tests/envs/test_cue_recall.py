@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 from marl_ppo_examples.cue_recall import CueRecallEnv
 from pettingzoo.test import parallel_api_test
 

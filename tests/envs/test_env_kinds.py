@@ -6,8 +6,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import collect_rollout
-from helpers import vector_env
+from helpers import collect_rollout, vector_env
 from marl_ppo_examples.mixed_actions import MixedActionsEnv
 from pettingzoo.test import parallel_api_test
 

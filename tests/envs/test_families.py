@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 import marl_ppo
 from marl_ppo.cli import main

@@ -5,8 +5,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import ROOT
-from helpers import vector_env
+from helpers import ROOT, assert_same_runs, vector_env
 
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
@@ -206,8 +205,6 @@ def test_an_observation_item_that_is_computed_keeps_the_librarys_step():
 
 def test_a_run_on_the_librarys_step_learns_the_very_same_weights(tmp_path):
     """`fast.mamujoco_gather: false`: the same run, bit for bit, on Gymnasium-Robotics' own step."""
-    from test_fast_switches import _assert_same_runs
-
     overrides = [
         "env.kwargs={agent_obsk: 0, max_episode_steps: 30}",
         "rollout.num_envs=2",
@@ -219,7 +216,7 @@ def test_a_run_on_the_librarys_step_learns_the_very_same_weights(tmp_path):
         "log.progress=false",
     ]  # episodes end: returns logged
     overrides += ["ppo.train_pi_iters=2", "ppo.train_vf_iters=2", "model.hidden_sizes=[16,16]"]
-    _assert_same_runs(HALFCHEETAH, overrides, ["fast.mamujoco_gather=false"], tmp_path)
+    assert_same_runs(HALFCHEETAH, overrides, ["fast.mamujoco_gather=false"], tmp_path)
 
 
 def test_the_switch_picks_the_step_each_env_copy_takes():

@@ -4,7 +4,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 from marl_ppo.config import load_config
 from marl_ppo.registry import make_env

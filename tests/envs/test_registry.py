@@ -91,7 +91,7 @@ def test_conformance_passes_for_a_good_env_and_reports_a_broken_one(capsys):
 
 
 def test_readme_bring_your_own_env_example_works_when_pasted(tmp_path, capsys):
-    from conftest import ROOT
+    from helpers import ROOT
 
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Bring your own environment", 1)[1]

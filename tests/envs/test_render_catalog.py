@@ -1,7 +1,7 @@
 """`eval --render` on a tiny run of each catalog family writes the video or refuses in one line (exit 2)."""
 
 import pytest
-from test_catalog import EPISODES, _experiments
+from helpers import EPISODES, experiments
 
 from marl_ppo.cli import main
 from marl_ppo.config import yaml_value
@@ -38,7 +38,7 @@ def test_eval_render_writes_a_video_or_refuses_in_one_line(env_id, tmp_path, cap
         "eval.every=0",
     ]
     tiny += ["ppo.num_minibatches=1", "ppo.train_pi_iters=1", "ppo.train_vf_iters=1", *kwargs]
-    assert main(["train", str(_experiments()[env_id]), *tiny, "--run-dir", str(run)]) == 0
+    assert main(["train", str(experiments()[env_id]), *tiny, "--run-dir", str(run)]) == 0
     capsys.readouterr()
     status = main(["eval", str(run), "--episodes", "1", "--render", "gif"])
     captured = capsys.readouterr()

@@ -4,7 +4,7 @@ import dataclasses
 
 import numpy as np
 import torch
-from conftest import ROOT, collect_rollout
+from helpers import ROOT, collect_rollout
 
 from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.gae import fold_turns

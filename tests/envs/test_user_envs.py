@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 import yaml
-from conftest import ROOT
+from helpers import ROOT
 from user_env_files import write_env_file
 
 from marl_ppo.config import load_config

@@ -11,7 +11,7 @@ import json
 
 import pytest
 import torch
-from conftest import ROOT, collect_rollout
+from helpers import DEVICES, ROOT, collect_rollout, vector_env
 
 from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.trainer import Trainer
@@ -19,11 +19,6 @@ from marl_ppo.config import load_config
 from marl_ppo.eval.from_checkpoint import evaluate_checkpoint
 from marl_ppo.fast.adam import FlatAdam
 from marl_ppo.run.loop import train
-
-DEVICES = [
-    "cpu",
-    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
-]
 
 
 def _batches_on(batches, device):
@@ -83,8 +78,6 @@ def test_flat_adam_on_the_device_equals_torch_adam(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_vmas_rollout_and_its_batches_stay_on_the_device(device):
     pytest.importorskip("vmas")
-    from helpers import vector_env
-
     from marl_ppo.models.team import TeamModel
     from marl_ppo.rollout.buffer import RolloutBuffer
     from marl_ppo.rollout.collector import Collector

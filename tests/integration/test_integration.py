@@ -2,10 +2,8 @@
 
 import json
 
-import torch
 import yaml
-from conftest import ROOT
-from helpers import vector_env
+from helpers import ROOT, assert_same_final_weights, vector_env
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from marl_ppo.checkpoint import load_checkpoint
@@ -97,15 +95,6 @@ def test_ippo_experiment_runs_from_the_cli(tiny_overrides, tmp_path, capsys):
     assert "done: 100 env steps" in capsys.readouterr().out
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert saved["ppo"]["critic"] == "obs"
-
-
-def assert_same_final_weights(run_a, run_b):
-    """Two runs ended with bit-identical model weights."""
-    weights_a = load_checkpoint(run_a / "checkpoints/final.pt")["model"]
-    weights_b = load_checkpoint(run_b / "checkpoints/final.pt")["model"]
-    assert weights_a.keys() == weights_b.keys()
-    for name, tensor in weights_a.items():
-        assert torch.equal(tensor, weights_b[name]), name
 
 
 def test_same_seed_same_run(spread_config, tmp_path):

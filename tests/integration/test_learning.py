@@ -1,7 +1,7 @@
 """Learning checks (slow, `make test-slow`): the default experiment must learn, not just run."""
 
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 from marl_ppo.config import load_config
 from marl_ppo.run.loop import train

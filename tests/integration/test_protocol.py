@@ -5,8 +5,7 @@ import json
 
 import numpy as np
 import torch
-from conftest import ROOT
-from helpers import vector_env
+from helpers import ROOT, vector_env
 
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.config import build_config, load_config

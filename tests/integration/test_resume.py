@@ -4,26 +4,28 @@ import signal
 import threading
 import warnings
 
-import numpy as np
 import pytest
-import torch
-from conftest import ROOT
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from helpers import (
+    ROOT,
+    K,
+    Killed,
+    assert_identical,
+    assert_same_run_state,
+    crash_at_update,
+    run_state_only,
+    scalars,
+)
 
 import marl_ppo
-import marl_ppo.run.loop as train_module
 from marl_ppo.algo.schedule import LrSchedule
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from marl_ppo.config import ConfigError, load_config
-from marl_ppo.envs.spec import TeamArrays
-from marl_ppo.envs.vector.state import load_env_state
 from marl_ppo.registry import make_env
 from marl_ppo.run.loop import train
 from marl_ppo.run.resume import NotExactResumeWarning
 from marl_ppo.run.signals import Interrupted
 
-K = 3
 STEPS_PER_UPDATE = 20  # 2 env copies x 10 steps: 25-step episodes end mid-rollout and span checkpoints
 
 
@@ -38,82 +40,6 @@ def _config(tiny_overrides, *extra):
             *extra,
         ],
     )
-
-
-class _Killed(Exception):
-    """Stands for the process dying (no final checkpoint)."""
-
-
-def _crash_at_update(monkeypatch, number):
-    """Make train() die while running update `number` (1-based), after the ones before were logged."""
-    real, calls = train_module._one_update, []
-
-    def one_update(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == number:
-            raise _Killed
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(train_module, "_one_update", one_update)
-
-
-def scalars(run_dir):
-    """Every non-`perf/` scalar the run logged, as TensorBoard's reader returns it: tag -> [(step, value)]."""
-    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
-    events.Reload()
-    return {
-        tag: [(e.step, e.value) for e in events.Scalars(tag)]
-        for tag in events.Tags()["scalars"]
-        if not tag.startswith("perf/")
-    }
-
-
-def assert_identical(a, b, where="checkpoint"):
-    """Nested dicts/lists of tensors and primitives are equal, tensors bit for bit."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for key in a:
-            assert_identical(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, list | tuple):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_identical(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
-
-
-def _run_state_only(payload):
-    # pickled env bytes are not canonical (shared references); _env_futures compares the envs instead
-    skipped = ("wall_s", "timing", "envs")
-    rollout = {key: value for key, value in payload["config"]["rollout"].items() if key != "vector"}
-    config = {**payload["config"], "rollout": rollout}
-    return {**{key: value for key, value in payload.items() if key not in skipped}, "config": config}
-
-
-def _env_futures(payload, steps=30):
-    """Observations and rewards of each saved env copy over `steps` more steps (auto-reset included)."""
-    futures = []
-    for blob in payload["envs"]["states"]:
-        adapter = load_env_state(blob.numpy().tobytes())
-        out = TeamArrays.allocate(adapter.spec)
-        actions = {"agent": np.ones((adapter.spec.group("agent").num_agents,), dtype=np.int64)}
-        spread = out.groups["agent"]
-        for _ in range(steps):
-            if adapter.step(actions, out):
-                adapter.reset(None, out)
-            futures.append((spread.obs.copy(), spread.reward.copy()))
-    return futures
-
-
-def assert_same_run_state(path_a, path_b):
-    """Two checkpoints hold the same run state, and their env copies continue identically."""
-    a, b = load_checkpoint(path_a), load_checkpoint(path_b)
-    # weights, optimizer moments, normalizers, every RNG, collector and logger state, the counters
-    assert_identical(_run_state_only(a), _run_state_only(b))
-    for (obs_a, reward_a), (obs_b, reward_b) in zip(_env_futures(a), _env_futures(b), strict=True):
-        assert np.array_equal(obs_a, obs_b) and np.array_equal(reward_a, reward_b)
 
 
 HAPPO = (
@@ -146,8 +72,8 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(
     )
     straight = train(config, tmp_path / "straight")
 
-    _crash_at_update(monkeypatch, K + 2)  # update K+1 was logged after the checkpoint at K: must be purged
-    with pytest.raises(_Killed):
+    crash_at_update(monkeypatch, K + 2)  # update K+1 was logged after the checkpoint at K: must be purged
+    with pytest.raises(Killed):
         train(config, tmp_path / "resumed")
     monkeypatch.undo()
     assert load_checkpoint(tmp_path / "resumed/checkpoints/latest.pt")["updates"] == K
@@ -230,8 +156,8 @@ def test_changing_total_steps_on_resume_keeps_the_learning_rate_continuous(
 ):
     config = _config(tiny_overrides, "rollout.vector=sync", "total_steps=240")  # linear decay over 12 updates
     base, stop = config.ppo.pi_lr, K * STEPS_PER_UPDATE
-    _crash_at_update(monkeypatch, K + 1)
-    with pytest.raises(_Killed):
+    crash_at_update(monkeypatch, K + 1)
+    with pytest.raises(Killed):
         train(config, tmp_path)
     monkeypatch.undo()
     before = scalars(tmp_path)["train/pi_lr"]
@@ -282,8 +208,8 @@ def test_unpicklable_env_resumes_with_fresh_episodes_and_a_warning(
 ):
     marl_ppo.register_env("tests/unpicklable_spread_v0", _unpicklable_spread)
     config = _config(tiny_overrides, f"rollout.vector={vector}", "env.id=tests/unpicklable_spread_v0")
-    _crash_at_update(monkeypatch, K + 2)
-    with pytest.raises(_Killed):
+    crash_at_update(monkeypatch, K + 2)
+    with pytest.raises(Killed):
         train(config, tmp_path)
     monkeypatch.undo()
     saved = load_checkpoint(tmp_path / "checkpoints/latest.pt")
@@ -331,8 +257,8 @@ def test_killed_and_resumed_vmas_run_equals_the_uninterrupted_one(tiny_overrides
     straight = train(config, tmp_path / "straight")
     assert straight.episodes > 8  # copies ended at different steps
 
-    _crash_at_update(monkeypatch, K + 2)
-    with pytest.raises(_Killed):
+    crash_at_update(monkeypatch, K + 2)
+    with pytest.raises(Killed):
         train(config, tmp_path / "resumed")
     monkeypatch.undo()
     with warnings.catch_warnings():
@@ -342,7 +268,7 @@ def test_killed_and_resumed_vmas_run_equals_the_uninterrupted_one(tiny_overrides
     assert (resumed.updates, resumed.env_steps, resumed.episodes) == (2 * K, 2 * K * 80, straight.episodes)
     a = load_checkpoint(tmp_path / "straight/checkpoints/final.pt")
     b = load_checkpoint(tmp_path / "resumed/checkpoints/final.pt")
-    assert_identical(_run_state_only(a), _run_state_only(b))
+    assert_identical(run_state_only(a), run_state_only(b))
     assert scalars(tmp_path / "resumed") == scalars(tmp_path / "straight")
 
 

@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+from helpers import ROOT, rollout_log_probs
 
 from marl_ppo.config import load_config
 from marl_ppo.envs.factory import probe_layout
@@ -18,7 +19,6 @@ from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.slice import worker_seed
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.loop import train
-from tests.conftest import ROOT, rollout_log_probs
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # workers compute with one thread: bit-identical products
 

@@ -10,8 +10,8 @@ import time
 
 import pytest
 import torch
-from broken_envs import BROKEN, register_for_test
-from conftest import ROOT, collect_rollout
+from broken_envs import BROKEN, TINY_RUN, register_for_test
+from helpers import ROOT, collect_rollout
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import marl_ppo.checkpoint as checkpoint_module
@@ -146,11 +146,9 @@ def test_skip_drops_every_poisoned_step_and_counts_it(spread_config, monkeypatch
 
 
 def test_overflowing_returns_with_skip_finish_the_run_and_log_the_skips(tmp_path, capsys, monkeypatch):
-    from test_bad_input import TINY
-
     register_for_test(monkeypatch)
     run_dir = tmp_path / "run"
-    args = [f"env.id={BROKEN}", "env.kwargs.fault=huge_reward", *TINY, "ppo.on_nonfinite=skip"]
+    args = [f"env.id={BROKEN}", "env.kwargs.fault=huge_reward", *TINY_RUN, "ppo.on_nonfinite=skip"]
     assert main(["train", *args, "--run-dir", str(run_dir)]) == 0
     events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
     events.Reload()
@@ -161,8 +159,6 @@ def test_overflowing_returns_with_skip_finish_the_run_and_log_the_skips(tmp_path
 
 
 def test_full_disk_during_a_run_keeps_the_previous_checkpoint(tmp_path, capsys, monkeypatch):
-    from test_bad_input import TINY
-
     register_for_test(monkeypatch)
     run_dir = tmp_path / "run"
     latest = run_dir / "checkpoints/latest.pt"
@@ -175,7 +171,7 @@ def test_full_disk_during_a_run_keeps_the_previous_checkpoint(tmp_path, capsys, 
         real_fsync(fd)
 
     monkeypatch.setattr(checkpoint_module.os, "fsync", fsync_until_the_disk_is_full)
-    assert main(["train", f"env.id={BROKEN}", *TINY, "--run-dir", str(run_dir)]) == 1
+    assert main(["train", f"env.id={BROKEN}", *TINY_RUN, "--run-dir", str(run_dir)]) == 1
     monkeypatch.undo()
     err = capsys.readouterr().err
     second = periodic_path(latest.parent, 2)  # written before latest.pt, so latest.pt is never touched

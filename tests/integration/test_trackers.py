@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 from marl_ppo.config import ConfigError, load_config
 from marl_ppo.logs.backends import CsvBackend, TrackerWarning, read_scalars_csv, rows_of

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from conftest import ROOT
-from helpers import vector_env
+from helpers import ROOT, vector_env
 
 from marl_ppo.config import load_config
 from marl_ppo.eval.evaluate import eval_config, run_episodes

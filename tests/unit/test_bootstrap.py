@@ -2,8 +2,7 @@
 
 import numpy as np
 import torch
-from conftest import values_of
-from helpers import vector_env
+from helpers import values_of, vector_env
 
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.config import load_config

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import ROOT
+from helpers import ROOT
 
 from marl_ppo.cli import main
 from marl_ppo.config import (

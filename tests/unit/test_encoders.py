@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import collect_rollout, values_of
-from helpers import vector_env
+from helpers import collect_rollout, values_of, vector_env
 
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import ConfigError, PPOConfig, load_config

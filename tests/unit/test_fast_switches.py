@@ -5,19 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT
-from marl_ppo.config.records import REMOVED_FAST_KEYS
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from helpers import ROOT, assert_same_runs
 from torch import nn
 
 from marl_ppo.algo.optim import clip_grad_norms, make_optimizer
-from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.config import ConfigError, load_config
+from marl_ppo.config.fast import REMOVED_FAST_KEYS
 from marl_ppo.envs.factory import make_adapter, probe_spec
 from marl_ppo.fast.adam import FlatAdam
 from marl_ppo.fast.screen_copy import one_screen_copy
 from marl_ppo.registry import make_env
-from marl_ppo.run.loop import train
 
 SPREAD = ROOT / "experiments/mpe/simple_spread.yaml"
 PISTONBALL = ROOT / "experiments/butterfly/pistonball_v6.yaml"
@@ -26,39 +23,10 @@ SPREAD_SWITCHES = ["fast.optimizer=adam"]
 (torch's single-tensor Adam)."""
 
 
-def _scalars(run_dir):
-    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
-    events.Reload()
-    return {  # perf/ holds wall-clock timings, which differ between any two runs
-        tag: [(e.step, e.value) for e in events.Scalars(tag)]
-        for tag in events.Tags()["scalars"]
-        if not tag.startswith("perf/")
-    }
-
-
-def _assert_same_runs(experiment, overrides, switches, tmp_path):
-    """Train with our pieces and with `switches`; assert bitwise equal weights, Adam states and scalars."""
-    runs = {}
-    for name, extra in (("ours", []), ("library", switches)):
-        train(load_config(experiment, [*overrides, *extra]), tmp_path / name)
-        runs[name] = load_checkpoint(tmp_path / name / "checkpoints/final.pt")
-    for key, ours in runs["ours"]["model"].items():
-        assert torch.equal(ours, runs["library"]["model"][key]), key
-    actor = runs["ours"]["trainer"]["actor_optimizer"]["state"]
-    assert actor
-    for index, state in actor.items():
-        library = runs["library"]["trainer"]["actor_optimizer"]["state"][index]
-        assert torch.equal(state["exp_avg_sq"], library["exp_avg_sq"])
-    ours, library = _scalars(tmp_path / "ours"), _scalars(tmp_path / "library")
-    assert ours.keys() == library.keys() and len(ours) > 15
-    for tag in ours:
-        assert ours[tag] == library[tag], tag
-
-
 def test_a_run_on_the_library_pieces_learns_the_very_same_weights_and_logs_the_same_scalars(
     tiny_overrides, tmp_path
 ):
-    _assert_same_runs(
+    assert_same_runs(
         SPREAD, [*tiny_overrides, "rollout.vector=sync", "total_steps=150"], SPREAD_SWITCHES, tmp_path
     )
 
@@ -88,7 +56,7 @@ def test_a_pistonball_run_reading_its_own_screen_learns_the_very_same_weights(tm
         adapter = make_adapter(config, probe_spec(config))
         assert adapter.env.aec_env.unwrapped.observe.__func__.__module__.startswith(module)
         adapter.close()
-    _assert_same_runs(PISTONBALL, PISTONBALL_TINY, ["fast.screen_copy=false"], tmp_path)
+    assert_same_runs(PISTONBALL, PISTONBALL_TINY, ["fast.screen_copy=false"], tmp_path)
 
 
 @pytest.mark.parametrize(

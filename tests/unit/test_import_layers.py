@@ -9,7 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 PACKAGE = ROOT / "marl_ppo"
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 from marl_ppo.config import ConfigError, load_config
 from marl_ppo.envs.factory import probe_spec

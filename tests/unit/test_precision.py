@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 import yaml
-from conftest import ROOT, common_twin, values_of
+from helpers import ROOT, common_twin, values_of
 
 from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.sequences import policy as _policy

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import DEVICES, ROOT, K, Killed, assert_same_run_state, crash_at_update, vector_env
 from torch import nn
 
 from marl_ppo.algo.batch import rollout_batches
@@ -24,9 +25,6 @@ from marl_ppo.plan.settle import plan_run
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.loop import train
-from tests.conftest import ROOT
-from tests.test_devices import DEVICES
-from tests.test_resume import K, _crash_at_update, _Killed, assert_same_run_state
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # workers compute with one thread: bit-identical products
 
@@ -261,8 +259,8 @@ def test_a_recurrent_run_killed_mid_episode_resumes_to_the_uninterrupted_weights
         ],
     )
     straight = train(config, tmp_path / "straight")
-    _crash_at_update(monkeypatch, K + 2)
-    with pytest.raises(_Killed):
+    crash_at_update(monkeypatch, K + 2)
+    with pytest.raises(Killed):
         train(config, tmp_path / "resumed")
     monkeypatch.undo()
     saved = load_checkpoint(tmp_path / "resumed/checkpoints/latest.pt")
@@ -418,8 +416,6 @@ def test_a_recurrent_run_evaluates_deterministic_and_sampled_and_records_a_gif(t
 
 def test_a_recurrent_policy_in_vmas_restarts_the_states_of_finished_copies():
     pytest.importorskip("vmas")
-    from helpers import vector_env
-
     from marl_ppo.models.team import TeamModel
     from marl_ppo.rollout.collector import Collector
 
@@ -446,8 +442,6 @@ def test_a_recurrent_policy_in_vmas_restarts_the_states_of_finished_copies():
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_recurrent_vmas_rollout_and_update_stay_on_the_device(device):
     pytest.importorskip("vmas")
-    from helpers import vector_env
-
     from marl_ppo.algo.batch import rollout_batches
     from marl_ppo.models.team import TeamModel
     from marl_ppo.rollout.collector import Collector

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 import yaml
-from conftest import ROOT
+from helpers import ROOT
 
 import marl_ppo.envs.factory as factory
 import marl_ppo.plan.host as host

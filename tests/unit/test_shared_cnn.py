@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import collect_rollout
+from helpers import collect_rollout
 
 from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.trainer import Trainer

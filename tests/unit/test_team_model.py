@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import collect_rollout, common_twin, values_of
+from helpers import collect_rollout, common_twin, values_of
 
 from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.schedule import LrSchedule

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import ROOT, collect_rollout
+from helpers import ROOT, collect_rollout
 from torch import nn
 
 from marl_ppo.algo.batch import rollout_batches
