@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -20,10 +22,32 @@ from marl_ppo.registry import registered_specs
 ROOT = Path(__file__).resolve().parent.parent
 """The repository root."""
 
+T = TypeVar("T")
+
 
 def vector_env(config: ExperimentConfig, device: torch.device | None = None) -> VectorEnv:
     """The config's vector env, its layout read from one probe copy first (as a plan reads it)."""
     return build_vector_env(config, probe_layout(config), device)
+
+
+def within(seconds: float, call: Callable[[], T]) -> T:
+    """`call()`'s result, or its exception raised here, waited for in a thread at most `seconds`: a bound
+    on a hang (the test fails instead of waiting forever), never a check of speed."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as error:  # re-raised in the caller's thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still waiting after {seconds:g} s: it hangs"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 # --- rollouts and values ---------------------------------------------------------------------------

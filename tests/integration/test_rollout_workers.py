@@ -4,11 +4,10 @@ import copy
 import dataclasses
 import os
 import signal
-import time
 
 import pytest
 import torch
-from helpers import ROOT, rollout_log_probs
+from helpers import ROOT, rollout_log_probs, within
 
 from marl_ppo.config import load_config
 from marl_ppo.envs.factory import probe_layout
@@ -199,10 +198,8 @@ def test_a_killed_worker_stops_the_run_with_a_clear_error(tiny_overrides):
     buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.num_envs)
     workers._launch()
     os.kill(victim.pid, signal.SIGKILL)
-    started = time.monotonic()
     with pytest.raises(RuntimeError, match=r"worker 1 .* died during 'collect' \(exit code -9\)"):
-        workers.collect(buffer)
-    assert time.monotonic() - started < 10
+        within(120, lambda: workers.collect(buffer))  # noticed by its death, not the per-step limit
     assert not any(p.is_alive() for p in workers._processes)
 
 

@@ -67,16 +67,15 @@ def test_killing_a_worker_mid_rollout_ends_the_run_with_one_line_and_no_orphans(
     command += ["--run-dir", str(run_dir)]
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # bounds a hang, not the start-up time
         while not (run_dir / "tensorboard").exists():  # training has started: workers are stepping
-            assert run.poll() is None and time.monotonic() < deadline, run.stderr.read() if run.poll() else ""
+            assert run.poll() is None, run.stderr.read()
+            assert time.monotonic() < deadline, "the run did not start training"
             time.sleep(0.05)
         workers = _children(run.pid)
         assert len(workers) == 2, workers
         os.kill(workers[1], signal.SIGKILL)
-        killed = time.monotonic()
-        _, err = run.communicate(timeout=30)
-        assert time.monotonic() - killed < 30
+        _, err = run.communicate(timeout=120)  # the run ends by itself; the limit only bounds a hang
     finally:
         if run.poll() is None:
             run.kill()

@@ -64,11 +64,9 @@ def test_a_worker_that_does_not_answer_in_time_stops_the_pool():
     """The limit is per step: a command of two steps may take twice `timeout_s`."""
     pool = _pool(2)
     pool.timeout_s = 0.25  # only now: a loaded machine may take longer to start the workers
-    started = time.monotonic()
     pool.send("sleep", [0] * 2)
     with pytest.raises(
         WorkerError, match=r"worker 0 \(pid \d+\) did not answer 'sleep' within 0.5 s \(the limit\)"
     ):
-        pool.gather("sleep", steps=2)
-    assert time.monotonic() - started < 10
+        pool.gather("sleep", steps=2)  # the pool's own limit ends the wait; the message names it
     assert not any(p.is_alive() for p in pool.processes)
