@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from helpers import ROOT
 
 from marl_ppo.config import load_config
+from tests.helpers import ROOT
 
 
 @pytest.fixture

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import TINY_MATRIX
 
 import marl_ppo
 from marl_ppo.config import ConfigError, load_config
+from tests.helpers import TINY_MATRIX
 
 API = [
     "ExperimentConfig",

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from broken_envs import BROKEN, TINY_RUN, register_for_test
-from helpers import ROOT
 
 from marl_ppo.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_checkpoint
 from marl_ppo.cli import main
 from marl_ppo.envs.adapters.contract import EnvContractError
+from tests.broken_envs import BROKEN, TINY_RUN, register_for_test
+from tests.helpers import ROOT
 
 SPREAD_YAML = str(ROOT / "experiments/mpe/simple_spread.yaml")
 NOTHING, KEPT, UPDATE_1 = "nothing written", "kept as it was", "checkpoint of update 1"

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import ROOT
 
 from marl_ppo import cli, console
 from marl_ppo.checkpoint import CheckpointError, load_checkpoint
 from marl_ppo.cli import main
 from marl_ppo.config import ConfigError, ExperimentConfig, config_keys, config_to_dict, load_config
 from marl_ppo.config.keys import KEY_COLUMN, defaults_notice, help_config_lines
+from tests.helpers import ROOT
 
 SPREAD = str(ROOT / "experiments/mpe/simple_spread.yaml")
 MATRIX = [

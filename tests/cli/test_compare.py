@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from helpers import fake_run
 
 from marl_ppo.analysis.compare import aggregates_of, improvements_of, write_comparison
 from marl_ppo.analysis.runlogs import ReportError
 from marl_ppo.analysis.scores import RunScores, ScoreTable, marl_eval_json
 from marl_ppo.cli import main
+from tests.helpers import fake_run
 
 # absolute metrics (one episode each) of algorithms x and y on two tasks, three seeds each; every
 # run's first evaluation returned 0, so each task's bounds are 0 and its highest absolute return

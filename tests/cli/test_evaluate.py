@@ -5,9 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from helpers import ROOT, assert_same_final_weights, vector_env
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from user_env_files import write_env_file, write_humans_only_file
 
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
@@ -16,6 +14,8 @@ from marl_ppo.eval.evaluate import EVAL_SEED_OFFSET, EvalError, eval_config, mea
 from marl_ppo.eval.from_checkpoint import evaluate_checkpoint
 from marl_ppo.registry import make_env
 from marl_ppo.run.loop import train
+from tests.helpers import ROOT, assert_same_final_weights, vector_env
+from tests.user_env_files import write_env_file, write_humans_only_file
 
 SPREAD = ROOT / "experiments/mpe/simple_spread.yaml"
 

@@ -8,9 +8,9 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import ROOT, fake_run
 
 from marl_ppo.analysis.compare import write_comparison
+from tests.helpers import ROOT, fake_run
 
 MARL_EVAL_PACKAGES = [
     "rliable",

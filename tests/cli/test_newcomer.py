@@ -10,10 +10,10 @@ import time
 
 import pytest
 import yaml
-from helpers import ROOT, TINY_MATRIX, wait_for_checkpoint
 
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.cli import main
+from tests.helpers import ROOT, TINY_MATRIX, wait_for_checkpoint
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 

@@ -5,9 +5,9 @@ import re
 
 import pytest
 import yaml
-from helpers import ROOT
 
 from marl_ppo.cli import main
+from tests.helpers import ROOT
 
 pytest.importorskip("rliable")
 

@@ -11,12 +11,12 @@ import time
 import pytest
 import torch
 import yaml
-from helpers import ROOT, scalars, wait_for_checkpoint
 
 from marl_ppo.analysis.runlogs import read_run
 from marl_ppo.checkpoint import load_checkpoint, save_checkpoint
 from marl_ppo.cli import main
 from marl_ppo.config import MOVED_KEYS
+from tests.helpers import ROOT, scalars, wait_for_checkpoint
 
 SPREAD = str(ROOT / "experiments/mpe/simple_spread.yaml")
 STEPS_PER_UPDATE = 20

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import TINY_MATRIX
 
 from marl_ppo.analysis import sweep as sweep_module
 from marl_ppo.analysis.sweep import parse_grid, plan_sweep, split_values
@@ -21,6 +20,7 @@ from marl_ppo.cli import main
 from marl_ppo.config import config_to_dict, load_config
 from marl_ppo.envs.factory import probe_layout
 from marl_ppo.plan.host import settled_epochs
+from tests.helpers import TINY_MATRIX
 
 
 @pytest.fixture

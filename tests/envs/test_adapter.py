@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-from broken_envs import BrokenEnv, SilentLeaverAEC
 from gymnasium import spaces
 from marl_ppo_examples.early_leaver import EarlyLeaverEnv
 from marl_ppo_examples.never_ending import NeverEndingEnv
@@ -15,6 +14,7 @@ from marl_ppo.envs.grouping import build_team_spec
 from marl_ppo.envs.spec import TeamArrays
 from marl_ppo.envs.vector.sync import SyncVectorEnv
 from marl_ppo.registry import make_env
+from tests.broken_envs import BrokenEnv, SilentLeaverAEC
 
 
 def _adapter(env):

@@ -4,13 +4,13 @@ truncations) and trains one update (skipped, with the reason, where its extra is
 import numpy as np
 import pytest
 import torch
-from helpers import CATALOG, EPISODES, TERM, TRUNC, experiments, vector_env
 
 from marl_ppo.config import load_config, yaml_value
 from marl_ppo.envs.factory import probe_spec
 from marl_ppo.eval.random_policy import random_actions
 from marl_ppo.eval.versus import sides_of
 from marl_ppo.run.loop import train
+from tests.helpers import CATALOG, EPISODES, TERM, TRUNC, experiments, vector_env
 
 ONE_UPDATE = [
     "rollout.vector=sync",

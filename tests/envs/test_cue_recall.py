@@ -2,13 +2,13 @@
 
 import numpy as np
 import pytest
-from helpers import ROOT
 from marl_ppo_examples.cue_recall import CueRecallEnv
 from pettingzoo.test import parallel_api_test
 
 from marl_ppo.config import load_config
 from marl_ppo.eval.from_checkpoint import evaluate_checkpoint
 from marl_ppo.run.loop import train
+from tests.helpers import ROOT
 
 EXPERIMENT = ROOT / "experiments/envs/cue_recall.yaml"
 

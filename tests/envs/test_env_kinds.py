@@ -6,7 +6,6 @@ import dataclasses
 
 import pytest
 import torch
-from helpers import collect_rollout, vector_env
 from marl_ppo_examples.mixed_actions import MixedActionsEnv
 from pettingzoo.test import parallel_api_test
 
@@ -16,6 +15,7 @@ from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
 from marl_ppo.run.loop import train
+from tests.helpers import collect_rollout, vector_env
 
 TINY = [
     "rollout.num_envs=2",

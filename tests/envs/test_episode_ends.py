@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 from gymnasium import spaces
-from helpers import vector_env
 from pettingzoo import ParallelEnv
 
 from marl_ppo.config import load_config
 from marl_ppo.envs.adapters.pettingzoo import ParallelEnvAdapter
 from marl_ppo.envs.grouping import build_team_spec
 from marl_ppo.envs.spec import TeamArrays
+from tests.helpers import vector_env
 
 
 class FreesItsBodies(ParallelEnv):

@@ -5,7 +5,6 @@ import json
 
 import numpy as np
 import pytest
-from helpers import ROOT
 
 import marl_ppo
 from marl_ppo.cli import main
@@ -13,6 +12,7 @@ from marl_ppo.config import load_config
 from marl_ppo.registry import EnvError, env_spec, make_env
 from marl_ppo.run.conformance import check_env
 from marl_ppo.run.loop import train
+from tests.helpers import ROOT
 
 SMALL = [
     "total_steps=4000",

@@ -8,7 +8,6 @@ so only the first run on a machine pays the compile (tens of seconds for SMAX).
 import numpy as np
 import pytest
 import torch
-from helpers import vector_env
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from marl_ppo.config import load_config
@@ -16,6 +15,7 @@ from marl_ppo.envs.vector.base import VectorEnv, WinsEpisodes
 from marl_ppo.plan.settle import plan_run
 from marl_ppo.registry import EnvError, env_spec, id_families
 from marl_ppo.run.loop import train
+from tests.helpers import vector_env
 
 pytestmark = pytest.mark.jax  # JAX is imported inside the tests, so that collecting them loads nothing
 

@@ -5,13 +5,13 @@ import json
 
 import numpy as np
 import pytest
-from helpers import ROOT, assert_same_runs, vector_env
 
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
 from marl_ppo.envs.factory import probe_spec
 from marl_ppo.registry import EnvError, env_spec, make_env, registered_ids
 from marl_ppo.run.loop import train
+from tests.helpers import ROOT, assert_same_runs, vector_env
 
 HALFCHEETAH = ROOT / "experiments/mamujoco/halfcheetah_2x3.yaml"
 

@@ -4,11 +4,11 @@ import warnings
 
 import numpy as np
 import pytest
-from helpers import ROOT
 
 from marl_ppo.config import load_config
 from marl_ppo.registry import make_env
 from marl_ppo.run.loop import train
+from tests.helpers import ROOT
 
 
 @pytest.mark.parametrize(

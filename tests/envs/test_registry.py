@@ -91,7 +91,7 @@ def test_conformance_passes_for_a_good_env_and_reports_a_broken_one(capsys):
 
 
 def test_readme_bring_your_own_env_example_works_when_pasted(tmp_path, capsys):
-    from helpers import ROOT
+    from tests.helpers import ROOT
 
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Bring your own environment", 1)[1]
@@ -165,9 +165,8 @@ def test_a_missing_dependency_of_an_env_module_names_the_pip_install(tmp_path, m
 
 
 def test_a_batched_envs_kwargs_cannot_name_what_the_run_sets():
-    from helpers import vector_env
-
     from marl_ppo.config import load_config
+    from tests.helpers import vector_env
 
     config = load_config(None, ["env.id=vmas/navigation", "env.kwargs.num_envs=4"])
     with pytest.raises(EnvError, match=r"the run sets its num_envs .*; drop env.kwargs.num_envs$"):

@@ -1,11 +1,11 @@
 """`eval --render` on a tiny run of each catalog family writes the video or refuses in one line (exit 2)."""
 
 import pytest
-from helpers import EPISODES, experiments
 
 from marl_ppo.cli import main
 from marl_ppo.config import yaml_value
 from marl_ppo.registry import env_spec
+from tests.helpers import EPISODES, experiments
 
 RENDERED = {
     # one id per family: "video" where its env draws rgb_array frames here, else "refused" (exit 2)

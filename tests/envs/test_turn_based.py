@@ -4,7 +4,6 @@ import dataclasses
 
 import numpy as np
 import torch
-from helpers import ROOT, collect_rollout
 
 from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.gae import fold_turns
@@ -14,6 +13,7 @@ from marl_ppo.envs.grouping import build_team_spec
 from marl_ppo.envs.spec import TeamArrays
 from marl_ppo.registry import make_env
 from marl_ppo.run.loop import train
+from tests.helpers import ROOT, collect_rollout
 
 TICTACTOE = "classic/tictactoe_v3"
 

@@ -8,14 +8,14 @@ import sys
 import numpy as np
 import pytest
 import yaml
-from helpers import ROOT
-from user_env_files import write_env_file
 
 from marl_ppo.config import load_config
 from marl_ppo.envs.factory import make_adapter, probe_spec
 from marl_ppo.envs.vector.subprocess import SubprocessVectorEnv
 from marl_ppo.envs.vector.sync import SyncVectorEnv
 from marl_ppo.registry import EnvError, make_env, resolve_factory
+from tests.helpers import ROOT
+from tests.user_env_files import write_env_file
 
 
 def test_an_id_named_after_its_file_loads_the_file_first(tmp_path):

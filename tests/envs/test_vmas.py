@@ -5,13 +5,12 @@ import torch
 
 pytest.importorskip("vmas")
 
-from helpers import vector_env  # noqa: E402
-
 from marl_ppo.config import load_config  # noqa: E402
 from marl_ppo.envs.vmas.adapter import SlowResetWarning  # noqa: E402
 from marl_ppo.models.team import TeamModel  # noqa: E402
 from marl_ppo.rollout.buffer import RolloutBuffer  # noqa: E402
 from marl_ppo.rollout.collector import Collector  # noqa: E402
+from tests.helpers import vector_env  # noqa: E402
 
 
 def _config(max_steps):

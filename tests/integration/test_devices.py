@@ -11,7 +11,6 @@ import json
 
 import pytest
 import torch
-from helpers import DEVICES, ROOT, collect_rollout, vector_env
 
 from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.trainer import Trainer
@@ -19,6 +18,7 @@ from marl_ppo.config import load_config
 from marl_ppo.eval.from_checkpoint import evaluate_checkpoint
 from marl_ppo.fast.adam import FlatAdam
 from marl_ppo.run.loop import train
+from tests.helpers import DEVICES, ROOT, collect_rollout, vector_env
 
 
 def _batches_on(batches, device):

@@ -7,7 +7,6 @@ import dataclasses
 
 import pytest
 import torch
-from helpers import ROOT, assert_identical, vector_env
 
 from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.sequences import policy
@@ -18,6 +17,7 @@ from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.collector import Collector
 from marl_ppo.run.loop import train
+from tests.helpers import ROOT, assert_identical, vector_env
 
 HAPPO = ["ppo.actor_update=sequential", "model.share_actor=false"]
 SMALL = [

@@ -3,7 +3,6 @@
 import json
 
 import yaml
-from helpers import ROOT, assert_same_final_weights, vector_env
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from marl_ppo.checkpoint import load_checkpoint
@@ -11,6 +10,7 @@ from marl_ppo.cli import main
 from marl_ppo.config import build_config, load_config
 from marl_ppo.models.team import TeamModel
 from marl_ppo.run.loop import train
+from tests.helpers import ROOT, assert_same_final_weights, vector_env
 
 TRAIN_TAGS = [
     "loss_pi",

@@ -1,10 +1,10 @@
 """Learning checks (slow, `make test-slow`): the default experiment must learn, not just run."""
 
 import pytest
-from helpers import ROOT
 
 from marl_ppo.config import load_config
 from marl_ppo.run.loop import train
+from tests.helpers import ROOT
 
 
 @pytest.mark.slow

@@ -5,7 +5,6 @@ import json
 
 import numpy as np
 import torch
-from helpers import ROOT, vector_env
 
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.config import build_config, load_config
@@ -16,6 +15,7 @@ from marl_ppo.run.loop import train
 from marl_ppo.run.protocol import ABSOLUTE_SEED_OFFSET, read_absolute_metric, read_evaluations
 from marl_ppo.run.resume import resume_config
 from marl_ppo.run.rundir import read_summary
+from tests.helpers import ROOT, vector_env
 
 
 def _config(tiny_overrides, *extra):

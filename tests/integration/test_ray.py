@@ -13,7 +13,6 @@ import threading
 import pytest
 import torch
 import yaml
-from helpers import ROOT, rollout_log_probs
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from marl_ppo.checkpoint import load_checkpoint, periodic_path
@@ -23,6 +22,7 @@ from marl_ppo.plan.settle import plan_run
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.loop import train
+from tests.helpers import ROOT, rollout_log_probs
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402

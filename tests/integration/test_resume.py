@@ -5,16 +5,6 @@ import threading
 import warnings
 
 import pytest
-from helpers import (
-    ROOT,
-    K,
-    Killed,
-    assert_identical,
-    assert_same_run_state,
-    crash_at_update,
-    run_state_only,
-    scalars,
-)
 
 import marl_ppo
 from marl_ppo.algo.schedule import LrSchedule
@@ -25,6 +15,16 @@ from marl_ppo.registry import make_env
 from marl_ppo.run.loop import train
 from marl_ppo.run.resume import NotExactResumeWarning
 from marl_ppo.run.signals import Interrupted
+from tests.helpers import (
+    ROOT,
+    K,
+    Killed,
+    assert_identical,
+    assert_same_run_state,
+    crash_at_update,
+    run_state_only,
+    scalars,
+)
 
 STEPS_PER_UPDATE = 20  # 2 env copies x 10 steps: 25-step episodes end mid-rollout and span checkpoints
 

@@ -7,7 +7,6 @@ import signal
 
 import pytest
 import torch
-from helpers import ROOT, rollout_log_probs, within
 
 from marl_ppo.config import load_config
 from marl_ppo.envs.factory import probe_layout
@@ -18,6 +17,7 @@ from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.slice import worker_seed
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.loop import train
+from tests.helpers import ROOT, rollout_log_probs, within
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # workers compute with one thread: bit-identical products
 

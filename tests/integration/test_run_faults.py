@@ -10,8 +10,6 @@ import time
 
 import pytest
 import torch
-from broken_envs import BROKEN, TINY_RUN, register_for_test
-from helpers import ROOT, collect_rollout
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import marl_ppo.checkpoint as checkpoint_module
@@ -21,6 +19,8 @@ from marl_ppo.algo.trainer import Trainer
 from marl_ppo.checkpoint import load_checkpoint, periodic_path
 from marl_ppo.cli import main
 from marl_ppo.faults import NonFiniteError
+from tests.broken_envs import BROKEN, TINY_RUN, register_for_test
+from tests.helpers import ROOT, collect_rollout
 
 
 def _children(pid: int) -> list[int]:

@@ -7,13 +7,13 @@ import warnings
 
 import numpy as np
 import pytest
-from helpers import ROOT
 
 from marl_ppo.config import ConfigError, load_config
 from marl_ppo.logs.backends import CsvBackend, TrackerWarning, read_scalars_csv, rows_of
 from marl_ppo.logs.trackers import wandb_logged_in, wandb_mode
 from marl_ppo.run.loop import train
 from marl_ppo.run.resume import resume_config
+from tests.helpers import ROOT
 
 SPREAD = ROOT / "experiments/mpe/simple_spread.yaml"
 

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
-from helpers import vector_env
 from pettingzoo import ParallelEnv
 
 from marl_ppo.cli import main
@@ -15,6 +14,7 @@ from marl_ppo.eval.evaluate import EvalError
 from marl_ppo.eval.random_policy import random_actions
 from marl_ppo.eval.versus import play_vs_random, sides_of
 from marl_ppo.run.loop import train
+from tests.helpers import vector_env
 
 CPU = torch.device("cpu")
 

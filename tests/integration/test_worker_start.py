@@ -7,7 +7,6 @@ import sys
 
 import numpy as np
 import pytest
-from user_env_files import RENDEZVOUS
 
 from marl_ppo.config import load_config
 from marl_ppo.envs.factory import make_adapter, probe_spec
@@ -15,6 +14,7 @@ from marl_ppo.envs.vector.pool import context, default_start_method, fork_unsafe
 from marl_ppo.envs.vector.subprocess import SubprocessVectorEnv
 from marl_ppo.envs.vector.sync import SyncVectorEnv
 from marl_ppo.run.loop import train
+from tests.user_env_files import RENDEZVOUS
 
 JAX_RENDEZVOUS = (
     RENDEZVOUS

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from helpers import ROOT, vector_env
 
 from marl_ppo.config import load_config
 from marl_ppo.eval.evaluate import eval_config, run_episodes
@@ -20,6 +19,7 @@ from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.collector import Collector
 from marl_ppo.rollout.memory import FirstStep
 from marl_ppo.rollout.stepper import PolicyActing
+from tests.helpers import ROOT, vector_env
 
 CPU = torch.device("cpu")
 SEED = 7

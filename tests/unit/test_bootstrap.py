@@ -2,12 +2,12 @@
 
 import numpy as np
 import torch
-from helpers import values_of, vector_env
 
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.config import load_config
 from marl_ppo.models.team import TeamModel
 from marl_ppo.run.loop import train
+from tests.helpers import values_of, vector_env
 
 GAMMA = 0.9
 

@@ -6,7 +6,6 @@ import sys
 
 import pytest
 import yaml
-from helpers import ROOT
 
 from marl_ppo.cli import main
 from marl_ppo.config import (
@@ -22,6 +21,7 @@ from marl_ppo.config import (
     migrate_stored,
     parse_overrides,
 )
+from tests.helpers import ROOT
 
 SPREAD_YAML = str(ROOT / "experiments/mpe/simple_spread.yaml")
 

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from helpers import collect_rollout, values_of, vector_env
 
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import ConfigError, PPOConfig, load_config
@@ -19,6 +18,7 @@ from marl_ppo.plan.settle import plan_run
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.loop import train
+from tests.helpers import collect_rollout, values_of, vector_env
 
 SIGNAL, COMPASS = "envs/pixel_signal_v0", "envs/pixel_compass_v0"
 FAST = [

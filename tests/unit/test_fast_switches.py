@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import ROOT, assert_same_runs
 from torch import nn
 
 from marl_ppo.algo.optim import clip_grad_norms, make_optimizer
@@ -15,6 +14,7 @@ from marl_ppo.envs.factory import make_adapter, probe_spec
 from marl_ppo.fast.adam import FlatAdam
 from marl_ppo.fast.screen_copy import one_screen_copy
 from marl_ppo.registry import make_env
+from tests.helpers import ROOT, assert_same_runs
 
 SPREAD = ROOT / "experiments/mpe/simple_spread.yaml"
 PISTONBALL = ROOT / "experiments/butterfly/pistonball_v6.yaml"

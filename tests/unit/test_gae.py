@@ -221,10 +221,9 @@ def test_gae_rejects_mismatched_shapes():
 
 def _team_buffer(rewards, terminated, truncated, alive, values, final_values, episode_over):
     """A one-copy rollout buffer of the two agents of `tests/broken_envs.py`, filled by hand."""
-    from broken_envs import BrokenEnv
-
     from marl_ppo.envs.grouping import build_team_spec
     from marl_ppo.rollout.buffer import RolloutBuffer
+    from tests.broken_envs import BrokenEnv
 
     steps = len(rewards)
     buffer = RolloutBuffer(build_team_spec(BrokenEnv(), "test"), steps, 1)

@@ -9,7 +9,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from helpers import ROOT
+
+from tests.helpers import ROOT
 
 PACKAGE = ROOT / "marl_ppo"
 

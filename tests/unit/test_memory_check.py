@@ -7,12 +7,12 @@ import subprocess
 import sys
 
 import pytest
-from helpers import ROOT
 
 from marl_ppo.config import ConfigError, load_config
 from marl_ppo.envs.factory import probe_spec
 from marl_ppo.run import memory
 from marl_ppo.run.loop import train
+from tests.helpers import ROOT
 
 SIGNAL = ["env.id=envs/pixel_signal_v0", "rollout.vector=sync", "log.progress=false"]
 

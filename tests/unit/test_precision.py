@@ -5,7 +5,6 @@ import copy
 import pytest
 import torch
 import yaml
-from helpers import ROOT, common_twin, values_of
 
 from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.sequences import policy as _policy
@@ -15,6 +14,7 @@ from marl_ppo.config import load_config
 from marl_ppo.models import layers
 from marl_ppo.models.layers import AgentMLP
 from marl_ppo.run.loop import train
+from tests.helpers import ROOT, common_twin, values_of
 
 
 def _pair(shared: bool, in_dim: int = 10) -> tuple[AgentMLP, AgentMLP]:
@@ -69,11 +69,10 @@ def test_bf16_acting_and_learning_agree_so_every_first_ratio_is_one(critic, devi
     with float32 products on bfloat16's grid (`models.acting.ActingMLP`), whose sums may run in another
     order than the update's bfloat16 products: there an entry may differ by one bfloat16 rounding."""
     pytest.importorskip("vmas")
-    from helpers import vector_env
-
     from marl_ppo.models.team import TeamModel
     from marl_ppo.rollout.buffer import RolloutBuffer
     from marl_ppo.rollout.collector import Collector
+    from tests.helpers import vector_env
 
     overrides = [
         "env.id=vmas/navigation",

@@ -8,7 +8,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import DEVICES, ROOT, K, Killed, assert_same_run_state, crash_at_update, vector_env
 from torch import nn
 
 from marl_ppo.algo.batch import rollout_batches
@@ -25,6 +24,7 @@ from marl_ppo.plan.settle import plan_run
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.loop import train
+from tests.helpers import DEVICES, ROOT, K, Killed, assert_same_run_state, crash_at_update, vector_env
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # workers compute with one thread: bit-identical products
 

@@ -10,7 +10,6 @@ import sys
 import pytest
 import torch
 import yaml
-from helpers import ROOT
 
 import marl_ppo.envs.factory as factory
 import marl_ppo.plan.host as host
@@ -22,6 +21,7 @@ from marl_ppo.eval.from_checkpoint import evaluate_checkpoint
 from marl_ppo.models.team import TeamModel
 from marl_ppo.plan.settle import plan_run
 from marl_ppo.run.resume import resume_config
+from tests.helpers import ROOT
 
 SPREAD_YAML = ROOT / "experiments/mpe/simple_spread.yaml"
 NUM_ENVS = 4

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from helpers import collect_rollout
 
 from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.trainer import Trainer
@@ -11,6 +10,7 @@ from marl_ppo.envs.factory import probe_spec
 from marl_ppo.envs.layout import InputLayout, InputPart
 from marl_ppo.models.encoders import CnnShape, FeatureEncoder, ReusedFeatures
 from marl_ppo.models.team import TeamModel
+from tests.helpers import collect_rollout
 
 SIGNAL = "envs/pixel_signal_v0"
 SHARED = [

@@ -5,7 +5,6 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import collect_rollout, common_twin, values_of
 
 from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.schedule import LrSchedule
@@ -16,6 +15,7 @@ from marl_ppo.models.acting import ActingMLP
 from marl_ppo.models.layers import AgentMLP
 from marl_ppo.models.team import TeamModel
 from marl_ppo.registry import make_env
+from tests.helpers import collect_rollout, common_twin, values_of
 
 SPREAD = "mpe2/simple_spread_v3"
 

@@ -1,11 +1,11 @@
 """After-update diagnostics on a row subset for large batches: they never change what is learned."""
 
 import torch
-from helpers import ROOT, collect_rollout
 
 import marl_ppo.algo.stats as stats_module
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.run.loop import train
+from tests.helpers import ROOT, collect_rollout
 
 
 def test_diagnostic_rows_are_an_even_stride_with_both_ends(spread_config):

@@ -7,7 +7,6 @@ import dataclasses
 
 import pytest
 import torch
-from helpers import ROOT, collect_rollout
 from torch import nn
 
 from marl_ppo.algo.batch import rollout_batches
@@ -16,6 +15,7 @@ from marl_ppo.algo.sequences import policy as _policy
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.algo.turns import everyone
 from marl_ppo.config import load_config
+from tests.helpers import ROOT, collect_rollout
 
 TWO_GROUPS = "env.groups={first: [agent_0], rest: [agent_1, agent_2]}"
 
@@ -102,11 +102,10 @@ class _Rollouts:
     """One model collecting rollout after rollout from its env copies, as the training loop does."""
 
     def __init__(self, config, seed=0):
-        from helpers import vector_env
-
         from marl_ppo.models.team import TeamModel
         from marl_ppo.rollout.buffer import RolloutBuffer
         from marl_ppo.rollout.collector import Collector
+        from tests.helpers import vector_env
 
         torch.manual_seed(seed)
         self.config = config
