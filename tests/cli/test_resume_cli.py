@@ -75,7 +75,7 @@ def test_sigterm_writes_a_checkpoint_and_exits_with_143(tiny_overrides, tmp_path
     assert process.returncode == 128 + signum
     last_line = stderr.strip().splitlines()[-1]
     assert last_line.startswith(f"stopped by {signal.Signals(signum).name} at env step ")
-    # started as `python -m marl_ppo`, the hint says so (tests/test_cli.py runs it from a clean shell)
+    # started as `python -m marl_ppo`, the hint says so (tests/cli/test_cli.py runs it from a clean shell)
     assert last_line.endswith(f" -m marl_ppo train --resume {run_dir}") and "; continue with: " in last_line
     saved = load_checkpoint(run_dir / "checkpoints/latest.pt")
     assert saved["env_steps"] == saved["updates"] * STEPS_PER_UPDATE and saved["updates"] >= 3
