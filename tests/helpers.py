@@ -30,6 +30,12 @@ def vector_env(config: ExperimentConfig, device: torch.device | None = None) -> 
     return build_vector_env(config, probe_layout(config), device)
 
 
+def grad_of(parameter: torch.Tensor) -> torch.Tensor:
+    """A parameter's gradient, which a backward pass has filled."""
+    assert parameter.grad is not None, "no gradient: backward did not reach this parameter"
+    return parameter.grad
+
+
 def within(seconds: float, call: Callable[[], T]) -> T:
     """`call()`'s result, or its exception raised here, waited for in a thread at most `seconds`: a bound
     on a hang (the test fails instead of waiting forever), never a check of speed."""
@@ -299,9 +305,9 @@ CATALOG_MPE2, CATALOG_LBF, CATALOG_RWARE, CATALOG_VMAS = (
 )
 
 
-def experiments() -> dict[str, Path]:
+def experiments() -> dict[str | None, Path]:
     """The first experiment file of each env id, by path order."""
-    found = {}
+    found: dict[str | None, Path] = {}
     for path in sorted((ROOT / "experiments").rglob("*.yaml")):
         env_id = (yaml.safe_load(path.read_text()).get("env") or {}).get("id")
         found.setdefault(env_id, path)
@@ -313,7 +319,7 @@ _LBF = (
     {"field_size": [5, 5], "max_num_food": 1, "force_coop": False, "max_episode_steps": 50},
     {TERM, TRUNC},
 )
-EPISODES = {
+EPISODES: dict[str, tuple[dict[str, Any], set[str]]] = {
     # id: (env kwargs that keep episodes short, how its episodes are seen to end under random actions)
     **{f"mpe2/{name}": ({"max_cycles": 5}, {TRUNC}) for name in CATALOG_MPE2},
     "sisl/multiwalker_v9": ({"max_cycles": 100}, {TERM, TRUNC}),  # falls, and the time limit

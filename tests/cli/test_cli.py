@@ -67,6 +67,7 @@ def test_output_into_a_closed_pipe_ends_quietly(args, statuses):
         stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
+    assert process.stdout is not None
     process.stdout.close()  # the reader leaves before the first line (as `| head` does after its lines)
     _, stderr = process.communicate(timeout=120)
     assert stderr.decode() == ""  # no BrokenPipeError traceback, no "Exception ignored" at exit

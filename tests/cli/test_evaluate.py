@@ -64,7 +64,7 @@ def test_eval_writes_returns_with_confidence_intervals_and_a_gif(trained_run, tm
     durations = [frame.info["duration"] for frame in ImageSequence.Iterator(gif)]
     frame_ms = round(1000 / make_env("mpe2/simple_spread_v3").metadata["render_fps"])
     # the reset frame and one per step; Pillow merges identical consecutive frames, keeping their time
-    assert sum(durations) == 26 * frame_ms and 0 < gif.n_frames <= 26
+    assert sum(durations) == 26 * frame_ms and 0 < gif.n_frames <= 26  # type: ignore[attr-defined]  # a GIF's ImageFile
     assert gif.size == (700, 700)
 
 

@@ -60,11 +60,13 @@ def test_report_gives_iqm_ci_and_seeds_per_configuration(runs, tmp_path):
     first, second = by_label["ppo.pi_lr=0.001"], by_label["ppo.pi_lr=0.002"]
     assert len(first.configuration.runs) == 3 and first.env_steps == 300
     final, last_eval, best = (first.estimates[m] for m in ("final_return", "final_eval", "max_eval"))
+    assert final is not None and last_eval is not None and best is not None
     assert final.seeds == 3 and final.iqm == pytest.approx(-32.0)  # 3 seeds: nothing trimmed, the mean
     assert last_eval.iqm == pytest.approx(-27.0) and best.iqm == pytest.approx(-21.0)
     assert -35.0 <= final.low < final.iqm < final.high <= -30.0  # bootstrap bounds within the seeds' range
     for metric, value in (("final_return", -10.0), ("final_eval", -10.0), ("max_eval", -9.0)):
         estimate = second.estimates[metric]
+        assert estimate is not None
         assert (estimate.iqm, estimate.low, estimate.high) == pytest.approx((value, value, value))
 
     markdown = files.markdown.read_text()
@@ -172,8 +174,9 @@ def test_a_report_over_duplicated_runs_counts_each_seed_once(tmp_path, capsys):
     assert "| ppo.pi_lr=0.0007 | 2 | 300 | -35.00 [-40.00, -30.00] |" in markdown  # the first found is kept
     assert f"{root / 'seed0'} (seed 0), {root / 'seed1'} (seed 1)" in markdown.split("Not counted")[1]
     rows = write_report([root], tmp_path / "again", reps=200).rows
-    final = rows[0].estimates["final_return"]
-    assert len(rows) == 1 and final.seeds == 2 and final.iqm == pytest.approx(-35.0)
+    estimate = rows[0].estimates["final_return"]
+    assert estimate is not None
+    assert len(rows) == 1 and estimate.seeds == 2 and estimate.iqm == pytest.approx(-35.0)
     assert len(rows[0].configuration.duplicates) == 2
 
 
@@ -188,6 +191,7 @@ def test_runs_that_differ_only_in_their_expected_block_are_one_configuration(tmp
     rows = write_report([root], tmp_path / "report", reps=200).rows
     assert len(rows) == 1
     final = rows[0].estimates["final_return"]
+    assert final is not None
     assert final.seeds == 2 and final.iqm == pytest.approx(-35.0)
     assert rows[0].configuration.label == "tiny" and not rows[0].configuration.duplicates
     assert main(["report", str(root), "--out", str(tmp_path / "again"), "--reps", "200"]) == 0
@@ -223,9 +227,8 @@ def test_runs_of_other_code_are_another_configuration_unless_merged(tmp_path, ca
     rows = write_report([root], tmp_path / "split", reps=200).rows
     labels = {row.configuration.label: row.estimates["final_return"] for row in rows}
     assert sorted(labels) == ["code=0.1.0@aaaaaaaa", "code=0.1.0@bbbbbbbb", "code=unknown"]
-    assert (
-        labels["code=0.1.0@bbbbbbbb"].iqm == pytest.approx(-31.0) and labels["code=0.1.0@bbbbbbbb"].seeds == 2
-    )
+    newest = labels["code=0.1.0@bbbbbbbb"]
+    assert newest is not None and newest.iqm == pytest.approx(-31.0) and newest.seeds == 2
     assert (
         main(["report", str(root), "--out", str(tmp_path / "merged"), "--reps", "200", "--merge-code"]) == 0
     )

@@ -336,7 +336,7 @@ def test_stepping_without_check_wrappers_keeps_every_trajectory(continuous):
         for _ in range(30):
             (group,) = adapter.spec.groups
             if continuous:  # partly out of bounds, so that clipping matters
-                actions = {
+                actions: dict[str, np.ndarray] = {
                     group.name: rng.uniform(-0.5, 1.5, size=(3, *group.action_shape)).astype(np.float32)
                 }
             else:

@@ -65,7 +65,7 @@ def test_catalog_env_runs_whole_episodes_with_auto_reset(spec):
     )
     venv = vector_env(config)
     torch.manual_seed(0)
-    seen, episodes, observations_changed = set(), np.zeros(2, dtype=np.int64), False
+    seen, episodes, observations_changed = set[str](), np.zeros(2, dtype=np.int64), False
     try:
         arrays = venv.reset(0)
         for _ in range(2000):

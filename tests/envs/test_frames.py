@@ -97,6 +97,7 @@ def test_a_resized_observation_keeps_its_size_under_auto_pooling_while_the_state
     env = with_frame_options(FrameEnv([_solid(1, 2, 3, side=120)] * 3), FrameOptions(resize=(84, 84)))
     spec = build_team_spec(env, "frame_env", image_pool="auto", encoder="cnn", sized_obs=True)
     (group,) = spec.groups
+    assert group.obs_layout is not None and spec.state_layout is not None
     assert group.obs_layout.parts[0].shape == (84, 84, 3) and group.obs_layout.parts[0].pool == 1
     assert spec.image_pool == 2 and spec.state_layout.parts[0].shape == (32, 48, 3)  # 96 / 64 -> 2
 

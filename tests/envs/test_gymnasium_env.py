@@ -41,7 +41,7 @@ class TwoAgentGymEnv(gymnasium.Env):
         self.leave_at = leave_at
         self.shared_reward = shared_reward
         self.t = 0
-        self.received: list[tuple[int, int]] = []
+        self.received: list[tuple[int, ...]] = []
 
     def _obs(self) -> tuple[list[float], list[float]]:
         return [0.0, float(self.t)], [1.0, float(self.t)]
@@ -111,6 +111,7 @@ def test_tuple_spaces_make_a_team_with_per_agent_rewards():
     inner = TwoAgentGymEnv()
     env = GymnasiumTeamEnv(inner, agent_prefix="robot")
     assert env.multi_agent and env.possible_agents == ["robot_0", "robot_1"]
+    assert isinstance(inner.observation_space, spaces.Tuple) and isinstance(inner.action_space, spaces.Tuple)
     assert env.observation_space("robot_1") is inner.observation_space[1]
     assert env.action_space("robot_0") is inner.action_space[0]
     obs, infos = env.reset(seed=0)
@@ -175,6 +176,7 @@ def test_the_tuple_team_passes_the_parallel_api_test(kwargs):
 
 
 def test_placeholder_actions_lie_in_their_spaces():
+    space: spaces.Space
     for space in (
         spaces.Discrete(4, start=2),
         spaces.MultiDiscrete([3, 2]),
@@ -201,7 +203,7 @@ def test_lbforaging_limit_is_truncation_and_food_collection_is_termination():
     assert steps[-1][2] == {"agent_0": False, "agent_1": False}
     assert steps[-1][3] == {"agent_0": True, "agent_1": True}
     env.reset(seed=2)
-    env.env.unwrapped.field[:] = 0  # all food gone: the env's next step is a true end
+    env.env.unwrapped.field[:] = 0  # type: ignore[attr-defined]  # lbforaging's own env; all food gone: the env's next step is a true end
     _, _, terminated, truncated, _ = env.step({"agent_0": 0, "agent_1": 0})
     assert terminated == {"agent_0": True, "agent_1": True} and not any(truncated.values())
 

@@ -146,7 +146,7 @@ def test_arrays_reach_torch_without_a_copy():
 
     import marl_ppo.envs.jax.vector as vector
 
-    vector_from_dlpack, vector.torch.from_dlpack = vector.torch.from_dlpack, spy
+    vector_from_dlpack, vector.torch.from_dlpack = vector.torch.from_dlpack, spy  # type: ignore[assignment]  # a spy
     try:
         venv.step({g.name: torch.zeros((COPIES, g.num_agents), dtype=torch.int64) for g in venv.spec.groups})
     finally:

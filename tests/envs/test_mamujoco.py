@@ -9,6 +9,7 @@ import pytest
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
 from marl_ppo.envs.factory import probe_spec
+from marl_ppo.envs.vector.sync import SyncVectorEnv
 from marl_ppo.registry import EnvError, env_spec, make_env, registered_ids
 from marl_ppo.run.loop import train
 from tests.helpers import ROOT, assert_same_runs, vector_env
@@ -227,6 +228,7 @@ def test_the_switch_picks_the_step_each_env_copy_takes():
                 HALFCHEETAH, ["rollout.num_envs=2", "rollout.vector=sync", f"fast.mamujoco_gather={switch}"]
             )
         )
+        assert isinstance(venv, SyncVectorEnv)
         kinds[switch] = {type(adapter.env).__name__ for adapter in venv.adapters}
         venv.close()
     assert kinds == {"true": {"GatheredMaMuJoCo"}, "false": {"MultiAgentMujocoEnv"}}

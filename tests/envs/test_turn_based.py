@@ -1,6 +1,7 @@
 """Turn-based (AEC) games: one mover per step, masks for legal moves, the loser credited on its last move."""
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import torch
@@ -132,7 +133,7 @@ def test_simultaneous_moves_keep_the_bootstrap_after_the_last_step_bit_for_bit()
     _, buffer, rollout = collect_rollout(config)
     assert all(alive.all() for alive in rollout.last_alive.values())
     assert any(g.truncated.any() for g in buffer.groups.values()), "an episode ends inside the rollout"
-    gae = {"gamma": config.ppo.gamma, "lam": config.ppo.gae_lambda}
+    gae: dict[str, Any] = {"gamma": config.ppo.gamma, "lam": config.ppo.gae_lambda}
     got = rollout_batches(buffer, rollout.last_values, rollout.last_alive, **gae)
     everyone_acts = rollout_batches(buffer, rollout.last_values, None, **gae)
     for name, batch in got.items():

@@ -6,7 +6,10 @@ import torch
 pytest.importorskip("vmas")
 
 from marl_ppo.config import load_config  # noqa: E402
-from marl_ppo.envs.vmas.adapter import SlowResetWarning  # noqa: E402
+from marl_ppo.envs.vmas.adapter import (
+    SlowResetWarning,  # noqa: E402
+    VmasVectorEnv,
+)
 from marl_ppo.models.team import TeamModel  # noqa: E402
 from marl_ppo.rollout.buffer import RolloutBuffer  # noqa: E402
 from marl_ppo.rollout.collector import Collector  # noqa: E402
@@ -74,6 +77,7 @@ def test_resetting_some_copies_gives_the_observations_of_one_reset_at_a_time():
     for venv in (batched, reference):
         venv.reset(0)
         venv.step({"agent": torch.ones(8, 4, 2)})  # move away from the spawn points
+    assert isinstance(batched, VmasVectorEnv) and isinstance(reference, VmasVectorEnv)
     finished = [1, 4, 6]
     before = batched.arrays.groups["agent"].obs[finished, 0].clone()
     batched.env.seed(7)
@@ -96,6 +100,7 @@ def _venv(scenario, max_steps, num_envs=8, spare=True, device="cpu"):
     )
     venv = vector_env(config, torch.device(device))
     if not spare:
+        assert isinstance(venv, VmasVectorEnv)
         venv._fresh_off = True
     return venv
 

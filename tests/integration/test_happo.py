@@ -157,6 +157,7 @@ def test_each_agent_is_handed_the_product_of_the_earlier_agents_ratios(monkeypat
         ratio = _ratio_by_hand(before, after, batch, group, agent)
         assert float((ratio - 1).abs().max()) > 1e-3  # the agent's update moved its policy
         expected = ratio if expected is None else expected * ratio
+    assert expected is not None
     assert float((expected - 1).abs().max()) > 1e-2
 
 

@@ -44,6 +44,7 @@ def test_evaluations_the_best_policy_and_its_absolute_metric_are_recorded(tmp_pa
     assert checkpoint["env_steps"] == evaluations[best]["step"]
 
     metric = read_absolute_metric(run_dir)
+    assert metric is not None
     assert metric["step"] == evaluations[best]["step"] and metric["episodes"] == 20
     assert metric["best_eval_team_return"] == means[best]
     # the same policy replayed on its own gives the same 20 episodes
@@ -56,7 +57,8 @@ def test_evaluations_the_best_policy_and_its_absolute_metric_are_recorded(tmp_pa
     venv.close()
     assert metric["per_episode"]["team_return"] == replay.team_returns.tolist()
     assert metric["team_return"]["mean"] == float(replay.team_returns.mean())
-    assert read_summary(run_dir)["absolute_team_return"] == metric["team_return"]["mean"]
+    summary = read_summary(run_dir)
+    assert summary is not None and summary["absolute_team_return"] == metric["team_return"]["mean"]
     # best.pt holds the policy alone, which marl-ppo eval plays
     assert "trainer" not in checkpoint and "envs" not in checkpoint
     output = evaluate_checkpoint(
@@ -78,14 +80,16 @@ def test_a_resumed_run_keeps_its_evaluations_and_appends_the_new_ones(tmp_path, 
     after = read_evaluations(run_dir)
     assert [e["step"] for e in after] == [50, 100, 150]
     assert after[:2] == before and after[2]["team_return_mean"] != 1e9
-    assert read_absolute_metric(run_dir)["step"] in (50, 100, 150)
+    metric = read_absolute_metric(run_dir)
+    assert metric is not None and metric["step"] in (50, 100, 150)
 
 
 def test_eval_absolute_0_measures_no_absolute_metric(tmp_path, tiny_overrides):
     train(_config(tiny_overrides, "eval.absolute=0"), tmp_path / "run")
     assert read_absolute_metric(tmp_path / "run") is None
     assert len(read_evaluations(tmp_path / "run")) == 3
-    assert "absolute_team_return" not in read_summary(tmp_path / "run")
+    summary = read_summary(tmp_path / "run")
+    assert summary is not None and "absolute_team_return" not in summary
 
 
 def test_an_env_that_cannot_render_costs_the_video_a_warning_not_the_run(tmp_path):

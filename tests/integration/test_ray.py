@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+from typing import Any
 
 import pytest
 import torch
@@ -92,7 +93,7 @@ def _scalars(run_dir, tag):
 
 def test_one_ray_worker_collects_and_trains_exactly_as_one_local_worker(two_nodes, tiny_overrides, tmp_path):
     config = _config(tiny_overrides, "rollout.num_workers=1", "rollout.policy_lag=0", "total_steps=105")
-    rollouts = {}
+    rollouts: dict[str, list[Any]] = {}
     for vector in ("workers", "ray"):
         torch.manual_seed(0)
         source, model = build_collector(
@@ -395,6 +396,9 @@ def test_a_lost_worker_rejoins_with_the_current_weights_once_its_node_is_back(tw
         two_nodes.remove_worker()
         lost = source.collect(buffer)
         assert lost.perf["perf/ray_live_workers"] == 1.0 and lost.env_steps == 7
+        from marl_ppo.rollout.ray_workers import RayRolloutWorkers
+
+        assert isinstance(source, RayRolloutWorkers)
         gone = source._slices[next(iter(source._lost))]  # the lost worker's env copies
         assert (
             not buffer.groups["agent"].alive[:, gone.start : gone.stop].any()

@@ -14,6 +14,7 @@ from marl_ppo.envs.spec import BatchedLayout
 from marl_ppo.models.encoders import has_cnn
 from marl_ppo.plan.settle import plan_run
 from marl_ppo.rollout.buffer import RolloutBuffer
+from marl_ppo.rollout.collector import Collector
 from marl_ppo.rollout.slice import worker_seed
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.loop import train
@@ -50,6 +51,7 @@ def _sync_slice(config, model, envs, seed, worker, rollouts):
         config, rollout=dataclasses.replace(config.rollout, num_envs=len(envs), vector="sync")
     )
     collector, _ = build_collector(plan_run(sliced))
+    assert isinstance(collector, Collector)
     collector.model = model  # act with the workers' weights
     collector.start(seed + envs.start)
     torch.manual_seed(worker_seed(seed, worker))

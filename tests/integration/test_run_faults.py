@@ -66,6 +66,7 @@ def test_killing_a_worker_mid_rollout_ends_the_run_with_one_line_and_no_orphans(
     ]
     command += ["--run-dir", str(run_dir)]
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    assert run.stderr is not None
     try:
         deadline = time.monotonic() + 120  # bounds a hang, not the start-up time
         while not (run_dir / "tensorboard").exists():  # training has started: workers are stepping
@@ -161,7 +162,7 @@ def test_full_disk_during_a_run_keeps_the_previous_checkpoint(tmp_path, capsys, 
     register_for_test(monkeypatch)
     run_dir = tmp_path / "run"
     latest = run_dir / "checkpoints/latest.pt"
-    real_fsync, seen = checkpoint_module.os.fsync, {}
+    real_fsync, seen = checkpoint_module.os.fsync, dict[str, bytes]()
 
     def fsync_until_the_disk_is_full(fd):
         if latest.exists() and stat.S_ISREG(os.fstat(fd).st_mode):  # the second checkpoint's file

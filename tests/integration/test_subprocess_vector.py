@@ -123,7 +123,9 @@ def test_env_error_in_a_worker_raises_with_its_message():
 def test_killed_worker_is_noticed_and_the_others_are_stopped():
     sub = SubprocessVectorEnv(_adapter_factory(EarlyLeaverEnv), num_envs=4, num_workers=2)
     sub.reset(seed=0)
-    os.kill(sub._processes[1].pid, signal.SIGKILL)
+    victim = sub._processes[1].pid
+    assert victim is not None
+    os.kill(victim, signal.SIGKILL)
     with pytest.raises(RuntimeError, match="worker 1 .*died"):  # noticed by its death, not a time limit
         within(120, lambda: sub.step({"agent": np.zeros((4, 3), np.int64)}))
     assert not any(p.is_alive() for p in sub._processes)

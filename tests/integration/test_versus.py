@@ -44,7 +44,7 @@ class Duel(ParallelEnv):
 
     def step(self, actions):
         team = {a: a.rsplit("_", 1)[0] if a.startswith(("red", "blue")) else a for a in self.agents}
-        hits = {}
+        hits: dict[str, int] = {}
         for agent, action in actions.items():
             hits[team[agent]] = hits.get(team[agent], 0) + int(abs(float(action[0]) - self.target) < 1e-4)
         total = sum(hits.values())

@@ -27,6 +27,11 @@ STEPS = 6
 """Every episode's length (`max_cycles`): one rollout, one evaluation episode, one recorded episode."""
 
 
+def _logits(dist):
+    """The first (here the only) action head's logits of an acting or learning distribution."""
+    return dist.parts[0].logits
+
+
 @dataclass(frozen=True)
 class _Call:
     """One actor forward while acting: its group, the MLP it ran on, its inputs and distributions."""
@@ -38,7 +43,7 @@ class _Call:
 
     @property
     def logits(self) -> torch.Tensor:
-        return self.dist.parts[0].logits
+        return _logits(self.dist)
 
 
 class _Recorder:
@@ -130,7 +135,7 @@ def test_every_acting_caller_gives_the_same_actions_and_log_probs(precision, rec
         assert len({id(call.net) for call in calls}) == len(model.group_names()), caller
         for call in calls:  # the numbers of the one acting path
             dist, _ = reference.actor(call.name, *call.inputs)
-            assert torch.equal(dist.parts[0].logits, call.logits), caller
+            assert torch.equal(_logits(dist), call.logits), caller
 
     # the same env seed and sampling seed: the same episode, action for action
     collected, collected_actions = taken["collector"]
@@ -166,11 +171,12 @@ def test_acting_reads_the_weights_when_its_view_is_built():
     with torch.no_grad():
         want, _ = actor(*inputs, flags, flags)
         got, _ = before.actor("agent", *inputs, flags, flags)
-        assert torch.equal(got.parts[0].logits, want.parts[0].logits)
+        assert torch.equal(_logits(got), _logits(want))
+        assert actor.net.norm_weight is not None
         actor.net.norm_weight.mul_(1.5)  # an update
         moved, _ = actor(*inputs, flags, flags)
         after, _ = ActingView(model).actor("agent", *inputs, flags, flags)
         stale, _ = before.actor("agent", *inputs, flags, flags)
-    assert torch.equal(after.parts[0].logits, moved.parts[0].logits)
-    assert not torch.equal(moved.parts[0].logits, want.parts[0].logits)
-    assert torch.equal(stale.parts[0].logits, want.parts[0].logits)
+    assert torch.equal(_logits(after), _logits(moved))
+    assert not torch.equal(_logits(moved), _logits(want))
+    assert torch.equal(_logits(stale), _logits(want))

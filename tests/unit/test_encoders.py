@@ -107,6 +107,7 @@ def test_image_env_frames_are_stored_as_uint8_pixels_end_to_end():
     spec = probe_spec(config)
     (group,) = spec.groups
     assert group.obs_dtype == np.uint8 and group.obs_dim == 144
+    assert spec.state_layout is not None
     assert spec.state_dtype == np.uint8 and spec.state_layout.parts[0].chw == (2, 12, 12)
     model, buffer, _ = collect_rollout(config)
     assert buffer.groups["seer"].obs.dtype == torch.uint8 and buffer.state.dtype == torch.uint8
@@ -221,9 +222,11 @@ def test_per_agent_cnns_are_each_agents_own_network():
     torch.testing.assert_close(out[..., 5:], rows[..., 72:])  # the vector part passes through
     image = rows[..., :72].unflatten(-1, (6, 6, 2)).permute(0, 1, 4, 2, 3) / 255.0
     encoder = stacked.images["0"]
+    assert isinstance(encoder, ImageEncoder)
     for agent in range(3):
         h = image[:, agent]
         for conv in encoder.convs:
+            assert isinstance(conv, torch.nn.Conv2d) and conv.bias is not None
             w = conv.weight.chunk(3)[agent]
             b = conv.bias.chunk(3)[agent]
             h = torch.relu(torch.nn.functional.conv2d(h, w, b, conv.stride, conv.padding))

@@ -110,7 +110,7 @@ def test_torch_adam_behind_the_switch_steps_as_flat_adam(kind, clip):
     optimizers = {name: make_optimizer(net.parameters(), lr=3e-3, kind=name) for name, net in nets.items()}
     generator = torch.Generator().manual_seed(1)
     inputs = [torch.randn(32, 6, generator=generator) for _ in range(25)]
-    norms = {name: [] for name in nets}
+    norms: dict[str, list[float]] = {name: [] for name in nets}
     for x in inputs:
         for name, net in nets.items():
             optimizer = optimizers[name]

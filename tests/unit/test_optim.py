@@ -13,6 +13,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from marl_ppo.algo.optim import clip_grad_norms, group_parts, make_agent_optimizer, make_optimizer
 from marl_ppo.fast.adam import FlatAdam, missing_torch_internals
+from tests.helpers import grad_of
 
 
 def _net() -> nn.Module:
@@ -101,8 +102,8 @@ def test_parameters_and_gradients_are_views_of_the_flat_buffers():
     for p in net.parameters():
         n = p.numel()
         assert p.data_ptr() == optimizer.flat_data[offset:].data_ptr()
-        assert torch.equal(optimizer.flat_grad[offset : offset + n], p.grad.reshape(-1))
-        assert p.grad.abs().sum() > 0
+        assert torch.equal(optimizer.flat_grad[offset : offset + n], grad_of(p).reshape(-1))
+        assert grad_of(p).abs().sum() > 0
         offset += n
     assert offset == optimizer.flat_data.numel() == 7 * 5 + 7 + 3 * 7 + 3 + 3 + 3
 
@@ -121,9 +122,10 @@ def test_replaced_weights_and_gradients_are_gathered_at_the_next_step():
         _loss(net, 0).backward()
         optimizers[name].step()
     flat = optimizers["flat"]
+    assert isinstance(flat, FlatAdam)
     assert next(nets["flat"].parameters()).data_ptr() == flat.flat_data.data_ptr()
     for p in nets["flat"].parameters():
-        assert p.grad.data_ptr() >= flat.flat_grad.data_ptr()  # a view of the flat gradient again
+        assert grad_of(p).data_ptr() >= flat.flat_grad.data_ptr()  # a view of the flat gradient again
     for ours, theirs in zip(nets["flat"].parameters(), nets["torch"].parameters(), strict=True):
         assert torch.equal(ours, theirs)
 
@@ -230,9 +232,9 @@ def test_per_part_clipping_bounds_each_part_and_global_clipping_the_total(kind):
         optimizer.zero_grad()
         for part, norm in zip(parts, (3.0, 0.5), strict=True):
             size = sum(p.numel() for p in part.parameters())  # every element's gradient is norm / sqrt(size)
-            (sum(p.sum() for p in part.parameters()) * (norm / math.sqrt(size))).backward()
+            (sum(p.sum() for p in part.parameters()) * (norm / math.sqrt(size))).backward()  # type: ignore[union-attr]  # a sum of tensors
         before = clip_grad_norms(optimizer, 1.0, parts=counts)
-        after = [float(nn.utils.get_total_norm([p.grad for p in part.parameters()])) for part in parts]
+        after = [float(nn.utils.get_total_norm([grad_of(p) for p in part.parameters()])) for part in parts]
         return before.reshape(-1).tolist(), after
 
     before, after = clipped([2, 2])

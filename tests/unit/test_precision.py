@@ -1,6 +1,7 @@
 """`model.precision: bf16`: the layers compute in bfloat16, everything PPO reads stays float32."""
 
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -14,13 +15,15 @@ from marl_ppo.config import load_config
 from marl_ppo.models import layers
 from marl_ppo.models.layers import AgentMLP
 from marl_ppo.run.loop import train
-from tests.helpers import ROOT, common_twin, values_of
+from tests.helpers import ROOT, common_twin, grad_of, values_of
 
 
 def _pair(shared: bool, in_dim: int = 10) -> tuple[AgentMLP, AgentMLP]:
     """The same perturbed weights as an fp32 and a bf16 network."""
     torch.manual_seed(1)
-    kwargs = dict(num_agents=4, in_dim=in_dim, out_dim=3, hidden_sizes=(64, 64), activation="tanh")
+    kwargs: dict[str, Any] = dict(
+        num_agents=4, in_dim=in_dim, out_dim=3, hidden_sizes=(64, 64), activation="tanh"
+    )
     net = AgentMLP(**kwargs, input_layer_norm=True, shared=shared, orthogonal_init=True, head_gain=1.0)
     with torch.no_grad():
         for p in net.parameters():
@@ -38,19 +41,19 @@ def test_bf16_layers_return_float32_close_to_fp32_with_float32_gradients(shared,
     weights = torch.randn(256, 4, 3)
     outputs = {}
     for name, model in (("fp32", net), ("bf16", half)):
-        seen = []
+        seen: list[torch.Tensor] = []
         hook = model.layers[1].register_forward_pre_hook(lambda module, args, seen=seen: seen.append(args[0]))
         out = common_twin(model)(x) if common else model(x)
         hook.remove()
         (out * weights).sum().backward()
         assert out.dtype == torch.float32
         assert seen[0].dtype == (torch.bfloat16 if name == "bf16" else torch.float32)  # activations
-        assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters())
+        assert all(p.dtype == torch.float32 and grad_of(p).dtype == torch.float32 for p in model.parameters())
         outputs[name] = out.detach()
     # bfloat16 keeps 8 significant bits: outputs of order 1 agree to about 1%
     torch.testing.assert_close(outputs["bf16"], outputs["fp32"], rtol=0.05, atol=0.05)
     for p, q in zip(net.parameters(), half.parameters(), strict=True):
-        cosine = torch.nn.functional.cosine_similarity(p.grad.flatten(), q.grad.flatten(), dim=0)
+        cosine = torch.nn.functional.cosine_similarity(grad_of(p).flatten(), grad_of(q).flatten(), dim=0)
         assert cosine > 0.99
 
 
@@ -163,7 +166,7 @@ def test_bf16_cnn_reads_frames_as_bfloat16_and_returns_float32_close_to_fp32(cop
     weights = torch.randn(64, copies, 64)
     outputs = {}
     for name, model in (("fp32", net), ("bf16", half)):
-        seen = []
+        seen: list[torch.Tensor] = []
         hook = model.convs[1].register_forward_pre_hook(lambda module, args, seen=seen: seen.append(args[0]))
         out = model(frames)
         hook.remove()
@@ -175,7 +178,7 @@ def test_bf16_cnn_reads_frames_as_bfloat16_and_returns_float32_close_to_fp32(cop
     scale = outputs["fp32"].abs().max()
     torch.testing.assert_close(outputs["bf16"] / scale, outputs["fp32"] / scale, rtol=0, atol=0.03)
     for p, q in zip(net.parameters(), half.parameters(), strict=True):
-        cosine = torch.nn.functional.cosine_similarity(p.grad.flatten(), q.grad.flatten(), dim=0)
+        cosine = torch.nn.functional.cosine_similarity(grad_of(p).flatten(), grad_of(q).flatten(), dim=0)
         assert cosine > 0.99
 
 

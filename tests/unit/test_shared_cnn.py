@@ -33,11 +33,14 @@ def test_the_critic_reads_the_actors_cnn_and_its_optimizer_leaves_it_to_the_acto
     config = load_config(None, SHARED)
     model = TeamModel(probe_spec(config), config)
     actor, critic, _ = model.group("seer")
+    assert critic.images is not None
     assert isinstance(actor.features, ReusedFeatures) and critic.images.obs is actor.features
     cnn = {id(p) for p in actor.features.parameters()}
     assert cnn and not cnn & {id(p) for p in model.critic_parameters()}
     separate = TeamModel(probe_spec(config), load_config(None, [*SHARED, "model.shared_cnn=false"]))
-    own_cnn = sum(p.numel() for p in separate.group("seer").critic.images.parameters())
+    own_images = separate.group("seer").critic.images
+    assert own_images is not None
+    own_cnn = sum(p.numel() for p in own_images.parameters())
     count = sum(p.numel() for p in model.parameters())
     assert count == sum(p.numel() for p in separate.parameters()) - own_cnn
 

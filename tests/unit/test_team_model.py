@@ -12,7 +12,7 @@ from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import load_config
 from marl_ppo.envs.grouping import build_team_spec
 from marl_ppo.models.acting import ActingMLP
-from marl_ppo.models.layers import AgentMLP
+from marl_ppo.models.layers import AgentMLP, StackedLinear
 from marl_ppo.models.team import TeamModel
 from marl_ppo.registry import make_env
 from tests.helpers import collect_rollout, common_twin, values_of
@@ -100,6 +100,7 @@ def _perturbed_mlp(shared: bool, agents: int = 4, in_dim: int = 6) -> AgentMLP:
 def _loop_over_agents(net: AgentMLP, x: torch.Tensor, shared: bool) -> torch.Tensor:
     """The textbook per-agent computation: LayerNorm with affine, one-hot id appended, then the MLP."""
     rows, agents, in_dim = x.shape
+    assert net.norm_weight is not None and net.norm_bias is not None
     outputs = []
     for agent in range(agents):
         copy_ = 0 if shared else agent
@@ -107,6 +108,7 @@ def _loop_over_agents(net: AgentMLP, x: torch.Tensor, shared: bool) -> torch.Ten
         if shared:
             h = torch.cat([h, torch.eye(agents)[agent].expand(rows, agents)], dim=-1)
         for k, layer in enumerate(net.layers):
+            assert isinstance(layer, StackedLinear)
             h = h @ layer.weight[copy_].T + layer.bias[copy_]
             if k < len(net.layers) - 1:
                 h = torch.tanh(h)
@@ -191,8 +193,8 @@ def test_a_rollout_reads_each_mlps_weights_once_and_never_runs_the_training_forw
     )
     reads, forwards = [], []
     first_layer, forward = AgentMLP.first_layer, AgentMLP.forward
-    monkeypatch.setattr(AgentMLP, "first_layer", lambda net: reads.append(net) or first_layer(net))
-    monkeypatch.setattr(AgentMLP, "forward", lambda net, x: forwards.append(net) or forward(net, x))
+    monkeypatch.setattr(AgentMLP, "first_layer", lambda net: reads.append(net) or first_layer(net))  # type: ignore[func-returns-value]
+    monkeypatch.setattr(AgentMLP, "forward", lambda net, x: forwards.append(net) or forward(net, x))  # type: ignore[func-returns-value]
     model, _, rollout = collect_rollout(config)
     mlps = [m for m in model.modules() if isinstance(m, AgentMLP)]
     assert len(mlps) == 2 and sorted(map(id, reads)) == sorted(map(id, mlps))  # actor and critic, once
@@ -337,7 +339,7 @@ def test_one_update_moves_every_actor_and_the_critic():
     )
     batches = rollout_batches(buffer, rollout.last_values, gamma=config.ppo.gamma, lam=config.ppo.gae_lambda)
     before = copy.deepcopy(model.state_dict())
-    grads = {}
+    grads: dict[str, torch.Tensor] = {}
     hooks = [
         p.register_hook(lambda g, n=n: grads.__setitem__(n, g.clone())) for n, p in model.named_parameters()
     ]

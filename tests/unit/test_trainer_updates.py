@@ -15,7 +15,7 @@ from marl_ppo.algo.sequences import policy as _policy
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.algo.turns import everyone
 from marl_ppo.config import load_config
-from tests.helpers import ROOT, collect_rollout
+from tests.helpers import ROOT, collect_rollout, grad_of
 
 TWO_GROUPS = "env.groups={first: [agent_0], rest: [agent_1, agent_2]}"
 
@@ -49,7 +49,7 @@ def _rollout(config, seed=0):
 
 
 def _norm(network: nn.Module) -> float:
-    return float(nn.utils.get_total_norm([p.grad for p in network.parameters()]))
+    return float(nn.utils.get_total_norm([grad_of(p) for p in network.parameters()]))
 
 
 @pytest.mark.parametrize("grad_clip", ["global", "per_group"])
@@ -60,7 +60,7 @@ def test_grad_clip_bounds_each_groups_networks_or_all_of_them(grad_clip):
     model, trainer, batches = _rollout(
         _config(TWO_GROUPS, f"ppo.grad_clip={grad_clip}", "ppo.max_grad_norm=1e-3")
     )
-    seen = {"actors": [], "critics": []}
+    seen: dict[str, list[list[float]]] = {"actors": [], "critics": []}
     for kind, optimizer, networks in (
         ("actors", trainer.actor_optimizer, model.actors),
         ("critics", trainer.critic_optimizer, model.critics),
@@ -192,15 +192,15 @@ def _run_recording_kl(model, config, batches):
         kls.append(own)
         return check(diagnostics)
 
-    trainer._losses, trainer._kl_exceeded = recording_losses, recording_check
+    trainer._losses, trainer._kl_exceeded = recording_losses, recording_check  # type: ignore[method-assign]  # spies
     actor_step, critic_step = trainer.actor_optimizer.step, trainer.critic_optimizer.step
 
     def recording_actor_step():
         actor_step()
         weights.append({k: v.clone() for k, v in model.actors.state_dict().items()})
 
-    trainer.actor_optimizer.step = recording_actor_step
-    trainer.critic_optimizer.step = lambda: (critic_steps.append(1), critic_step())
+    trainer.actor_optimizer.step = recording_actor_step  # type: ignore[method-assign, assignment]  # a spy
+    trainer.critic_optimizer.step = lambda: (critic_steps.append(1), critic_step())  # type: ignore[method-assign, assignment, func-returns-value]
     stats = trainer.update(batches)
     return stats, kls, weights, len(critic_steps)
 
@@ -248,13 +248,13 @@ def test_critic_only_steps_skip_the_actors_forward_and_train_the_critic_as_befor
         reference_model, config.ppo.settled(convolutional=False), generator=torch.Generator().manual_seed(0)
     )
     losses = reference._losses
-    reference._losses = lambda minibatch, learners: losses(
+    reference._losses = lambda minibatch, learners: losses(  # type: ignore[method-assign, assignment]
         minibatch, everyone(minibatch)
     )  # actors in every step
     actor = model.group(model.group_names()[0]).actor
     calls = []
     forward = actor.forward
-    actor.forward = lambda *args, **kwargs: (calls.append(1), forward(*args, **kwargs))[1]
+    actor.forward = lambda *args, **kwargs: (calls.append(1), forward(*args, **kwargs))[1]  # type: ignore[func-returns-value]  # a spy
     stats = trainer.update(batches)
     reference.update(batches)
     assert (stats.pi_steps, len(calls)) == (2, 4)
