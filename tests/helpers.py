@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from marl_ppo_examples.early_leaver import EarlyLeaverEnv
 
 from marl_ppo.config import ExperimentConfig
 from marl_ppo.envs.factory import build_vector_env, probe_layout
@@ -54,6 +55,25 @@ def within(seconds: float, call: Callable[[], T]) -> T:
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+# --- envs ---------------------------------------------------------------------------------------
+
+
+class LateJoinerEnv(EarlyLeaverEnv):
+    """agent_2 is absent at reset and joins after step 2 (its first observation arrives with step 2)."""
+
+    def reset(self, seed=None, options=None):
+        observations, infos = super().reset(seed, options)
+        self.agents = ["agent_0", "agent_1"]
+        return {a: observations[a] for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        observations, rewards, terminations, truncations, infos = super().step(actions)
+        if self._t == 2 and "agent_2" not in self.agents:
+            self.agents.append("agent_2")
+            observations["agent_2"] = np.array([2, self._t], np.float32)
+        return observations, rewards, terminations, truncations, infos
 
 
 # --- rollouts and values ---------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from marl_ppo.envs.spec import TeamArrays
 from marl_ppo.envs.vector.sync import SyncVectorEnv
 from marl_ppo.registry import make_env
 from tests.broken_envs import BrokenEnv, SilentLeaverAEC
+from tests.helpers import LateJoinerEnv
 
 
 def _adapter(env):
@@ -277,24 +278,8 @@ def test_image_pool_shrinks_obs_and_state_dims():
     assert pistons.min() >= 0.0 and pistons.max() <= 1.0 and out.state.max() > 0
 
 
-class _LateJoinerEnv(EarlyLeaverEnv):
-    """agent_2 is absent at reset and joins after step 2 (its first observation arrives with step 2)."""
-
-    def reset(self, seed=None, options=None):
-        observations, infos = super().reset(seed, options)
-        self.agents = ["agent_0", "agent_1"]
-        return {a: observations[a] for a in self.agents}, {a: {} for a in self.agents}
-
-    def step(self, actions):
-        observations, rewards, terminations, truncations, infos = super().step(actions)
-        if self._t == 2 and "agent_2" not in self.agents:
-            self.agents.append("agent_2")
-            observations["agent_2"] = np.array([2, self._t], np.float32)
-        return observations, rewards, terminations, truncations, infos
-
-
 def test_an_agent_that_joins_later_becomes_alive_with_its_first_observation():
-    env = _LateJoinerEnv(leave_at=10, max_steps=5)
+    env = LateJoinerEnv(leave_at=10, max_steps=5)
     spec = build_team_spec(env, "late")
     adapter, out = ParallelEnvAdapter(env, spec), TeamArrays.allocate(spec)
     adapter.reset(0, out)

@@ -492,7 +492,7 @@ def test_an_agent_that_joins_mid_episode_starts_from_a_fresh_state(tiny_override
         None,
         [
             *tiny_overrides,
-            "env.id=tests.test_adapter:_LateJoinerEnv",
+            "env.id=tests.helpers:LateJoinerEnv",
             "env.kwargs={leave_at: 10, max_steps: 5}",
             "rollout.vector=sync",
             "rollout.num_envs=2",
