@@ -43,7 +43,7 @@ bench-memory: install
 # The device tests run on the CPU and on the GPU; the benchmark's VMAS cases run on the GPU.
 gpu-check: install
 	$(BIN)/python -c "import sys, torch; torch.cuda.is_available() or sys.exit('gpu-check: torch sees no CUDA device; on a GPU machine run: make clean && make gpu-check TORCH=torch')"
-	$(BIN)/python -m pytest -q -rs tests/test_devices.py tests/test_vmas.py tests/test_optim.py tests/test_precision.py
+	$(BIN)/python -m pytest -q -rs tests/integration/test_devices.py tests/envs/test_vmas.py tests/unit/test_optim.py tests/unit/test_precision.py
 	$(BIN)/python -m bench --only vmas --device cuda $(ARGS)
 
 lint: install

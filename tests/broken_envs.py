@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import time
+from typing import Any
 
 import numpy as np
 from gymnasium import spaces
@@ -18,6 +19,18 @@ from marl_ppo import registry
 from marl_ppo.envs.adapters.contract import REJOIN_KEY
 
 BROKEN = "tests/broken_v0"
+# 2 copies x 5 steps per update; the broken env strikes at its copy's 7th step, during update 2
+TINY_RUN = [
+    "rollout.num_envs=2",
+    "rollout.rollout_steps=5",
+    "total_steps=40",
+    "log.progress=false",
+    "log.checkpoint_every=1",
+    "ppo.train_pi_iters=1",
+    "ppo.train_vf_iters=1",
+    "ppo.num_minibatches=1",
+    "model.hidden_sizes=[8]",
+]
 
 FAULTS = (
     "none",
@@ -50,7 +63,7 @@ FAULTS = (
 class BrokenEnv(ParallelEnv):
     """Two agents on Box(0, 10, (2,)) observations and Discrete(2) actions; `fault` strikes from step `at`."""
 
-    metadata = {"name": "broken_v0"}
+    metadata: dict[str, Any] = {"name": "broken_v0"}
 
     def __init__(self, fault: str = "none", at: int = 7, max_steps: int = 4, rejoin: bool = False):
         if fault not in FAULTS:
@@ -103,7 +116,7 @@ class BrokenEnv(ParallelEnv):
         rewards = {a: 1.0 for a in acting}
         terminations = {a: False for a in acting}
         truncations = {a: over for a in acting}
-        infos = {a: {} for a in acting}
+        infos: dict[str, dict[str, Any]] = {a: {} for a in acting}
         self.agents = [] if over else acting
         if self._broken():
             result = self._strike(observations, rewards, terminations, truncations, infos)
@@ -187,7 +200,7 @@ class SilentLeaverAEC(AECEnv):
         self._cumulative_rewards = {a: 0.0 for a in self.agents}
         self.terminations = {a: False for a in self.agents}
         self.truncations = {a: False for a in self.agents}
-        self.infos = {a: {} for a in self.agents}
+        self.infos: dict[str, dict[str, Any]] = {a: {} for a in self.agents}
         self._moves = 0
         self.agent_selection = self.agents[0]
 

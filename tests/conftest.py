@@ -1,13 +1,10 @@
-"""Shared fixtures: small configs and a run directory."""
-
-from pathlib import Path
+"""Shared fixtures: small configs and one torch thread (tests/helpers.py holds the helpers)."""
 
 import pytest
 import torch
 
 from marl_ppo.config import load_config
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
 
 
 @pytest.fixture
@@ -28,59 +25,6 @@ def tiny_overrides():
 @pytest.fixture
 def spread_config(tiny_overrides):
     return load_config(ROOT / "experiments/mpe/simple_spread.yaml", tiny_overrides)
-
-
-def collect_rollout(config, seed=0):
-    """Build the config's vector env and a fresh model, and collect one full rollout."""
-    import torch
-
-    from marl_ppo.envs.factory import build_vector_env, probe_layout
-    from marl_ppo.models.team import TeamModel
-    from marl_ppo.rollout.buffer import RolloutBuffer
-    from marl_ppo.rollout.collector import Collector
-
-    torch.manual_seed(seed)
-    venv = build_vector_env(config, probe_layout(config))
-    model = TeamModel(venv.spec, config)
-    buffer = RolloutBuffer(venv.spec, config.rollout.rollout_steps, config.rollout.num_envs)
-    collector = Collector(venv, model, torch.device("cpu"))
-    collector.start(seed)
-    return model, buffer, collector.collect(buffer)
-
-
-def values_of(model, state, obs):
-    """A feed-forward model's values in return units for one step of `len(state)` env copies, every
-    agent acting, from the critics' own forward (learning's path): `state` `(E, S)`, `obs` per group
-    `(E, A_g, D)`."""
-    import torch
-
-    values = {}
-    for name, group_obs in obs.items():
-        critic, norm = model.group(name).critic, model.group(name).value_norm
-        flags = torch.ones((1, *group_obs.shape[:-1]), dtype=torch.bool, device=group_obs.device)
-        carry = torch.zeros(group_obs.shape[0], critic.carry_rows, 0, device=group_obs.device)
-        raw, _ = critic(state.unsqueeze(0), group_obs.unsqueeze(0), carry, flags, flags)
-        values[name] = norm.denormalize(raw[0])
-    return values
-
-
-def common_twin(net):
-    """The same AgentMLP, weights shared, reading one input row that every agent sees (`common_input`)."""
-    import copy
-
-    twin = copy.copy(net)
-    twin.common_input = True
-    return twin
-
-
-def rollout_log_probs(model, buffer, name):
-    """Group `name`'s log-probabilities of the stored actions under `model`, `(T, E, A)`: each env copy's
-    rollout replayed as one sequence from the carry stored at its first step."""
-    storage, memory = buffer.groups[name], buffer.memory[name]
-    dist, _ = model.group(name).actor(
-        storage.obs, storage.action_mask, memory.actor_state[0], memory.is_first, storage.alive
-    )
-    return dist.log_prob(storage.actions)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

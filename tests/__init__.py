@@ -1,0 +1,1 @@
+"""The tests, by kind: unit/, integration/, envs/ and cli/; helpers.py holds what they share."""
