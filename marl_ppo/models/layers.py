@@ -202,8 +202,10 @@ Precision = Literal["fp32", "bf16"]
 def settled_precision(precision: str) -> Precision:
     """`precision` when it is settled (`fp32` or `bf16`); a clear error for `auto`, which a run's plan
     resolves for its device (`marl_ppo.plan`) before any network is built."""
-    if precision == "fp32" or precision == "bf16":
-        return precision
+    if precision == "fp32":
+        return "fp32"
+    if precision == "bf16":
+        return "bf16"
     raise ValueError(
         f"model.precision={precision} reached a network unsettled; build the networks from a run's plan "
         "(marl_ppo.plan.plan_run or plan_eval), which resolves it for the device, or set fp32 or bf16"

@@ -51,7 +51,9 @@ def test_an_update_runs_the_cnn_once_per_minibatch_and_both_losses_train_it():
     model, buffer, rollout = collect_rollout(config)
     batches = rollout_batches(buffer, rollout.last_values, rollout.last_alive, gamma=0.99, lam=0.95)
     reused = model.group("seer").actor.features
-    trainer = Trainer(model, config.ppo, generator=torch.Generator().manual_seed(0))
+    trainer = Trainer(
+        model, config.ppo.settled(convolutional=True), generator=torch.Generator().manual_seed(0)
+    )
     before = [p.detach().clone() for p in reused.parameters()]
     runs = reused.runs
     trainer.update(batches)
