@@ -32,7 +32,7 @@ class ModelConfig:
     CNNs on CPUs with AVX512-BF16 or AMX and on GPUs with bfloat16 tensor cores; elsewhere it is
     slower. `auto` picks `bf16` on such hardware, else `fp32` (the choice is written to the run's
     config.yaml). On a CPU the MLPs act with float32 products on bfloat16's grid, which is faster
-    on acting's few rows (`AgentMLP.hold_weights`)."""
+    on acting's few rows (`models.acting.ActingMLP`)."""
     recurrent: Literal["gru", "lstm"] | None = None
     """A recurrent layer between each network's MLP trunk and its head (`gru` or `lstm`, torch's cell
     equations), for tasks that need memory; null: feed-forward networks. Training then runs on
