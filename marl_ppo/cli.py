@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from marl_ppo.console import as_invoked, quiet_closed_outputs, shell_command
 from marl_ppo.envs.registry import id_families, registered_specs, resolve_factory
 from marl_ppo.faults import RunFault, UserError
-from marl_ppo.plan.copies import settle_copies
 
 if TYPE_CHECKING:
     from marl_ppo.config import ExperimentConfig
@@ -251,6 +250,8 @@ def _train(options: argparse.Namespace) -> int:
             _check_run_dir(run_dir)
     resolve_factory(config.env.id)  # unknown ids and missing extras fail here, before any run directory
     if options.print_config:  # reads the experiment file (or the run's checkpoint) and writes nothing
+        from marl_ppo.plan.copies import settle_copies  # the config's own imports (pydantic)
+
         print(config_yaml(settle_copies(config)), end="")
         return 0
     if options.resume is None and experiment is None:
