@@ -49,8 +49,8 @@ def _raw_steps(env: Any, actions: list[dict[str, Any]], *, state: bool = False) 
 def screen_copy() -> None:
     """Pistonball's and cooperative_pong's observations and state per step, from one screen copy and
     from the envs' own calls."""
+    from marl_ppo.envs.registry import make_env
     from marl_ppo.fast.screen_copy import one_screen_copy
-    from marl_ppo.registry import make_env
 
     for env_id, short in (
         ("butterfly/pistonball_v6", "pistonball"),

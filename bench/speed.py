@@ -42,7 +42,7 @@ SPREAD_KWARGS = {"N": 3, "max_cycles": 25, "continuous_actions": False}
 def raw_pettingzoo_sps(env_id: str, kwargs: dict[str, Any], seconds: float = 4.0, seed: int = 0) -> float:
     """Env steps/s of one env copy in this process, stepped as its factory ships it, with random actions
     drawn beforehand."""
-    from marl_ppo.registry import make_env
+    from marl_ppo.envs.registry import make_env
 
     env = make_env(env_id, **kwargs)
     env.reset(seed=seed)

@@ -15,7 +15,7 @@ The Python API, each name with its own docstring:
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from marl_ppo.registry import make_env, register_env
+from marl_ppo.envs.registry import make_env, register_env
 
 if TYPE_CHECKING:
     from marl_ppo.api import evaluate, train

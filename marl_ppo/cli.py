@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 # light imports only: `--help` and `envs` answer without torch, NumPy or pydantic; each command
 # imports what it needs
 from marl_ppo.console import as_invoked, quiet_closed_outputs, shell_command
+from marl_ppo.envs.registry import id_families, registered_specs, resolve_factory
 from marl_ppo.faults import RunFault, UserError
-from marl_ppo.registry import id_families, registered_specs, resolve_factory
 
 if TYPE_CHECKING:
     from marl_ppo.config import ExperimentConfig
@@ -250,7 +250,9 @@ def _train(options: argparse.Namespace) -> int:
             _check_run_dir(run_dir)
     resolve_factory(config.env.id)  # unknown ids and missing extras fail here, before any run directory
     if options.print_config:  # reads the experiment file (or the run's checkpoint) and writes nothing
-        print(config_yaml(config), end="")
+        from marl_ppo.plan.copies import settle_copies  # the config's own imports (pydantic)
+
+        print(config_yaml(settle_copies(config)), end="")
         return 0
     if options.resume is None and experiment is None:
         print(defaults_notice(config, overrides), flush=True)

@@ -15,7 +15,7 @@ import numpy as np
 from gymnasium import spaces
 from pettingzoo import AECEnv, ParallelEnv
 
-from marl_ppo import registry
+from marl_ppo.envs import registry
 from marl_ppo.envs.adapters.contract import REJOIN_KEY
 
 BROKEN = "tests/broken_v0"

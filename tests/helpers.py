@@ -17,8 +17,9 @@ from marl_ppo_examples.early_leaver import EarlyLeaverEnv
 
 from marl_ppo.config import ExperimentConfig
 from marl_ppo.envs.factory import build_vector_env, probe_layout
+from marl_ppo.envs.registry import registered_specs
 from marl_ppo.envs.vector.base import VectorEnv
-from marl_ppo.registry import registered_specs
+from marl_ppo.plan.copies import settle_copies
 
 ROOT = Path(__file__).resolve().parent.parent
 """The repository root."""
@@ -27,7 +28,9 @@ T = TypeVar("T")
 
 
 def vector_env(config: ExperimentConfig, device: torch.device | None = None) -> VectorEnv:
-    """The config's vector env, its layout read from one probe copy first (as a plan reads it)."""
+    """The config's vector env, its copies settled and its layout read from one probe copy first (as
+    a plan settles and reads them)."""
+    config = settle_copies(config)
     return build_vector_env(config, probe_layout(config), device)
 
 
@@ -86,9 +89,10 @@ def collect_rollout(config, seed=0):
     from marl_ppo.rollout.collector import Collector
 
     torch.manual_seed(seed)
+    config = settle_copies(config)
     venv = build_vector_env(config, probe_layout(config))
     model = TeamModel(venv.spec, config)
-    buffer = RolloutBuffer(venv.spec, config.rollout.rollout_steps, config.rollout.num_envs)
+    buffer = RolloutBuffer(venv.spec, config.rollout.rollout_steps, config.rollout.copies)
     collector = Collector(venv, model, torch.device("cpu"))
     collector.start(seed)
     return model, buffer, collector.collect(buffer)

@@ -31,6 +31,7 @@ from marl_ppo.analysis.runlogs import CHECK_KEYS, flatten_config, with_defaults
 from marl_ppo.config import ConfigError, ExperimentConfig, config_to_dict, load_config
 from marl_ppo.envs.factory import probe_layout, usable_cores
 from marl_ppo.faults import UserError
+from marl_ppo.plan.copies import settle_copies
 from marl_ppo.plan.host import run_cores, settled_epochs
 from marl_ppo.plan.settle import anchored_config
 from marl_ppo.run.rundir import is_finished, read_summary
@@ -146,7 +147,7 @@ AUTO_KEYS = ("rollout.vector", "model.precision", "host.torch_threads")
 
 def config_differences(planned: ExperimentConfig, recorded: dict[str, Any]) -> list[str]:
     """The dotted keys in which a finished run's config.yaml differs from the config the sweep would start."""
-    wanted = flatten_config(config_to_dict(anchored_config(planned)))  # as the run records it
+    wanted = flatten_config(config_to_dict(settle_copies(anchored_config(planned))))  # as the run records it
     found = flatten_config(with_defaults(recorded))
     settled = {key for key in AUTO_KEYS if wanted.get(key) == '"auto"' and key in found}
     if (
@@ -186,7 +187,8 @@ def _check_reusable(run: SweepRun, config: ExperimentConfig) -> None:
             f"run directory '{run.run_dir}' holds a run without a readable config.yaml, so it "
             "cannot be told apart from another config; remove it or pass another --out"
         )
-    if "auto" in (config.ppo.train_pi_iters, config.ppo.train_vf_iters):  # settled as the run settled them
+    config = settle_copies(config)  # the copies and epochs settled as the run settled them
+    if "auto" in (config.ppo.train_pi_iters, config.ppo.train_vf_iters):
         config = settled_epochs(config, probe_layout(config))
     differences = config_differences(config, recorded)
     if differences:

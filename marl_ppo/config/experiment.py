@@ -166,7 +166,8 @@ class ExperimentConfig:
                 f"rollout (rollout.num_envs={self.rollout.num_envs} x ceil(rollout.rollout_steps / "
                 "ppo.chunk_length)); lower ppo.num_minibatches or ppo.chunk_length, or raise rollout.num_envs"
             )
-        if self.ppo.num_minibatches > self.batch_steps:
+        batch = self.batch_steps
+        if batch is not None and self.ppo.num_minibatches > batch:
             raise ValueError(
                 f"ppo.num_minibatches={self.ppo.num_minibatches} exceeds the batch of "
                 f"rollout.rollout_steps*rollout.num_envs={self.batch_steps} env steps; lower ppo.num_minibatches"
@@ -174,15 +175,18 @@ class ExperimentConfig:
 
     @property
     def sequence_chunks(self) -> int | None:
-        """Sequence chunks per rollout with a recurrent model (None for feed-forward networks)."""
-        if self.model.recurrent is None:
+        """Sequence chunks per rollout with a recurrent model (None for feed-forward networks, or while
+        `rollout.num_envs` is unsettled)."""
+        if self.model.recurrent is None or self.rollout.num_envs is None:
             return None
         length = self.ppo.chunk_length or self.rollout.rollout_steps
         return self.rollout.num_envs * -(-self.rollout.rollout_steps // length)
 
     @property
-    def batch_steps(self) -> int:
-        """Env steps per update, over all env copies."""
+    def batch_steps(self) -> int | None:
+        """Env steps per update, over all env copies (None while `rollout.num_envs` is unsettled)."""
+        if self.rollout.num_envs is None:
+            return None
         return self.rollout.rollout_steps * self.rollout.num_envs
 
 

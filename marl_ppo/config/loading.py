@@ -95,29 +95,13 @@ def build_config(data: Mapping[str, Any]) -> ExperimentConfig:
 
 
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> ExperimentConfig:
-    """Experiment file (optional) plus `key=value` overrides -> validated ExperimentConfig.
-
-    Where neither sets `rollout.num_envs`, an env registered with its own number of copies (a batched
-    simulator: VMAS, JaxMARL) gets that number instead of the default."""
+    """Experiment file (optional) plus `key=value` overrides -> validated ExperimentConfig (a run's
+    plan settles what it leaves to the env, `rollout.num_envs: null`)."""
     data = load_yaml(path) if path is not None else {}
-    return build_config(with_family_copies(merge(data, parse_overrides(overrides))))
+    return build_config(merge(data, parse_overrides(overrides)))
 
 
 def load_stored_config(path: str | Path, overrides: Iterable[str] = ()) -> ExperimentConfig:
     """A config a run stored (its config.yaml) plus `key=value` overrides -> validated ExperimentConfig:
     the file's moved keys are migrated to their place (`migrate_stored`), the overrides' are refused."""
     return build_config(merge(migrate_stored(load_yaml(path)), parse_overrides(overrides)))
-
-
-def with_family_copies(data: dict[str, Any]) -> dict[str, Any]:
-    """`data` with `rollout.num_envs` set to the copies its env's registration asks for, when it sets none."""
-    env, rollout = data.get("env"), data.get("rollout")
-    env_id = env.get("id") if isinstance(env, Mapping) else None
-    if rollout is not None and not isinstance(rollout, Mapping):
-        return data  # validation names the bad section
-    if (rollout and "num_envs" in rollout) or not isinstance(env_id, str):
-        return data
-    from marl_ppo.registry import default_copies  # the registry imports nothing heavy
-
-    copies = default_copies(env_id)
-    return data if copies is None else {**data, "rollout": {**(rollout or {}), "num_envs": copies}}

@@ -14,10 +14,10 @@ from marl_ppo.config.base import STRICT, PositiveFloat, PositiveInt
 class RolloutConfig:
     """How experience is collected: the env copies, where they step, and the steps per update."""
 
-    num_envs: PositiveInt = 16
-    """Environment copies stepped in parallel. An env registered with a number of copies of its own
-    (a batched simulator: `vmas/*` 1,024, `jaxmarl/*` 64) gets that number when a config does not set
-    `num_envs`."""
+    num_envs: PositiveInt | None = None
+    """Environment copies stepped in parallel; null (the default): the number the env's registration
+    asks for (a batched simulator: `vmas/*` 1,024, `jaxmarl/*` 64), else 16. A run's plan settles
+    it, and its config.yaml records the number."""
     rollout_steps: PositiveInt = 100
     """Steps per env copy collected before each update (batch = rollout_steps * num_envs)."""
     vector: Literal["auto", "sync", "subprocess", "workers", "ray"] = "auto"
@@ -39,6 +39,17 @@ class RolloutConfig:
     step its envs; rollout workers get this per step of a rollout) before it is reported as hung and
     every worker is stopped. A Ray worker's start (Ray starting its process on a node) gets at least
     300 s."""
+
+    @property
+    def copies(self) -> int:
+        """`num_envs` as a run's plan settles it (`marl_ppo.plan.copies.settle_copies`); an error while
+        it is still null, which only code that skipped the plan can meet."""
+        if self.num_envs is None:
+            raise ValueError(
+                "rollout.num_envs is still null (the env's own number of copies); settle the config "
+                "with marl_ppo.plan.copies.settle_copies, as a run's plan does, or set rollout.num_envs"
+            )
+        return self.num_envs
 
 
 @dataclass(frozen=True, config=STRICT)

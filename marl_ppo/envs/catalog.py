@@ -25,7 +25,7 @@ from typing import Any
 
 from marl_ppo.envs import families
 from marl_ppo.envs.families import VMAS_COPIES, make_vmas
-from marl_ppo.registry import EnvError, Factory, register_env, register_prefix
+from marl_ppo.envs.registry import EnvError, Factory, register_env, register_prefix
 
 MPE2_SCENARIOS = (
     "simple_v3",

@@ -27,13 +27,13 @@ from marl_ppo.envs.adapters.gymnasium import GymnasiumTeamEnv
 from marl_ppo.envs.adapters.pettingzoo import ParallelEnvAdapter
 from marl_ppo.envs.frames import FrameOptions, with_frame_options
 from marl_ppo.envs.grouping import build_team_spec
+from marl_ppo.envs.registry import EnvError, env_spec, make_env, registered_id
 from marl_ppo.envs.spec import BatchedLayout, EnvLayout, GroupSpec, TeamArrays, TeamSpec
 from marl_ppo.envs.vector.base import VectorEnv
 from marl_ppo.envs.vector.subprocess import SubprocessVectorEnv
 from marl_ppo.envs.vector.sync import SyncVectorEnv
 from marl_ppo.envs.vmas.adapter import VmasVectorEnv
 from marl_ppo.fast.screen_copy import one_screen_copy
-from marl_ppo.registry import EnvError, env_spec, make_env, registered_id
 
 MAMUJOCO_MODULE = "gymnasium_robotics.envs.multiagent_mujoco"
 """Gymnasium-Robotics' multi-agent MuJoCo package, whose envs `fast.mamujoco_gather` steps."""
@@ -116,7 +116,7 @@ def build_vector_env(
                 f"(num_envs, device, seed keys of the config); drop env.kwargs.{taken[0]}"
             )
         make = functools.partial(
-            make_env, config.env.id, num_envs=config.rollout.num_envs, device=str(device), **config.env.kwargs
+            make_env, config.env.id, num_envs=config.rollout.copies, device=str(device), **config.env.kwargs
         )
         env = make(seed=config.seed)
         if isinstance(env, VectorEnv):  # a batched factory that builds its own vector env (JAX)
@@ -127,12 +127,12 @@ def build_vector_env(
     if config.rollout.vector == "subprocess":
         return SubprocessVectorEnv(
             make_copy,
-            config.rollout.num_envs,
+            config.rollout.copies,
             config.rollout.num_workers,
             timeout_s=config.rollout.worker_timeout_s,
             spec=spec,
         )
-    return SyncVectorEnv(make_copy, config.rollout.num_envs)
+    return SyncVectorEnv(make_copy, config.rollout.copies)
 
 
 def team_spec(config: ExperimentConfig, env: Any) -> TeamSpec:
@@ -177,16 +177,16 @@ def resolve_vector(
         return config if acting else _with_rollout(config, policy_lag=0)
     cores = usable_cores()
     workers = min(config.rollout.num_workers, cores)
-    if batched or cores < 2 or config.rollout.num_envs < 2:
+    if batched or cores < 2 or config.rollout.copies < 2:
         return _with_rollout(config, vector="sync", policy_lag=0)
     try:
         seconds = step_seconds()
     except EnvContractError:  # the run meets it too, and reports it where it happens, after its updates
         return _with_rollout(config, vector="sync", policy_lag=0)
-    if seconds >= AUTO_WORKERS_MIN_STEP_S and config.rollout.num_envs >= 2 * workers:
+    if seconds >= AUTO_WORKERS_MIN_STEP_S and config.rollout.copies >= 2 * workers:
         return _with_rollout(config, vector="workers")
     if seconds >= AUTO_SLOW_STEP_S:
-        return _with_rollout(config, vector="workers", num_workers=min(workers, config.rollout.num_envs))
+        return _with_rollout(config, vector="workers", num_workers=min(workers, config.rollout.copies))
     return _with_rollout(config, vector="sync", policy_lag=0)
 
 

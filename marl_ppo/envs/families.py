@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from marl_ppo.registry import EnvError, make_env, register_prefix, registered_ids
+from marl_ppo.envs.registry import EnvError, make_env, register_prefix, registered_ids
 
 ENV_MODULE = re.compile(r"^[a-z0-9_]+_v\d+$")
 

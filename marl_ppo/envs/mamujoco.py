@@ -18,7 +18,7 @@ import re
 import warnings
 from typing import Any
 
-from marl_ppo.registry import EnvError
+from marl_ppo.envs.registry import EnvError
 
 SPLITS: dict[str, tuple[str, ...]] = {
     # scenario: the agent splits Gymnasium-Robotics 1.4 defines for it ("None": one agent, every joint)

@@ -169,7 +169,7 @@ def evaluation_step(stepper: Stepper, acting: Acting) -> list[Finished]:
 def eval_config(config: ExperimentConfig, episodes: int, **env_kwargs: Any) -> ExperimentConfig:
     """The run's config for evaluation: in-process env copies (at most one per episode), extra env kwargs."""
     data = config_to_dict(config)
-    data["rollout"].update(vector="sync", policy_lag=0, num_envs=min(episodes, config.rollout.num_envs))
+    data["rollout"].update(vector="sync", policy_lag=0, num_envs=min(episodes, config.rollout.copies))
     data["ppo"]["num_minibatches"] = 1  # unused here; keeps the batch-size check valid for few copies
     data["env"]["kwargs"] = {**data["env"]["kwargs"], **env_kwargs}
     return build_config(data)

@@ -18,10 +18,10 @@ from marl_ppo.config import ExperimentConfig
 from marl_ppo.envs.adapters.aec import TurnBasedAdapter, is_aec
 from marl_ppo.envs.adapters.pettingzoo import ParallelEnvAdapter
 from marl_ppo.envs.factory import make_team_env
+from marl_ppo.envs.registry import EnvError, resolve_factory
 from marl_ppo.envs.spec import TeamArrays, TeamSpec
 from marl_ppo.eval.evaluate import MAX_EPISODE_STEPS, EvalError, eval_config, evaluation_step
 from marl_ppo.models.team import TeamModel
-from marl_ppo.registry import EnvError, resolve_factory
 from marl_ppo.rollout.stepper import PolicyActing, Stepper
 
 VIDEO_FORMATS = ("gif", "mp4")

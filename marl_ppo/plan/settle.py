@@ -1,5 +1,5 @@
-"""The run settled once: every `auto` of a config resolved on this machine, and the env's layout read
-from one probe env copy, in a frozen record that the builders, the trainer, evaluation and the memory
+"""The run settled once: every `auto` of a config resolved on this machine (and the env copies it
+leaves to the env), and the env's layout read from one probe env copy, in a frozen record that the builders, the trainer, evaluation and the memory
 check take.
 """
 
@@ -14,10 +14,11 @@ import torch
 
 from marl_ppo.config import ExperimentConfig, SettledPPO
 from marl_ppo.envs.factory import batched_layout, make_team_env, probe_step_seconds, resolve_vector, team_spec
+from marl_ppo.envs.registry import anchored
 from marl_ppo.envs.spec import BatchedLayout, EnvLayout, TeamSpec
 from marl_ppo.models.layers import resolve_device, resolve_precision
+from marl_ppo.plan.copies import settle_copies
 from marl_ppo.plan.host import convolutional, learner_threads, update_threads
-from marl_ppo.registry import anchored
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ class RunPlan:
         threads = f"{self.threads} torch thread{'s' * (self.threads > 1)}"
         if self.update_threads != self.threads:
             threads += f" ({self.update_threads} while updating)"
-        return f"{algorithm} on {config.env.id}{team}: {config.rollout.num_envs} env copies {where}, {threads}{encoder}"
+        return f"{algorithm} on {config.env.id}{team}: {config.rollout.copies} env copies {where}, {threads}{encoder}"
 
 
 def anchored_config(config: ExperimentConfig) -> ExperimentConfig:
@@ -95,7 +96,7 @@ def anchored_config(config: ExperimentConfig) -> ExperimentConfig:
 def plan_run(config: ExperimentConfig) -> RunPlan:
     """`config` settled for a run on this machine. Builds at most one env copy, the probe (none for a
     batched simulator): its layout is the plan's, and `rollout.vector: auto` times its steps."""
-    config = _with_precision(anchored_config(config))
+    config = _with_precision(settle_copies(anchored_config(config)))
     layout: EnvLayout
     batched = batched_layout(config)
     if batched is not None:

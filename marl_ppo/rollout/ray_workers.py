@@ -148,7 +148,7 @@ class RayRolloutWorkers(SlicedSource):
         self._ray = import_ray()
         self.spec = spec
         self.model = model
-        self.num_envs = config.rollout.num_envs
+        self.num_envs = config.rollout.copies
         self.steps = config.rollout.rollout_steps
         self.policy_lag = config.rollout.policy_lag
         self.min_workers = config.ray.min_workers
@@ -157,7 +157,7 @@ class RayRolloutWorkers(SlicedSource):
         self.rejoins = 0
         """Times a lost worker came back (Ray restarted its actor)."""
         self._slices = split_envs(
-            config.rollout.num_envs, min(config.rollout.num_workers, config.rollout.num_envs)
+            config.rollout.copies, min(config.rollout.num_workers, config.rollout.copies)
         )
         self._version = 0
         self._seed = config.seed

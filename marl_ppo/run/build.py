@@ -30,9 +30,9 @@ def build_collector(plan: RunPlan) -> tuple[RolloutSource, TeamModel]:
         functools.partial(TeamModel, layout, config),
         model,
         spec=layout,
-        num_envs=config.rollout.num_envs,
+        num_envs=config.rollout.copies,
         steps=config.rollout.rollout_steps,
-        num_workers=min(config.rollout.num_workers, config.rollout.num_envs),
+        num_workers=min(config.rollout.num_workers, config.rollout.copies),
         policy_lag=config.rollout.policy_lag,
         timeout_s=config.rollout.worker_timeout_s,
     )

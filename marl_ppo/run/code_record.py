@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from marl_ppo.registry import env_file
+from marl_ppo.envs.registry import env_file
 
 FILE = "code.json"
 

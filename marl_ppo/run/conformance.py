@@ -23,7 +23,7 @@ import numpy as np
 
 from marl_ppo.config import ExperimentConfig, build_config, config_to_dict, merge
 from marl_ppo.envs.adapters.aec import is_aec
-from marl_ppo.registry import env_spec, make_env, registered_id
+from marl_ppo.envs.registry import env_spec, make_env, registered_id
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,7 @@ def train(
             run.begin(saved)
             logger.hyperparameters(config_to_dict(config))
             buffer = RolloutBuffer(
-                spec, config.rollout.rollout_steps, config.rollout.num_envs, device, model.memory_layout()
+                spec, config.rollout.rollout_steps, config.rollout.copies, device, model.memory_layout()
             )
             with StopSignals() as stop:  # also covers the last save: a first signal cannot cut it short
                 run.loop(buffer, stop)

@@ -58,10 +58,10 @@ class MemoryEstimate:
 def estimate_memory(spec: TeamSpec, config: ExperimentConfig) -> MemoryEstimate:
     """What a run of `config` on a team `spec` will hold; the networks are sized on the meta device
     (nothing allocated)."""
-    steps = config.rollout.rollout_steps * config.rollout.num_envs
+    steps = config.rollout.rollout_steps * config.rollout.copies
     state_bytes = spec.state_dim * spec.state_dtype.itemsize
     per_step = state_bytes + sum(_group_step_bytes(g) for g in spec.groups)
-    vector_arrays = config.rollout.num_envs * 2 * per_step  # the step arrays, and their final_* halves
+    vector_arrays = config.rollout.copies * 2 * per_step  # the step arrays, and their final_* halves
     buffer = steps * per_step + vector_arrays
     with torch.device("meta"):
         model = TeamModel(spec, config)

@@ -31,8 +31,8 @@ from marl_ppo.config import (
     parse_overrides,
     refuse_moved,
 )
+from marl_ppo.envs.registry import env_file, moved
 from marl_ppo.envs.vector.state import EnvStateError
-from marl_ppo.registry import env_file, moved
 from marl_ppo.rollout.source import RolloutSource
 from marl_ppo.run.seeding import restore_rng_state, resume_seed, rng_state
 

@@ -41,7 +41,7 @@ def test_the_tutorial_is_the_same_on_both_sides():
     config = load_config(None, [*PISTONBALL_TUTORIAL, "total_steps=1024"])
     assert config.env.kwargs["max_cycles"] == ENV_KWARGS["max_cycles"] == 25
     assert tuple(config.env.resize or ()) == (84, 84) and config.env.frame_stack == 3 and config.env.greyscale
-    assert config.rollout.num_envs == 4 and config.rollout.rollout_steps == PPO_KWARGS["n_steps"] == 256
+    assert config.rollout.copies == 4 and config.rollout.rollout_steps == PPO_KWARGS["n_steps"] == 256
     assert config.ppo.gamma == PPO_KWARGS["gamma"] and config.ppo.gae_lambda == PPO_KWARGS["gae_lambda"]
     assert config.ppo.pi_lr == config.ppo.vf_lr == PPO_KWARGS["learning_rate"]
     assert config.ppo.clip_ratio == PPO_KWARGS["clip_range"]
@@ -72,7 +72,7 @@ def test_the_spread_cases_ask_both_sides_for_the_same_budget_and_widths():
     case = spread["spread_benchmarl_256"]
     assert case.peer_args == ["--frames", "24000", "--hidden", "256", "256"]
     config = load_config(case.experiment, case.overrides)
-    assert config.total_steps == 24_000 and config.rollout.num_envs * config.rollout.rollout_steps == 800
+    assert config.total_steps == 24_000 and config.rollout.copies * config.rollout.rollout_steps == 800
     assert tuple(config.model.hidden_sizes) == (256, 256) and config.host.torch_threads == 1
     assert config.ppo.num_minibatches == 4 and config.ppo.train_pi_iters == 10 and config.ppo.gamma == 0.95
     assert config.ppo.critic == "team"  # BenchMARL's shared centralised critic: one value per env step

@@ -9,10 +9,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
+from marl_ppo.envs.registry import make_env
 from marl_ppo.eval import evaluate
 from marl_ppo.eval.evaluate import EVAL_SEED_OFFSET, EvalError, eval_config, mean_ci95, run_episodes
 from marl_ppo.eval.from_checkpoint import evaluate_checkpoint
-from marl_ppo.registry import make_env
 from marl_ppo.run.loop import train
 from tests.helpers import ROOT, assert_same_final_weights, vector_env
 from tests.user_env_files import write_env_file, write_humans_only_file

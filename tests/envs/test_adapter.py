@@ -11,9 +11,9 @@ from marl_ppo.envs.adapters.aec import TurnBasedAdapter
 from marl_ppo.envs.adapters.contract import EnvContractError
 from marl_ppo.envs.adapters.pettingzoo import ParallelEnvAdapter
 from marl_ppo.envs.grouping import build_team_spec
+from marl_ppo.envs.registry import make_env
 from marl_ppo.envs.spec import TeamArrays
 from marl_ppo.envs.vector.sync import SyncVectorEnv
-from marl_ppo.registry import make_env
 from tests.broken_envs import BrokenEnv, SilentLeaverAEC
 from tests.helpers import LateJoinerEnv
 

@@ -104,7 +104,7 @@ def _snapshot(x):
 def test_a_butterfly_pixel_env_refuses_no_render_mode_with_one_line():
     """Pistonball draws its frames only under a render mode: asked for none, the run would learn from a
     frozen first frame, so building it says so in one line."""
-    from marl_ppo.registry import EnvError, make_env
+    from marl_ppo.envs.registry import EnvError, make_env
 
     pytest.importorskip("pymunk")
     with pytest.raises(EnvError) as caught:

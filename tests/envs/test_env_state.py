@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from gymnasium.utils import EzPickle
 
+from marl_ppo.envs.registry import make_env
 from marl_ppo.envs.vector.state import EnvStateError, dump_env_state, load_env_state
-from marl_ppo.registry import make_env
 
 
 class Counter(EzPickle):

@@ -9,7 +9,9 @@ import pytest
 import marl_ppo
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
-from marl_ppo.registry import EnvError, env_spec, make_env
+from marl_ppo.envs.registry import EnvError, env_spec, make_env
+from marl_ppo.plan.copies import settle_copies
+from marl_ppo.plan.settle import plan_run
 from marl_ppo.run.conformance import check_env
 from marl_ppo.run.loop import train
 from tests.helpers import ROOT
@@ -119,17 +121,24 @@ def test_a_batched_factory_without_the_vmas_flags_is_refused_in_one_line(tmp_pat
 
 
 def test_a_batched_family_picks_its_own_copies_unless_the_config_sets_num_envs(tmp_path):
-    assert load_config(None, ["env.id=vmas/flocking"]).rollout.num_envs == 1024  # any VMAS scenario
-    assert load_config(None, ["env.id=vmas/navigation"]).rollout.num_envs == 1024  # a catalog id
-    assert load_config(None, ["env.id=jaxmarl/smax_2s3z"]).rollout.num_envs == 64
-    assert load_config(None, ["env.id=mpe2/simple_spread_v3"]).rollout.num_envs == 16  # one env per copy
-    assert load_config(None, ["env.id=vmas/flocking", "rollout.num_envs=8"]).rollout.num_envs == 8
+    def copies(*overrides, experiment=None):
+        config = load_config(experiment, list(overrides))
+        return config.rollout.num_envs, settle_copies(config).rollout.num_envs
+
+    # the config leaves the number to the env (null); the plan settles it from the registration
+    assert copies("env.id=vmas/flocking") == (None, 1024)  # any VMAS scenario
+    assert copies("env.id=vmas/navigation") == (None, 1024)  # a catalog id
+    assert copies("env.id=jaxmarl/smax_2s3z") == (None, 64)
+    assert copies("env.id=mpe2/simple_spread_v3") == (None, 16)  # one env per copy
+    assert copies("env.id=vmas/flocking", "rollout.num_envs=8") == (8, 8)
     experiment = tmp_path / "flocking.yaml"
     experiment.write_text("env: {id: vmas/flocking}\nrollout: {num_envs: 32}\n")
-    assert load_config(experiment).rollout.num_envs == 32
+    assert copies(experiment=experiment) == (32, 32)
     user_file = tmp_path / "my_sim.py"
     user_file.write_text(
         "import marl_ppo\n"
         "marl_ppo.register_env('mine/sim_v0', lambda num_envs, device, seed: None, batched=True, copies=256)\n"
     )
-    assert load_config(None, [f"env.id={user_file}:mine/sim_v0"]).rollout.num_envs == 256
+    assert copies(f"env.id={user_file}:mine/sim_v0") == (None, 256)
+    # a plan's config records the number, and the config package never reads the registry
+    assert plan_run(load_config(None, ["env.id=envs/matrix_game_v0"])).config.rollout.num_envs == 16

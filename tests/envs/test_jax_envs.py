@@ -11,9 +11,9 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from marl_ppo.config import load_config
+from marl_ppo.envs.registry import EnvError, env_spec, id_families
 from marl_ppo.envs.vector.base import VectorEnv, WinsEpisodes
 from marl_ppo.plan.settle import plan_run
-from marl_ppo.registry import EnvError, env_spec, id_families
 from marl_ppo.run.loop import train
 from tests.helpers import vector_env
 

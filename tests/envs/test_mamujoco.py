@@ -9,8 +9,8 @@ import pytest
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
 from marl_ppo.envs.factory import probe_spec
+from marl_ppo.envs.registry import EnvError, env_spec, make_env, registered_ids
 from marl_ppo.envs.vector.sync import SyncVectorEnv
-from marl_ppo.registry import EnvError, env_spec, make_env, registered_ids
 from marl_ppo.run.loop import train
 from tests.helpers import ROOT, assert_same_runs, vector_env
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from marl_ppo.config import load_config
-from marl_ppo.registry import make_env
+from marl_ppo.envs.registry import make_env
 from marl_ppo.run.loop import train
 from tests.helpers import ROOT
 

@@ -10,7 +10,7 @@ from marl_ppo_examples.early_leaver import EarlyLeaverEnv
 
 import marl_ppo
 from marl_ppo.cli import main
-from marl_ppo.registry import EnvError, make_env, registered_ids, resolve_factory
+from marl_ppo.envs.registry import EnvError, make_env, registered_ids, resolve_factory
 from marl_ppo.run.conformance import check_env
 
 
@@ -63,7 +63,7 @@ def test_unknown_id_lists_close_matches_and_missing_extra_names_the_install():
 
 def test_registering_imports_nothing_heavy():
     code = (
-        "import sys, marl_ppo; from marl_ppo.registry import registered_ids; ids = registered_ids();"
+        "import sys, marl_ppo; from marl_ppo.envs.registry import registered_ids; ids = registered_ids();"
         "print(len(ids), sorted(m for m in ('torch', 'mpe2', 'pettingzoo', 'tensorboard') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -4,7 +4,7 @@ import pytest
 
 from marl_ppo.cli import main
 from marl_ppo.config import yaml_value
-from marl_ppo.registry import env_spec
+from marl_ppo.envs.registry import env_spec
 from tests.helpers import EPISODES, experiments
 
 RENDERED = {

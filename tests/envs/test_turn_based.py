@@ -11,8 +11,8 @@ from marl_ppo.algo.gae import fold_turns
 from marl_ppo.config import load_config
 from marl_ppo.envs.adapters.aec import TurnBasedAdapter, is_aec
 from marl_ppo.envs.grouping import build_team_spec
+from marl_ppo.envs.registry import make_env
 from marl_ppo.envs.spec import TeamArrays
-from marl_ppo.registry import make_env
 from marl_ppo.run.loop import train
 from tests.helpers import ROOT, collect_rollout
 

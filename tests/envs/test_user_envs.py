@@ -11,9 +11,9 @@ import yaml
 
 from marl_ppo.config import load_config
 from marl_ppo.envs.factory import make_adapter, probe_spec
+from marl_ppo.envs.registry import EnvError, make_env, resolve_factory
 from marl_ppo.envs.vector.subprocess import SubprocessVectorEnv
 from marl_ppo.envs.vector.sync import SyncVectorEnv
-from marl_ppo.registry import EnvError, make_env, resolve_factory
 from tests.helpers import ROOT
 from tests.user_env_files import write_env_file
 

@@ -55,7 +55,7 @@ def test_a_vmas_rollout_never_leaves_torch(monkeypatch):
     venv = vector_env(config)
     torch.manual_seed(0)
     model = TeamModel(venv.spec, config)
-    buffer = RolloutBuffer(venv.spec, 10, config.rollout.num_envs)
+    buffer = RolloutBuffer(venv.spec, 10, config.rollout.copies)
     collector = Collector(venv, model, torch.device("cpu"))
     collector.start(0)
 

@@ -63,7 +63,7 @@ def test_a_vmas_rollout_and_its_batches_stay_on_the_device(device):
     where = torch.device(device)
     venv = vector_env(config, where)
     model = TeamModel(venv.spec, config).to(where)
-    buffer = RolloutBuffer(venv.spec, 6, config.rollout.num_envs, where)
+    buffer = RolloutBuffer(venv.spec, 6, config.rollout.copies, where)
     collector = Collector(venv, model, where)
     collector.start(0)
     result = collector.collect(buffer)

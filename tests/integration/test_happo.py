@@ -66,7 +66,7 @@ def _setup(env, *overrides):
     venv = vector_env(config)
     model = TeamModel(venv.spec, config)
     buffer = RolloutBuffer(
-        venv.spec, config.rollout.rollout_steps, config.rollout.num_envs, memory=model.memory_layout()
+        venv.spec, config.rollout.rollout_steps, config.rollout.copies, memory=model.memory_layout()
     )
     collector = Collector(venv, model, torch.device("cpu"))
     collector.start(0)

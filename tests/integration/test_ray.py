@@ -103,7 +103,7 @@ def test_one_ray_worker_collects_and_trains_exactly_as_one_local_worker(two_node
             source.start(seed=3)
             rollouts[vector] = []
             for _ in range(2):
-                buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.num_envs)
+                buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.copies)
                 result = source.collect(buffer)
                 rollouts[vector].append((buffer, result))
         finally:
@@ -389,7 +389,7 @@ def test_a_lost_worker_rejoins_with_the_current_weights_once_its_node_is_back(tw
     )
     torch.manual_seed(0)
     source, model = build_collector(plan_run(config))
-    buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.num_envs)
+    buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.copies)
     try:
         source.start(seed=0)
         assert source.collect(buffer).perf["perf/ray_live_workers"] == 2.0

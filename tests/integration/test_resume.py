@@ -11,7 +11,7 @@ from marl_ppo.algo.schedule import LrSchedule
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from marl_ppo.config import ConfigError, load_config
-from marl_ppo.registry import make_env
+from marl_ppo.envs.registry import make_env
 from marl_ppo.run.loop import train
 from marl_ppo.run.resume import NotExactResumeWarning
 from marl_ppo.run.signals import Interrupted

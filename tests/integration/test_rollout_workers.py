@@ -74,7 +74,7 @@ def test_each_worker_slice_equals_a_sync_collector(tiny_overrides, env, num_work
         workers.start(seed=3)
         got = []
         for _ in range(2):
-            buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.num_envs)
+            buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.copies)
             got.append((buffer, workers.collect(buffer)))
     finally:
         workers.close()
@@ -100,9 +100,9 @@ def test_each_worker_slice_equals_a_sync_collector(tiny_overrides, env, num_work
     )
     episodes = [e for _, result in got for e in result.episodes]
     assert [e.team_return for e in episodes] == [ret for *_, ret in reference]
-    assert [e.end_step for e in episodes] == [t * config.rollout.num_envs for t, *_ in reference]
+    assert [e.end_step for e in episodes] == [t * config.rollout.copies for t, *_ in reference]
     assert len(episodes) > 0
-    assert workers.env_steps == 2 * config.rollout.rollout_steps * config.rollout.num_envs
+    assert workers.env_steps == 2 * config.rollout.rollout_steps * config.rollout.copies
 
 
 def _logp(model, buffer):
@@ -117,7 +117,7 @@ def test_policy_lag_decides_which_weights_act(tiny_overrides, policy_lag):
     before = copy.deepcopy(model)
     try:
         workers.start(seed=0)
-        buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.num_envs)
+        buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.copies)
         workers.collect(buffer)
         with torch.no_grad():  # "the update"
             for parameter in model.actors.parameters():
@@ -163,7 +163,7 @@ def test_a_pending_rollout_keeps_its_last_alive_flags(tiny_overrides):
     workers, model = _workers(config, 2, policy_lag=1)
     try:
         workers.start(seed=0)
-        buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.num_envs)
+        buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.copies)
         workers.collect(buffer)  # launches the next rollout
         state = workers.state_dict()
         saved = {name: alive.clone() for name, alive in state["pending"]["last_alive"].items()}
@@ -197,7 +197,7 @@ def test_a_killed_worker_stops_the_run_with_a_clear_error(tiny_overrides):
     workers, model = _workers(config, 2)
     workers.start(seed=0)
     victim = workers._processes[1]
-    buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.num_envs)
+    buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.copies)
     workers._launch()
     os.kill(victim.pid, signal.SIGKILL)
     with pytest.raises(RuntimeError, match=r"worker 1 .* died during 'collect' \(exit code -9\)"):
@@ -420,13 +420,13 @@ def test_a_command_between_rollouts_keeps_the_rollout_in_flight(tiny_overrides):
         workers, model = _workers(config, 2, policy_lag=1)
         try:
             workers.start(seed=0)
-            buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.num_envs)
+            buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.copies)
             workers.collect(buffer)  # launches the next rollout
             if ask_between:
-                assert len(workers.env_states()) == config.rollout.num_envs
+                assert len(workers.env_states()) == config.rollout.copies
             workers.collect(buffer)
             rollouts.append([t.clone() for t in buffer.tensors()])
         finally:
             workers.close()
-    assert workers.env_steps == 2 * config.rollout.rollout_steps * config.rollout.num_envs
+    assert workers.env_steps == 2 * config.rollout.rollout_steps * config.rollout.copies
     assert all(torch.equal(a, b) for a, b in zip(*rollouts, strict=True))

@@ -13,9 +13,9 @@ from marl_ppo_examples.early_leaver import EarlyLeaverEnv
 
 from marl_ppo.envs.adapters.pettingzoo import ParallelEnvAdapter
 from marl_ppo.envs.grouping import build_team_spec
+from marl_ppo.envs.registry import make_env
 from marl_ppo.envs.vector.subprocess import SubprocessVectorEnv
 from marl_ppo.envs.vector.sync import SyncVectorEnv
-from marl_ppo.registry import make_env
 from tests.helpers import within
 
 SPREAD = "mpe2/simple_spread_v3"

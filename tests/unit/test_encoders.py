@@ -152,7 +152,7 @@ def test_rollout_workers_fill_the_buffer_with_frames_their_policy_acted_on():
     collector, model = build_collector(plan_run(config))
     try:
         collector.start(seed=1)
-        buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.num_envs)
+        buffer = RolloutBuffer(model.spec, config.rollout.rollout_steps, config.rollout.copies)
         collector.collect(buffer)
     finally:
         collector.close()
@@ -324,7 +324,7 @@ def test_a_recurrent_policy_behind_the_cnn_recomputes_its_acting_log_probs(env_i
     try:
         collector.start(0)
         buffer = RolloutBuffer(
-            model.spec, config.rollout.rollout_steps, config.rollout.num_envs, memory=model.memory_layout()
+            model.spec, config.rollout.rollout_steps, config.rollout.copies, memory=model.memory_layout()
         )
         result = collector.collect(buffer)
     finally:

@@ -10,8 +10,8 @@ from torch import nn
 from marl_ppo.config import ConfigError, build_config, load_config, migrate_stored
 from marl_ppo.config.fast import REMOVED_FAST_KEYS
 from marl_ppo.envs.factory import make_adapter, probe_spec
+from marl_ppo.envs.registry import make_env
 from marl_ppo.fast.screen_copy import one_screen_copy
-from marl_ppo.registry import make_env
 from tests.helpers import ROOT, assert_same_runs
 
 SPREAD = ROOT / "experiments/mpe/simple_spread.yaml"

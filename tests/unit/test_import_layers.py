@@ -15,18 +15,10 @@ from tests.helpers import ROOT
 PACKAGE = ROOT / "marl_ppo"
 
 LAYERS = [
-    # shared small types, the hand-written library pieces (which import nothing of ours), checkpoint
-    # files (read by eval, written by run) and the env id registry (ids -> factories, no env library
-    # imported; the config reads it for a batched family's own num_envs)
-    (
-        "marl_ppo.faults",
-        "marl_ppo.config",
-        "marl_ppo.console",
-        "marl_ppo.fast",
-        "marl_ppo.checkpoint",
-        "marl_ppo.registry",
-    ),
-    ("marl_ppo.envs",),
+    # shared small types, the hand-written library pieces (which import nothing of ours) and checkpoint
+    # files (read by eval, written by run)
+    ("marl_ppo.faults", "marl_ppo.config", "marl_ppo.console", "marl_ppo.fast", "marl_ppo.checkpoint"),
+    ("marl_ppo.envs",),  # the env id registry among them: the config no longer reads it
     ("marl_ppo.models",),  # the networks and their value normalizers
     ("marl_ppo.plan",),  # the run settled once: what every builder below the run takes
     ("marl_ppo.rollout",),
@@ -168,4 +160,4 @@ def test_the_example_envs_install_under_their_own_name_not_as_a_bare_envs(tmp_pa
 
     assert not runs("import envs")
     assert runs("import marl_ppo_examples.matrix_game")
-    assert runs("from marl_ppo.registry import env_spec; env_spec('envs/matrix_game_v0').load()")
+    assert runs("from marl_ppo.envs.registry import env_spec; env_spec('envs/matrix_game_v0').load()")

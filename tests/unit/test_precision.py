@@ -88,7 +88,7 @@ def test_bf16_acting_and_learning_agree_so_every_first_ratio_is_one(critic, devi
     torch.manual_seed(0)
     venv = vector_env(config, where)
     model = TeamModel(venv.spec, config).to(where)
-    buffer = RolloutBuffer(venv.spec, config.rollout.rollout_steps, config.rollout.num_envs, where)
+    buffer = RolloutBuffer(venv.spec, config.rollout.rollout_steps, config.rollout.copies, where)
     collector = Collector(venv, model, where)
     collector.start(0)
     rollout = collector.collect(buffer)

@@ -64,7 +64,7 @@ def _collect(config, seed=0):
     try:
         collector.start(seed)
         buffer = RolloutBuffer(
-            model.spec, config.rollout.rollout_steps, config.rollout.num_envs, memory=model.memory_layout()
+            model.spec, config.rollout.rollout_steps, config.rollout.copies, memory=model.memory_layout()
         )
         result = collector.collect(buffer)
     finally:
@@ -196,11 +196,11 @@ def test_an_observation_before_an_episode_start_changes_no_output_after_it(tiny_
 
     batch = batches["agent"]
     changed_obs = batch.obs.clone().reshape(
-        config.rollout.rollout_steps, config.rollout.num_envs, *batch.obs.shape[1:]
+        config.rollout.rollout_steps, config.rollout.copies, *batch.obs.shape[1:]
     )
     noise = torch.Generator().manual_seed(1)  # not a constant shift, which the input LayerNorm removes
     changed_obs[:start, 0] += torch.randn(changed_obs[:start, 0].shape, generator=noise)
-    changed_state = batch.state.clone().reshape(config.rollout.rollout_steps, config.rollout.num_envs, -1)
+    changed_state = batch.state.clone().reshape(config.rollout.rollout_steps, config.rollout.copies, -1)
     changed_state[:start, 0] += torch.randn(changed_state[:start, 0].shape, generator=noise)
     changed = dataclasses.replace(batch, obs=changed_obs.flatten(0, 1), state=changed_state.flatten(0, 1))
     (logp_a, values_a), (logp_b, values_b) = outputs(batch), outputs(changed)
@@ -233,7 +233,7 @@ def test_the_recurrent_policy_acts_alike_in_every_collection_mode(tiny_overrides
                 buffer = RolloutBuffer(
                     model.spec,
                     config.rollout.rollout_steps,
-                    config.rollout.num_envs,
+                    config.rollout.copies,
                     memory=model.memory_layout(),
                 )
                 result = collector.collect(buffer)
@@ -436,7 +436,7 @@ def test_a_recurrent_policy_in_vmas_restarts_the_states_of_finished_copies():
     torch.manual_seed(0)
     model = TeamModel(venv.spec, config)
     cpu = torch.device("cpu")
-    buffer = RolloutBuffer(venv.spec, 10, config.rollout.num_envs, memory=model.memory_layout())
+    buffer = RolloutBuffer(venv.spec, 10, config.rollout.copies, memory=model.memory_layout())
     collector = Collector(venv, model, cpu)
     collector.start(0)
 
@@ -470,7 +470,7 @@ def test_a_recurrent_vmas_rollout_and_update_stay_on_the_device(device):
     venv = vector_env(config, where)
     torch.manual_seed(0)
     model = TeamModel(venv.spec, config).to(where)
-    buffer = RolloutBuffer(venv.spec, 8, config.rollout.num_envs, where, model.memory_layout())
+    buffer = RolloutBuffer(venv.spec, 8, config.rollout.copies, where, model.memory_layout())
     collector = Collector(venv, model, where)
     collector.start(0)
     result = collector.collect(buffer)

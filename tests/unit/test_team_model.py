@@ -11,10 +11,10 @@ from marl_ppo.algo.schedule import LrSchedule
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import load_config
 from marl_ppo.envs.grouping import build_team_spec
+from marl_ppo.envs.registry import make_env
 from marl_ppo.models.acting import ActingMLP
 from marl_ppo.models.layers import AgentMLP, StackedLinear
 from marl_ppo.models.team import TeamModel
-from marl_ppo.registry import make_env
 from tests.helpers import collect_rollout, common_twin, values_of
 
 SPREAD = "mpe2/simple_spread_v3"
@@ -199,7 +199,7 @@ def test_a_rollout_reads_each_mlps_weights_once_and_never_runs_the_training_forw
     mlps = [m for m in model.modules() if isinstance(m, AgentMLP)]
     assert len(mlps) == 2 and sorted(map(id, reads)) == sorted(map(id, mlps))  # actor and critic, once
     assert forwards == []
-    assert rollout.env_steps == config.rollout.rollout_steps * config.rollout.num_envs
+    assert rollout.env_steps == config.rollout.rollout_steps * config.rollout.copies
 
 
 @pytest.mark.parametrize("shared", [True, False])

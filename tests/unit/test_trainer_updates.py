@@ -111,7 +111,7 @@ class _Rollouts:
         self.config = config
         venv = vector_env(config)
         self.model = TeamModel(venv.spec, config)
-        self.buffer = RolloutBuffer(venv.spec, config.rollout.rollout_steps, config.rollout.num_envs)
+        self.buffer = RolloutBuffer(venv.spec, config.rollout.rollout_steps, config.rollout.copies)
         self.collector = Collector(venv, self.model, torch.device("cpu"))
         self.collector.start(seed)
         self.trainer = Trainer(

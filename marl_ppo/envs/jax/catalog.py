@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from marl_ppo.registry import EnvError, register_prefix
+from marl_ppo.envs.registry import EnvError, register_prefix
 
 JAX_REQUIRES = ("jax", "jaxmarl")
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from marl_ppo.registry import EnvError
+from marl_ppo.envs.registry import EnvError
 
 CACHE_ENV_VAR = "MARL_PPO_JAX_CACHE"
 """Where compiled JAX functions are kept between runs; default `~/.cache/marl_ppo/jax`; `off` disables it."""
