@@ -255,7 +255,9 @@ def _train(options: argparse.Namespace) -> int:
         print(config_yaml(settle_copies(config)), end="")
         return 0
     if options.resume is None and experiment is None:
-        print(defaults_notice(config, overrides), flush=True)
+        from marl_ppo.plan.copies import settle_copies
+
+        print(defaults_notice(settle_copies(config), overrides), flush=True)
     from marl_ppo.run.loop import train  # heavy imports (torch, tensorboard) only when training
 
     try:

@@ -116,7 +116,7 @@ def plan_run(config: ExperimentConfig) -> RunPlan:
 def plan_eval(config: ExperimentConfig) -> RunPlan:
     """`config` (a checkpoint's, with any overrides) settled to evaluate in this process: env copies
     stepped here (`rollout.vector: sync`), its layout read from one probe copy (none for a batched simulator)."""
-    config = _with_precision(config)
+    config = _with_precision(settle_copies(config))
     config = dataclasses.replace(
         config, rollout=dataclasses.replace(config.rollout, vector="sync", policy_lag=0)
     )

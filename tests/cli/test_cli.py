@@ -18,6 +18,7 @@ from marl_ppo.checkpoint import CheckpointError, load_checkpoint
 from marl_ppo.cli import main
 from marl_ppo.config import ConfigError, ExperimentConfig, config_keys, config_to_dict, load_config
 from marl_ppo.config.keys import KEY_COLUMN, defaults_notice, help_config_lines
+from marl_ppo.plan.copies import settle_copies
 from tests.helpers import ROOT
 
 SPREAD = str(ROOT / "experiments/mpe/simple_spread.yaml")
@@ -142,7 +143,9 @@ def test_print_config_prints_the_resolved_config_and_writes_nothing(tmp_path, mo
     assert list(tmp_path.iterdir()) == []  # no run directory, no runs/
     assert main(["train", "--print-config", "seed=3"]) == 0  # no experiment file, default run dir
     bare = capsys.readouterr().out
-    assert yaml.safe_load(bare) == config_to_dict(load_config(None, ["seed=3"]))
+    # the copies the config leaves to the env are settled as the run settles them
+    assert yaml.safe_load(bare) == config_to_dict(settle_copies(load_config(None, ["seed=3"])))
+    assert yaml.safe_load(bare)["rollout"]["num_envs"] == 16
     assert bare.splitlines()[-1] == (
         "# rollout.vector: auto is chosen when the run starts; its config.yaml records the choice"
     )
@@ -151,7 +154,7 @@ def test_print_config_prints_the_resolved_config_and_writes_nothing(tmp_path, mo
 
 def test_bare_train_says_first_which_defaults_it_runs_with(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
-    assert defaults_notice(ExperimentConfig(), []) == (
+    assert defaults_notice(settle_copies(ExperimentConfig()), []) == (
         "no experiment file: library defaults (ppo.gamma 0.99, rollout.rollout_steps 100, rollout.num_envs 16, "
         "model.share_actor false, ppo.lr_schedule constant, ...); the default experiment is "
         "experiments/mpe/simple_spread.yaml"

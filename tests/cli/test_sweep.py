@@ -19,6 +19,7 @@ from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.cli import main
 from marl_ppo.config import config_to_dict, load_config
 from marl_ppo.envs.factory import probe_layout
+from marl_ppo.plan.copies import settle_copies
 from marl_ppo.plan.host import settled_epochs
 from tests.helpers import TINY_MATRIX
 
@@ -299,7 +300,7 @@ def test_a_changed_non_grid_value_never_reuses_a_finished_run_of_another_config(
 
 def test_auto_epochs_reuse_only_a_run_that_trained_the_epochs_auto_gives_now():
     planned = load_config(None, ["env.id=envs/pixel_signal_v0"])  # a CNN model: auto gives 4 epochs
-    recorded = config_to_dict(planned)
+    recorded = config_to_dict(settle_copies(planned))  # a run records the copies it settled
     recorded["ppo"].update(train_pi_iters=10, train_vf_iters=10)  # a run of the earlier default
     epochs = ["ppo.train_pi_iters", "ppo.train_vf_iters"]
     assert sweep_module.config_differences(settled_epochs(planned, probe_layout(planned)), recorded) == epochs
@@ -309,7 +310,7 @@ def test_auto_epochs_reuse_only_a_run_that_trained_the_epochs_auto_gives_now():
 
 def test_auto_choices_recorded_by_a_finished_run_match_the_auto_it_was_started_with():
     planned = load_config(None, ["env.id=envs/matrix_game_v0", "rollout.policy_lag=1"])
-    recorded = config_to_dict(planned)
+    recorded = config_to_dict(settle_copies(planned))
     recorded["rollout"].update(vector="sync", policy_lag=0)
     recorded["host"]["torch_threads"] = 1
     recorded["model"]["precision"] = "fp32"
@@ -321,6 +322,6 @@ def test_auto_choices_recorded_by_a_finished_run_match_the_auto_it_was_started_w
         "seed",
     ]
     without_lag = load_config(None, ["env.id=envs/matrix_game_v0"])  # auto, policy_lag 0
-    recorded = config_to_dict(without_lag)
+    recorded = config_to_dict(settle_copies(without_lag))
     recorded["rollout"].update(vector="workers", policy_lag=1)  # auto never turns lag on: started otherwise
     assert sweep_module.config_differences(without_lag, recorded) == ["rollout.policy_lag"]

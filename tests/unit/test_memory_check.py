@@ -10,6 +10,7 @@ import pytest
 
 from marl_ppo.config import ConfigError, load_config
 from marl_ppo.envs.factory import probe_spec
+from marl_ppo.plan.copies import settle_copies
 from marl_ppo.run import memory
 from marl_ppo.run.loop import train
 from tests.helpers import ROOT
@@ -32,7 +33,7 @@ def test_the_buffer_estimate_counts_frames_at_one_byte_per_pixel():
 
 
 def test_the_network_estimate_is_weights_gradients_and_two_adam_moments():
-    config = load_config(None, [*SIGNAL, "model.encoder=mlp", "model.hidden_sizes=[8]"])
+    config = settle_copies(load_config(None, [*SIGNAL, "model.encoder=mlp", "model.hidden_sizes=[8]"]))
     estimate = memory.estimate_memory(probe_spec(config), config)
     # actors (per agent): LayerNorm 2*144, layers 144*8+8 and 8*4+4; the state critic (shared, with
     # an agent id): LayerNorm 2*288, layers (288+2)*8+8 and 8+1

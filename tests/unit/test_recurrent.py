@@ -20,6 +20,7 @@ from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.config import ConfigError, load_config
 from marl_ppo.models.layers import stacked_linear
 from marl_ppo.models.recurrent import StackedRecurrent
+from marl_ppo.plan.copies import settle_copies
 from marl_ppo.plan.settle import plan_run
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.run.build import build_collector
@@ -300,7 +301,8 @@ def test_recurrent_config_errors_name_the_fix():
             ],
         )
     config = load_config(None, ["model.recurrent=lstm"])
-    assert config.model.critic_recurrent and config.sequence_chunks == 16 * 10
+    assert config.model.critic_recurrent and config.sequence_chunks is None  # the copies are the env's
+    assert settle_copies(config).sequence_chunks == 16 * 10
     assert not load_config(
         None, ["model.recurrent=gru", "model.recurrent_critic=false"]
     ).model.critic_recurrent
