@@ -75,3 +75,33 @@ def test_unpicklable_and_inexactly_pickled_objects_are_refused():
     pymunk = pytest.importorskip("pymunk")
     with pytest.raises(EnvStateError, match="pymunk.Space pickles without its contact cache"):
         dump_env_state({"space": pymunk.Space()})
+
+
+def test_a_state_written_with_the_removed_lean_cycle_resumes_on_pettingzoos_wrapper(monkeypatch):
+    """Runs checkpointed before `fast.lean_cycle` was removed saved their AEC-converted envs with the
+    env's class swapped to `marl_ppo.fast.lean_cycle.LeanCycleParallel`; they load as PettingZoo's
+    AEC-to-parallel wrapper, whose `step` gives the same trajectories, and continue identically."""
+    import sys
+    import types
+
+    from pettingzoo.utils.conversions import aec_to_parallel_wrapper
+
+    old_module = types.ModuleType("marl_ppo.fast.lean_cycle")
+    old_class = type("LeanCycleParallel", (aec_to_parallel_wrapper,), {"__module__": old_module.__name__})
+    old_module.LeanCycleParallel = old_class  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, old_module.__name__, old_module)
+    env = make_env("mpe2/simple_spread_v3", max_cycles=25)
+    env.reset(seed=3)
+    assert type(env) is aec_to_parallel_wrapper
+    env.__class__ = old_class  # as the lean cycle left it
+    blob = dump_env_state(env)
+    monkeypatch.delitem(sys.modules, old_module.__name__)  # the module is gone, as it is now
+    restored = load_env_state(blob)
+    assert type(restored) is aec_to_parallel_wrapper
+    env.__class__ = aec_to_parallel_wrapper
+    actions = {agent: 1 for agent in env.agents}
+    ours, theirs = env.step(actions), restored.step(actions)
+    for name, mine, other in zip(("obs", "rewards"), ours[:2], theirs[:2], strict=True):
+        assert mine.keys() == other.keys(), name
+        for agent in mine:
+            assert np.array_equal(mine[agent], other[agent]), (name, agent)

@@ -112,6 +112,26 @@ def dump_env_state(obj: Any) -> bytes:
     return zlib.compress(buffer.getbuffer(), 1)
 
 
+REMOVED_CLASSES = {
+    ("marl_ppo.fast.lean_cycle", "LeanCycleParallel"): (
+        "pettingzoo.utils.conversions",
+        "aec_to_parallel_wrapper",
+    ),
+}
+"""Classes that states written by an earlier marl_ppo name and that are gone -> the class that takes
+their place. The lean AEC cycle was PettingZoo's AEC-to-parallel wrapper with another `step` (the
+same trajectories), swapped onto the env object, so a run checkpointed with it resumes on the
+wrapper itself."""
+
+
+class _StateUnpickler(pickle.Unpickler):
+    """An unpickler that reads an earlier marl_ppo's states: a removed class is read as its stand-in."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        module, name = REMOVED_CLASSES.get((module, name), (module, name))
+        return super().find_class(module, name)
+
+
 def load_env_state(blob: bytes) -> Any:
     """Rebuild an object pickled by `dump_env_state` (runs code: trusted, self-written bytes only)."""
-    return pickle.loads(zlib.decompress(blob))
+    return _StateUnpickler(io.BytesIO(zlib.decompress(blob))).load()
