@@ -226,3 +226,39 @@ def test_experiment_headers_say_what_runs_and_leave_the_results_to_docs_results_
     assert {name: found for name, text in comments.items() if (found := timings.findall(text))} == {}
     for needed in ("team return", "random", "docs/results.md"):
         assert [name for name, header in headers.items() if needed not in header.lower()] == [], needed
+
+
+COMPARED = {"ippo": "ppo.critic", "happo": "ppo.actor_update"}
+"""A variant file's suffix -> the key its comparison with the base file is about."""
+
+
+def test_a_shipped_comparison_names_in_its_header_every_other_key_it_differs_in():
+    """`X_ippo.yaml` and `X_happo.yaml` are read beside `X.yaml` (or `X_vN.yaml`): where they differ in a
+    key besides the one compared, the variant's header names that key and says why, so `compare` over
+    the pair is not taken for like for like by mistake."""
+    from marl_ppo.analysis.runlogs import flatten_config
+    from marl_ppo.config import config_to_dict, load_config
+
+    pairs, unexplained = 0, {}
+    for variant in sorted((ROOT / "experiments").rglob("*.yaml")):
+        stem, _, suffix = variant.stem.rpartition("_")
+        if suffix not in COMPARED:
+            continue
+        header = " ".join(
+            line[1:].strip()
+            for line in itertools.takewhile(
+                lambda line: line.startswith("#"), variant.read_text().splitlines()
+            )
+        )
+        for base in variant.parent.glob(f"{stem}*.yaml"):
+            if base == variant or not re.fullmatch(re.escape(stem) + r"(_v\d+)?", base.stem):
+                continue
+            pairs += 1
+            ours, theirs = (flatten_config(config_to_dict(load_config(path))) for path in (variant, base))
+            differing = {key for key in ours.keys() | theirs.keys() if ours.get(key) != theirs.get(key)}
+            others = sorted(key for key in differing - {COMPARED[suffix]} if not key.startswith("expected"))
+            assert COMPARED[suffix] in differing, (variant.name, base.name)
+            missing = [key for key in others if key not in header]
+            if missing:
+                unexplained[f"{variant.name} vs {base.name}"] = missing
+    assert pairs >= 7 and unexplained == {}
