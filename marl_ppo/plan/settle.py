@@ -13,7 +13,14 @@ from typing import Literal, cast
 import torch
 
 from marl_ppo.config import ExperimentConfig, SettledPPO
-from marl_ppo.envs.factory import batched_layout, make_team_env, probe_step_seconds, resolve_vector, team_spec
+from marl_ppo.envs.factory import (
+    batched_layout,
+    make_team_env,
+    probe_layout,
+    probe_step_seconds,
+    resolve_vector,
+    team_spec,
+)
 from marl_ppo.envs.registry import anchored
 from marl_ppo.envs.spec import BatchedLayout, EnvLayout, TeamSpec
 from marl_ppo.models.layers import resolve_device, resolve_precision
@@ -120,14 +127,7 @@ def plan_eval(config: ExperimentConfig) -> RunPlan:
     config = dataclasses.replace(
         config, rollout=dataclasses.replace(config.rollout, vector="sync", policy_lag=0)
     )
-    layout: EnvLayout | None = batched_layout(config)
-    if layout is None:
-        probe = make_team_env(config)
-        try:
-            layout = team_spec(config, probe)
-        finally:
-            probe.close()
-    return _settled(config, layout)
+    return _settled(config, probe_layout(config))
 
 
 def _with_precision(config: ExperimentConfig) -> ExperimentConfig:
