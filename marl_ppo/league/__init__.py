@@ -1,0 +1,1 @@
+"""Competitive training: opponent pools and leagues, ratings of policies, exploitability."""

@@ -1,0 +1,1 @@
+"""Hyperparameter search over a config's own keys, seed-aware, with Optuna."""
