@@ -354,6 +354,8 @@ def _eval(options: argparse.Namespace) -> int:
     )
     if output.versus is not None:
         print(f"against random opponents ({output.versus.mode}): {_scores(output.versus)}")
+    if output.nash_conv is not None:
+        print(f"exploitability: NashConv {output.nash_conv:.4f} (OpenSpiel; 0 at a Nash equilibrium)")
     return 0
 
 

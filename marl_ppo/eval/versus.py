@@ -25,6 +25,7 @@ from marl_ppo.eval.evaluate import (
     MAX_EPISODE_STEPS,
     EvalError,
     PeriodicEvaluation,
+    PolicyScore,
     _global_rng_untouched,
     evaluation_step,
     mean_ci95,
@@ -215,9 +216,15 @@ class PeriodicEvaluationVsRandom(PeriodicEvaluation):
     """The periodic evaluation, and at each of its evaluations the policy's scores against random opponents."""
 
     def __init__(
-        self, config: ExperimentConfig, venv: VectorEnv, model: TeamModel, device: torch.device
+        self,
+        config: ExperimentConfig,
+        venv: VectorEnv,
+        model: TeamModel,
+        device: torch.device,
+        *,
+        scores: Sequence[PolicyScore] = (),
     ) -> None:
-        super().__init__(config, venv, model, device)
+        super().__init__(config, venv, model, device, scores=scores)
         if config.eval.vs_random is None:
             raise ValueError("PeriodicEvaluationVsRandom needs eval.vs_random: seats or teams")
         self.mode, self.teams = config.eval.vs_random, config.eval.teams
@@ -246,7 +253,11 @@ class PeriodicEvaluationVsRandom(PeriodicEvaluation):
 def periodic_evaluation(
     config: ExperimentConfig, venv: VectorEnv, model: TeamModel, device: torch.device
 ) -> PeriodicEvaluation:
-    """The periodic evaluation the config asks for: with scores against random opponents where `eval.vs_random` is set."""
+    """The periodic evaluation the config asks for: with scores against random opponents where `eval.vs_random`
+    is set, and the policy's NashConv where `eval.nash_conv` settles on."""
+    from marl_ppo.league.exploitability import policy_scores
+
+    scores = policy_scores(config)
     if config.eval.vs_random is None:
-        return PeriodicEvaluation(config, venv, model, device)
-    return PeriodicEvaluationVsRandom(config, venv, model, device)
+        return PeriodicEvaluation(config, venv, model, device, scores=scores)
+    return PeriodicEvaluationVsRandom(config, venv, model, device, scores=scores)

@@ -23,7 +23,7 @@ LAYERS = [
     ("marl_ppo.plan",),  # the run settled once: what every builder below the run takes
     ("marl_ppo.rollout",),
     ("marl_ppo.algo",),
-    ("marl_ppo.eval",),
+    ("marl_ppo.eval", "marl_ppo.league"),  # evaluation, and the scores of competitive training
     ("marl_ppo.logs",),  # the run logger, its scalar backends and the experiment trackers
     ("marl_ppo.run",),
     ("marl_ppo.analysis",),
