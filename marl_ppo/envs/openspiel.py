@@ -30,7 +30,7 @@ from shimmy import OpenSpielCompatibilityV0
 from marl_ppo.envs.registry import EnvError
 
 
-class InformationStateGame(OpenSpielCompatibilityV0):  # type: ignore[misc]
+class InformationStateGame(OpenSpielCompatibilityV0):
     """A sequential OpenSpiel game, each agent observing its information state tensor (see the module)."""
 
     def __init__(self, game_name: str, params: dict[str, Any] | None = None, render_mode: str | None = None):
@@ -39,7 +39,10 @@ class InformationStateGame(OpenSpielCompatibilityV0):  # type: ignore[misc]
         except pyspiel.SpielError as err:
             raise EnvError(f"OpenSpiel game '{game_name}' with parameters {params or {}}: {err}") from None
         kind = game.get_type()
-        if kind.dynamics != pyspiel.GameType.Dynamics.SEQUENTIAL or not kind.provides_information_state_tensor:
+        if (
+            kind.dynamics != pyspiel.GameType.Dynamics.SEQUENTIAL
+            or not kind.provides_information_state_tensor
+        ):
             raise EnvError(
                 f"OpenSpiel game '{game_name}' is not a sequential game with an information state "
                 "tensor; pick a turn-based game such as kuhn_poker or leduc_poker"
