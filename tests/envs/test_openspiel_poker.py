@@ -123,3 +123,11 @@ def test_a_game_that_is_not_sequential_is_refused_in_one_line():
     assert "\n" not in str(err.value)
     with pytest.raises(EnvError, match="kuhn_poker"):
         openspiel_game("kuhn_poker", players=1)
+
+
+@pytest.mark.parametrize("env_id", sorted(GAMES))
+@pytest.mark.filterwarnings("ignore:Agent's m.* observation space value is")  # OpenSpiel gives no bounds
+def test_the_poker_envs_pass_pettingzoo_api_test(env_id):
+    from pettingzoo.test import api_test
+
+    api_test(make_env(env_id), num_cycles=200)
