@@ -387,6 +387,8 @@ def _eval_random(options: argparse.Namespace) -> int:
     )
     if floor.versus is not None:
         print(f"random against random ({floor.versus.mode}): {_scores(floor.versus)}")
+    if floor.nash_conv is not None:
+        print(f"exploitability: NashConv {floor.nash_conv:.4f} (OpenSpiel; 0 at a Nash equilibrium)")
     return 0
 
 
