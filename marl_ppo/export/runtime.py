@@ -175,8 +175,9 @@ class FileActing:
         }
         self.first = {name: np.ones((copies, len(g["agents"])), bool) for name, g in self.groups.items()}
         self.out = {name: np.zeros((copies, len(g["agents"])), bool) for name, g in self.groups.items()}
+        self.inputs: dict[str, dict[str, np.ndarray]] = {}
         self.outputs: dict[str, dict[str, np.ndarray]] = {}
-        """The last step's outputs per group (for the parity tests)."""
+        """The last step's inputs and outputs per group."""
         self._alive: dict[str, np.ndarray] = {}
 
     def act(self, arrays: TeamArrays) -> dict[str, torch.Tensor]:
@@ -194,6 +195,7 @@ class FileActing:
             step = self.steps[name]
             if "noise" in step.inputs:
                 inputs["noise"] = self._noise(name, alive.shape)
+            self.inputs[name] = inputs
             self.outputs[name] = outputs = step(inputs)
             self._alive[name] = alive
             actions[name] = torch.from_numpy(np.asarray(outputs["actions"]))

@@ -64,8 +64,11 @@ def exported(request, tmp_path_factory):
     report = json.loads((root / "eval.json").read_text())
     directories = {}
     for fmt in ("onnx", "torchscript"):
-        directories[fmt] = root / fmt
-        assert main(["export", str(run_dir), "--format", fmt, "--out", str(directories[fmt])]) == 0
+        for sample in (False, True):
+            key = f"{fmt}-sample" if sample else fmt
+            directories[key] = root / key
+            flags = ["--sample"] if sample else []
+            assert main(["export", str(run_dir), "--format", fmt, "--out", str(directories[key]), *flags]) == 0
     return run_dir, report, directories
 
 
@@ -73,9 +76,9 @@ class Parity:
     """Acts with the exported files and, on the same inputs, with the networks as evaluation does;
     records the largest difference of their logits (or means) and every disagreement of actions."""
 
-    def __init__(self, model, copies, files: FileActing) -> None:
+    def __init__(self, model, copies, files: FileActing, *, sample: bool = False) -> None:
         self.networks = PolicyActing(model, copies, torch.device("cpu"), deterministic=True)
-        self.files = files
+        self.files, self.sample = files, sample
         self.largest = 0.0
         self.steps = 0
         self.disagreements = 0
@@ -97,6 +100,8 @@ class Parity:
             else:
                 self._compare_logits(dist, outputs["logits"], masks[name].numpy())
             theirs, mine = dist.mode().numpy(), ours[name].numpy()
+            if self.sample:
+                theirs = _sampled(dist, self.files.inputs[name]["noise"], self.networks.policy, name)
             if mine.dtype == np.float32:  # Box: the mean itself, compared as the means are
                 self.largest = max(self.largest, float(np.abs(mine - theirs).max()))
             else:
@@ -120,7 +125,22 @@ class Parity:
         self.files.advance(arrays, episode_over)
 
 
-def _play(run_dir, directory, episodes, *, check):
+def _sampled(dist, noise, view, name):
+    """The networks' action for `noise` as the files sample: mean + std * noise (Box), else the
+    Gumbel-max `argmax(log p - log(-log u))` per categorical."""
+    parts = dist.dist.parts
+    if hasattr(parts[0], "base_dist"):  # Box: an Independent Normal
+        return (parts[0].mean[0] + parts[0].stddev[0] * torch.from_numpy(noise)).numpy()
+    actions, offset = [], 0
+    for part in parts:
+        size = part.logits.shape[-1]
+        gumbel = -torch.log(-torch.log(torch.from_numpy(noise[..., offset : offset + size])))
+        actions.append((part.logits[0] + gumbel).argmax(-1))
+        offset += size
+    return (actions[0] if len(actions) == 1 else torch.stack(actions, -1)).numpy()
+
+
+def _play(run_dir, directory, episodes, *, check, sample=False):
     """The eval's seeds played by an export's files (with `check`, beside the networks)."""
     payload = load_checkpoint(run_dir / "checkpoints" / "final.pt")
     config, _, model = float32_policy(payload)
@@ -132,7 +152,7 @@ def _play(run_dir, directory, episodes, *, check):
 
     def acting():
         files = FileActing(steps, sidecar, venv.num_envs)
-        made.append(Parity(model, venv.num_envs, files) if check else files)
+        made.append(Parity(model, venv.num_envs, files, sample=sample) if check else files)
         return made[-1]
 
     try:
@@ -158,6 +178,17 @@ def test_exported_files_act_as_deterministic_eval_does(exported, fmt):
     else:  # the same discrete actions: the same episodes
         np.testing.assert_array_equal(result.agent_returns, expected)
     np.testing.assert_array_equal(result.lengths, report["per_episode"]["length"])
+
+
+def test_sampling_files_sample_as_the_networks_do_with_the_same_noise(exported):
+    """Sampled actions from the same seeded noise: ONNX, TorchScript and the networks' distributions
+    (Gumbel-max on their log-probabilities, mean + std * noise for Box) agree, episode after episode."""
+    run_dir, report, directories = exported
+    results = {}
+    for fmt in ("onnx", "torchscript"):
+        results[fmt], parity = _play(run_dir, directories[f"{fmt}-sample"], report["episodes"], check=True, sample=True)
+        assert parity.steps > 0 and parity.disagreements == 0 and parity.largest <= PARITY
+    np.testing.assert_allclose(results["onnx"].agent_returns, results["torchscript"].agent_returns, atol=1e-4)
 
 
 def test_the_sidecar_names_every_group_its_agents_and_shapes(exported):
