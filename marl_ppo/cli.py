@@ -224,7 +224,8 @@ def _add_envs(commands: Commands) -> argparse.ArgumentParser:
 def _add_export(commands: Commands) -> argparse.ArgumentParser:
     """`export`: a run's actors as ONNX or TorchScript files with a policy.json beside them."""
     export = commands.add_parser(
-        "export", help="write a run's policy as ONNX or TorchScript files (one per agent group) and policy.json"
+        "export",
+        help="write a run's policy as ONNX or TorchScript files (one per agent group) and policy.json",
     )
     export.add_argument("target", metavar="RUN_DIR|CHECKPOINT", type=Path)
     export.add_argument(
@@ -237,7 +238,10 @@ def _add_export(commands: Commands) -> argparse.ArgumentParser:
     )
     export.add_argument("--out", type=Path, help="where to write the files (default: RUN_DIR/export/FORMAT)")
     export.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="config overrides that keep the spaces (env.kwargs.*)"
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="config overrides that keep the spaces (env.kwargs.*)",
     )
     return export
 

@@ -82,7 +82,10 @@ class Policy:
     def initial_state(self) -> PolicyState:
         """The state an episode starts from: zero carries, every agent starting."""
         return PolicyState(
-            {name: np.zeros((len(io.agents), io.carry_size), np.float32) for name, io in self._groups.items()},
+            {
+                name: np.zeros((len(io.agents), io.carry_size), np.float32)
+                for name, io in self._groups.items()
+            },
             {name: np.ones(len(io.agents), bool) for name, io in self._groups.items()},
         )
 
@@ -96,7 +99,9 @@ class Policy:
         """The present agents' actions and the state after them (`state` None: an episode's start)."""
         unknown = sorted(set(observations) - set(self._slots))
         if unknown:
-            raise CheckpointError(f"observations of {unknown}, who are not in this policy's team {list(self.agents)}")
+            raise CheckpointError(
+                f"observations of {unknown}, who are not in this policy's team {list(self.agents)}"
+            )
         state = self.initial_state() if state is None else state
         actions: dict[str, Any] = {}
         carry, start = {}, {}
@@ -107,7 +112,11 @@ class Policy:
             if io.noise is not None:
                 kind, shape = io.noise
                 lead = (1, len(io.agents))
-                noise = self._rng.random((*lead, *shape)) if kind == "uniform" else self._rng.standard_normal((*lead, *shape))
+                noise = (
+                    self._rng.random((*lead, *shape))
+                    if kind == "uniform"
+                    else self._rng.standard_normal((*lead, *shape))
+                )
                 inputs["noise"] = noise.astype(np.float32)
             outputs = self._steps[name](inputs)
             for i, agent in enumerate(io.agents):

@@ -45,9 +45,7 @@ class OnnxStep:
             ) from None
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = 1  # a controller's few rows: one thread, the same sums every call
-        self.session = onnxruntime.InferenceSession(
-            str(path), options, providers=["CPUExecutionProvider"]
-        )
+        self.session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self.inputs = tuple(i.name for i in self.session.get_inputs())
         self.outputs = tuple(o.name for o in self.session.get_outputs())
 

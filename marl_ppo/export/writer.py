@@ -25,7 +25,6 @@ import torch
 from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.config import ExperimentConfig, build_config, config_to_dict, merge, parse_overrides
 from marl_ppo.envs.factory import build_vector_env
-from marl_ppo.envs.layout import InputLayout
 from marl_ppo.envs.spec import GroupSpec, TeamSpec
 from marl_ppo.eval.evaluate import EvalError, eval_config
 from marl_ppo.eval.from_checkpoint import load_policy as checkpoint_model
@@ -172,7 +171,9 @@ def describe(
             "action_mask": group.mask_source,
             "carry_size": actor.carry_size,
             "inputs": {name: _input_shape(name, group, actor.carry_size) for name in step.signature.inputs},
-            "outputs": {name: _output_shape(name, group, actor.carry_size) for name in step.signature.outputs},
+            "outputs": {
+                name: _output_shape(name, group, actor.carry_size) for name in step.signature.outputs
+            },
             "log_std": None if actor.log_std is None else actor.log_std.detach().tolist(),
         }
     return {
@@ -244,17 +245,3 @@ def _output_shape(name: str, group: GroupSpec, carry_size: int) -> dict[str, Any
     }
     shape, dtype = shapes[name]
     return {"shape": shape, "dtype": dtype}
-
-
-def layout_parts(record: dict[str, Any]) -> InputLayout | None:
-    """A group's observation layout read back from `policy.json` (None: one float vector)."""
-    from marl_ppo.envs.layout import InputPart
-
-    parts = record["observation"]["layout"]
-    if not parts:
-        return None
-    return InputLayout(
-        tuple(
-            InputPart(**{k: tuple(v) if isinstance(v, list) else v for k, v in part.items()}) for part in parts
-        )
-    )

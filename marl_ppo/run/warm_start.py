@@ -29,7 +29,11 @@ from marl_ppo.eval.from_checkpoint import resolve_checkpoint
 from marl_ppo.models.layers import AgentMLP
 from marl_ppo.models.team import TeamModel
 
-NETWORKS = {"actors": ("actors",), "critics": ("critics", "value_norms"), "both": ("actors", "critics", "value_norms")}
+NETWORKS = {
+    "actors": ("actors",),
+    "critics": ("critics", "value_norms"),
+    "both": ("actors", "critics", "value_norms"),
+}
 """The model's module lists that each `model.init_networks` choice starts from the source."""
 
 

@@ -6,19 +6,19 @@ within PARITY (1e-5) and their actions are the same, so the episodes' returns eq
 """
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
+from marl_ppo.checkpoint import load_checkpoint
 from marl_ppo.cli import main
-from marl_ppo.config import build_config
+from marl_ppo.config import build_config, load_config
 from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.eval.evaluate import eval_config, eval_seed, play_episodes
 from marl_ppo.export.runtime import FileActing, file_steps, read_sidecar
 from marl_ppo.export.writer import float32_policy
-from marl_ppo.checkpoint import load_checkpoint
-from marl_ppo.config import load_config
 from marl_ppo.plan.settle import plan_eval
 from marl_ppo.rollout.stepper import PolicyActing, to_tensor
 from marl_ppo.run.loop import train
@@ -60,7 +60,9 @@ def exported(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     run_dir = root / "run"
     train(load_config(experiment, [*TINY, *overrides]), run_dir)
-    assert main(["eval", str(run_dir), "--deterministic", "--episodes", str(episodes), "--out", str(root)]) == 0
+    assert (
+        main(["eval", str(run_dir), "--deterministic", "--episodes", str(episodes), "--out", str(root)]) == 0
+    )
     report = json.loads((root / "eval.json").read_text())
     directories = {}
     for fmt in ("onnx", "torchscript"):
@@ -68,7 +70,9 @@ def exported(request, tmp_path_factory):
             key = f"{fmt}-sample" if sample else fmt
             directories[key] = root / key
             flags = ["--sample"] if sample else []
-            assert main(["export", str(run_dir), "--format", fmt, "--out", str(directories[key]), *flags]) == 0
+            assert (
+                main(["export", str(run_dir), "--format", fmt, "--out", str(directories[key]), *flags]) == 0
+            )
     return run_dir, report, directories
 
 
@@ -95,7 +99,7 @@ class Parity:
         for name, dist in dists.items():
             outputs = self.files.outputs[name]
             if "mean" in outputs:
-                expected = dist.dist.parts[0].mean[0].numpy()
+                expected = _parts(dist)[0].mean[0].numpy()
                 self.largest = max(self.largest, float(np.abs(outputs["mean"] - expected).max()))
             else:
                 self._compare_logits(dist, outputs["logits"], masks[name].numpy())
@@ -112,7 +116,7 @@ class Parity:
     def _compare_logits(self, dist, logits, mask):
         # torch's Categorical holds log-probabilities: the files' logits, log-softmaxed per part
         offset = 0
-        for part in dist.dist.parts:
+        for part in _parts(dist):
             expected = part.logits[0].numpy()
             size = expected.shape[-1]
             mine = torch.log_softmax(torch.from_numpy(logits[..., offset : offset + size]), -1).numpy()
@@ -125,10 +129,15 @@ class Parity:
         self.files.advance(arrays, episode_over)
 
 
+def _parts(dist) -> list[Any]:
+    """The torch distributions behind an acting step's distribution (`FirstStep` of a `TorchDistribution`)."""
+    return dist.dist.parts
+
+
 def _sampled(dist, noise, view, name):
     """The networks' action for `noise` as the files sample: mean + std * noise (Box), else the
     Gumbel-max `argmax(log p - log(-log u))` per categorical."""
-    parts = dist.dist.parts
+    parts = _parts(dist)
     if hasattr(parts[0], "base_dist"):  # Box: an Independent Normal
         return (parts[0].mean[0] + parts[0].stddev[0] * torch.from_numpy(noise)).numpy()
     actions, offset = [], 0
@@ -172,7 +181,9 @@ def test_exported_files_act_as_deterministic_eval_does(exported, fmt):
     assert parity.steps > 0 and parity.disagreements == 0
     assert parity.largest <= PARITY
     expected = np.array(report["per_episode"]["agent_returns"])
-    boxes = [g for g in read_sidecar(directories[fmt])["groups"].values() if g["action_space"]["kind"] == "Box"]
+    boxes = [
+        g for g in read_sidecar(directories[fmt])["groups"].values() if g["action_space"]["kind"] == "Box"
+    ]
     if boxes:  # Box actions within PARITY of evaluation's: returns as close as the env's rewards make them
         np.testing.assert_allclose(result.agent_returns, expected, rtol=0, atol=1e-4)
     else:  # the same discrete actions: the same episodes
@@ -186,7 +197,9 @@ def test_sampling_files_sample_as_the_networks_do_with_the_same_noise(exported):
     run_dir, report, directories = exported
     results = {}
     for fmt in ("onnx", "torchscript"):
-        results[fmt], parity = _play(run_dir, directories[f"{fmt}-sample"], report["episodes"], check=True, sample=True)
+        results[fmt], parity = _play(
+            run_dir, directories[f"{fmt}-sample"], report["episodes"], check=True, sample=True
+        )
         assert parity.steps > 0 and parity.disagreements == 0 and parity.largest <= PARITY
     np.testing.assert_allclose(results["onnx"].agent_returns, results["torchscript"].agent_returns, atol=1e-4)
 

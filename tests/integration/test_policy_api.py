@@ -42,7 +42,9 @@ def evaluated(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     run_dir = root / "run"
     train(load_config(experiment, [*TINY, *overrides]), run_dir)
-    assert main(["eval", str(run_dir), "--deterministic", "--episodes", str(episodes), "--out", str(root)]) == 0
+    assert (
+        main(["eval", str(run_dir), "--deterministic", "--episodes", str(episodes), "--out", str(root)]) == 0
+    )
     assert main(["export", str(run_dir), "--out", str(root / "onnx")]) == 0
     return run_dir, json.loads((root / "eval.json").read_text()), root / "onnx"
 
@@ -90,5 +92,7 @@ def test_a_loaded_onnx_export_plays_the_same_episodes(evaluated):
 def test_an_observation_of_a_stranger_is_refused_in_one_line(evaluated):
     run_dir, _, _ = evaluated
     policy = marl_ppo.load_policy(run_dir)
-    with pytest.raises(CheckpointError, match=r"observations of \['nobody'\], who are not in this policy's team"):
+    with pytest.raises(
+        CheckpointError, match=r"observations of \['nobody'\], who are not in this policy's team"
+    ):
         policy.act({"nobody": np.zeros(3)})

@@ -3,7 +3,6 @@ another size through its agent-id input, one-line refusals, and the same update 
 when the optimizer state is carried."""
 
 import gymnasium as gym
-import numpy as np
 import pytest
 import torch
 
@@ -45,7 +44,9 @@ def _team(agents: int) -> TeamSpec:
 
 def _source(tmp_path, agents: int, overrides=()):
     """A checkpoint of a fresh TeamModel for a team of `agents` (torch seed 0)."""
-    config = load_config(None, ["model.share_actor=true", "ppo.critic=obs", "model.hidden_sizes=[8]", *overrides])
+    config = load_config(
+        None, ["model.share_actor=true", "ppo.critic=obs", "model.hidden_sizes=[8]", *overrides]
+    )
     torch.manual_seed(0)
     model = TeamModel(_team(agents), config)
     spec = model.spec
@@ -65,7 +66,14 @@ def _source(tmp_path, agents: int, overrides=()):
 
 def _target(path, agents: int, overrides=()):
     config = load_config(
-        None, ["model.share_actor=true", "ppo.critic=obs", "model.hidden_sizes=[8]", f"model.init_from={path}", *overrides]
+        None,
+        [
+            "model.share_actor=true",
+            "ppo.critic=obs",
+            "model.hidden_sizes=[8]",
+            f"model.init_from={path}",
+            *overrides,
+        ],
     )
     torch.manual_seed(1)
     return TeamModel(_team(agents), config), config
@@ -93,7 +101,9 @@ def test_a_shared_policy_of_three_agents_starts_four_with_agent_0s_id_for_the_ne
     obs = torch.randn(1, 1, 4, 5)
     obs[..., 3, :] = obs[..., 0, :]
     flags = torch.ones(1, 1, 4, dtype=torch.bool)
-    dist, _ = model.group("agent").actor(obs, torch.ones(1, 1, 4, 0, dtype=torch.bool), torch.zeros(1, 4, 0), flags, flags)
+    dist, _ = model.group("agent").actor(
+        obs, torch.ones(1, 1, 4, 0, dtype=torch.bool), torch.zeros(1, 4, 0), flags, flags
+    )
     logits = dist.parts[0].logits[0, 0]
     torch.testing.assert_close(logits[3], logits[0], rtol=0, atol=0)
 
@@ -112,7 +122,10 @@ def test_per_agent_networks_of_another_team_size_are_refused_in_one_line(tmp_pat
 def test_a_state_that_grows_with_the_team_is_refused_unless_only_the_actors_start(tmp_path):
     path, source = _source(tmp_path, 3, ["ppo.critic=state"])
     model, config = _target(path, 4, ["ppo.critic=state"])
-    with pytest.raises(ConfigError, match=r"critics\.0\.net\.norm_weight' is \(1, 15\) but this run's is \(1, 20\): in group 'agent' the"):
+    with pytest.raises(
+        ConfigError,
+        match=r"critics\.0\.net\.norm_weight' is \(1, 15\) but this run's is \(1, 20\): in group 'agent' the",
+    ):
         warm_start(model, config.model)
     model, config = _target(path, 4, ["ppo.critic=state", "model.init_networks=actors"])
     fresh = {k: v.clone() for k, v in model.state_dict().items()}
@@ -127,7 +140,9 @@ def test_the_optimizer_state_needs_the_same_team_and_a_full_checkpoint(tmp_path)
     with pytest.raises(ConfigError, match="holds no optimizer state"):
         model, config = _target(path, 3, ["model.init_optimizer=true"])
         warm_start(model, config.model)
-    with pytest.raises(ConfigError, match="model.init_networks and model.init_optimizer choose what a warm start"):
+    with pytest.raises(
+        ConfigError, match="model.init_networks and model.init_optimizer choose what a warm start"
+    ):
         load_config(None, ["model.init_networks=actors"])
     with pytest.raises(ConfigError, match="carries the optimizer state of every network"):
         load_config(None, ["model.init_from=x", "model.init_networks=actors", "model.init_optimizer=true"])
@@ -158,7 +173,9 @@ def _update(config, model, trainer, seed=5):
 
 
 def _trainer(model, plan):
-    return Trainer(model, plan.ppo, generator=torch.Generator().manual_seed(123), optimizer=plan.config.fast.optimizer)
+    return Trainer(
+        model, plan.ppo, generator=torch.Generator().manual_seed(123), optimizer=plan.config.fast.optimizer
+    )
 
 
 def test_with_its_optimizer_state_a_warm_start_learns_as_the_source_would(source_run):
@@ -168,6 +185,7 @@ def test_with_its_optimizer_state_a_warm_start_learns_as_the_source_would(source
     payload = load_checkpoint(source_run / "checkpoints" / "final.pt")
     base = load_config(SPREAD, TINY)
     plan = plan_run(base)
+    assert isinstance(plan.layout, TeamSpec)
     original = TeamModel(plan.layout, plan.config)
     original.load_state_dict(payload["model"])
     trainer = _trainer(original, plan)
@@ -176,8 +194,11 @@ def test_with_its_optimizer_state_a_warm_start_learns_as_the_source_would(source
 
     results = {}
     for carried in (True, False):
-        config = load_config(SPREAD, [*TINY, f"model.init_from={source_run}", f"model.init_optimizer={carried}"])
+        config = load_config(
+            SPREAD, [*TINY, f"model.init_from={source_run}", f"model.init_optimizer={carried}"]
+        )
         warm_plan = plan_run(config)
+        assert isinstance(warm_plan.layout, TeamSpec)
         model = TeamModel(warm_plan.layout, warm_plan.config)
         start = warm_start(model, warm_plan.config.model)
         for key, value in model.state_dict().items():  # the weights are the source's, exactly
@@ -192,9 +213,13 @@ def test_with_its_optimizer_state_a_warm_start_learns_as_the_source_would(source
 
 
 def test_a_run_started_from_another_names_its_source_and_refuses_before_writing(source_run, tmp_path, capsys):
-    config = load_config(SPREAD, [*TINY, "log.progress=true", "total_steps=50", f"model.init_from={source_run}"])
+    config = load_config(
+        SPREAD, [*TINY, "log.progress=true", "total_steps=50", f"model.init_from={source_run}"]
+    )
     train(config, tmp_path / "warm")
-    assert f"starting the actors and critics from {source_run}/checkpoints/final.pt" in capsys.readouterr().err
+    assert (
+        f"starting the actors and critics from {source_run}/checkpoints/final.pt" in capsys.readouterr().err
+    )
     four = load_config(SPREAD, [*TINY, "env.kwargs.N=4", f"model.init_from={source_run}"])
     with pytest.raises(ConfigError, match=r"the observations, global state or network sizes differ"):
         train(four, tmp_path / "four")
