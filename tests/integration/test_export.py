@@ -216,3 +216,24 @@ def test_the_sidecar_names_every_group_its_agents_and_shapes(exported):
         assert record["inputs"]["obs"]["shape"][1] == len(record["agents"])
         assert (directories["onnx"] / record["file"]).is_file()
         assert ("carry" in record["inputs"]) == (record["carry_size"] > 0)
+
+
+def test_a_bfloat16_run_exports_float32_files_and_says_so(tmp_path):
+    run_dir = tmp_path / "run"
+    train(load_config(None, [*TINY, "env.id=envs/masked_guess_v0", "model.precision=bf16"]), run_dir)
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "onnx")]) == 0
+    sidecar = read_sidecar(tmp_path / "onnx")
+    assert sidecar["precision"] == "float32" and sidecar["trained_precision"] == "bf16"
+    import onnx
+
+    graph = onnx.load(str(tmp_path / "onnx" / sidecar["groups"]["player"]["file"])).graph
+    float_type = onnx.TensorProto.FLOAT
+    assert {i.name: i.type.tensor_type.elem_type for i in graph.input}["obs"] == float_type
+    assert {o.name: o.type.tensor_type.elem_type for o in graph.output}["logits"] == float_type
+
+
+def test_a_directory_without_a_checkpoint_is_refused_in_one_line(tmp_path, capsys):
+    assert main(["export", str(tmp_path)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: run directory") and "has no checkpoints/final.pt" in error
+    assert "\n" not in error

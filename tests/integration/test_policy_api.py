@@ -96,3 +96,14 @@ def test_an_observation_of_a_stranger_is_refused_in_one_line(evaluated):
         CheckpointError, match=r"observations of \['nobody'\], who are not in this policy's team"
     ):
         policy.act({"nobody": np.zeros(3)})
+
+
+def test_a_sampling_policy_repeats_itself_with_its_seed(evaluated):
+    run_dir, report, _ = evaluated
+    if report["per_episode"]["length"][0] == 1:
+        pytest.skip("one-step episodes")
+    played = [
+        _play(marl_ppo.load_policy(run_dir, deterministic=False, seed=seed), run_dir, 2) for seed in (1, 1, 2)
+    ]
+    np.testing.assert_array_equal(played[0], played[1])
+    assert not np.array_equal(played[0], played[2])
