@@ -143,9 +143,11 @@ def _onnx_export(step: ActorStep, inputs: tuple[torch.Tensor, ...], path: Path) 
 def _write_torchscript(step: ActorStep, group: GroupSpec, path: Path) -> None:
     """`step` traced to TorchScript (its shapes follow the inputs: any batch)."""
     with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the tracer's notes on shape branches fixed at tracing time
+        # the tracer's notes on shape branches fixed at tracing time, and torch's notice that
+        # TorchScript is deprecated (the files load in the torch versions that still read it)
+        warnings.simplefilter("ignore")
         traced = torch.jit.trace(step, example_inputs(step, group), check_trace=False)
-    torch.jit.save(traced, str(path))
+        torch.jit.save(traced, str(path))
 
 
 def describe(
