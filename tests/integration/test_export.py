@@ -44,6 +44,11 @@ TINY = [
 CASES = {
     "mlp": (ROOT / "experiments/mpe/simple_spread.yaml", ["rollout.rollout_steps=25", "total_steps=50"], 4),
     "gru": (ROOT / "experiments/envs/cue_recall.yaml", ["ppo.chunk_length=5", "model.recurrent_size=8"], 20),
+    "lstm": (
+        ROOT / "experiments/envs/cue_recall.yaml",
+        ["ppo.chunk_length=5", "model.recurrent=lstm", "model.recurrent_size=8"],
+        20,
+    ),
     "masked": (None, ["env.id=envs/masked_guess_v0", "model.share_actor=true"], 4),
     "masked_multi": (None, ["env.id=envs/masked_guess_v0", "env.kwargs.multi=true"], 4),
     "cnn": (None, ["env.id=envs/pixel_signal_v0", "model.cnn_features=16"], 20),
