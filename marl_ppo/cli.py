@@ -1,4 +1,4 @@
-"""Command line: `marl-ppo train` (with `--resume RUN_DIR`), `eval`, `sweep`, `reproduce`, `report`, `compare` and `envs` (see `marl-ppo -h`).
+"""Command line: `marl-ppo train` (with `--resume RUN_DIR`), `eval`, `sweep`, `reproduce`, `report`, `compare`, `envs` and `export` (see `marl-ppo -h`).
 
 Parses arguments (options and key=value overrides in any order) and calls the library; user errors
 print one line and exit with status 2. A run stopped by Ctrl-C or SIGTERM prints how to resume it
@@ -65,7 +65,16 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="marl-ppo", description="Multi-agent PPO (MAPPO / IPPO).")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks for errors")
     commands = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_train, _add_eval, _add_sweep, _add_reproduce, _add_report, _add_compare, _add_envs):
+    for add in (
+        _add_train,
+        _add_eval,
+        _add_sweep,
+        _add_reproduce,
+        _add_report,
+        _add_compare,
+        _add_envs,
+        _add_export,
+    ):
         _debug_after(add(commands))
     return parser
 
@@ -210,6 +219,46 @@ def _add_envs(commands: Commands) -> argparse.ArgumentParser:
     check.add_argument("kwargs", nargs="*", metavar="key=value", help="keyword arguments for the env factory")
     _debug_after(check)
     return envs
+
+
+def _add_export(commands: Commands) -> argparse.ArgumentParser:
+    """`export`: a run's actors as ONNX or TorchScript files with a policy.json beside them."""
+    export = commands.add_parser(
+        "export",
+        help="write a run's policy as ONNX or TorchScript files (one per agent group) and policy.json",
+    )
+    export.add_argument("target", metavar="RUN_DIR|CHECKPOINT", type=Path)
+    export.add_argument(
+        "--format", choices=("onnx", "torchscript"), default="onnx", help="file format (default: onnx)"
+    )
+    export.add_argument(
+        "--sample",
+        action="store_true",
+        help="the files sample actions from a noise input (default: the most likely action, the mean for Box)",
+    )
+    export.add_argument("--out", type=Path, help="where to write the files (default: RUN_DIR/export/FORMAT)")
+    export.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="config overrides that keep the spaces (env.kwargs.*)",
+    )
+    return export
+
+
+def _export(options: argparse.Namespace) -> int:
+    from marl_ppo.export.writer import export_policy  # heavy imports (torch, onnx, envs)
+
+    result = export_policy(
+        options.target,
+        fmt=options.format,
+        out=options.out,
+        sample=options.sample,
+        overrides=options.overrides,
+    )
+    names = ", ".join(path.name for path in result.files.values())
+    print(f"wrote {names} and {result.sidecar.name} (float32) to {result.directory}")
+    return 0
 
 
 def _split(args: Sequence[str]) -> tuple[str | None, list[str]]:
@@ -501,6 +550,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return _compare(options)
         if options.command == "reproduce":
             return _reproduce(options)
+        if options.command == "export":
+            return _export(options)
         return _envs(options)
     except USER_ERRORS as err:
         if options.debug:

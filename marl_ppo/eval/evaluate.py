@@ -135,6 +135,26 @@ def run_episodes(
     """Play `episodes` whole episodes, each env copy a fixed share of them (so short episodes are not
     favoured). `model=None` plays the uniform random policy (each agent's allowed actions equally
     likely; Box actions uniform in their bounds, clipped to [-1, 1])."""
+
+    def acting() -> Acting:  # a policy's carries, fresh for every copy; its weights read once
+        if model is None:
+            return RandomActing(venv.spec, device)
+        return PolicyActing(model, venv.num_envs, device, deterministic=deterministic)
+
+    return play_episodes(venv, acting, device, episodes=episodes, seed=seed, deterministic=deterministic)
+
+
+def play_episodes(
+    venv: VectorEnv,
+    make_acting: Callable[[], Acting],
+    device: torch.device,
+    *,
+    episodes: int,
+    seed: int,
+    deterministic: bool,
+) -> EvalResult:
+    """`run_episodes` with any `Acting` (an exported policy's, say), made by `make_acting` once the
+    envs are reset and torch's generator seeded with `seed`."""
     copies, spec = venv.num_envs, venv.spec
     quota = [episodes // copies + (i < episodes % copies) for i in range(copies)]
     finished: list[list[Finished]] = [[] for _ in range(copies)]
@@ -142,11 +162,7 @@ def run_episodes(
     with _global_rng_untouched(device):
         torch.manual_seed(seed)  # stochastic evaluations are reproducible and independent of training
         stepper.reset(seed)
-        acting: Acting = (  # a policy's carries, fresh for every copy; its weights read once
-            RandomActing(spec, device)
-            if model is None
-            else PolicyActing(model, copies, device, deterministic=deterministic)
-        )
+        acting = make_acting()
         while any(len(done) < share for done, share in zip(finished, quota, strict=True)):
             for episode in evaluation_step(stepper, acting):
                 finished[episode.copy].append(episode)

@@ -45,6 +45,7 @@ from marl_ppo.run.resume import load_resumable, restore_run_state, run_state
 from marl_ppo.run.rundir import write_summary
 from marl_ppo.run.seeding import seed_everything
 from marl_ppo.run.signals import Interrupted, StopSignals
+from marl_ppo.run.warm_start import warm_start
 
 
 @dataclass(frozen=True)
@@ -96,10 +97,16 @@ def train(
     logger: RunLogger | None = None
     try:
         try:
+            # before touching run_dir: weights that do not fit leave nothing behind
+            start = warm_start(model, config.model) if saved is None and config.model.init_from else None
+            if start is not None and config.log.progress:
+                print(start.describe(), file=sys.stderr, flush=True)
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
             write_code_record(run_dir, resume=resume, env_id=config.env.id)
             trainer = Trainer(model, plan.ppo, generator=generator, optimizer=config.fast.optimizer)
+            if start is not None:
+                start.carry_optimizer(trainer, config.model)
             if config.eval.every:  # deterministic episodes on env copies of their own, logged under eval/
                 eval_venv = build_vector_env(eval_config(config, config.eval.episodes), plan.layout, device)
                 evaluation = periodic_evaluation(config, eval_venv, model, device)

@@ -26,6 +26,7 @@ LAYERS = [
     ("marl_ppo.eval", "marl_ppo.league"),  # evaluation, and the scores of competitive training
     ("marl_ppo.logs",),  # the run logger, its scalar backends and the experiment trackers
     ("marl_ppo.run",),
+    ("marl_ppo.export",),  # a run's policy out of it: exported files, the policy API
     ("marl_ppo.analysis",),
     ("marl_ppo.cli", "marl_ppo.__main__", "marl_ppo.api", "marl_ppo"),
 ]
