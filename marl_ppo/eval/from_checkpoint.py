@@ -22,7 +22,7 @@ from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.eval.evaluate import EvalError, EvalResult, eval_config, eval_seed, run_episodes
 from marl_ppo.eval.versus import VersusResult, play_vs_random
 from marl_ppo.eval.video import check_video_format, record_episode, render_env, write_video
-from marl_ppo.league.exploitability import policy_scores
+from marl_ppo.league.exploitability import nash_conv, nash_conv_on
 from marl_ppo.models.team import TeamModel
 from marl_ppo.plan.settle import RunPlan, plan_eval
 from marl_ppo.rollout.stepper import PolicyActing
@@ -151,7 +151,7 @@ class _Played:
 def _play(payload: dict[str, Any], plan: RunPlan, episodes: int, seed: int, deterministic: bool) -> _Played:
     """The evaluation episodes, those against random opponents and the NashConv where configured."""
     config, device = plan.config, plan.device
-    scores = policy_scores(config)  # NashConv asked where it cannot be computed stops here
+    scores_nash_conv = nash_conv_on(config)  # NashConv asked where it cannot be computed stops here
     venv = build_vector_env(eval_config(config, episodes), plan.layout, device)
     try:
         spec = venv.spec
@@ -171,7 +171,5 @@ def _play(payload: dict[str, Any], plan: RunPlan, episodes: int, seed: int, dete
             )
     finally:
         venv.close()
-    nash_conv = None
-    for score in scores:
-        nash_conv = score(model)["eval/nash_conv"]
-    return _Played(result, versus, model, spec, nash_conv)
+    value = nash_conv(model, config.env.id, config.env.kwargs) if scores_nash_conv else None
+    return _Played(result, versus, model, spec, value)
