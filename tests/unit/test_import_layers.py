@@ -24,9 +24,11 @@ LAYERS = [
     ("marl_ppo.rollout",),
     ("marl_ppo.algo",),
     ("marl_ppo.eval",),
+    ("marl_ppo.league", "marl_ppo.export"),  # opponent pools, ratings, exploitability; policies out of a run
     ("marl_ppo.logs",),  # the run logger, its scalar backends and the experiment trackers
     ("marl_ppo.run",),
     ("marl_ppo.analysis",),
+    ("marl_ppo.tune",),  # searches that train and score runs
     ("marl_ppo.cli", "marl_ppo.__main__", "marl_ppo.api", "marl_ppo"),
 ]
 """Lowest first, whole folders only. A module may import from its own layer and the layers below, never

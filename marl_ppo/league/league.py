@@ -1,0 +1,129 @@
+"""A run's league (`league:`): the pool of snapshots, the opponents they play in the collector, and
+the state a checkpoint keeps of them.
+
+With `league.opponents: latest` the run trains as plain self-play (the collector is not touched) and
+the league only takes and rates snapshots; with `uniform` or `pfsp` the collector's `Opponents` are
+the league's seats (`league.seats`). The first snapshot is the policy before any update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from marl_ppo.config import ConfigError, ExperimentConfig
+from marl_ppo.envs.spec import TeamSpec
+from marl_ppo.eval.evaluate import EvalError
+from marl_ppo.eval.versus import sides_of
+from marl_ppo.league.pool import Pool
+from marl_ppo.league.sampling import OpponentSampler
+from marl_ppo.league.seats import LeagueSeats
+from marl_ppo.models.team import TeamModel
+from marl_ppo.rollout.collector import Collector
+from marl_ppo.rollout.source import RolloutSource
+
+
+def league_sides(config: ExperimentConfig, spec: TeamSpec) -> dict[str, tuple[str, ...]]:
+    """The league's sides of the env's agents (`league.sides`), refused in one line where there are
+    fewer than two."""
+    try:
+        return sides_of(spec, config.league.sides, config.eval.teams)
+    except EvalError as err:
+        message = str(err).replace("eval.vs_random:", "league.sides:")
+        raise ConfigError(f"{message}; a league needs a game of two or more sides") from None
+
+
+class League:
+    """The pool, the sampler and (with `uniform` or `pfsp`) the seats the collector's opponents are."""
+
+    def __init__(
+        self,
+        config: ExperimentConfig,
+        spec: TeamSpec,
+        run_dir: Path,
+        make_model: Callable[[], TeamModel],
+        device: torch.device,
+    ) -> None:
+        league = config.league
+        if league.opponents is None:
+            raise ValueError("League needs league.opponents")
+        self.config, self.every = config, league.snapshot_every
+        self.sides = league_sides(config, spec)
+        self.pool = Pool(run_dir, make_model, device)
+        self.seats: LeagueSeats | None = None
+        self.sampler: OpponentSampler | None = None
+        if league.opponents != "latest":
+            self.sampler = OpponentSampler(
+                league.opponents,
+                seed=config.seed,
+                pool_size=league.pool_size,
+                self_play=league.self_play,
+                pfsp=league.pfsp,
+                power=league.pfsp_power,
+                decay=league.score_decay,
+            )
+            self.seats = LeagueSeats(spec, self.sides, self.pool, self.sampler, config.rollout.copies, device)
+
+    def attach(self, collector: RolloutSource) -> None:
+        """Make the league's seats the collector's opponents (`uniform`, `pfsp`)."""
+        if self.seats is None:
+            return
+        if not isinstance(collector, Collector):
+            raise ConfigError(
+                f"league.opponents: {self.config.league.opponents} acts its snapshots in this process; set "
+                "rollout.vector: subprocess or sync"
+            )
+        collector.opponents = self.seats
+
+    def begin(self, saved: Mapping[str, Any] | None, payload: Callable[[], dict[str, Any]]) -> None:
+        """A new run's first snapshot (the policy before any update) and first draws, or the league of
+        the checkpoint `saved`."""
+        if saved is None:
+            self.pool.add(0, payload())
+            if self.seats is not None:
+                self.seats.start()
+            return
+        if "league" not in saved:
+            raise ConfigError(
+                "--resume: the checkpoint has no league (the run was trained without league.opponents); "
+                "resume it without a league, or train a new run"
+            )
+        self.load_state_dict(saved["league"])
+
+    def after_update(self, updates: int, payload: Callable[[], dict[str, Any]]) -> dict[str, float]:
+        """Take a snapshot every `league.snapshot_every` updates; the league's scalars to log."""
+        scalars: dict[str, float] = {}
+        if updates % self.every == 0:
+            self.pool.add(updates, payload())
+        scalars["league/pool_size"] = float(len(self.pool.snapshots))
+        if self.sampler is not None:
+            eligible = self.sampler.eligible(self.pool.snapshots)
+            scores = np.array([self.sampler.score(s) for s in eligible])
+            weights = self.sampler.weights(eligible)
+            scalars["league/score_vs_pool"] = float(scores.mean())
+            scalars["league/score_vs_drawn"] = float((weights * scores).sum())  # expected score of a draw
+        return scalars
+
+    def state_dict(self) -> dict[str, Any]:
+        """The pool's snapshot ids, the sampler's generator and scores, and the seats (carries included)."""
+        state: dict[str, Any] = {"pool": self.pool.state_dict()}
+        if self.sampler is not None and self.seats is not None:
+            state["sampler"] = self.sampler.state_dict()
+            state["seats"] = self.seats.state_dict()
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore `state_dict()`."""
+        self.pool.load_state_dict(state["pool"])
+        if self.sampler is not None and self.seats is not None:
+            if "sampler" not in state:
+                raise ConfigError(
+                    "--resume: the checkpoint's league drew no snapshots (league.opponents: latest), so "
+                    "it cannot go on with uniform or pfsp; resume with league.opponents=latest"
+                )
+            self.sampler.load_state_dict(state["sampler"])
+            self.seats.load_state_dict(state["seats"])
