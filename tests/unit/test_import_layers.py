@@ -25,6 +25,7 @@ LAYERS = [
     ("marl_ppo.algo",),
     ("marl_ppo.eval",),
     ("marl_ppo.logs",),  # the run logger, its scalar backends and the experiment trackers
+    ("marl_ppo.league",),  # matches between policies and their ratings, which training calls
     ("marl_ppo.run",),
     ("marl_ppo.analysis",),
     ("marl_ppo.cli", "marl_ppo.__main__", "marl_ppo.api", "marl_ppo"),
