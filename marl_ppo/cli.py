@@ -239,6 +239,11 @@ def _add_rate(commands: Commands) -> argparse.ArgumentParser:
         help="play each policy's mode instead of a sample (exploitable)",
     )
     rate.add_argument(
+        "--sides",
+        choices=("seats", "teams"),
+        help="every agent a side, or teams by name (default: the run's eval.vs_random)",
+    )
+    rate.add_argument(
         "--out", type=Path, help="where to write the ladder and cross-play (default: RUN_DIR/rating)"
     )
     return rate

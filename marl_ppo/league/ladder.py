@@ -157,8 +157,9 @@ def _plot_crossplay(path: Path, matrix: CrossPlay, *, by_return: bool) -> None:
     values = matrix.mean_return() if by_return else matrix.score()
     size = max(4.0, 0.5 * len(matrix.players) + 2.0)
     figure, axes = plt.subplots(figsize=(size + 1.5, size))
-    limits = {} if by_return else {"vmin": 0.0, "vmax": 1.0}
-    image = axes.imshow(np.ma.masked_invalid(values), cmap="RdBu" if not by_return else "viridis", **limits)
+    vmin, vmax = (None, None) if by_return else (0.0, 1.0)
+    cmap = "viridis" if by_return else "RdBu"
+    image = axes.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=vmin, vmax=vmax)
     if len(matrix.players) <= 16:
         for (i, j), value in np.ndenumerate(values):
             if np.isfinite(value):

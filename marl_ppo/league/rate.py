@@ -84,8 +84,6 @@ def evenly(items: Sequence[Path], keep: int | None) -> list[Path]:
     """At most `keep` of `items`, evenly spaced, the first and last among them."""
     if keep is None or len(items) <= keep:
         return list(items)
-    if keep < 2:
-        raise RateError(f"rate: --max-players {keep} must be at least 2 (the first and last snapshot)")
     picks = sorted({int(i) for i in np.linspace(0, len(items) - 1, keep).round()})
     return [items[i] for i in picks]
 
@@ -94,14 +92,14 @@ def run_players(run_dir: Path, max_players: int | None) -> list[PolicyFile]:
     """A run's pool snapshots in update order (at most `max_players`, evenly), then its final policy."""
     if not run_dir.is_dir():
         raise RateError(f"rate: '{run_dir}' is not a run directory; pass the directories of trained runs")
-    pool = sorted(
-        (p for p in (run_dir / "league" / "pool").glob("snapshot_u*.pt") if SNAPSHOT.fullmatch(p.name)),
-        key=lambda p: int(SNAPSHOT.fullmatch(p.name).group(1)),  # type: ignore[union-attr]
-    )
-    players = [
-        PolicyFile(f"{run_dir.name}/u{int(SNAPSHOT.fullmatch(p.name).group(1))}", p)  # type: ignore[union-attr]
-        for p in evenly(pool, max_players)
-    ]
+    snapshots = {}
+    for path in (run_dir / "league" / "pool").glob("snapshot_u*.pt"):
+        match = SNAPSHOT.fullmatch(path.name)
+        if match is not None:
+            snapshots[int(match.group(1))] = path
+    pool = [snapshots[update] for update in sorted(snapshots)]
+    updates = {path: update for update, path in snapshots.items()}
+    players = [PolicyFile(f"{run_dir.name}/u{updates[p]}", p) for p in evenly(pool, max_players)]
     for final in ("final", "latest"):
         path = run_dir / "checkpoints" / f"{final}.pt"
         if path.is_file():
@@ -166,6 +164,8 @@ def rate_runs(
     default the first run's `eval.vs_random`."""
     if episodes < 1:
         raise RateError(f"rate: --episodes {episodes} must be at least 1")
+    if max_players is not None and max_players < 2:
+        raise RateError(f"rate: --max-players {max_players} must be at least 2 (the first and last snapshot)")
     if not run_dirs:
         raise RateError("rate: name at least one run directory")
     files = _unique(
