@@ -26,6 +26,7 @@ LAYERS = [
     ("marl_ppo.eval",),
     ("marl_ppo.league", "marl_ppo.export"),  # opponent pools, ratings, exploitability; policies out of a run
     ("marl_ppo.logs",),  # the run logger, its scalar backends and the experiment trackers
+    ("marl_ppo.league",),  # matches between policies and their ratings, which training calls
     ("marl_ppo.run",),
     ("marl_ppo.analysis",),
     ("marl_ppo.tune",),  # searches that train and score runs
