@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -88,7 +89,15 @@ def train(
     spec = model.spec
     league = None
     if config.league.opponents is not None:  # its sides are checked before touching run_dir
-        league = League(config, spec, run_dir, lambda: TeamModel(spec, config), device)
+        games = config.league.rating_episodes * 2 * len(spec.agents)  # a rating match's games, at most
+        league = League(
+            config,
+            spec,
+            run_dir,
+            lambda: copy.deepcopy(model),  # the shape without a fresh initialisation's cost
+            device,
+            rating_venv=lambda: build_vector_env(eval_config(config, games), plan.layout, device),
+        )
         league.attach(collector)
     evaluation = None
     logger: RunLogger | None = None
@@ -122,6 +131,8 @@ def train(
             collector.close()  # before the summary: the CPU time of worker processes counts once they end
             if evaluation is not None:
                 evaluation.close()
+            if league is not None:
+                league.close()
         result = run.result()
         summary = _summary(result, None if estimate is None else estimate.total) | run.absolute
         logger.summary(summary)
