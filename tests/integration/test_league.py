@@ -32,6 +32,7 @@ def test_each_snapshot_is_bitwise_the_policy_at_its_update(tiny_overrides, tmp_p
             "total_steps=200",  # 4 updates of 2 copies x 25 steps
             "league.opponents=pfsp",
             "league.snapshot_every=2",
+            "league.rating_episodes=0",
             "log.checkpoint_every=1",
             "log.keep_last=null",
         ),
@@ -121,7 +122,13 @@ def test_latest_takes_snapshots_and_leaves_learning_bitwise_unchanged(tiny_overr
     assert_identical(a["trainer"], b["trainer"], "trainer")
     assert_identical(a["rng"], b["rng"], "rng")
     assert list(pool_files(tmp_path / "league")) == [0, 1, 2, 3]
-    assert b["league"] == {"pool": {"snapshots": [0, 1, 2, 3]}}
+    assert b["league"]["pool"] == {"snapshots": [0, 1, 2, 3]}
+    # each snapshot was rated against random and earlier ones without touching training's numbers
+    assert set(b["league"]["ratings"]["players"]) == {"random", "u0", "u1", "u2", "u3"}
+    games = {p: r["games"] for p, r in b["league"]["ratings"]["players"].items()}
+    # a match is 16 games (each of the two on each seat, 4 episodes each); u0 plays random; u1 random
+    # and u0; u2 random, u1 and u0 (the only other); u3 random, u2, u0 and u1: 4 matches each
+    assert games == {"u0": 64, "u1": 64, "u2": 64, "u3": 64, "random": 64}
 
 
 @pytest.mark.parametrize("recurrent", [None, "gru"])
@@ -137,6 +144,7 @@ def test_a_killed_league_run_resumes_exactly(tiny_overrides, tmp_path, monkeypat
             "league.opponents=pfsp",
             "league.snapshot_every=2",
             "league.self_play=0.2",
+            "league.rating_episodes=1",
             *extra,
         ),
     )
