@@ -405,6 +405,8 @@ def _eval(options: argparse.Namespace) -> int:
     )
     if output.versus is not None:
         print(f"against random opponents ({output.versus.mode}): {_scores(output.versus)}")
+    if output.nash_conv is not None:
+        print(f"exploitability: NashConv {output.nash_conv:.4f} (OpenSpiel; 0 at a Nash equilibrium)")
     return 0
 
 
@@ -436,6 +438,8 @@ def _eval_random(options: argparse.Namespace) -> int:
     )
     if floor.versus is not None:
         print(f"random against random ({floor.versus.mode}): {_scores(floor.versus)}")
+    if floor.nash_conv is not None:
+        print(f"exploitability: NashConv {floor.nash_conv:.4f} (OpenSpiel; 0 at a Nash equilibrium)")
     return 0
 
 

@@ -21,7 +21,12 @@ from marl_ppo.config import ExperimentConfig
 from marl_ppo.envs.grouping import agent_stem, agents_named
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.envs.vector.base import VectorEnv
-from marl_ppo.eval.evaluate import EvalError, PeriodicEvaluation, mean_ci95
+from marl_ppo.eval.evaluate import (
+    EvalError,
+    PeriodicEvaluation,
+    PolicyScore,
+    mean_ci95,
+)
 from marl_ppo.eval.random_policy import RandomActing
 from marl_ppo.eval.seated import play_seated
 from marl_ppo.models.team import TeamModel
@@ -161,9 +166,15 @@ class PeriodicEvaluationVsRandom(PeriodicEvaluation):
     """The periodic evaluation, and at each of its evaluations the policy's scores against random opponents."""
 
     def __init__(
-        self, config: ExperimentConfig, venv: VectorEnv, model: TeamModel, device: torch.device
+        self,
+        config: ExperimentConfig,
+        venv: VectorEnv,
+        model: TeamModel,
+        device: torch.device,
+        *,
+        scores: Sequence[PolicyScore] = (),
     ) -> None:
-        super().__init__(config, venv, model, device)
+        super().__init__(config, venv, model, device, scores=scores)
         if config.eval.vs_random is None:
             raise ValueError("PeriodicEvaluationVsRandom needs eval.vs_random: seats or teams")
         self.mode, self.teams = config.eval.vs_random, config.eval.teams
@@ -192,7 +203,11 @@ class PeriodicEvaluationVsRandom(PeriodicEvaluation):
 def periodic_evaluation(
     config: ExperimentConfig, venv: VectorEnv, model: TeamModel, device: torch.device
 ) -> PeriodicEvaluation:
-    """The periodic evaluation the config asks for: with scores against random opponents where `eval.vs_random` is set."""
+    """The periodic evaluation the config asks for: with scores against random opponents where `eval.vs_random`
+    is set, and the policy's NashConv where `eval.nash_conv` settles on."""
+    from marl_ppo.league.exploitability import policy_scores
+
+    scores = policy_scores(config)
     if config.eval.vs_random is None:
-        return PeriodicEvaluation(config, venv, model, device)
-    return PeriodicEvaluationVsRandom(config, venv, model, device)
+        return PeriodicEvaluation(config, venv, model, device, scores=scores)
+    return PeriodicEvaluationVsRandom(config, venv, model, device, scores=scores)

@@ -69,7 +69,8 @@ class League:
         self.sides = league_sides(config, spec)
         self.pool = Pool(run_dir, make_model, device)
         self.ratings: Ratings | None = None
-        self._rating_venv, self._venv = rating_venv, None
+        self._rating_venv = rating_venv
+        self._venv: VectorEnv | None = None
         if league.rating_episodes and rating_venv is not None:
             self.ratings = Ratings()
             self.ratings.add(RANDOM)

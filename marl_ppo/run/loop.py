@@ -24,8 +24,15 @@ from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.eval.evaluate import PeriodicEvaluation, eval_config
 from marl_ppo.eval.versus import periodic_evaluation
 from marl_ppo.faults import WorkersLost
+from marl_ppo.league.exploitability import nash_conv_on
 from marl_ppo.league.league import League
-from marl_ppo.logs.logger import RunLogger, game_headline, team_return_headline
+from marl_ppo.logs.logger import (
+    Headline,
+    RunLogger,
+    exploitability_headline,
+    game_headline,
+    team_return_headline,
+)
 from marl_ppo.logs.trackers import check_backends_installed, open_backends
 from marl_ppo.models.team import TeamModel
 from marl_ppo.plan.host import ActingWatch, cpu_seconds, peak_rss_mb, rss_mb
@@ -166,10 +173,17 @@ def _make_logger(
         per_agent=config.log.per_agent,
         progress=config.log.progress,
         resume_step=resume_step,
-        # a game's team return says nothing (zero-sum): its progress shows its scores against random
-        headline=team_return_headline if config.eval.vs_random is None else game_headline,
+        headline=_headline(config),
         backends=open_backends(config, run_dir, resume_step=resume_step),
     )
+
+
+def _headline(config: ExperimentConfig) -> Headline:
+    """What progress lines say of the run: a game's team return says nothing (zero-sum), so a game
+    shows its exploitability where it is computed, else its scores against random opponents."""
+    if config.eval.every and nash_conv_on(config):
+        return exploitability_headline
+    return team_return_headline if config.eval.vs_random is None else game_headline
 
 
 class _Run:

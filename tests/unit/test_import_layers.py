@@ -23,10 +23,9 @@ LAYERS = [
     ("marl_ppo.plan",),  # the run settled once: what every builder below the run takes
     ("marl_ppo.rollout",),
     ("marl_ppo.algo",),
-    ("marl_ppo.eval",),
-    ("marl_ppo.league", "marl_ppo.export"),  # opponent pools, ratings, exploitability; policies out of a run
+    # evaluation; competitive training's pools, matches, ratings and exploitability; policies out of a run
+    ("marl_ppo.eval", "marl_ppo.league", "marl_ppo.export"),
     ("marl_ppo.logs",),  # the run logger, its scalar backends and the experiment trackers
-    ("marl_ppo.league",),  # matches between policies and their ratings, which training calls
     ("marl_ppo.run",),
     ("marl_ppo.analysis",),
     ("marl_ppo.tune",),  # searches that train and score runs
