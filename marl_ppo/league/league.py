@@ -27,6 +27,7 @@ from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.envs.vector.base import VectorEnv
 from marl_ppo.eval.evaluate import EvalError
 from marl_ppo.eval.versus import sides_of
+from marl_ppo.league.exploitability import nash_conv_on, pool_nash_conv
 from marl_ppo.league.ladder import ladder_markdown
 from marl_ppo.league.match import RANDOM
 from marl_ppo.league.pool import POOL_DIR, Pool, snapshot_name
@@ -76,6 +77,8 @@ class League:
             self.ratings.add(RANDOM)
         # which pool members a new snapshot plays for its rating: a stream of its own
         self.rating_rng = np.random.default_rng([config.seed, 0x4A7E])
+        self.nash_conv = nash_conv_on(config)
+        """Whether each snapshot logs the NashConv of the pool's average policy (a game OpenSpiel solves)."""
         self.seats: LeagueSeats | None = None
         self.sampler: OpponentSampler | None = None
         if league.opponents != "latest":
@@ -123,6 +126,7 @@ class League:
         if updates % self.every == 0:
             self.pool.add(updates, payload())
             scalars.update(self._rate(updates))
+            scalars.update(self._pool_nash_conv())
         scalars["league/pool_size"] = float(len(self.pool.snapshots))
         if self.sampler is not None:
             eligible = self.sampler.eligible(self.pool.snapshots)
@@ -170,6 +174,20 @@ class League:
             "league/rating/random_ordinal": self.ratings[RANDOM].ordinal,
             "league/rating/best_ordinal": best.ordinal,
         }
+
+    def _pool_nash_conv(self) -> dict[str, float]:
+        """`league/pool_nash_conv`: NashConv of the average of the pool's snapshots (those opponents are
+        drawn from), each weighted alike, mixed by reach: what fictitious play converges in."""
+        if not self.nash_conv:
+            return {}
+        snapshots = (
+            self.pool.snapshots[-self.config.league.pool_size :]
+            if self.config.league.pool_size
+            else self.pool.snapshots
+        )
+        models = [self.pool.model(s) for s in snapshots]
+        value = pool_nash_conv(models, [1.0] * len(models), self.config.env.id, self.config.env.kwargs)
+        return {"league/pool_nash_conv": value}
 
     def close(self) -> None:
         """Close the rating games' env copies."""
