@@ -65,7 +65,8 @@ def test_rate_writes_the_ladder_crossplay_and_games_of_a_round_robin(runs, tmp_p
     assert len(games) == 48
     assert {p for g in games for p in g["players"].values()} == {"random", "ttt/u1", "ttt/u3", "ttt/final"}
     # the ratings are openskill's, game by game in the order of games.jsonl
-    model, beliefs = PlackettLuce(), {}
+    model = PlackettLuce()
+    beliefs: dict = {}
     for g in games:
         names = list(g["players"].values())
         teams = [[beliefs.get(name, model.rating(name=name))] for name in names]
