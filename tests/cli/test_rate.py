@@ -11,6 +11,7 @@ from openskill.models import PlackettLuce
 from marl_ppo.checkpoint import load_checkpoint, save_checkpoint
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
+from marl_ppo.league.rate import evenly
 from marl_ppo.run.loop import train
 from tests.helpers import ROOT
 
@@ -135,3 +136,9 @@ def test_bad_rate_input_is_one_line_and_exit_status_2(runs, tmp_path, capsys, ca
     assert main(["rate", *args, "--episodes", "1", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_max_players_keeps_the_first_and_last_snapshot_and_spaces_the_rest_evenly():
+    pool = [f"u{k}" for k in range(10)]
+    assert evenly(pool, 4) == ["u0", "u3", "u6", "u9"] and evenly(pool, 2) == ["u0", "u9"]
+    assert evenly(pool, 10) == pool and evenly(pool, None) == pool and evenly(pool[:3], 5) == pool[:3]
