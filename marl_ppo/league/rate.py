@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -35,6 +35,9 @@ from marl_ppo.plan.settle import plan_eval
 
 SNAPSHOT = re.compile(r"snapshot_u(\d+)\.pt")
 """A pool snapshot's file name under `RUN_DIR/league/pool/`: the update it was taken after."""
+
+
+T = TypeVar("T")
 
 
 class RateError(UserError, ValueError):
@@ -80,7 +83,7 @@ class PolicyFile:
     path: Path
 
 
-def evenly(items: Sequence[Path], keep: int | None) -> list[Path]:
+def evenly(items: Sequence[T], keep: int | None) -> list[T]:
     """At most `keep` of `items`, evenly spaced, the first and last among them."""
     if keep is None or len(items) <= keep:
         return list(items)

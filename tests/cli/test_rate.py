@@ -11,6 +11,7 @@ from openskill.models import PlackettLuce
 from marl_ppo.checkpoint import load_checkpoint, save_checkpoint
 from marl_ppo.cli import main
 from marl_ppo.config import load_config
+from marl_ppo.league.rate import evenly
 from marl_ppo.run.loop import train
 from tests.helpers import ROOT
 
@@ -65,7 +66,8 @@ def test_rate_writes_the_ladder_crossplay_and_games_of_a_round_robin(runs, tmp_p
     assert len(games) == 48
     assert {p for g in games for p in g["players"].values()} == {"random", "ttt/u1", "ttt/u3", "ttt/final"}
     # the ratings are openskill's, game by game in the order of games.jsonl
-    model, beliefs = PlackettLuce(), {}
+    model = PlackettLuce()
+    beliefs: dict = {}
     for g in games:
         names = list(g["players"].values())
         teams = [[beliefs.get(name, model.rating(name=name))] for name in names]
@@ -134,3 +136,9 @@ def test_bad_rate_input_is_one_line_and_exit_status_2(runs, tmp_path, capsys, ca
     assert main(["rate", *args, "--episodes", "1", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_max_players_keeps_the_first_and_last_snapshot_and_spaces_the_rest_evenly():
+    pool = [f"u{k}" for k in range(10)]
+    assert evenly(pool, 4) == ["u0", "u3", "u6", "u9"] and evenly(pool, 2) == ["u0", "u9"]
+    assert evenly(pool, 10) == pool and evenly(pool, None) == pool and evenly(pool[:3], 5) == pool[:3]

@@ -180,3 +180,27 @@ def test_the_training_hook_plays_each_opponent_on_each_side_and_rates_in_order(t
     replayed.update_all(games)
     assert ratings.state_dict() == replayed.state_dict()
     assert ratings["u2"].games == 16 and ratings["u1"].games == ratings["random"].games == 8
+
+
+def test_a_pair_on_three_seats_plays_each_seat_alone_and_places_by_its_best_seat():
+    assert pair_schedule(3, 1) == [(0, 1, 1), (1, 0, 1), (1, 1, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1)]
+    config = load_config(
+        ROOT / "experiments/mpe/simple_spread.yaml", ["rollout.num_envs=2", "env.kwargs.max_cycles=5"]
+    )
+    venv = vector_env(config)
+    try:
+        sides = sides_of(venv.spec, "seats")
+        games = play_pair(
+            venv, CPU, random_player("a"), random_player("b"), sides=sides, episodes_per_side=1, seed=0
+        )
+    finally:
+        venv.close()
+    assert [[g.players[s] for s in sides] for g in games] == [
+        [("a", "b")[p] for p in seats] for seats in pair_schedule(3, 1)
+    ]
+    for game in games:
+        best = {name: max(r for s, r in game.returns.items() if game.players[s] == name) for name in "ab"}
+        ranks = game.player_ranks()
+        assert (ranks["a"] < ranks["b"]) == (best["a"] > best["b"]) and (ranks["a"] == ranks["b"]) == (
+            best["a"] == best["b"]
+        )

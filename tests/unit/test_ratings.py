@@ -28,7 +28,7 @@ RECORD = [
 def _by_openskill(record):
     """The same record rated with openskill's PlackettLuce directly, game by game."""
     model = PlackettLuce()
-    beliefs = {}
+    beliefs: dict = {}
     for players, ranks in record:
         teams = [[beliefs.get(name, model.rating(name=name))] for name in players]
         for name, (rating,) in zip(players, model.rate(teams, ranks=ranks), strict=True):
