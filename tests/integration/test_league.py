@@ -198,3 +198,42 @@ def test_bad_league_settings_are_refused_in_one_line(overrides, message):
     with pytest.raises(ConfigError, match=message) as err:
         load_config(TICTACTOE, overrides)
     assert "\n" not in str(err.value)
+
+
+def test_each_snapshot_logs_the_nash_conv_of_the_pools_average(tiny_overrides, tmp_path):
+    from open_spiel.python.algorithms import exploitability, policy_aggregator
+
+    from marl_ppo.league.exploitability import actor_policy, load_game
+
+    kuhn = tmp_path / "kuhn.yaml"
+    kuhn.write_text("env: {id: classic/kuhn_poker}\nppo: {critic: obs}\nmodel: {share_actor: true}\n")
+    config = load_config(
+        kuhn,
+        _tiny(
+            tiny_overrides,
+            "total_steps=150",
+            "league.opponents=pfsp",
+            "league.snapshot_every=1",
+            "league.rating_episodes=0",
+            "eval.nash_conv=true",
+        ),
+    )
+    train(config, tmp_path / "run")
+    logged = dict(scalars(tmp_path / "run")["league/pool_nash_conv"])
+    assert sorted(logged) == [50, 100, 150]
+    game = load_game("classic/kuhn_poker")
+    plan = plan_run(config)
+    spec_model = TeamModel(plan.layout, plan.config)
+    tables = []
+    for updates, path in pool_files(tmp_path / "run").items():
+        spec_model.load_state_dict(load_checkpoint(path)["model"])
+        tables.append(actor_policy(spec_model, game))
+        if updates == 0:
+            continue
+        weights = [1.0 / len(tables)] * len(tables)
+        average = policy_aggregator.PolicyAggregator(game).aggregate(
+            [0, 1], [tables, tables], [weights, weights]
+        )
+        expected = exploitability.nash_conv(game, average)
+        assert logged[50 * updates] == np.float32(expected)  # TensorBoard keeps float32
+    assert min(logged.values()) > 0.0 and max(logged.values()) < 0.917  # below the uniform policy's
