@@ -1,4 +1,5 @@
-"""Command line: `marl-ppo train` (with `--resume RUN_DIR`), `eval`, `sweep`, `reproduce`, `report`, `compare`, `envs` and `export` (see `marl-ppo -h`).
+"""Command line: `marl-ppo train` (with `--resume RUN_DIR`), `eval`, `sweep`, `reproduce`, `report`, `compare`,
+`rate`, `export` and `envs` (see `marl-ppo -h`).
 
 Parses arguments (options and key=value overrides in any order) and calls the library; user errors
 print one line and exit with status 2. A run stopped by Ctrl-C or SIGTERM prints how to resume it
@@ -72,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
         _add_reproduce,
         _add_report,
         _add_compare,
+        _add_rate,
         _add_envs,
         _add_export,
     ):
@@ -205,6 +207,47 @@ def _add_compare(commands: Commands) -> argparse.ArgumentParser:
     )
     compare.add_argument("--reps", type=int, default=5000, help="bootstrap resamples (default: 5000)")
     return compare
+
+
+def _add_rate(commands: Commands) -> argparse.ArgumentParser:
+    """`rate`: a round-robin of runs' pool snapshots and final policies, the random policy and other checkpoints."""
+    rate = commands.add_parser(
+        "rate", help="rate runs' policies by play: ratings table, cross-play matrix (docs/leagues.md)"
+    )
+    rate.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
+    rate.add_argument(
+        "--policy",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="FILE",
+        help="also rate this checkpoint (repeatable)",
+    )
+    rate.add_argument(
+        "--episodes", type=int, default=10, help="games per pair of players and side (default: 10)"
+    )
+    rate.add_argument(
+        "--max-players",
+        type=int,
+        help="at most this many of each run's pool snapshots, evenly, first and last kept",
+    )
+    rate.add_argument(
+        "--seed", type=int, default=0, help="seed of the env copies and the policies' samples (default: 0)"
+    )
+    rate.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="play each policy's mode instead of a sample (exploitable)",
+    )
+    rate.add_argument(
+        "--sides",
+        choices=("seats", "teams"),
+        help="every agent a side, or teams by name (default: the run's eval.vs_random)",
+    )
+    rate.add_argument(
+        "--out", type=Path, help="where to write the ladder and cross-play (default: RUN_DIR/rating)"
+    )
+    return rate
 
 
 def _add_envs(commands: Commands) -> argparse.ArgumentParser:
@@ -403,6 +446,8 @@ def _eval(options: argparse.Namespace) -> int:
     )
     if output.versus is not None:
         print(f"against random opponents ({output.versus.mode}): {_scores(output.versus)}")
+    if output.nash_conv is not None:
+        print(f"exploitability: NashConv {output.nash_conv:.4f} (OpenSpiel; 0 at a Nash equilibrium)")
     return 0
 
 
@@ -434,6 +479,8 @@ def _eval_random(options: argparse.Namespace) -> int:
     )
     if floor.versus is not None:
         print(f"random against random ({floor.versus.mode}): {_scores(floor.versus)}")
+    if floor.nash_conv is not None:
+        print(f"exploitability: NashConv {floor.nash_conv:.4f} (OpenSpiel; 0 at a Nash equilibrium)")
     return 0
 
 
@@ -518,6 +565,25 @@ def _compare(options: argparse.Namespace) -> int:
     return 0
 
 
+def _rate(options: argparse.Namespace) -> int:
+    from marl_ppo.league.ladder import ladder_markdown  # heavy imports (torch, envs, openskill)
+    from marl_ppo.league.rate import rate_runs
+
+    rated = rate_runs(
+        options.runs,
+        policies=options.policy,
+        episodes=options.episodes,
+        max_players=options.max_players,
+        seed=options.seed,
+        out=options.out,
+        deterministic=options.deterministic,
+        sides=options.sides,
+    )
+    print(ladder_markdown(rated.ratings), end="")
+    print(f"{len(rated.players)} players, {len(rated.games)} games: wrote {rated.files.ratings_md.parent}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `marl-ppo` console script."""
     try:
@@ -548,6 +614,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return _reproduce(options)
         if options.command == "export":
             return _export(options)
+        if options.command == "rate":
+            return _rate(options)
         return _envs(options)
     except USER_ERRORS as err:
         if options.debug:

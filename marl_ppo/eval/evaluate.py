@@ -31,6 +31,11 @@ MAX_EPISODE_STEPS = 100_000
 """An evaluation stops with an error when an env copy runs this many steps without ending an episode."""
 
 
+PolicyScore = Callable[[TeamModel], dict[str, float]]
+"""A score of the policy itself, computed at each periodic evaluation besides its episodes (tags -> values),
+such as its exploitability (`marl_ppo.league.exploitability.NashConvScore`)."""
+
+
 class EvalError(UserError, ValueError):
     """A user-facing evaluation problem; its message is one line naming the value and the fix."""
 
@@ -195,8 +200,15 @@ class PeriodicEvaluation:
     """Deterministic evaluations during training every `eval.every` env steps, on env copies of their own."""
 
     def __init__(
-        self, config: ExperimentConfig, venv: VectorEnv, model: TeamModel, device: torch.device
+        self,
+        config: ExperimentConfig,
+        venv: VectorEnv,
+        model: TeamModel,
+        device: torch.device,
+        *,
+        scores: Sequence[PolicyScore] = (),
     ) -> None:
+        """`scores`: the policy's scores besides its episodes' returns, logged with them at each evaluation."""
         if not config.eval.every:
             raise ValueError(f"PeriodicEvaluation needs eval.every > 0, got {config.eval.every!r}")
         self.every = config.eval.every
@@ -204,6 +216,7 @@ class PeriodicEvaluation:
         self.per_agent = config.log.per_agent
         self.seed = eval_seed(config)
         self.venv, self.model, self.device = venv, model, device
+        self.scores = tuple(scores)
         self.next_step = self.every
         self.last_result: EvalResult | None = None
         """The latest evaluation's episodes."""
@@ -217,7 +230,10 @@ class PeriodicEvaluation:
         result = self.last_result = run_episodes(
             self.venv, self.model, self.device, episodes=self.episodes, seed=self.seed, deterministic=True
         )
-        return {**result.scalars(per_agent=self.per_agent), "perf/eval_s": time.perf_counter() - start}
+        scalars = result.scalars(per_agent=self.per_agent)
+        for score in self.scores:
+            scalars.update(score(self.model))
+        return {**scalars, "perf/eval_s": time.perf_counter() - start}
 
     def close(self) -> None:
         """Close the evaluation env copies."""
