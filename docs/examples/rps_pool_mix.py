@@ -61,6 +61,11 @@ def main(run_dirs: list[str]) -> None:
                 f"  u{updates:<5} {np.array2string(own[0], precision=2)} {exploitability(own[0]):.3f} "
                 f"{exploitability(pooled[0]):.3f}"
             )
+        later = [exploitability(m[0]) for m in mixes[len(mixes) // 2 :]]
+        print(
+            f"  summary: snapshots of the second half {np.mean(later):.3f} (max {np.max(later):.3f}), "
+            f"the whole pool's average {exploitability(np.mean(mixes, axis=0)[0]):.3f}"
+        )
 
 
 if __name__ == "__main__":
