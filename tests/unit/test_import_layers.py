@@ -27,6 +27,7 @@ LAYERS = [
     ("marl_ppo.logs",),  # the run logger, its scalar backends and the experiment trackers
     ("marl_ppo.run",),
     ("marl_ppo.analysis",),
+    ("marl_ppo.tune",),  # the search: studies of seed runs, scored by the analysis layer's statistics
     ("marl_ppo.cli", "marl_ppo.__main__", "marl_ppo.api", "marl_ppo"),
 ]
 """Lowest first, whole folders only. A module may import from its own layer and the layers below, never
