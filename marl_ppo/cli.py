@@ -161,7 +161,9 @@ def _add_tune(commands: Commands) -> argparse.ArgumentParser:
     )
     tune.add_argument("--seeds", type=int, default=3, help="seeds 0..K-1 trained per trial (default: 3)")
     tune.add_argument(
-        "--jobs", type=int, help="training processes at once (default: available cores / cores per run)"
+        "--jobs",
+        type=int,
+        help="training runs at once (default: available cores, or the Ray cluster's CPUs, / cores per run)",
     )
     tune.add_argument(
         "--out",

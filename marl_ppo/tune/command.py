@@ -8,6 +8,7 @@ of the best trial against the starting file on M seeds the search never saw.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import signal
 import threading
@@ -94,11 +95,12 @@ def tune(request: TuneRequest, echo: Callable[[str], None] = print) -> int:
     """Run the `tune` command; its exit status (1 when no trial completed)."""
     setup = prepare(request)
     config = load_config(setup.experiment, setup.fixed)
-    launcher: Launcher = (
-        RayLauncher(setup.experiment, run_cores(config), request.ray)
-        if request.ray is not None
-        else ProcessLauncher(setup.experiment)
-    )
+    launcher: Launcher = ProcessLauncher(setup.experiment)
+    if request.ray is not None:
+        ray_launcher = RayLauncher(setup.experiment, run_cores(config), request.ray)
+        if request.jobs is None:  # as many runs at once as the cluster's CPUs hold
+            setup = dataclasses.replace(setup, jobs=ray_launcher.slots(run_cores(config)))
+        launcher = ray_launcher
     where = (
         f"on the Ray cluster at {request.ray}"
         if request.ray

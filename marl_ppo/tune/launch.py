@@ -119,6 +119,10 @@ class RayLauncher:
         self._disconnect = connect_ray(address)
         self._task = self.ray.remote(train_run).options(num_cpus=cores, max_retries=TASK_RETRIES)
 
+    def slots(self, cores: int) -> int:
+        """Runs of `cores` CPUs each that the cluster holds at once."""
+        return max(1, int(self.ray.cluster_resources().get("CPU", 1)) // cores)
+
     def start(self, run: SweepRun) -> Handle:
         run.run_dir.parent.mkdir(parents=True, exist_ok=True)
         absolute = SweepRun(run.name, run.overrides, run.run_dir.absolute())

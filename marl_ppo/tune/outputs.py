@@ -2,7 +2,8 @@
 
 - `best.yaml`: the experiment file with the best trial's values (and the study's fixed overrides)
   written in, an experiment `marl-ppo train` accepts as it is;
-- `trials.csv`: one row per trial: state, score with its 95% interval, evaluations reported, values;
+- `trials.csv`: one row per trial: state, score with its 95% interval, evaluations reported, why it
+  failed, values;
 - `importances.json`: Optuna's importance of each tuned key (PED-ANOVA, which needs no extra library);
 - `tune.md`: the above as a summary to read;
 - with fresh seeds, `fresh/start` and `fresh/best`: the starting file and the best trial trained on
@@ -76,7 +77,8 @@ def importances(study: Any) -> dict[str, float]:
 
 
 def trial_rows(study: Any, keys: Sequence[str]) -> list[dict[str, Any]]:
-    """One row per trial: number, state, score and interval, evaluations reported, seconds, values."""
+    """One row per trial: number, state, score and interval, evaluations reported, seconds, why it
+    failed (if it did), values."""
     rows = []
     for trial in study.get_trials(deepcopy=False):
         low, high = trial.user_attrs.get("ci95", [None, None])
@@ -93,6 +95,7 @@ def trial_rows(study: Any, keys: Sequence[str]) -> list[dict[str, Any]]:
             "ci95_high": high,
             "evaluations": len(trial.intermediate_values),
             "seconds": seconds,
+            "error": trial.user_attrs.get("error", ""),
         }
         row.update({key: trial.params.get(key) for key in keys})
         rows.append(row)

@@ -141,7 +141,7 @@ def test_outputs_a_best_experiment_train_accepts_and_a_trial_table(tmp_path):
     table, importances, summary = write_tables(study, setup)
     rows = table.read_text().splitlines()
     assert rows[0].startswith(
-        "number,state,score,ci95_low,ci95_high,evaluations,seconds,ppo.clip_ratio,ppo.gamma"
+        "number,state,score,ci95_low,ci95_high,evaluations,seconds,error,ppo.clip_ratio,ppo.gamma"
     )
     assert len(rows) == 5
     weights = json.loads(importances.read_text())
