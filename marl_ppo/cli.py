@@ -157,9 +157,15 @@ def _add_tune(commands: Commands) -> argparse.ArgumentParser:
         "--space", type=Path, required=True, metavar="SPACE.yaml", help="the keys to search and their ranges"
     )
     tune.add_argument(
-        "--trials", type=int, required=True, help="trials the study ends with (counting earlier runs of it)"
+        "--trials",
+        type=int,
+        required=True,
+        metavar="N",
+        help="trials the study ends with (counting earlier runs of it)",
     )
-    tune.add_argument("--seeds", type=int, default=3, help="seeds 0..K-1 trained per trial (default: 3)")
+    tune.add_argument(
+        "--seeds", type=int, default=3, metavar="K", help="seeds 0..K-1 trained per trial (default: 3)"
+    )
     tune.add_argument(
         "--jobs",
         type=int,
@@ -183,6 +189,7 @@ def _add_tune(commands: Commands) -> argparse.ArgumentParser:
     tune.add_argument(
         "--fresh-seeds",
         type=int,
+        metavar="M",
         default=0,
         help="then train the start and the best config on this many unseen seeds and compare them (default: 0)",
     )

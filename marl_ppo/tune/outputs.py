@@ -6,8 +6,9 @@
   failed, values;
 - `importances.json`: Optuna's importance of each tuned key (PED-ANOVA, which needs no extra library);
 - `tune.md`: the above as a summary to read;
-- with fresh seeds, `fresh/start` and `fresh/best`: the starting file and the best trial trained on
-  seeds the search never saw, and `compare/`: `marl-ppo compare` of the two (IQM, P(best > start)).
+- with fresh seeds, `fresh/start` and `fresh/trial<number>`: the starting file and the best trial
+  trained on seeds the search never saw, and `compare/`: `marl-ppo compare` of the two (IQM,
+  probability of improvement).
 """
 
 from __future__ import annotations
@@ -152,13 +153,14 @@ def _rule_words(rule: str) -> str:
 
 
 def fresh_runs(study: Any, setup: TuneSetup, seeds: int) -> list[SweepRun]:
-    """The starting config and the best trial's on `seeds` seeds from FRESH_SEED_BASE, under `fresh/`."""
+    """The starting config and the best trial's on `seeds` seeds from FRESH_SEED_BASE, under `fresh/start`
+    and `fresh/trial<number>` (a study extended later may find another best)."""
     best = best_trial(study)
     fresh = setup.directory / "fresh"
     runs = []
     for name, overrides in (
         ("start", list(setup.fixed)),
-        ("best", [*setup.fixed, *best.user_attrs["overrides"]]),
+        (f"trial{best.number:04d}", [*setup.fixed, *best.user_attrs["overrides"]]),
     ):
         for seed in range(FRESH_SEED_BASE, FRESH_SEED_BASE + seeds):
             run_dir = fresh / name / f"seed{seed}"
@@ -191,7 +193,7 @@ def compare_fresh(
             f"{len(outcome.failed)} fresh run(s) failed; see their logs under {setup.directory / 'fresh'}"
         )
     out = setup.directory / "compare"
-    comparison = write_comparison([setup.directory / "fresh"], out)
+    comparison = write_comparison(sorted({run.run_dir.parent for run in runs}), out)
     for (x, y), p in comparison.improvement.items():
         echo(f"P({x} > {y}) = {p}")
     return out

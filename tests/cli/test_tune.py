@@ -94,7 +94,8 @@ def test_a_study_trains_its_trials_and_writes_best_table_and_fresh_comparison(fi
     assert best.ppo.clip_ratio == float(winner["ppo.clip_ratio"])
     assert best.eval.absolute == 10  # the trials' eval.absolute=0 stays out of the tuned file
     # the fresh seeds are none the search saw, and compare read them as two algorithms
-    fresh = sorted(p.name for p in (directory / "fresh/best").iterdir() if p.is_dir())
+    best_dir = directory / f"fresh/trial{int(winner['number']):04d}"
+    fresh = sorted(p.name for p in best_dir.iterdir() if p.is_dir())
     assert fresh == ["seed10000", "seed10001"]
     assert (directory / "compare/compare.md").is_file()
     assert "P(" in printed and "best: trial" in printed
