@@ -29,7 +29,7 @@ from marl_ppo.tune.space import TuneError, read_space
 from marl_ppo.tune.study import PRUNERS, TuneSetup, finished_trials, run_study, storage_url
 
 PRUNER_WORDS = {
-    "median": "median rule: from the third trial, a trial stops when its score after its second or a later "
+    "median": "median rule: once two trials have completed, a trial stops when its score after its second or a later "
     "evaluation is below the median of the complete trials' scores after the same evaluation",
     "halving": "successive halving: at each rung only the best third of the trials that reached it go on",
     "none": "no pruning: every trial trains to its end",

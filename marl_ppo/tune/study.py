@@ -69,7 +69,7 @@ def import_optuna() -> Any:
 
 
 def make_pruner(name: str) -> Any:
-    """The pruner a name stands for: Optuna's median rule (from the third trial on, after a trial's
+    """The pruner a name stands for: Optuna's median rule (once two trials completed, after a trial's
     second evaluation), successive halving, or none."""
     pruners = import_optuna().pruners
     if name == "median":
