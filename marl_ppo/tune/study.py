@@ -1,7 +1,7 @@
 """The search: an Optuna study in a SQLite file, its trials trained as K seed runs each, scored and pruned.
 
 One tuner process drives the study through Optuna's ask-and-tell interface: it asks the sampler
-(TPE, seeded by the study's seed plus the trial's number, so a trial's draw depends on the study's
+(TPE, seeded by the study's seed mixed with the trial's number, so a trial's draw depends on the study's
 history alone, not on how often the tuner was restarted) for a trial, starts the trial's seed runs
 through a launcher (processes here, or Ray tasks), reports each evaluation's intermediate score to the
 pruner as every seed reaches it, and tells the study the trial's score when its seeds finish. Trials
@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from marl_ppo.analysis.sweep import SweepRun
 from marl_ppo.config import ConfigError, config_to_dict, load_config
@@ -244,11 +246,17 @@ def _runs(setup: TuneSetup, number: int, overrides: list[str]) -> list[SweepRun]
     ]
 
 
+def trial_seed(sampler_seed: int, number: int) -> int:
+    """The sampler's seed for trial `number`: the two mixed by NumPy's SeedSequence (consecutive small
+    seeds of one Mersenne Twister start alike, so `sampler_seed + number` would draw alike trials)."""
+    return int(np.random.SeedSequence([sampler_seed, number]).generate_state(1)[0])
+
+
 def _ask(study: Any, setup: TuneSetup, echo: Callable[[str], None]) -> _Trial | None:
     """A new trial with its runs; None when its draw breaks a rule of the config (it is told failed)."""
     optuna = import_optuna()
     number = len(study.get_trials(deepcopy=False))
-    study.sampler = optuna.samplers.TPESampler(seed=setup.sampler_seed + number)
+    study.sampler = optuna.samplers.TPESampler(seed=trial_seed(setup.sampler_seed, number))
     trial = study.ask(_distributions(setup.space))
     overrides = trial_overrides(setup.space, trial.params)
     trial.set_user_attr("overrides", overrides)

@@ -104,3 +104,14 @@ def test_seed_and_trial_scores_by_hand():
     # with three seeds nothing is trimmed: the mean
     assert trial_score(seeds[:3], "curve") == pytest.approx(np.mean([2.0, 4.0, 0.0]))
     assert common_evaluations([[1.0, 2.0], [1.0]]) == 1
+
+
+def test_each_trial_draws_from_its_own_well_mixed_seed():
+    from marl_ppo.tune.study import trial_seed
+
+    seeds = [trial_seed(0, number) for number in range(200)]
+    assert seeds == [trial_seed(0, number) for number in range(200)] and len(set(seeds)) == 200
+    assert trial_seed(1, 0) != trial_seed(0, 1)
+    # Mersenne Twister seeded 0 and 3 starts alike (0.549, 0.715 and 0.551, 0.708): mixed seeds do not
+    first = np.array([np.random.RandomState(seed).rand(2) for seed in seeds[:4]])
+    assert min(np.abs(first[i] - first[j]).max() for i in range(4) for j in range(i)) > 0.05
