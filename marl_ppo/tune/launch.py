@@ -10,15 +10,12 @@ with its retries: a lost node loses its running trainings, which Ray runs again 
 
 from __future__ import annotations
 
-import ctypes
-import signal
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from marl_ppo.analysis.sweep import SweepRun, launch_words
+from marl_ppo.analysis.sweep import SweepRun, die_with_parent, launch_words
 
 Command = Callable[[SweepRun], tuple[list[str], str]]
 """A run -> the words of its process and the mode its log file opens in (`w`, or `a` when resuming)."""
@@ -48,15 +45,6 @@ class Launcher(Protocol):
         ...
 
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: the kernel sends it SIGKILL when the process that started it dies."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 class _ProcessHandle:
     def __init__(self, process: subprocess.Popen[bytes]) -> None:
         self.process = process
@@ -80,7 +68,7 @@ class ProcessLauncher:
         run.run_dir.parent.mkdir(parents=True, exist_ok=True)
         words, mode = self.command(run)
         with open(run.log_file, mode) as log:
-            process = subprocess.Popen(words, stdout=log, stderr=log, preexec_fn=_die_with_parent)
+            process = subprocess.Popen(words, stdout=log, stderr=log, preexec_fn=die_with_parent)
         return _ProcessHandle(process)
 
     def close(self) -> None:
