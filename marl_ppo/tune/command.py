@@ -101,10 +101,8 @@ def tune(request: TuneRequest, echo: Callable[[str], None] = print) -> int:
         if request.jobs is None:  # as many runs at once as the cluster's CPUs hold
             setup = dataclasses.replace(setup, jobs=ray_launcher.slots(run_cores(config)))
         launcher = ray_launcher
-    where = (
-        f"on the Ray cluster at {request.ray}"
-        if request.ray
-        else f"{setup.jobs} training process(es) at a time"
+    where = f"{setup.jobs} training run(s) at a time" + (
+        f" on the Ray cluster at {request.ray}" if request.ray else ""
     )
     echo(
         f"tune {setup.experiment.stem}: {setup.trials} trials x {setup.seeds} seeds of {len(setup.space.dimensions)} "
