@@ -16,3 +16,4 @@ def register() -> None:
     register_env("envs/cue_recall_v0", "marl_ppo_examples.cue_recall:parallel_env")
     register_env("envs/pixel_signal_v0", "marl_ppo_examples.pixel_signal:parallel_env")
     register_env("envs/pixel_compass_v0", "marl_ppo_examples.pixel_compass:parallel_env")
+    register_env("envs/spread_nearest_v0", "marl_ppo_examples.spread_nearest:parallel_env")

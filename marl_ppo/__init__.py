@@ -5,6 +5,7 @@ The Python API, each name with its own docstring:
 - `load_config(path=None, overrides=())` -> `ExperimentConfig`: an experiment file plus key=value overrides;
 - `train(config, run_dir=None, *, resume=False)` -> `TrainResult`: one run, as `marl-ppo train`;
 - `evaluate(target, *, episodes=10, deterministic=False, ...)`: a run's checkpoint, as `marl-ppo eval`;
+- `load_policy(source)`: a run's (or an exported) policy, `act(observations_by_agent, state)`;
 - `register_env(env_id, factory)` and `make_env(env_id, **kwargs)`: environment ids;
 - `GymnasiumTeamEnv`: a Gymnasium env as a team.
 
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from marl_ppo.api import evaluate, train
     from marl_ppo.config import ExperimentConfig, load_config
     from marl_ppo.envs.adapters.gymnasium import GymnasiumTeamEnv
+    from marl_ppo.export.policy import load_policy
     from marl_ppo.run.loop import TrainResult
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "TrainResult",
     "evaluate",
     "load_config",
+    "load_policy",
     "make_env",
     "register_env",
     "train",
@@ -42,6 +45,7 @@ _LAZY = {
     "evaluate": "marl_ppo.api",
     "TrainResult": "marl_ppo.run.loop",
     "GymnasiumTeamEnv": "marl_ppo.envs.adapters.gymnasium",
+    "load_policy": "marl_ppo.export.policy",
 }
 """Public names imported on first use (PEP 562), and their modules."""
 

@@ -1,4 +1,5 @@
-"""Command line: `marl-ppo train` (with `--resume RUN_DIR`), `eval`, `sweep`, `tune`, `reproduce`, `report`, `compare` and `envs` (see `marl-ppo -h`).
+"""Command line: `marl-ppo train` (with `--resume RUN_DIR`), `eval`, `sweep`, `tune`, `reproduce`, `report`,
+`compare`, `rate`, `export` and `envs` (see `marl-ppo -h`).
 
 Parses arguments (options and key=value overrides in any order) and calls the library; user errors
 print one line and exit with status 2. A run stopped by Ctrl-C or SIGTERM prints how to resume it
@@ -73,7 +74,9 @@ def _parser() -> argparse.ArgumentParser:
         _add_reproduce,
         _add_report,
         _add_compare,
+        _add_rate,
         _add_envs,
+        _add_export,
     ):
         _debug_after(add(commands))
     return parser
@@ -259,6 +262,47 @@ def _add_compare(commands: Commands) -> argparse.ArgumentParser:
     return compare
 
 
+def _add_rate(commands: Commands) -> argparse.ArgumentParser:
+    """`rate`: a round-robin of runs' pool snapshots and final policies, the random policy and other checkpoints."""
+    rate = commands.add_parser(
+        "rate", help="rate runs' policies by play: ratings table, cross-play matrix (docs/leagues.md)"
+    )
+    rate.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
+    rate.add_argument(
+        "--policy",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="FILE",
+        help="also rate this checkpoint (repeatable)",
+    )
+    rate.add_argument(
+        "--episodes", type=int, default=10, help="games per pair of players and side (default: 10)"
+    )
+    rate.add_argument(
+        "--max-players",
+        type=int,
+        help="at most this many of each run's pool snapshots, evenly, first and last kept",
+    )
+    rate.add_argument(
+        "--seed", type=int, default=0, help="seed of the env copies and the policies' samples (default: 0)"
+    )
+    rate.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="play each policy's mode instead of a sample (exploitable)",
+    )
+    rate.add_argument(
+        "--sides",
+        choices=("seats", "teams"),
+        help="every agent a side, or teams by name (default: the run's eval.vs_random)",
+    )
+    rate.add_argument(
+        "--out", type=Path, help="where to write the ladder and cross-play (default: RUN_DIR/rating)"
+    )
+    return rate
+
+
 def _add_envs(commands: Commands) -> argparse.ArgumentParser:
     """`envs`: the registered ids, and `envs check ID`."""
     envs = commands.add_parser("envs", help="list registered environment ids, or check one")
@@ -271,6 +315,46 @@ def _add_envs(commands: Commands) -> argparse.ArgumentParser:
     check.add_argument("kwargs", nargs="*", metavar="key=value", help="keyword arguments for the env factory")
     _debug_after(check)
     return envs
+
+
+def _add_export(commands: Commands) -> argparse.ArgumentParser:
+    """`export`: a run's actors as ONNX or TorchScript files with a policy.json beside them."""
+    export = commands.add_parser(
+        "export",
+        help="write a run's policy as ONNX or TorchScript files (one per agent group) and policy.json",
+    )
+    export.add_argument("target", metavar="RUN_DIR|CHECKPOINT", type=Path)
+    export.add_argument(
+        "--format", choices=("onnx", "torchscript"), default="onnx", help="file format (default: onnx)"
+    )
+    export.add_argument(
+        "--sample",
+        action="store_true",
+        help="the files sample actions from a noise input (default: the most likely action, the mean for Box)",
+    )
+    export.add_argument("--out", type=Path, help="where to write the files (default: RUN_DIR/export/FORMAT)")
+    export.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="config overrides that keep the spaces (env.kwargs.*)",
+    )
+    return export
+
+
+def _export(options: argparse.Namespace) -> int:
+    from marl_ppo.export.writer import export_policy  # heavy imports (torch, onnx, envs)
+
+    result = export_policy(
+        options.target,
+        fmt=options.format,
+        out=options.out,
+        sample=options.sample,
+        overrides=options.overrides,
+    )
+    names = ", ".join(path.name for path in result.files.values())
+    print(f"wrote {names} and {result.sidecar.name} (float32) to {result.directory}")
+    return 0
 
 
 def _split(args: Sequence[str]) -> tuple[str | None, list[str]]:
@@ -415,6 +499,8 @@ def _eval(options: argparse.Namespace) -> int:
     )
     if output.versus is not None:
         print(f"against random opponents ({output.versus.mode}): {_scores(output.versus)}")
+    if output.nash_conv is not None:
+        print(f"exploitability: NashConv {output.nash_conv:.4f} (OpenSpiel; 0 at a Nash equilibrium)")
     return 0
 
 
@@ -446,6 +532,8 @@ def _eval_random(options: argparse.Namespace) -> int:
     )
     if floor.versus is not None:
         print(f"random against random ({floor.versus.mode}): {_scores(floor.versus)}")
+    if floor.nash_conv is not None:
+        print(f"exploitability: NashConv {floor.nash_conv:.4f} (OpenSpiel; 0 at a Nash equilibrium)")
     return 0
 
 
@@ -550,6 +638,25 @@ def _compare(options: argparse.Namespace) -> int:
     return 0
 
 
+def _rate(options: argparse.Namespace) -> int:
+    from marl_ppo.league.ladder import ladder_markdown  # heavy imports (torch, envs, openskill)
+    from marl_ppo.league.rate import rate_runs
+
+    rated = rate_runs(
+        options.runs,
+        policies=options.policy,
+        episodes=options.episodes,
+        max_players=options.max_players,
+        seed=options.seed,
+        out=options.out,
+        deterministic=options.deterministic,
+        sides=options.sides,
+    )
+    print(ladder_markdown(rated.ratings), end="")
+    print(f"{len(rated.players)} players, {len(rated.games)} games: wrote {rated.files.ratings_md.parent}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `marl-ppo` console script."""
     try:
@@ -580,6 +687,10 @@ def _main(argv: Sequence[str] | None) -> int:
             return _compare(options)
         if options.command == "reproduce":
             return _reproduce(options)
+        if options.command == "export":
+            return _export(options)
+        if options.command == "rate":
+            return _rate(options)
         return _envs(options)
     except USER_ERRORS as err:
         if options.debug:

@@ -358,6 +358,8 @@ EPISODES: dict[str, tuple[dict[str, Any], set[str]]] = {
     "classic/connect_four_v3": ({}, {TERM}),
     "classic/tictactoe_v3": ({}, {TERM}),
     "classic/hanabi_v5": ({}, {TERM}),  # the third life lost (or the deck out)
+    "classic/kuhn_poker": ({}, {TERM}),
+    "classic/leduc_poker": ({}, {TERM}),
     **{f"lbf/{name}": _LBF for name in CATALOG_LBF},
     **{f"rware/{name}": ({"max_steps": 10}, {TRUNC}) for name in CATALOG_RWARE},
     "magent2/battle_v4": ({"max_cycles": 30}, {TRUNC}),

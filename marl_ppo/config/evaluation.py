@@ -31,6 +31,11 @@ class EvalConfig:
     agents form teams by their names without the trailing number (simple_tag's adversary and agent,
     battle's red and blue); the policy plays each team in turn, scored as that team's return and its
     random opponents'. null: no such score."""
+    nash_conv: Literal["auto", True, False] = "auto"
+    """Also compute the policy's exploitability (NashConv, by OpenSpiel: 0 at a Nash equilibrium) at each
+    evaluation: periodic ones log `eval/nash_conv`, `marl-ppo eval` writes `nash_conv` in eval.json. Only
+    for games OpenSpiel solves exactly (classic/kuhn_poker, classic/leduc_poker) and a feed-forward
+    actor. auto: on wherever it can be computed; true: on, and a run where it cannot is refused."""
     teams: dict[str, list[str]] | None = None
     """The sides of `vs_random: teams` where agents' names do not tell them apart: `{team: [name,
     ...]}`, each name an agent (`alice_0`) or agents' name without the trailing number (`alice`), every

@@ -67,6 +67,21 @@ class ModelConfig:
     for both (as SB3's CnnPolicy and CleanRL's Atari PPO). Needs `ppo.critic: obs` and `share_critic`
     equal to `share_actor`. false: the actor and the critic each have their own CNN (as MAPPO)."""
 
+    init_from: str | None = None
+    """Start the networks from another run's weights instead of a fresh initialization (a warm start):
+    its run directory (its final, else latest checkpoint) or a checkpoint file. Every other setting is
+    this run's: learning rates, the task, its kwargs. A team of another size is mapped where the
+    networks are shared and the observations keep their size (a new agent takes an existing agent's
+    id input, named as the run starts); other mismatches are refused. null: a fresh start."""
+    init_networks: Literal["both", "actors", "critics"] = "both"
+    """Which of `init_from`'s networks to start from: `actors`, `critics` (with their value
+    normalizers) or `both`; the others start fresh."""
+    init_optimizer: bool = False
+    """Also carry `init_from`'s optimizer state (Adam's moments and step counts) and its minibatch
+    shuffling generator, so that the same settings continue its learning update for update. Needs
+    `init_networks: both`, the same team and a checkpoint written with that state (latest or final,
+    not best). false: the optimizers start fresh, as in any new run."""
+
     @property
     def critic_recurrent(self) -> bool:
         """Whether the critic has a recurrent layer (`recurrent_critic` resolved)."""
@@ -78,6 +93,16 @@ class ModelConfig:
         if self.recurrent is None and self.recurrent_critic:
             raise ValueError(
                 "model.recurrent_critic=true needs a recurrent layer; set model.recurrent: gru or lstm"
+            )
+        if self.init_from is None and (self.init_optimizer or self.init_networks != "both"):
+            raise ValueError(
+                "model.init_networks and model.init_optimizer choose what a warm start carries; set "
+                "model.init_from to a run directory or checkpoint, or drop them"
+            )
+        if self.init_optimizer and self.init_networks != "both":
+            raise ValueError(
+                f"model.init_optimizer=true carries the optimizer state of every network, but "
+                f"model.init_networks={self.init_networks}; set model.init_networks: both or drop init_optimizer"
             )
         layers = {len(self.cnn_channels), len(self.cnn_kernels), len(self.cnn_strides)}
         if len(layers) != 1:

@@ -7,7 +7,8 @@ their extras (`pip install 'marl-ppo[EXTRA]'`):
   longer ships waterworld);
 - `butterfly/*` (butterfly): pistonball, cooperative_pong, knights_archers_zombies;
 - `classic/*` (classic): rock-paper-scissors (parallel), connect four, tic-tac-toe and Hanabi
-  (turn-based); the seats share one policy (self-play);
+  (turn-based); the seats share one policy (self-play); Kuhn and Leduc poker (turn-based, OpenSpiel's
+  games through Shimmy, `marl_ppo.envs.openspiel`), whose exploitability OpenSpiel computes;
 - `lbf/*` (lbf) and `rware/*` (rware): Gymnasium multi-agent envs, time limits reported as truncation;
 - `magent2/battle_v4` (magent2): two armies of many agents;
 - `vmas/*` (vmas): VMAS scenarios as one batched simulator whose tensors stay on the training device;
@@ -57,6 +58,12 @@ PETTINGZOO_AEC = {  # turn-based games, played move by move (marl_ppo.envs.adapt
     "classic/connect_four_v3": "classic/connect_four-v3",
     "classic/tictactoe_v3": "classic/tictactoe-v3",
 }
+
+OPENSPIEL_GAMES = {  # turn-based OpenSpiel games small enough for OpenSpiel to solve exactly
+    "classic/kuhn_poker": "kuhn_poker",
+    "classic/leduc_poker": "leduc_poker",
+}
+"""Our id -> OpenSpiel's game name; env.kwargs are the game's parameters (e.g. `players: 3`)."""
 
 LBF_TASKS: dict[str, tuple[str, dict[str, Any]]] = {
     # EPyMARL's task list; lbforaging registers at most 4 food, so the 5-food tasks set max_num_food
@@ -133,6 +140,13 @@ def pettingzoo_aec(name: str, /, **kwargs: Any) -> Any:
     return pettingzoo.make("aec", name, **kwargs)
 
 
+def openspiel_game(game_name: str, /, **params: Any) -> Any:
+    """An OpenSpiel game as a PettingZoo AEC env observing information states (`marl_ppo.envs.openspiel`)."""
+    from marl_ppo.envs.openspiel import InformationStateGame
+
+    return InformationStateGame(game_name, params)
+
+
 def gymnasium_team(gym_id: str, package: str, /, **kwargs: Any) -> Any:
     """An env of a package that registers its ids with Gymnasium (LBF, RWARE), as a team."""
     importlib.import_module(package)  # registers its ids with gymnasium
@@ -192,6 +206,9 @@ def register_catalog() -> None:
         )
     register_mamujoco()
     register_hanabi()
+    for env_id, game_name in OPENSPIEL_GAMES.items():
+        factory = functools.partial(openspiel_game, game_name)
+        register_env(env_id, factory, extra="classic", requires=("pyspiel", "shimmy"))
     families.register_families()
     register_env(
         "magent2/battle_v4",

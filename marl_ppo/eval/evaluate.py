@@ -10,7 +10,7 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,11 @@ EVAL_SEED_OFFSET = 1_000_000
 
 MAX_EPISODE_STEPS = 100_000
 """An evaluation stops with an error when an env copy runs this many steps without ending an episode."""
+
+
+PolicyScore = Callable[[TeamModel], dict[str, float]]
+"""A score of the policy itself, computed at each periodic evaluation besides its episodes (tags -> values),
+such as its exploitability (`marl_ppo.league.exploitability.NashConvScore`)."""
 
 
 class EvalError(UserError, ValueError):
@@ -130,6 +135,26 @@ def run_episodes(
     """Play `episodes` whole episodes, each env copy a fixed share of them (so short episodes are not
     favoured). `model=None` plays the uniform random policy (each agent's allowed actions equally
     likely; Box actions uniform in their bounds, clipped to [-1, 1])."""
+
+    def acting() -> Acting:  # a policy's carries, fresh for every copy; its weights read once
+        if model is None:
+            return RandomActing(venv.spec, device)
+        return PolicyActing(model, venv.num_envs, device, deterministic=deterministic)
+
+    return play_episodes(venv, acting, device, episodes=episodes, seed=seed, deterministic=deterministic)
+
+
+def play_episodes(
+    venv: VectorEnv,
+    make_acting: Callable[[], Acting],
+    device: torch.device,
+    *,
+    episodes: int,
+    seed: int,
+    deterministic: bool,
+) -> EvalResult:
+    """`run_episodes` with any `Acting` (an exported policy's, say), made by `make_acting` once the
+    envs are reset and torch's generator seeded with `seed`."""
     copies, spec = venv.num_envs, venv.spec
     quota = [episodes // copies + (i < episodes % copies) for i in range(copies)]
     finished: list[list[Finished]] = [[] for _ in range(copies)]
@@ -137,11 +162,7 @@ def run_episodes(
     with _global_rng_untouched(device):
         torch.manual_seed(seed)  # stochastic evaluations are reproducible and independent of training
         stepper.reset(seed)
-        acting: Acting = (  # a policy's carries, fresh for every copy; its weights read once
-            RandomActing(spec, device)
-            if model is None
-            else PolicyActing(model, copies, device, deterministic=deterministic)
-        )
+        acting = make_acting()
         while any(len(done) < share for done, share in zip(finished, quota, strict=True)):
             for episode in evaluation_step(stepper, acting):
                 finished[episode.copy].append(episode)
@@ -179,8 +200,15 @@ class PeriodicEvaluation:
     """Deterministic evaluations during training every `eval.every` env steps, on env copies of their own."""
 
     def __init__(
-        self, config: ExperimentConfig, venv: VectorEnv, model: TeamModel, device: torch.device
+        self,
+        config: ExperimentConfig,
+        venv: VectorEnv,
+        model: TeamModel,
+        device: torch.device,
+        *,
+        scores: Sequence[PolicyScore] = (),
     ) -> None:
+        """`scores`: the policy's scores besides its episodes' returns, logged with them at each evaluation."""
         if not config.eval.every:
             raise ValueError(f"PeriodicEvaluation needs eval.every > 0, got {config.eval.every!r}")
         self.every = config.eval.every
@@ -188,6 +216,7 @@ class PeriodicEvaluation:
         self.per_agent = config.log.per_agent
         self.seed = eval_seed(config)
         self.venv, self.model, self.device = venv, model, device
+        self.scores = tuple(scores)
         self.next_step = self.every
         self.last_result: EvalResult | None = None
         """The latest evaluation's episodes."""
@@ -201,7 +230,10 @@ class PeriodicEvaluation:
         result = self.last_result = run_episodes(
             self.venv, self.model, self.device, episodes=self.episodes, seed=self.seed, deterministic=True
         )
-        return {**result.scalars(per_agent=self.per_agent), "perf/eval_s": time.perf_counter() - start}
+        scalars = result.scalars(per_agent=self.per_agent)
+        for score in self.scores:
+            scalars.update(score(self.model))
+        return {**scalars, "perf/eval_s": time.perf_counter() - start}
 
     def close(self) -> None:
         """Close the evaluation env copies."""

@@ -1,7 +1,8 @@
 """`marl-ppo eval`: load a run's checkpoint, rebuild its env (with overrides) and model, evaluate, render.
 
 Writes `eval.json` (team, mean-agent and per-agent returns with 95% confidence intervals, and every
-episode's values) and, on request, one rendered episode as GIF or MP4.
+episode's values; the scores against random opponents and the policy's NashConv where the config
+asks for them) and, on request, one rendered episode as GIF or MP4.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.eval.evaluate import EvalError, EvalResult, eval_config, eval_seed, run_episodes
 from marl_ppo.eval.versus import VersusResult, play_vs_random
 from marl_ppo.eval.video import check_video_format, record_episode, render_env, write_video
+from marl_ppo.league.exploitability import policy_scores
 from marl_ppo.models.team import TeamModel
 from marl_ppo.plan.settle import RunPlan, plan_eval
 from marl_ppo.rollout.stepper import PolicyActing
@@ -73,6 +75,8 @@ class EvalOutput:
     video: Path | None
     versus: VersusResult | None = None
     """The scores against random opponents, where the config's `eval.vs_random` asks for them."""
+    nash_conv: float | None = None
+    """The policy's exploitability (NashConv, by OpenSpiel), where `eval.nash_conv` settles on."""
 
 
 def evaluate_checkpoint(
@@ -111,6 +115,7 @@ def evaluate_checkpoint(
             "overrides": list(overrides),
             **played.result.to_dict(),
             "vs_random": played.versus.to_dict() if played.versus is not None else None,
+            "nash_conv": played.nash_conv,
             "video": None,
         }
         eval_json = out_dir / "eval.json"
@@ -129,7 +134,7 @@ def evaluate_checkpoint(
     finally:
         if recorded is not None:
             recorded.close()
-    return EvalOutput(played.result, eval_json, video, played.versus)
+    return EvalOutput(played.result, eval_json, video, played.versus, played.nash_conv)
 
 
 @dataclass(frozen=True)
@@ -140,11 +145,13 @@ class _Played:
     versus: VersusResult | None
     model: TeamModel
     spec: TeamSpec
+    nash_conv: float | None = None
 
 
 def _play(payload: dict[str, Any], plan: RunPlan, episodes: int, seed: int, deterministic: bool) -> _Played:
-    """The evaluation episodes, and those against random opponents where configured."""
+    """The evaluation episodes, those against random opponents and the NashConv where configured."""
     config, device = plan.config, plan.device
+    scores = policy_scores(config)  # NashConv asked where it cannot be computed stops here
     venv = build_vector_env(eval_config(config, episodes), plan.layout, device)
     try:
         spec = venv.spec
@@ -164,4 +171,7 @@ def _play(payload: dict[str, Any], plan: RunPlan, episodes: int, seed: int, dete
             )
     finally:
         venv.close()
-    return _Played(result, versus, model, spec)
+    nash_conv = None
+    for score in scores:
+        nash_conv = score(model)["eval/nash_conv"]
+    return _Played(result, versus, model, spec, nash_conv)

@@ -1,6 +1,6 @@
 """`marl-ppo eval --random`: the uniform random policy on an experiment's (or a run's) env, the floor a
 result is read against; for a game (`eval.vs_random`), random against random: the win, draw and loss
-rates a first policy has to beat."""
+rates a first policy has to beat; for a game OpenSpiel solves (`eval.nash_conv`), its NashConv."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from marl_ppo.envs.vector.base import VectorEnv
 from marl_ppo.eval.evaluate import EvalError, EvalResult, eval_config, eval_seed, run_episodes
 from marl_ppo.eval.random_policy import RandomActing
 from marl_ppo.eval.versus import VersusResult, play_vs_random
+from marl_ppo.league.exploitability import solvable, uniform_nash_conv
 from marl_ppo.plan.settle import plan_eval
 
 
@@ -28,6 +29,8 @@ class RandomFloor:
     versus: VersusResult | None
     """Random against random by side, where the config's `eval.vs_random` scores sides (a game)."""
     eval_json: Path | None
+    nash_conv: float | None = None
+    """The uniform random policy's NashConv, on a game OpenSpiel solves unless `eval.nash_conv` is false."""
 
 
 def experiment_of(target: Path | str | None) -> Path | None:
@@ -79,8 +82,13 @@ def evaluate_random(
         versus = _random_versus_random(config, venv, device, episodes, seed)
     finally:
         venv.close()
-    eval_json = None if out is None else _write(Path(out), config, experiment, overrides, result, versus)
-    return RandomFloor(result, versus, eval_json)
+    nash_conv = None
+    if config.eval.nash_conv is not False and solvable(config.env.id):
+        nash_conv = uniform_nash_conv(config.env.id, config.env.kwargs)
+    eval_json = None
+    if out is not None:
+        eval_json = _write(Path(out), config, experiment, overrides, result, versus, nash_conv)
+    return RandomFloor(result, versus, eval_json, nash_conv)
 
 
 def _random_versus_random(
@@ -107,6 +115,7 @@ def _write(
     overrides: Sequence[str],
     result: EvalResult,
     versus: VersusResult | None,
+    nash_conv: float | None,
 ) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = {
@@ -116,6 +125,7 @@ def _write(
         "overrides": list(overrides),
         **result.to_dict(),
         "vs_random": versus.to_dict() if versus is not None else None,
+        "nash_conv": nash_conv,
     }
     eval_json = out_dir / "eval.json"
     eval_json.write_text(json.dumps(summary, indent=2) + "\n")

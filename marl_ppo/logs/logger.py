@@ -53,6 +53,20 @@ def game_headline(logger: RunLogger) -> str:
     return f"{versus}, episode length {length:.1f}, entropy {entropy:.2f}"
 
 
+def exploitability_headline(logger: RunLogger) -> str:
+    """For a game whose exploitability is computed (`eval.nash_conv`): the last NashConv, the recent
+    episodes' length and the policy's entropy."""
+    if not logger.team_returns:
+        return "no episode finished yet"
+    nash_conv = logger.latest.get("eval/nash_conv")
+    score = (
+        "no NashConv yet" if nash_conv is None else f"NashConv {nash_conv:.3f} (at step {logger.eval_step})"
+    )
+    length = float(np.mean(logger.episode_lengths))
+    entropy = logger.latest.get("train/entropy", float("nan"))
+    return f"{score}, episode length {length:.1f}, entropy {entropy:.2f}"
+
+
 class RunLogger:
     """Writes `train/`, `rollout/`, `perf/` and `agents/<id>/` scalars against env steps to its backends, and the progress."""
 
@@ -94,6 +108,8 @@ class RunLogger:
         """The last value of each tag logged by an update or `scalars` (not per episode)."""
         self.versus_step = 0
         """The step of the last scores against random opponents (`eval/vs_random/`)."""
+        self.eval_step = 0
+        """The step of the last periodic evaluation (`eval/`)."""
         self.headline = headline
         self.agent_returns: deque[np.ndarray] = deque(maxlen=return_window)
         self.episodes = 0
@@ -208,6 +224,8 @@ class RunLogger:
         self.latest.update(values)
         if any(tag.startswith("eval/vs_random/") for tag in values):
             self.versus_step = step
+        if any(tag.startswith("eval/") for tag in values):
+            self.eval_step = step
         self._write(step, values.items())
 
     def _write(self, step: int, pairs: Iterable[tuple[str, Any]]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -23,7 +24,15 @@ from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.eval.evaluate import PeriodicEvaluation, eval_config
 from marl_ppo.eval.versus import periodic_evaluation
 from marl_ppo.faults import WorkersLost
-from marl_ppo.logs.logger import RunLogger, game_headline, team_return_headline
+from marl_ppo.league.exploitability import nash_conv_on
+from marl_ppo.league.league import League
+from marl_ppo.logs.logger import (
+    Headline,
+    RunLogger,
+    exploitability_headline,
+    game_headline,
+    team_return_headline,
+)
 from marl_ppo.logs.trackers import check_backends_installed, open_backends
 from marl_ppo.models.team import TeamModel
 from marl_ppo.plan.host import ActingWatch, cpu_seconds, peak_rss_mb, rss_mb
@@ -38,6 +47,7 @@ from marl_ppo.run.resume import load_resumable, restore_run_state, run_state
 from marl_ppo.run.rundir import write_summary
 from marl_ppo.run.seeding import seed_everything
 from marl_ppo.run.signals import Interrupted, StopSignals
+from marl_ppo.run.warm_start import warm_start
 
 
 @dataclass(frozen=True)
@@ -85,19 +95,37 @@ def train(
     collector, model = build_collector(plan)
     torch.set_num_threads(plan.threads)
     spec = model.spec
+    league = None
+    if config.league.opponents is not None:  # its sides are checked before touching run_dir
+        games = config.league.rating_episodes * 2 * len(spec.agents)  # a rating match's games, at most
+        league = League(
+            config,
+            spec,
+            run_dir,
+            lambda: copy.deepcopy(model),  # the shape without a fresh initialisation's cost
+            device,
+            rating_venv=lambda: build_vector_env(eval_config(config, games), plan.layout, device),
+        )
+        league.attach(collector)
     evaluation = None
     logger: RunLogger | None = None
     try:
         try:
+            # before touching run_dir: weights that do not fit leave nothing behind
+            start = warm_start(model, config.model) if saved is None and config.model.init_from else None
+            if start is not None and config.log.progress:
+                print(start.describe(), file=sys.stderr, flush=True)
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
             write_code_record(run_dir, resume=resume, env_id=config.env.id)
             trainer = Trainer(model, plan.ppo, generator=generator, optimizer=config.fast.optimizer)
+            if start is not None:
+                start.carry_optimizer(trainer, config.model)
             if config.eval.every:  # deterministic episodes on env copies of their own, logged under eval/
                 eval_venv = build_vector_env(eval_config(config, config.eval.episodes), plan.layout, device)
                 evaluation = periodic_evaluation(config, eval_venv, model, device)
             logger = _make_logger(config, run_dir, spec, None if saved is None else saved["env_steps"])
-            run = _Run(plan, run_dir, model, trainer, collector, logger, evaluation, on_update)
+            run = _Run(plan, run_dir, model, trainer, collector, logger, evaluation, on_update, league)
             run.begin(saved)
             logger.hyperparameters(config_to_dict(config))
             buffer = RolloutBuffer(
@@ -117,6 +145,8 @@ def train(
             collector.close()  # before the summary: the CPU time of worker processes counts once they end
             if evaluation is not None:
                 evaluation.close()
+            if league is not None:
+                league.close()
         result = run.result()
         summary = _summary(result, None if estimate is None else estimate.total) | run.absolute
         logger.summary(summary)
@@ -150,10 +180,17 @@ def _make_logger(
         per_agent=config.log.per_agent,
         progress=config.log.progress,
         resume_step=resume_step,
-        # a game's team return says nothing (zero-sum): its progress shows its scores against random
-        headline=team_return_headline if config.eval.vs_random is None else game_headline,
+        headline=_headline(config),
         backends=open_backends(config, run_dir, resume_step=resume_step),
     )
+
+
+def _headline(config: ExperimentConfig) -> Headline:
+    """What progress lines say of the run: a game's team return says nothing (zero-sum), so a game
+    shows its exploitability where it is computed, else its scores against random opponents."""
+    if config.eval.every and nash_conv_on(config):
+        return exploitability_headline
+    return team_return_headline if config.eval.vs_random is None else game_headline
 
 
 class _Run:
@@ -169,11 +206,12 @@ class _Run:
         logger: RunLogger,
         evaluation: PeriodicEvaluation | None = None,
         on_update: Callable[[int], None] | None = None,
+        league: League | None = None,
     ) -> None:
         config = plan.config
         self.config, self.run_dir = config, run_dir
         self.model, self.trainer, self.collector, self.logger = model, trainer, collector, logger
-        self.evaluation, self.on_update = evaluation, on_update
+        self.evaluation, self.on_update, self.league = evaluation, on_update, league
         self.acting = ActingWatch(config, plan.layout, plan.threads)
         self.update_threads = plan.update_threads
         """torch threads while the trainer updates (the rest of the run uses the plan's `threads`)."""
@@ -196,6 +234,8 @@ class _Run:
             self.record = EvaluationRecord(self.run_dir, resume_step=resume_step)
         if saved is None:
             self.collector.start(self.config.seed)
+            if self.league is not None:
+                self.league.begin(None, self._policy_payload)
             return
         restore_run_state(
             saved,
@@ -205,6 +245,8 @@ class _Run:
             logger=self.logger,
             seed=self.config.seed,
         )
+        if self.league is not None:
+            self.league.begin(saved, self._policy_payload)
         self.updates = self.saved_updates = int(saved["updates"])
         self.timing = dict(saved["timing"])
         # a changed total_steps re-spreads the rest of the decay from the rate reached here
@@ -244,6 +286,9 @@ class _Run:
                 self.logger.scalars(steps, scalars)
                 if scalars:
                     self._evaluated(steps)
+            if self.league is not None:  # a snapshot before the checkpoint that lists it
+                league_scalars = self.league.after_update(self.updates, self._policy_payload)
+                self.logger.scalars(self.collector.env_steps, league_scalars)
             if self.updates % self.config.log.checkpoint_every == 0:
                 try:
                     self.save()
@@ -323,6 +368,7 @@ class _Run:
             "timing": dict(self.timing),
             "lr_schedule": self.schedule.state_dict(),
             **run_state(model=self.model, trainer=self.trainer, collector=self.collector, logger=self.logger),
+            **({} if self.league is None else {"league": self.league.state_dict()}),
         }
 
     def result(self) -> TrainResult:

@@ -18,6 +18,7 @@ API = [
     "TrainResult",
     "evaluate",
     "load_config",
+    "load_policy",
     "make_env",
     "register_env",
     "train",

@@ -225,9 +225,9 @@ def test_box_actions_are_clipped_to_bounds():
     ],
 )
 def test_box_action_conversion_is_np_clip_value_for_value(space):
-    from marl_ppo.envs.adapters.pettingzoo import _action_converter
+    from marl_ppo.envs.adapters.pettingzoo import action_converter
 
-    convert = _action_converter(space)
+    convert = action_converter(space)
     rng = np.random.default_rng(0)
     for _ in range(50):
         action = (rng.standard_normal(int(np.prod(space.shape))) * 3).astype(np.float32)

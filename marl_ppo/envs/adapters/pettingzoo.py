@@ -42,7 +42,7 @@ class ParallelEnvAdapter(ContractChecks):
         self._rejoin = bool((getattr(env, "metadata", None) or {}).get(REJOIN_KEY, False))
         self._done_at: dict[str, int] = {}
         self._left_at: dict[str, int] = {}
-        self._to_env = {group.name: _action_converter(group.action_space) for group in spec.groups}
+        self._to_env = {group.name: action_converter(group.action_space) for group in spec.groups}
         """Per group: one agent's action row -> the env's action (`_to_env_action`)."""
         self._vector_box = {group.name: _vector_box(group) for group in spec.groups}
         """Per group: its observation space where an observation is a plain vector Box (stored as it is,
@@ -230,7 +230,7 @@ class ParallelEnvAdapter(ContractChecks):
             position += size
 
 
-def _action_converter(space: gym.Space) -> Callable[[np.ndarray], Any]:
+def action_converter(space: gym.Space) -> Callable[[np.ndarray], Any]:
     """`_to_env_action` for one action space, its constants read once (a partial: adapters pickle)."""
     if isinstance(space, gym.spaces.Discrete):
         return functools.partial(_discrete_action, int(space.start))
