@@ -1,5 +1,5 @@
-"""Command line: `marl-ppo train` (with `--resume RUN_DIR`), `eval`, `sweep`, `reproduce`, `report`, `compare`,
-`rate`, `export` and `envs` (see `marl-ppo -h`).
+"""Command line: `marl-ppo train` (with `--resume RUN_DIR`), `eval`, `sweep`, `tune`, `reproduce`, `report`,
+`compare`, `rate`, `export` and `envs` (see `marl-ppo -h`).
 
 Parses arguments (options and key=value overrides in any order) and calls the library; user errors
 print one line and exit with status 2. A run stopped by Ctrl-C or SIGTERM prints how to resume it
@@ -70,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
         _add_train,
         _add_eval,
         _add_sweep,
+        _add_tune,
         _add_reproduce,
         _add_report,
         _add_compare,
@@ -145,6 +146,58 @@ def _add_sweep(commands: Commands) -> argparse.ArgumentParser:
         help="run each run as a Ray task on the cluster at ADDRESS (auto or host:port)",
     )
     return sweep
+
+
+def _add_tune(commands: Commands) -> argparse.ArgumentParser:
+    """`tune`: a seed-aware search over config keys with Optuna (docs/tuning.md)."""
+    tune = commands.add_parser(
+        "tune",
+        help="search config keys with Optuna: each trial K seeds, scored by their IQM (docs/tuning.md)",
+    )
+    tune.add_argument("experiment", metavar="EXPERIMENT.yaml", type=Path)
+    tune.add_argument("overrides", nargs="*", metavar="key=value", help="fixed overrides every trial shares")
+    tune.add_argument(
+        "--space", type=Path, required=True, metavar="SPACE.yaml", help="the keys to search and their ranges"
+    )
+    tune.add_argument(
+        "--trials",
+        type=int,
+        required=True,
+        metavar="N",
+        help="trials the study ends with (counting earlier runs of it)",
+    )
+    tune.add_argument(
+        "--seeds", type=int, default=3, metavar="K", help="seeds 0..K-1 trained per trial (default: 3)"
+    )
+    tune.add_argument(
+        "--jobs",
+        type=int,
+        help="training runs at once (default: available cores, or the Ray cluster's CPUs, / cores per run)",
+    )
+    tune.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/tune"),
+        help="parent of the tuning directory (default: runs/tune)",
+    )
+    tune.add_argument(
+        "--ray", metavar="ADDRESS", help="train each seed run as a Ray task on the cluster at ADDRESS"
+    )
+    tune.add_argument("--pruner", default="median", help="median, halving or none (default: median)")
+    tune.add_argument(
+        "--score",
+        default="curve",
+        help="a seed's score: curve (mean of its evaluations) or final (default: curve)",
+    )
+    tune.add_argument(
+        "--fresh-seeds",
+        type=int,
+        metavar="M",
+        default=0,
+        help="then train the start and the best config on this many unseen seeds and compare them (default: 0)",
+    )
+    tune.add_argument("--sampler-seed", type=int, default=0, help="seed of the TPE sampler (default: 0)")
+    return tune
 
 
 def _add_reproduce(commands: Commands) -> argparse.ArgumentParser:
@@ -515,6 +568,26 @@ def _sweep_on_ray(options: argparse.Namespace, runs: list[Any], config: Experime
     return 1 if outcome.failed else 0
 
 
+def _tune(options: argparse.Namespace) -> int:
+    from marl_ppo.tune.command import TuneRequest, tune
+
+    request = TuneRequest(
+        experiment=options.experiment,
+        space=options.space,
+        overrides=tuple(options.overrides),
+        trials=options.trials,
+        seeds=options.seeds,
+        out=options.out,
+        jobs=options.jobs,
+        ray=options.ray,
+        pruner=options.pruner,
+        score=options.score,
+        fresh_seeds=options.fresh_seeds,
+        sampler_seed=options.sampler_seed,
+    )
+    return tune(request)
+
+
 def _reproduce(options: argparse.Namespace) -> int:
     from marl_ppo.analysis.reproduce import reproduce
     from marl_ppo.analysis.sweep import summary_line
@@ -606,6 +679,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return _eval(options)
         if options.command == "sweep":
             return _sweep(options)
+        if options.command == "tune":
+            return _tune(options)
         if options.command == "report":
             return _report(options)
         if options.command == "compare":
