@@ -1,4 +1,5 @@
-"""Command line: `marl-ppo train` (with `--resume RUN_DIR`), `eval`, `sweep`, `reproduce`, `report`, `compare`, `envs` and `export` (see `marl-ppo -h`).
+"""Command line: `marl-ppo train` (with `--resume RUN_DIR`), `eval`, `sweep`, `tune`, `reproduce`, `report`,
+`compare`, `rate`, `export` and `envs` (see `marl-ppo -h`).
 
 Parses arguments (options and key=value overrides in any order) and calls the library; user errors
 print one line and exit with status 2. A run stopped by Ctrl-C or SIGTERM prints how to resume it
@@ -69,9 +70,11 @@ def _parser() -> argparse.ArgumentParser:
         _add_train,
         _add_eval,
         _add_sweep,
+        _add_tune,
         _add_reproduce,
         _add_report,
         _add_compare,
+        _add_rate,
         _add_envs,
         _add_export,
     ):
@@ -145,6 +148,58 @@ def _add_sweep(commands: Commands) -> argparse.ArgumentParser:
     return sweep
 
 
+def _add_tune(commands: Commands) -> argparse.ArgumentParser:
+    """`tune`: a seed-aware search over config keys with Optuna (docs/tuning.md)."""
+    tune = commands.add_parser(
+        "tune",
+        help="search config keys with Optuna: each trial K seeds, scored by their IQM (docs/tuning.md)",
+    )
+    tune.add_argument("experiment", metavar="EXPERIMENT.yaml", type=Path)
+    tune.add_argument("overrides", nargs="*", metavar="key=value", help="fixed overrides every trial shares")
+    tune.add_argument(
+        "--space", type=Path, required=True, metavar="SPACE.yaml", help="the keys to search and their ranges"
+    )
+    tune.add_argument(
+        "--trials",
+        type=int,
+        required=True,
+        metavar="N",
+        help="trials the study ends with (counting earlier runs of it)",
+    )
+    tune.add_argument(
+        "--seeds", type=int, default=3, metavar="K", help="seeds 0..K-1 trained per trial (default: 3)"
+    )
+    tune.add_argument(
+        "--jobs",
+        type=int,
+        help="training runs at once (default: available cores, or the Ray cluster's CPUs, / cores per run)",
+    )
+    tune.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/tune"),
+        help="parent of the tuning directory (default: runs/tune)",
+    )
+    tune.add_argument(
+        "--ray", metavar="ADDRESS", help="train each seed run as a Ray task on the cluster at ADDRESS"
+    )
+    tune.add_argument("--pruner", default="median", help="median, halving or none (default: median)")
+    tune.add_argument(
+        "--score",
+        default="curve",
+        help="a seed's score: curve (mean of its evaluations) or final (default: curve)",
+    )
+    tune.add_argument(
+        "--fresh-seeds",
+        type=int,
+        metavar="M",
+        default=0,
+        help="then train the start and the best config on this many unseen seeds and compare them (default: 0)",
+    )
+    tune.add_argument("--sampler-seed", type=int, default=0, help="seed of the TPE sampler (default: 0)")
+    return tune
+
+
 def _add_reproduce(commands: Commands) -> argparse.ArgumentParser:
     """`reproduce`: an experiment's seeds checked against its expected: band."""
     reproduce = commands.add_parser(
@@ -205,6 +260,47 @@ def _add_compare(commands: Commands) -> argparse.ArgumentParser:
     )
     compare.add_argument("--reps", type=int, default=5000, help="bootstrap resamples (default: 5000)")
     return compare
+
+
+def _add_rate(commands: Commands) -> argparse.ArgumentParser:
+    """`rate`: a round-robin of runs' pool snapshots and final policies, the random policy and other checkpoints."""
+    rate = commands.add_parser(
+        "rate", help="rate runs' policies by play: ratings table, cross-play matrix (docs/leagues.md)"
+    )
+    rate.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
+    rate.add_argument(
+        "--policy",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="FILE",
+        help="also rate this checkpoint (repeatable)",
+    )
+    rate.add_argument(
+        "--episodes", type=int, default=10, help="games per pair of players and side (default: 10)"
+    )
+    rate.add_argument(
+        "--max-players",
+        type=int,
+        help="at most this many of each run's pool snapshots, evenly, first and last kept",
+    )
+    rate.add_argument(
+        "--seed", type=int, default=0, help="seed of the env copies and the policies' samples (default: 0)"
+    )
+    rate.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="play each policy's mode instead of a sample (exploitable)",
+    )
+    rate.add_argument(
+        "--sides",
+        choices=("seats", "teams"),
+        help="every agent a side, or teams by name (default: the run's eval.vs_random)",
+    )
+    rate.add_argument(
+        "--out", type=Path, help="where to write the ladder and cross-play (default: RUN_DIR/rating)"
+    )
+    return rate
 
 
 def _add_envs(commands: Commands) -> argparse.ArgumentParser:
@@ -472,6 +568,26 @@ def _sweep_on_ray(options: argparse.Namespace, runs: list[Any], config: Experime
     return 1 if outcome.failed else 0
 
 
+def _tune(options: argparse.Namespace) -> int:
+    from marl_ppo.tune.command import TuneRequest, tune
+
+    request = TuneRequest(
+        experiment=options.experiment,
+        space=options.space,
+        overrides=tuple(options.overrides),
+        trials=options.trials,
+        seeds=options.seeds,
+        out=options.out,
+        jobs=options.jobs,
+        ray=options.ray,
+        pruner=options.pruner,
+        score=options.score,
+        fresh_seeds=options.fresh_seeds,
+        sampler_seed=options.sampler_seed,
+    )
+    return tune(request)
+
+
 def _reproduce(options: argparse.Namespace) -> int:
     from marl_ppo.analysis.reproduce import reproduce
     from marl_ppo.analysis.sweep import summary_line
@@ -522,6 +638,25 @@ def _compare(options: argparse.Namespace) -> int:
     return 0
 
 
+def _rate(options: argparse.Namespace) -> int:
+    from marl_ppo.league.ladder import ladder_markdown  # heavy imports (torch, envs, openskill)
+    from marl_ppo.league.rate import rate_runs
+
+    rated = rate_runs(
+        options.runs,
+        policies=options.policy,
+        episodes=options.episodes,
+        max_players=options.max_players,
+        seed=options.seed,
+        out=options.out,
+        deterministic=options.deterministic,
+        sides=options.sides,
+    )
+    print(ladder_markdown(rated.ratings), end="")
+    print(f"{len(rated.players)} players, {len(rated.games)} games: wrote {rated.files.ratings_md.parent}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `marl-ppo` console script."""
     try:
@@ -544,6 +679,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return _eval(options)
         if options.command == "sweep":
             return _sweep(options)
+        if options.command == "tune":
+            return _tune(options)
         if options.command == "report":
             return _report(options)
         if options.command == "compare":
@@ -552,6 +689,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return _reproduce(options)
         if options.command == "export":
             return _export(options)
+        if options.command == "rate":
+            return _rate(options)
         return _envs(options)
     except USER_ERRORS as err:
         if options.debug:

@@ -21,7 +21,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from marl_ppo.analysis.sweep import SweepError, SweepOutcome, SweepRun, _result_line, launch_words
+from marl_ppo.analysis.sweep import (
+    SweepError,
+    SweepOutcome,
+    SweepRun,
+    _result_line,
+    die_with_parent,
+    launch_words,
+)
 from marl_ppo.config import ExperimentConfig
 from marl_ppo.plan.host import run_cores
 from marl_ppo.rollout.ray_workers import connect_ray, import_ray
@@ -48,7 +55,9 @@ def train_run(experiment: Path, run: SweepRun) -> tuple[int, str]:
         return 0, node
     words, mode = launch_words(experiment, run)
     with open(run.log_file, mode) as log:
-        process = subprocess.Popen(words, stdout=log, stderr=log)
+        # tied to this task's worker process: a node lost with its workers takes its trainings with it,
+        # so the task Ray runs again elsewhere is the run's only writer
+        process = subprocess.Popen(words, stdout=log, stderr=log, preexec_fn=die_with_parent)
         try:
             while process.poll() is None:  # not a blocking wait: Ray's cancel arrives between bytecodes
                 time.sleep(0.2)

@@ -14,9 +14,11 @@ again finishes what the stopped one left.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -221,6 +223,19 @@ def _command(experiment: Path, run: SweepRun) -> list[str]:
         "--run-dir",
         str(run.run_dir),
     ]
+
+
+_PR_SET_PDEATHSIG = 1
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+"""libc's prctl, looked up before any fork: the forked child only calls it (no lookup, no lock)."""
+
+
+def die_with_parent() -> None:
+    """`preexec_fn` of a training process (Linux): the kernel sends it SIGKILL when the process that
+    started it dies, so a training never outlives the tuner or Ray task that owns its run directory
+    (a second process resuming that run would write into it at the same time)."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def launch_words(experiment: Path, run: SweepRun) -> tuple[list[str], str]:

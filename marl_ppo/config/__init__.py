@@ -25,6 +25,7 @@ from marl_ppo.config.experiment import (
 from marl_ppo.config.fast import FastConfig
 from marl_ppo.config.host import HostConfig
 from marl_ppo.config.keys import KeyHelp, close_keys, config_keys, key_help, yaml_value
+from marl_ppo.config.league import LeagueConfig
 from marl_ppo.config.loading import (
     build_config,
     load_config,
@@ -55,6 +56,7 @@ __all__ = [
     "SettledPPO",
     "PositiveFloat",
     "PositiveInt",
+    "LeagueConfig",
     "RayConfig",
     "RolloutConfig",
     "WandbConfig",

@@ -18,6 +18,7 @@ from marl_ppo.config.env import EnvConfig
 from marl_ppo.config.evaluation import EvalConfig
 from marl_ppo.config.fast import REMOVED_FAST_KEYS, REMOVED_OPTIMIZERS, FastConfig
 from marl_ppo.config.host import HostConfig
+from marl_ppo.config.league import LeagueConfig
 from marl_ppo.config.log import LogConfig
 from marl_ppo.config.model import ModelConfig
 from marl_ppo.config.ppo import PPOConfig
@@ -117,6 +118,8 @@ class ExperimentConfig:
     """Switches between our hand-written pieces and the library's."""
     ray: RayConfig = dataclasses.field(default_factory=RayConfig)
     """Rollout workers on a Ray cluster (`rollout.vector: ray`)."""
+    league: LeagueConfig = dataclasses.field(default_factory=LeagueConfig)
+    """Opponent pools for competitive games: frozen snapshots, the rule that draws them, ratings."""
 
     @model_validator(mode="before")
     @classmethod
@@ -150,11 +153,29 @@ class ExperimentConfig:
                 "model.shared_cnn=false"
             )
         self._check_batch()
+        self._check_league()
         rollout = self.rollout
         if rollout.vector == "ray" and self.ray.min_workers > rollout.num_workers:
             raise ValueError(
                 f"ray.min_workers={self.ray.min_workers} exceeds rollout.num_workers={rollout.num_workers}; "
                 "lower ray.min_workers or raise rollout.num_workers"
+            )
+
+    def _check_league(self) -> None:
+        """Refuse league settings that cannot apply (those that need the env's agents: `plan_run`)."""
+        league = self.league
+        if league.opponents is None:
+            return
+        if self.ppo.critic == "team":
+            raise ValueError(
+                "league.opponents trains one side against others, and ppo.critic: team values the sum of "
+                "every side's rewards (0 in a zero-sum game); use ppo.critic: obs or state"
+            )
+        if league.opponents != "latest" and self.rollout.vector in ("workers", "ray"):
+            raise ValueError(
+                f"league.opponents: {league.opponents} plays snapshots in the learner's process, and "
+                f"rollout.vector: {self.rollout.vector} acts in worker processes; use rollout.vector: "
+                "subprocess (envs in processes, acting here) or sync, or league.opponents: latest"
             )
 
     def _check_batch(self) -> None:

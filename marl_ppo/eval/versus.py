@@ -19,51 +19,18 @@ import torch
 
 from marl_ppo.config import ExperimentConfig
 from marl_ppo.envs.grouping import agent_stem, agents_named
-from marl_ppo.envs.spec import TeamArrays, TeamSpec
+from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.envs.vector.base import VectorEnv
 from marl_ppo.eval.evaluate import (
-    MAX_EPISODE_STEPS,
     EvalError,
     PeriodicEvaluation,
     PolicyScore,
-    _global_rng_untouched,
-    evaluation_step,
     mean_ci95,
 )
 from marl_ppo.eval.random_policy import RandomActing
+from marl_ppo.eval.seated import play_seated
 from marl_ppo.models.team import TeamModel
-from marl_ppo.rollout.stepper import Acting, PolicyActing, Stepper
-
-
-class VersusActing:
-    """The scored policy on its side's agents and the random policy on every other agent (`Acting`).
-
-    `side` `(E,)` is the side the policy plays in each copy's episode; the loop sets it as episodes end."""
-
-    def __init__(
-        self,
-        policy: Acting,
-        random: RandomActing,
-        members: Mapping[str, torch.Tensor],
-        copies: int,
-        device: torch.device,
-    ) -> None:
-        self.policy, self.random, self.members, self.device = policy, random, members, device
-        self.side = torch.zeros(copies, dtype=torch.int64)
-
-    def act(self, arrays: TeamArrays) -> dict[str, torch.Tensor]:
-        """Per group, the policy's action where the agent is on the side played, else a random one."""
-        policy, noise = self.policy.act(arrays), self.random.act(arrays)
-        actions = {}
-        for name, chosen in policy.items():
-            mine = self.members[name][self.side.to(self.device)]  # (E, A_g)
-            mine = mine.reshape(*mine.shape, *([1] * (chosen.dim() - 2)))
-            actions[name] = torch.where(mine, chosen, noise[name].to(chosen.dtype))
-        return actions
-
-    def advance(self, arrays: TeamArrays, episode_over: np.ndarray | torch.Tensor) -> None:
-        """The scored policy carries on (it acted for every agent, though only its side's actions counted)."""
-        self.policy.advance(arrays, episode_over)
+from marl_ppo.rollout.stepper import Acting, PolicyActing
 
 
 def sides_of(
@@ -180,36 +147,19 @@ def play_vs_random(
     teams: Mapping[str, Sequence[str]] | None = None,
 ) -> VersusResult:
     """Play every side (`sides_of`) for `episodes_per_side` episodes with `policy`, the other agents at random."""
-    spec, copies = venv.spec, venv.num_envs
+    spec = venv.spec
     sides = sides_of(spec, mode, teams)
-    total = episodes_per_side * len(sides)
-    schedule = [[k // episodes_per_side for k in range(i, total, copies)] for i in range(copies)]
-    members = {
-        group.name: torch.tensor(
-            [[agent in agents for agent in group.agents] for agents in sides.values()], device=device
-        )
-        for group in spec.groups
-    }  # per group, (sides, A_g): whether each of its agents is on each side
-    acting = VersusActing(policy, RandomActing(spec, device), members, copies, device)
-    stepper = Stepper(venv, max_episode_steps=MAX_EPISODE_STEPS)
-    done = [0] * copies
-    played: list[int] = []
-    kept: list[np.ndarray] = []
-    with _global_rng_untouched(device):
-        torch.manual_seed(seed)
-        stepper.reset(seed)
-        while any(done[i] < len(schedule[i]) for i in range(copies)):
-            acting.side = torch.tensor(
-                [s[min(d, len(s) - 1)] if s else 0 for s, d in zip(schedule, done, strict=True)]
-            )
-            for episode in evaluation_step(stepper, acting):
-                i = episode.copy
-                if done[i] < len(schedule[i]):
-                    played.append(schedule[i][done[i]])
-                    kept.append(episode.agent_returns)
-                done[i] += 1
+    # game k plays side k // episodes_per_side: the policy (player 0) there, random (player 1) elsewhere
+    schedule = [
+        tuple(0 if side == k // episodes_per_side else 1 for side in range(len(sides)))
+        for k in range(episodes_per_side * len(sides))
+    ]
+    players = (policy, RandomActing(spec, device))
+    ended = play_seated(venv, players, sides, schedule, device, seed=seed)
+    played = [schedule[game].index(0) for game, _ in ended]
     order = np.argsort(played, kind="stable")  # side by side, each side's episodes in the order played
-    return VersusResult(mode, sides, tuple(spec.agents), np.array(played)[order], np.stack(kept)[order])
+    kept = np.stack([agent_returns for _, agent_returns in ended])
+    return VersusResult(mode, sides, tuple(spec.agents), np.array(played)[order], kept[order])
 
 
 class PeriodicEvaluationVsRandom(PeriodicEvaluation):

@@ -86,6 +86,14 @@ class RunPlan:
         threads = f"{self.threads} torch thread{'s' * (self.threads > 1)}"
         if self.update_threads != self.threads:
             threads += f" ({self.update_threads} while updating)"
+        league = config.league
+        if league.opponents == "latest":
+            encoder += f"; self-play with a snapshot every {league.snapshot_every} updates"
+        elif league.opponents is not None:
+            encoder += (
+                f"; a league: {league.opponents} over snapshots taken every {league.snapshot_every} updates"
+                + (f", {league.self_play:.0%} self-play" if league.self_play else "")
+            )
         return f"{algorithm} on {config.env.id}{team}: {config.rollout.copies} env copies {where}, {threads}{encoder}"
 
 

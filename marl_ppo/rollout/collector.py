@@ -7,7 +7,8 @@ Each rollout acts through a `RolloutActing` (the stepper's `Acting`) of its own:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -36,6 +37,25 @@ class _Acted:
     values: dict[str, torch.Tensor]
 
 
+class Opponents(Protocol):
+    """Who plays the agents the learner does not, per env copy (a league's snapshots, `marl_ppo.league`)."""
+
+    def act(
+        self, arrays: TeamArrays, actions: dict[str, torch.Tensor]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """The learner's sampled `actions` with the opponents' in place on their agents, and per group
+        `(E, A_g)` whether each agent's step trains the learner."""
+        ...
+
+    def advance(self, arrays: TeamArrays, episode_over: np.ndarray | torch.Tensor) -> None:
+        """After the env step: the opponents carry their state on."""
+        ...
+
+    def episodes_ended(self, ended: Sequence[Finished]) -> None:
+        """The episodes that ended at the last step: score them, draw the copies' next opponents."""
+        ...
+
+
 class Collector:
     """Runs the policy in the vector env, keeping per-episode return accounting across rollouts."""
 
@@ -49,6 +69,8 @@ class Collector:
         self.stepper = Stepper(venv)
         self.env_steps = 0
         """Env steps taken so far over all copies (one per copy per step)."""
+        self.opponents: Opponents | None = None
+        """Where set, they play the agents the learner does not in each copy (a league)."""
 
     def start(self, seed: int) -> None:
         """Reset every env copy (env i gets `seed + i`) and clear episode accounting."""
@@ -92,10 +114,12 @@ class Collector:
         result = RolloutResult()
         env_seconds = self.stepper.env_seconds
         policy = ActingView(self.model)  # no update runs during a rollout
-        acting = RolloutActing(policy, self.memory, buffer, self.device)
+        acting = RolloutActing(policy, self.memory, buffer, self.device, self.opponents)
         while not buffer.full:
             ended = self.stepper.step(acting)
             self.env_steps += self.venv.num_envs
+            if self.opponents is not None:
+                self.opponents.episodes_ended(ended)
             result.episodes.extend(self._record(episode) for episode in ended)
         result.env_seconds = self.stepper.env_seconds - env_seconds
         arrays = self.venv.arrays
@@ -119,9 +143,15 @@ class RolloutActing:
     """What the policy read and chose at the step being taken (set by `act`, stored by `advance`)."""
 
     def __init__(
-        self, policy: ActingView, memory: PolicyMemory, buffer: RolloutBuffer, device: torch.device
+        self,
+        policy: ActingView,
+        memory: PolicyMemory,
+        buffer: RolloutBuffer,
+        device: torch.device,
+        opponents: Opponents | None = None,
     ) -> None:
         self.policy, self.memory, self.buffer, self.device = policy, memory, buffer, device
+        self.opponents = opponents
 
     def act(self, arrays: TeamArrays) -> dict[str, torch.Tensor]:
         """Sample every agent's action; keep what the buffer will store."""
@@ -134,7 +164,11 @@ class RolloutActing:
         actions = {name: dist.sample() for name, dist in dists.items()}
         logp = {name: dist.log_prob(actions[name]) for name, dist in dists.items()}
         values = self.memory.values(self.policy, state, obs, alive)
-        self._acted = _Acted(state, obs, alive, masks, actions, logp, values)
+        trained = alive
+        if self.opponents is not None:  # their agents' steps stay out of training
+            actions, learner = self.opponents.act(arrays, actions)
+            trained = {name: flags & learner[name] for name, flags in alive.items()}
+        self._acted = _Acted(state, obs, trained, masks, actions, logp, values)
         return actions
 
     def advance(self, arrays: TeamArrays, episode_over: np.ndarray | torch.Tensor) -> None:
@@ -167,6 +201,8 @@ class RolloutActing:
             acted.state, steps, self.memory.records(), episode_over=to_tensor(episode_over, buffer.device)
         )
         self.memory.advance(arrays, episode_over)
+        if self.opponents is not None:
+            self.opponents.advance(arrays, episode_over)
 
 
 def _arrays_state(arrays: TeamArrays) -> dict[str, Any]:

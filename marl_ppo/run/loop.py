@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +25,7 @@ from marl_ppo.eval.evaluate import PeriodicEvaluation, eval_config
 from marl_ppo.eval.versus import periodic_evaluation
 from marl_ppo.faults import WorkersLost
 from marl_ppo.league.exploitability import nash_conv_on
+from marl_ppo.league.league import League
 from marl_ppo.logs.logger import (
     Headline,
     RunLogger,
@@ -93,6 +95,18 @@ def train(
     collector, model = build_collector(plan)
     torch.set_num_threads(plan.threads)
     spec = model.spec
+    league = None
+    if config.league.opponents is not None:  # its sides are checked before touching run_dir
+        games = config.league.rating_episodes * 2 * len(spec.agents)  # a rating match's games, at most
+        league = League(
+            config,
+            spec,
+            run_dir,
+            lambda: copy.deepcopy(model),  # the shape without a fresh initialisation's cost
+            device,
+            rating_venv=lambda: build_vector_env(eval_config(config, games), plan.layout, device),
+        )
+        league.attach(collector)
     evaluation = None
     logger: RunLogger | None = None
     try:
@@ -111,7 +125,7 @@ def train(
                 eval_venv = build_vector_env(eval_config(config, config.eval.episodes), plan.layout, device)
                 evaluation = periodic_evaluation(config, eval_venv, model, device)
             logger = _make_logger(config, run_dir, spec, None if saved is None else saved["env_steps"])
-            run = _Run(plan, run_dir, model, trainer, collector, logger, evaluation, on_update)
+            run = _Run(plan, run_dir, model, trainer, collector, logger, evaluation, on_update, league)
             run.begin(saved)
             logger.hyperparameters(config_to_dict(config))
             buffer = RolloutBuffer(
@@ -131,6 +145,8 @@ def train(
             collector.close()  # before the summary: the CPU time of worker processes counts once they end
             if evaluation is not None:
                 evaluation.close()
+            if league is not None:
+                league.close()
         result = run.result()
         summary = _summary(result, None if estimate is None else estimate.total) | run.absolute
         logger.summary(summary)
@@ -190,11 +206,12 @@ class _Run:
         logger: RunLogger,
         evaluation: PeriodicEvaluation | None = None,
         on_update: Callable[[int], None] | None = None,
+        league: League | None = None,
     ) -> None:
         config = plan.config
         self.config, self.run_dir = config, run_dir
         self.model, self.trainer, self.collector, self.logger = model, trainer, collector, logger
-        self.evaluation, self.on_update = evaluation, on_update
+        self.evaluation, self.on_update, self.league = evaluation, on_update, league
         self.acting = ActingWatch(config, plan.layout, plan.threads)
         self.update_threads = plan.update_threads
         """torch threads while the trainer updates (the rest of the run uses the plan's `threads`)."""
@@ -217,6 +234,8 @@ class _Run:
             self.record = EvaluationRecord(self.run_dir, resume_step=resume_step)
         if saved is None:
             self.collector.start(self.config.seed)
+            if self.league is not None:
+                self.league.begin(None, self._policy_payload)
             return
         restore_run_state(
             saved,
@@ -226,6 +245,8 @@ class _Run:
             logger=self.logger,
             seed=self.config.seed,
         )
+        if self.league is not None:
+            self.league.begin(saved, self._policy_payload)
         self.updates = self.saved_updates = int(saved["updates"])
         self.timing = dict(saved["timing"])
         # a changed total_steps re-spreads the rest of the decay from the rate reached here
@@ -265,6 +286,9 @@ class _Run:
                 self.logger.scalars(steps, scalars)
                 if scalars:
                     self._evaluated(steps)
+            if self.league is not None:  # a snapshot before the checkpoint that lists it
+                league_scalars = self.league.after_update(self.updates, self._policy_payload)
+                self.logger.scalars(self.collector.env_steps, league_scalars)
             if self.updates % self.config.log.checkpoint_every == 0:
                 try:
                     self.save()
@@ -344,6 +368,7 @@ class _Run:
             "timing": dict(self.timing),
             "lr_schedule": self.schedule.state_dict(),
             **run_state(model=self.model, trainer=self.trainer, collector=self.collector, logger=self.logger),
+            **({} if self.league is None else {"league": self.league.state_dict()}),
         }
 
     def result(self) -> TrainResult:

@@ -324,5 +324,5 @@ def test_the_moved_keys_map_to_documented_keys_of_todays_sections():
     assert not set(MOVED_KEYS) & set(keys)  # no old name is a key again
     assert all(new in keys and "." in new for new in MOVED_KEYS.values())
     assert [key for key in keys if "." not in key] == [
-        "env", "seed", "total_steps", "rollout", "host", "eval", "expected", "ppo", "model", "log", "fast", "ray",
+        "env", "seed", "total_steps", "rollout", "host", "eval", "expected", "ppo", "model", "log", "fast", "ray", "league",
     ]  # fmt: skip

@@ -23,11 +23,12 @@ LAYERS = [
     ("marl_ppo.plan",),  # the run settled once: what every builder below the run takes
     ("marl_ppo.rollout",),
     ("marl_ppo.algo",),
-    ("marl_ppo.eval", "marl_ppo.league"),  # evaluation, and the scores of competitive training
+    # evaluation; competitive training's pools, matches, ratings and exploitability; policies out of a run
+    ("marl_ppo.eval", "marl_ppo.league", "marl_ppo.export"),
     ("marl_ppo.logs",),  # the run logger, its scalar backends and the experiment trackers
     ("marl_ppo.run",),
-    ("marl_ppo.export",),  # a run's policy out of it: exported files, the policy API
     ("marl_ppo.analysis",),
+    ("marl_ppo.tune",),  # searches that train and score runs
     ("marl_ppo.cli", "marl_ppo.__main__", "marl_ppo.api", "marl_ppo"),
 ]
 """Lowest first, whole folders only. A module may import from its own layer and the layers below, never

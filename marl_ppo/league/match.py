@@ -1,0 +1,140 @@
+"""Matches between named policies: who played which side of each game, and how each side placed.
+
+A player is a name and a way to act for every agent of E env copies (a trained policy, the uniform
+random policy, a scripted one). A match seats one player on each side of each game (`sides_of`:
+every agent a side, or teams) and plays its games over the env copies (`play_seated`); the record of
+a game names each side's player and return, and ranks the sides by return (1 the best; tied sides
+share a rank: a draw).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from marl_ppo.envs.spec import TeamSpec
+from marl_ppo.envs.vector.base import VectorEnv
+from marl_ppo.eval.random_policy import RandomActing
+from marl_ppo.eval.seated import play_seated
+from marl_ppo.models.team import TeamModel
+from marl_ppo.rollout.stepper import Acting, PolicyActing
+
+RANDOM = "random"
+"""The uniform random policy's player name."""
+
+
+@dataclass(frozen=True)
+class Player:
+    """A named policy that can sit at a match: `build(spec, copies, device)` makes its `Acting`, fresh
+    (no carries) for each match."""
+
+    name: str
+    build: Callable[[TeamSpec, int, torch.device], Acting]
+
+
+def policy_player(name: str, model: TeamModel, *, deterministic: bool = False) -> Player:
+    """A trained policy: a sample of its action distribution, or its mode with `deterministic`."""
+
+    def build(spec: TeamSpec, copies: int, device: torch.device) -> Acting:
+        return PolicyActing(model, copies, device, deterministic=deterministic)
+
+    return Player(name, build)
+
+
+def random_player(name: str = RANDOM) -> Player:
+    """The uniform random policy (over the allowed actions)."""
+
+    def build(spec: TeamSpec, copies: int, device: torch.device) -> Acting:
+        return RandomActing(spec, device)
+
+    return Player(name, build)
+
+
+@dataclass(frozen=True)
+class Game:
+    """One played game: each side's player and return, in the order of the env's sides."""
+
+    players: dict[str, str]
+    """Side -> the name of the player on it."""
+    returns: dict[str, float]
+    """Side -> its return (the sum over its agents)."""
+
+    def side_ranks(self) -> dict[str, int]:
+        """Side -> 1 + the number of sides with a higher return (tied sides share a rank)."""
+        return {
+            s: 1 + sum(other > mine for other in self.returns.values()) for s, mine in self.returns.items()
+        }
+
+    def player_ranks(self) -> dict[str, int]:
+        """Player -> the best rank among the sides it played (a player on several sides places by its best)."""
+        ranks: dict[str, int] = {}
+        for side, rank in self.side_ranks().items():
+            name = self.players[side]
+            ranks[name] = min(rank, ranks.get(name, rank))
+        return ranks
+
+    def to_dict(self) -> dict[str, Any]:
+        """One line of games.jsonl: players, returns and ranks by side."""
+        return {"players": self.players, "returns": self.returns, "ranks": self.side_ranks()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Game:
+        """The game `to_dict` wrote."""
+        return cls(dict(data["players"]), {side: float(r) for side, r in data["returns"].items()})
+
+
+def play_games(
+    venv: VectorEnv,
+    device: torch.device,
+    players: Sequence[Player],
+    schedule: Sequence[Sequence[int]],
+    *,
+    sides: Mapping[str, Sequence[str]],
+    seed: int,
+) -> list[Game]:
+    """Play `schedule` (per game, the index in `players` of each side's player); the games in its order.
+
+    Each player's `Acting` is built once for the match and keeps its carries per env copy; seeded as
+    `play_seated` is, so the same call gives the same games."""
+    spec = venv.spec
+    actings = [player.build(spec, venv.num_envs, device) for player in players]
+    ended = sorted(play_seated(venv, actings, sides, schedule, device, seed=seed), key=lambda game: game[0])
+    columns = [[spec.agents.index(agent) for agent in agents] for agents in sides.values()]
+    games = []
+    for index, agent_returns in ended:
+        games.append(
+            Game(
+                {side: players[p].name for side, p in zip(sides, schedule[index], strict=True)},
+                {side: float(agent_returns[c].sum()) for side, c in zip(sides, columns, strict=True)},
+            )
+        )
+    return games
+
+
+def pair_schedule(num_sides: int, episodes_per_side: int) -> list[tuple[int, ...]]:
+    """Player 0 on each side in turn with player 1 on every other, then player 1 on each side with player 0
+    on every other: `episodes_per_side` games each."""
+    return [
+        tuple(alone if side == seat else 1 - alone for side in range(num_sides))
+        for alone in (0, 1)
+        for seat in range(num_sides)
+        for _ in range(episodes_per_side)
+    ]
+
+
+def play_pair(
+    venv: VectorEnv,
+    device: torch.device,
+    first: Player,
+    second: Player,
+    *,
+    sides: Mapping[str, Sequence[str]],
+    episodes_per_side: int,
+    seed: int,
+) -> list[Game]:
+    """A match of two players, each on each side for `episodes_per_side` games (`pair_schedule`)."""
+    schedule = pair_schedule(len(sides), episodes_per_side)
+    return play_games(venv, device, [first, second], schedule, sides=sides, seed=seed)
