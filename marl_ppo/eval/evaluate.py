@@ -33,7 +33,7 @@ MAX_EPISODE_STEPS = 100_000
 
 PolicyScore = Callable[[TeamModel], dict[str, float]]
 """A score of the policy itself, computed at each periodic evaluation besides its episodes (tags -> values),
-such as its exploitability (`marl_ppo.league.exploitability.NashConvScore`)."""
+such as its exploitability (`marl_ppo.eval.exploitability.NashConvScore`)."""
 
 
 class EvalError(UserError, ValueError):

@@ -20,9 +20,9 @@ from marl_ppo.config import ExperimentConfig, build_config, merge, parse_overrid
 from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.eval.evaluate import EvalError, EvalResult, eval_config, eval_seed, run_episodes
+from marl_ppo.eval.exploitability import nash_conv, nash_conv_on
 from marl_ppo.eval.versus import VersusResult, play_vs_random
 from marl_ppo.eval.video import check_video_format, record_episode, render_env, write_video
-from marl_ppo.league.exploitability import nash_conv, nash_conv_on
 from marl_ppo.models.team import TeamModel
 from marl_ppo.plan.settle import RunPlan, plan_eval
 from marl_ppo.rollout.stepper import PolicyActing

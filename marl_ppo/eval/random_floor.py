@@ -15,9 +15,9 @@ from marl_ppo.config import ConfigError, ExperimentConfig, load_config, load_sto
 from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.envs.vector.base import VectorEnv
 from marl_ppo.eval.evaluate import EvalError, EvalResult, eval_config, eval_seed, run_episodes
+from marl_ppo.eval.exploitability import solvable, uniform_nash_conv
 from marl_ppo.eval.random_policy import RandomActing
 from marl_ppo.eval.versus import VersusResult, play_vs_random
-from marl_ppo.league.exploitability import solvable, uniform_nash_conv
 from marl_ppo.plan.settle import plan_eval
 
 

@@ -205,7 +205,7 @@ def periodic_evaluation(
 ) -> PeriodicEvaluation:
     """The periodic evaluation the config asks for: with scores against random opponents where `eval.vs_random`
     is set, and the policy's NashConv where `eval.nash_conv` settles on."""
-    from marl_ppo.league.exploitability import policy_scores
+    from marl_ppo.eval.exploitability import policy_scores
 
     scores = policy_scores(config)
     if config.eval.vs_random is None:

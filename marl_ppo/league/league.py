@@ -26,8 +26,8 @@ from marl_ppo.config import ConfigError, ExperimentConfig
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.envs.vector.base import VectorEnv
 from marl_ppo.eval.evaluate import EvalError
+from marl_ppo.eval.exploitability import nash_conv_on, pool_nash_conv
 from marl_ppo.eval.versus import sides_of
-from marl_ppo.league.exploitability import nash_conv_on, pool_nash_conv
 from marl_ppo.league.ladder import ladder_markdown
 from marl_ppo.league.match import RANDOM
 from marl_ppo.league.pool import POOL_DIR, Pool, snapshot_name

@@ -22,9 +22,9 @@ from marl_ppo.config import ExperimentConfig, config_to_dict
 from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.eval.evaluate import PeriodicEvaluation, eval_config
+from marl_ppo.eval.exploitability import nash_conv_on
 from marl_ppo.eval.versus import periodic_evaluation
 from marl_ppo.faults import WorkersLost
-from marl_ppo.league.exploitability import nash_conv_on
 from marl_ppo.league.league import League
 from marl_ppo.logs.logger import (
     Headline,

@@ -207,7 +207,7 @@ def test_bad_league_settings_are_refused_in_one_line(overrides, message):
 def test_each_snapshot_logs_the_nash_conv_of_the_pools_average(tiny_overrides, tmp_path):
     from open_spiel.python.algorithms import exploitability, policy_aggregator
 
-    from marl_ppo.league.exploitability import actor_policy, load_game
+    from marl_ppo.eval.exploitability import actor_policy, load_game
 
     kuhn = tmp_path / "kuhn.yaml"
     kuhn.write_text("env: {id: classic/kuhn_poker}\nppo: {critic: obs}\nmodel: {share_actor: true}\n")

@@ -23,8 +23,9 @@ LAYERS = [
     ("marl_ppo.plan",),  # the run settled once: what every builder below the run takes
     ("marl_ppo.rollout",),
     ("marl_ppo.algo",),
-    # evaluation; competitive training's pools, matches, ratings and exploitability; policies out of a run
-    ("marl_ppo.eval", "marl_ppo.league", "marl_ppo.export"),
+    ("marl_ppo.eval",),  # evaluation, and the scores of a policy: returns, against random, exploitability
+    # competitive training's pools, matches and ratings; policies out of a run
+    ("marl_ppo.league", "marl_ppo.export"),
     ("marl_ppo.logs",),  # the run logger, its scalar backends and the experiment trackers
     ("marl_ppo.run",),
     ("marl_ppo.analysis",),
