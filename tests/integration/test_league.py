@@ -242,3 +242,18 @@ def test_each_snapshot_logs_the_nash_conv_of_the_pools_average(tiny_overrides, t
         expected = exploitability.nash_conv(game, average)
         assert logged[50 * updates] == np.float32(expected)  # TensorBoard keeps float32
     assert min(logged.values()) > 0.0 and max(logged.values()) < 0.917  # below the uniform policy's
+
+
+@pytest.mark.parametrize(("step_s", "expected"), [(1e-6, "sync"), (30e-3, "subprocess")])
+def test_auto_vector_keeps_a_leagues_acting_in_this_process(tiny_overrides, monkeypatch, step_s, expected):
+    import marl_ppo.envs.factory as factory
+
+    monkeypatch.setattr(factory, "usable_cores", lambda: 2)
+    for opponents, workers in (("pfsp", expected), ("latest", "workers" if step_s > 1e-3 else "sync")):
+        config = load_config(
+            TICTACTOE,
+            [*tiny_overrides, "rollout.vector=auto", "rollout.num_envs=4", f"league.opponents={opponents}"],
+        )
+        resolved = factory.resolve_vector(config, batched=False, step_seconds=lambda: step_s)
+        assert resolved.rollout.vector == workers, opponents
+        assert resolved.rollout.policy_lag == 0
