@@ -412,7 +412,9 @@ def _extra_providing(module: str) -> str | None:
     return None
 
 
-def _missing_module(env_id: str, needed_by: str, err: ModuleNotFoundError, *, beside: Path | None = None) -> EnvError:
+def _missing_module(
+    env_id: str, needed_by: str, err: ModuleNotFoundError, *, beside: Path | None = None
+) -> EnvError:
     """A module that an env's code imports cannot be found: name it and what brings it.
 
     Only a package that one of marl-ppo's extras installs (or a well-known module with another pip

@@ -24,7 +24,7 @@ from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.eval.evaluate import PeriodicEvaluation, eval_config
 from marl_ppo.eval.exploitability import nash_conv_on
 from marl_ppo.eval.versus import periodic_evaluation
-from marl_ppo.faults import WorkersLost
+from marl_ppo.faults import UserError, WorkerError, WorkersLost
 from marl_ppo.league.league import League
 from marl_ppo.logs.logger import (
     Headline,
@@ -45,7 +45,7 @@ from marl_ppo.run.memory import check_memory
 from marl_ppo.run.protocol import BEST_CHECKPOINT, EvaluationRecord, absolute_metric, record_video
 from marl_ppo.run.resume import load_resumable, restore_run_state, run_state
 from marl_ppo.run.rundir import write_summary
-from marl_ppo.run.seeding import seed_everything
+from marl_ppo.run.seeding import rng_state, seed_everything
 from marl_ppo.run.signals import Interrupted, StopSignals
 from marl_ppo.run.warm_start import warm_start
 
@@ -262,6 +262,7 @@ class _Run:
     def loop(self, buffer: RolloutBuffer, stop: StopSignals) -> None:
         """Update until total_steps or a stop signal, checkpointing every `log.checkpoint_every` updates."""
         while self.collector.env_steps < self.config.total_steps and stop.received is None:
+            boundary = self.collector.env_steps
             try:
                 seconds = _one_update(
                     self.config,
@@ -275,6 +276,9 @@ class _Run:
                 )
             except WorkersLost as lost:
                 raise self._stopped_short(lost) from None
+            except _CollectFailed as failed:
+                self._save_before_fault(failed.fault, boundary)
+                raise failed.fault from failed.fault.__cause__  # the env's own error, for --debug
             for name, value in seconds.items():
                 self.timing[name] += value
             self.acting.update_done(seconds)
@@ -337,6 +341,40 @@ class _Run:
             f"`marl-ppo train --resume {self.run_dir}`"
         )
 
+    def _save_before_fault(self, fault: Exception, env_steps: int) -> None:
+        """An env copy failed during a rollout: checkpoint the last complete update (learner, optimizers,
+        counters; the env copies restart with fresh episodes on resume) and end the fault's one line
+        with how to continue."""
+        if self.updates == 0:
+            return
+        latest = self.run_dir / "checkpoints" / "latest.pt"
+        if self.saved_updates != self.updates:
+            directory = latest.parent
+            self.logger.flush()
+            save_checkpoint(periodic_path(directory, self.updates), self._fault_payload(env_steps), [latest])
+            self.saved_updates = self.updates
+            prune_checkpoints(directory, self.config.log.keep_last)
+        fault.args = (
+            f"{fault}; {latest} holds the run up to update {self.updates} (env step {env_steps}): once the env "
+            f"is fixed, continue with `marl-ppo train --resume {self.run_dir}`",
+        )
+
+    def _fault_payload(self, env_steps: int) -> dict[str, Any]:
+        """The checkpoint of the last complete update when the env copies are in an unknown state: the
+        learner, its optimizers and counters as they were after that update; no env copies."""
+        return {
+            **self._policy_payload(),
+            "env_steps": env_steps,
+            "wall_s": time.perf_counter() - self.start,
+            "timing": dict(self.timing),
+            "lr_schedule": self.schedule.state_dict(),
+            "trainer": self.trainer.state_dict(),
+            "collector": {"env_steps": env_steps},
+            "logger": self.logger.state_dict(),
+            "rng": rng_state(),
+            "envs": {"unavailable": "the run stopped on a fault in an env copy"},
+        }
+
     def save(self, *, final: bool = False) -> Path:
         """Write `update_<N>.pt` and `latest.pt` (and `final.pt`), prune old ones; return the periodic file."""
         self.logger.flush()  # events up to this checkpoint survive a kill -9; later ones are purged on resume
@@ -388,6 +426,14 @@ class _Run:
         )
 
 
+class _CollectFailed(Exception):
+    """An env copy failed during a rollout (`fault`); nothing of the learner has changed since the last update."""
+
+    def __init__(self, fault: UserError | WorkerError) -> None:
+        super().__init__(str(fault))
+        self.fault = fault
+
+
 @contextlib.contextmanager
 def torch_threads(count: int) -> Iterator[None]:
     """`count` torch threads inside the block, the count before it after (nothing done when equal)."""
@@ -416,7 +462,10 @@ def _one_update(
     buffer.reset()
     # rollout workers with policy lag start the next rollout now, unless this is the run's last
     ahead = collector.env_steps + buffer.steps * buffer.num_envs < config.total_steps
-    rollout = collector.collect(buffer, ahead=ahead)
+    try:
+        rollout = collector.collect(buffer, ahead=ahead)
+    except (UserError, WorkerError) as fault:  # the learner is still as the last update left it
+        raise _CollectFailed(fault) from fault
     t1 = time.perf_counter()
     team = config.ppo.critic == "team"
     if team and config.ppo.team_reward == "refuse":

@@ -206,4 +206,7 @@ def test_a_missing_module_that_an_extra_installs_names_the_extra_and_a_well_know
         path = tmp_path / name
         with pytest.raises(EnvError) as caught:
             resolve_factory(f"{path}:env")
-        assert str(caught.value) == f"env '{path}:env': '{path}' imports '{module}', which cannot be found; {fix}"
+        assert (
+            str(caught.value)
+            == f"env '{path}:env': '{path}' imports '{module}', which cannot be found; {fix}"
+        )

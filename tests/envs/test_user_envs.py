@@ -54,7 +54,9 @@ def test_an_env_file_imports_the_modules_beside_it_as_a_script_would(tmp_path):
     folder = tmp_path / "myenv"
     folder.mkdir()
     write_env_file(folder, name="rendezvous_beside.py")
-    (folder / "train_me.py").write_text("from rendezvous_beside import Rendezvous\n\n\ndef make():\n    return Rendezvous()\n")
+    (folder / "train_me.py").write_text(
+        "from rendezvous_beside import Rendezvous\n\n\ndef make():\n    return Rendezvous()\n"
+    )
     env = make_env(f"{folder / 'train_me.py'}:make")
     assert type(env).__name__ == "Rendezvous" and env.possible_agents == ["a", "b"]
 
