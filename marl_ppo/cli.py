@@ -627,6 +627,8 @@ def _compare(options: argparse.Namespace) -> int:
 
     by = options.by.split(",") if options.by else None
     comparison = write_comparison(options.paths, options.out, by=by, reps=options.reps)
+    if comparison.warning:
+        print(f"warning: {comparison.warning}", file=sys.stderr)
     table = comparison.table
     seeds = len(table.of(table.tasks[0], table.algorithms[0]))
     print(

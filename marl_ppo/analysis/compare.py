@@ -18,7 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from marl_ppo.analysis.runlogs import ReportError, find_run_dirs, read_run
-from marl_ppo.analysis.scores import ScoreTable, marl_eval_json, score_table, write_scores_csv
+from marl_ppo.analysis.scores import (
+    ScoreTable,
+    marl_eval_json,
+    score_table,
+    unseparated_keys,
+    write_scores_csv,
+)
 from marl_ppo.analysis.stats import global_numpy_seed, interval_estimates, rliable
 
 AGGREGATES = ("median", "iqm", "mean", "optimality_gap")
@@ -62,6 +68,8 @@ class Comparison:
     aggregates: dict[str, dict[str, Interval]]
     improvement: dict[tuple[str, str], Interval]
     files: list[Path]
+    warning: str | None = None
+    """With `--by`: the other config keys the algorithms differ in (see `unseparated_keys`)."""
 
 
 def aggregates_of(table: ScoreTable, *, reps: int, seed: int) -> dict[str, dict[str, Interval]]:
@@ -164,6 +172,7 @@ def markdown_summary(comparison: Comparison, *, reps: int) -> str:
         "their last evaluation), min-max normalised per task over every algorithm, run, step and episode. "
         f"Intervals are 95% stratified-bootstrap confidence intervals (rliable, {reps} resamples).",
         "",
+        *([f"**Warning**: {comparison.warning}.", ""] if comparison.warning else []),
         "| algorithm | median | IQM | mean | optimality gap (lower is better) |",
         "|---|" + "---|" * len(AGGREGATES),
     ]
@@ -212,7 +221,9 @@ def write_comparison(
     if reps < 1:
         raise ReportError(f"--reps {reps} must be at least 1")
     rliable()
-    table = score_table([read_run(run_dir) for run_dir in find_run_dirs(paths)], by)
+    runs = [read_run(run_dir) for run_dir in find_run_dirs(paths)]
+    table = score_table(runs, by)
+    warning = unseparated_keys(runs, by) if by else None
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     aggregates = aggregates_of(table, reps=reps, seed=seed)
@@ -231,6 +242,6 @@ def write_comparison(
     plot_sample_efficiency(table, files[2], reps=min(reps, 2000), seed=seed)
     files[3].write_text(json.dumps(marl_eval_json(table), indent=1) + "\n")
     write_scores_csv(table, files[4])
-    comparison = Comparison(table, aggregates, improvement, files)
+    comparison = Comparison(table, aggregates, improvement, files, warning)
     files[0].write_text(markdown_summary(comparison, reps=reps))
     return comparison

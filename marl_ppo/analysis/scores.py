@@ -130,6 +130,30 @@ def algorithm_labels(runs: Sequence[RunLog], by: Sequence[str] | None = None) ->
     return labels
 
 
+def unseparated_keys(runs: Sequence[RunLog], by: Sequence[str]) -> str | None:
+    """With `--by`, a one-line warning naming the other config keys (not of the task, seed or
+    execution) whose values differ among a task's runs, with each algorithm's values: a difference
+    the comparison credits to `by`. None when the runs differ in `by` only."""
+    others = [key for key in _algorithm_keys(runs) if key not in by]
+    if not others:
+        return None
+    labels = algorithm_labels(runs, by)
+    described = []
+    for key in others:
+        values: dict[str, list[str]] = {}
+        for run, label in zip(runs, labels, strict=True):
+            flat = flatten_config(run.config)
+            shown = _value(flat, key) if key in flat else "unset"
+            if shown not in values.setdefault(label, []):
+                values[label].append(shown)
+        described.append(f"{key} (" + "; ".join(f"{','.join(vs)} for {a}" for a, vs in values.items()) + ")")
+    wanted = ",".join([*by, *others])
+    return (
+        f"--by {','.join(by)}: the runs also differ in {', '.join(described)}, which this comparison "
+        f"credits to {','.join(by)}; compare runs that differ only there, or name every difference with --by {wanted}"
+    )
+
+
 @dataclass(frozen=True)
 class ScoreTable:
     """Every run's scores, by task and algorithm, with each task's normalisation bounds."""
