@@ -362,7 +362,18 @@ def _split(args: Sequence[str]) -> tuple[str | None, list[str]]:
     from marl_ppo.config import ConfigError
 
     experiment, overrides = None, []
-    for arg in args:
+    for index, arg in enumerate(args):
+        before = args[index - 1] if index > 0 else ""
+        if arg.startswith("=") and before:  # `key = value`: the shell made three arguments of it
+            value = arg[1:] or (args[index + 1] if index + 1 < len(args) else "VALUE")
+            shown = f"{before} {arg}" + (f" {value}" if arg == "=" else "")
+            raise ConfigError(f"'{shown}' has spaces around '='; write {before}={value}, without spaces")
+        if "=" not in arg and "=" in before and before.count("[") > before.count("]"):
+            joined = f"{before.rstrip(',')},{arg.lstrip(',')}"
+            raise ConfigError(
+                f"the shell split '{before} {arg}' at a space; write it without spaces, {joined}, "
+                "or quote it as one argument"
+            )
         if "=" in arg:
             overrides.append(arg)
         elif experiment is None:

@@ -12,6 +12,7 @@ import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,16 @@ such as its exploitability (`marl_ppo.eval.exploitability.NashConvScore`)."""
 
 class EvalError(UserError, ValueError):
     """A user-facing evaluation problem; its message is one line naming the value and the fix."""
+
+
+def make_out_dir(path: Path) -> None:
+    """Create the folder `eval` writes into, or a one-line EvalError (a file in the way, /proc, no permission)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise EvalError(
+            f"--out '{path}' cannot be created ({err.strerror or err}); pick another --out"
+        ) from None
 
 
 @dataclass(frozen=True)
