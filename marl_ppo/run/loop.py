@@ -20,7 +20,7 @@ from marl_ppo.algo.trainer import Trainer
 from marl_ppo.checkpoint import FORMAT, periodic_path, prune_checkpoints, save_checkpoint
 from marl_ppo.config import ExperimentConfig, config_to_dict
 from marl_ppo.envs.factory import build_vector_env
-from marl_ppo.envs.spec import TeamSpec
+from marl_ppo.envs.spec import BatchedLayout, TeamSpec
 from marl_ppo.eval.evaluate import PeriodicEvaluation, eval_config
 from marl_ppo.eval.exploitability import nash_conv_on
 from marl_ppo.eval.versus import periodic_evaluation
@@ -160,11 +160,18 @@ def train(
 def _start_line(plan: RunPlan, run_dir: Path, saved: dict[str, Any] | None) -> str:
     """The line a run prints as it starts: what it builds and where it logs, or where it continues from."""
     total = plan.config.total_steps
+    # JAX compiles the env's reset and step before the first rollout: up to a minute in silence otherwise
+    compiles = isinstance(plan.layout, BatchedLayout) and plan.layout.own_threads
+    first = (
+        "; JAX compiles the env first (a minute or so unless its compilation cache holds it)"
+        if compiles
+        else ""
+    )
     if saved is None:
-        return f"training {plan.describe()}; {total} env steps, logs and checkpoints in {run_dir}"
+        return f"training {plan.describe()}; {total} env steps, logs and checkpoints in {run_dir}{first}"
     return (
         f"resuming {run_dir} from env step {saved['env_steps']} (update {saved['updates']}) to {total}: "
-        f"{plan.describe()}"
+        f"{plan.describe()}{first}"
     )
 
 
