@@ -487,6 +487,7 @@ def _family_rows(listed: set[str]) -> list[dict[str, Any]]:
 
 
 def _eval(options: argparse.Namespace) -> int:
+    from marl_ppo.eval.evaluate import side_returns, zero_sum
     from marl_ppo.eval.from_checkpoint import evaluate_checkpoint  # heavy imports (torch, envs)
 
     if options.random:
@@ -510,6 +511,12 @@ def _eval(options: argparse.Namespace) -> int:
     )
     if output.versus is not None:
         print(f"against random opponents ({output.versus.mode}): {_scores(output.versus)}")
+    elif zero_sum(output.result.team_returns, output.result.agent_returns):
+        print(
+            f"zero-sum: the team return is 0 in every episode; per agent "
+            f"{side_returns(output.result.agents, output.result.agent_returns)}; add eval.vs_random=seats "
+            "to score the policy against random players"
+        )
     if output.nash_conv is not None:
         print(f"exploitability: NashConv {output.nash_conv:.4f} (OpenSpiel; 0 at a Nash equilibrium)")
     return 0
