@@ -7,6 +7,7 @@ import copy
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ from marl_ppo.run.protocol import BEST_CHECKPOINT, EvaluationRecord, absolute_me
 from marl_ppo.run.resume import load_resumable, restore_run_state, run_state
 from marl_ppo.run.rundir import write_summary
 from marl_ppo.run.seeding import rng_state, seed_everything
-from marl_ppo.run.signals import Interrupted, StopSignals
+from marl_ppo.run.signals import Interrupted, StopSignals, UpdateDropped
 from marl_ppo.run.warm_start import warm_start
 
 
@@ -270,6 +271,8 @@ class _Run:
         """Update until total_steps or a stop signal, checkpointing every `log.checkpoint_every` updates."""
         while self.collector.env_steps < self.config.total_steps and stop.received is None:
             boundary = self.collector.env_steps
+            # after a first update there is one to keep: an update that a stop signal outlasts is dropped
+            kept = self._learner_state() if self.updates > 0 else None
             try:
                 seconds = _one_update(
                     self.config,
@@ -280,7 +283,11 @@ class _Run:
                     self.start,
                     self.schedule,
                     self.update_threads,
+                    droppable=stop.droppable() if kept is not None else contextlib.nullcontext(),
                 )
+            except UpdateDropped:
+                assert kept is not None and stop.received is not None
+                raise self._dropped(stop.received, kept, boundary) from None
             except WorkersLost as lost:
                 raise self._stopped_short(lost) from None
             except _CollectFailed as failed:
@@ -356,17 +363,42 @@ class _Run:
             return
         latest = self.run_dir / "checkpoints" / "latest.pt"
         if self.saved_updates != self.updates:
-            directory = latest.parent
-            self.logger.flush()
-            save_checkpoint(periodic_path(directory, self.updates), self._fault_payload(env_steps), [latest])
-            self.saved_updates = self.updates
-            prune_checkpoints(directory, self.config.log.keep_last)
+            self._save_without_envs(env_steps, "the run stopped on a fault in an env copy")
         fault.args = (
             f"{fault}; {latest} holds the run up to update {self.updates} (env step {env_steps}): once the env "
             f"is fixed, continue with `marl-ppo train --resume {self.run_dir}`",
         )
 
-    def _fault_payload(self, env_steps: int) -> dict[str, Any]:
+    def _learner_state(self) -> dict[str, Any]:
+        """A copy of the model's and the trainer's state, to put back if the next update is dropped."""
+        model = {name: tensor.detach().clone() for name, tensor in self.model.state_dict().items()}
+        return {"model": model, "trainer": copy.deepcopy(self.trainer.state_dict())}
+
+    def _dropped(self, signum: int, kept: dict[str, Any], env_steps: int) -> Interrupted:
+        """A stop signal outlasted the update under way: put the learner back as the last complete update
+        left it, checkpoint that update (the env copies restart with fresh episodes) and stop."""
+        self.model.load_state_dict(kept["model"])
+        self.trainer.load_state_dict(kept["trainer"])
+        if self.saved_updates != self.updates:
+            self._save_without_envs(env_steps, "the update under way was dropped to stop at once")
+        return Interrupted(
+            signum,
+            run_dir=self.run_dir,
+            checkpoint=self.run_dir / "checkpoints" / "latest.pt",
+            env_steps=env_steps,
+            dropped=True,
+        )
+
+    def _save_without_envs(self, env_steps: int, reason: str) -> None:
+        """Write the last complete update, whose env copies are gone, as `update_<N>.pt` and `latest.pt`."""
+        directory = self.run_dir / "checkpoints"
+        self.logger.flush()
+        payload = self._payload_without_envs(env_steps, reason)
+        save_checkpoint(periodic_path(directory, self.updates), payload, [directory / "latest.pt"])
+        self.saved_updates = self.updates
+        prune_checkpoints(directory, self.config.log.keep_last)
+
+    def _payload_without_envs(self, env_steps: int, reason: str) -> dict[str, Any]:
         """The checkpoint of the last complete update when the env copies are in an unknown state: the
         learner, its optimizers and counters as they were after that update; no env copies."""
         return {
@@ -379,7 +411,7 @@ class _Run:
             "collector": {"env_steps": env_steps},
             "logger": self.logger.state_dict(),
             "rng": rng_state(),
-            "envs": {"unavailable": "the run stopped on a fault in an env copy"},
+            "envs": {"unavailable": reason},
         }
 
     def save(self, *, final: bool = False) -> Path:
@@ -464,31 +496,36 @@ def _one_update(
     start: float,
     schedule: LrSchedule,
     update_threads: int,
+    *,
+    droppable: AbstractContextManager[None],
 ) -> dict[str, float]:
-    t0 = time.perf_counter()
-    buffer.reset()
-    # rollout workers with policy lag start the next rollout now, unless this is the run's last
-    ahead = collector.env_steps + buffer.steps * buffer.num_envs < config.total_steps
-    try:
-        rollout = collector.collect(buffer, ahead=ahead)
-    except (UserError, WorkerError) as fault:  # the learner is still as the last update left it
-        raise _CollectFailed(fault) from fault
-    t1 = time.perf_counter()
-    team = config.ppo.critic == "team"
-    if team and config.ppo.team_reward == "refuse":
-        refuse_unshared_rewards(buffer, env_steps_before=collector.env_steps - rollout.env_steps)
-    batches = rollout_batches(
-        buffer,
-        rollout.last_values,
-        rollout.last_alive,
-        gamma=config.ppo.gamma,
-        lam=config.ppo.gae_lambda,
-        team=team,
-    )
-    trainer.set_lr_scale(schedule.scale(collector.env_steps - rollout.env_steps))
-    with torch_threads(update_threads):
-        stats = trainer.update(batches, lagged=config.rollout.policy_lag > 0)
-    t2 = time.perf_counter()
+    """Collect a rollout, update on it and log both; `droppable` covers the rollout and the update (a
+    stop signal may drop them), not the logging."""
+    with droppable:
+        t0 = time.perf_counter()
+        buffer.reset()
+        # rollout workers with policy lag start the next rollout now, unless this is the run's last
+        ahead = collector.env_steps + buffer.steps * buffer.num_envs < config.total_steps
+        try:
+            rollout = collector.collect(buffer, ahead=ahead)
+        except (UserError, WorkerError) as fault:  # the learner is still as the last update left it
+            raise _CollectFailed(fault) from fault
+        t1 = time.perf_counter()
+        team = config.ppo.critic == "team"
+        if team and config.ppo.team_reward == "refuse":
+            refuse_unshared_rewards(buffer, env_steps_before=collector.env_steps - rollout.env_steps)
+        batches = rollout_batches(
+            buffer,
+            rollout.last_values,
+            rollout.last_alive,
+            gamma=config.ppo.gamma,
+            lam=config.ppo.gae_lambda,
+            team=team,
+        )
+        trainer.set_lr_scale(schedule.scale(collector.env_steps - rollout.env_steps))
+        with torch_threads(update_threads):
+            stats = trainer.update(batches, lagged=config.rollout.policy_lag > 0)
+        t2 = time.perf_counter()
     logger.episodes_done(rollout.episodes)
     act_s = rollout.act_seconds if rollout.act_seconds is not None else (t1 - t0) - rollout.env_seconds
     extra = {
