@@ -13,6 +13,7 @@ import json
 import shutil
 import signal
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -690,8 +691,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + signal.SIGPIPE  # as if ended by SIGPIPE, like other programs whose reader left
 
 
+def _own_warnings_as_lines() -> None:
+    """Print marl_ppo's own warnings as `warning: MESSAGE`, without the file and source line that
+    Python adds (which point into our code or a library, not at anything the user wrote)."""
+    default = warnings.formatwarning
+    if getattr(default, "__name__", "") == "_one_line_warning":  # installed by an earlier main() call
+        return
+
+    def _one_line_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> str:
+        if category.__module__.startswith("marl_ppo."):
+            return f"warning: {message}\n"
+        return default(message, category, *args, **kwargs)
+
+    warnings.formatwarning = _one_line_warning
+
+
 def _main(argv: Sequence[str] | None) -> int:
     options = _parser().parse_args(argv)
+    _own_warnings_as_lines()
     try:
         if options.command == "train":
             return _train(options)

@@ -100,3 +100,20 @@ def test_eval_out_in_proc_is_one_line(capsys):
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --out '/proc/marl_ppo_x' cannot be created (") and err.count("\n") == 1
+
+
+def test_our_warnings_print_as_one_line_without_a_source_line(monkeypatch):
+    import warnings
+
+    from marl_ppo.cli import _own_warnings_as_lines
+    from marl_ppo.envs.vmas.adapter import SlowResetWarning
+
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
+    _own_warnings_as_lines()
+    _own_warnings_as_lines()  # main() called again in one process installs it once
+    ours = warnings.formatwarning(
+        SlowResetWarning("vmas/x: reset slowly"), SlowResetWarning, "lib.py", 7, "src"
+    )
+    assert ours == "warning: vmas/x: reset slowly\n"
+    foreign = warnings.formatwarning(UserWarning("theirs"), UserWarning, "lib.py", 7, "src")
+    assert foreign.startswith("lib.py:7: UserWarning: theirs")
