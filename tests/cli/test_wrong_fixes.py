@@ -117,3 +117,23 @@ def test_our_warnings_print_as_one_line_without_a_source_line(monkeypatch):
     assert ours == "warning: vmas/x: reset slowly\n"
     foreign = warnings.formatwarning(UserWarning("theirs"), UserWarning, "lib.py", 7, "src")
     assert foreign.startswith("lib.py:7: UserWarning: theirs")
+
+
+def test_a_mujoco_render_without_a_display_names_mujoco_gl():
+    from marl_ppo.eval.evaluate import EvalError
+    from marl_ppo.eval.video import _frame
+
+    class NoDisplay:
+        def render(self):
+            raise RuntimeError("an OpenGL platform library has not been loaded into this process")
+
+    with pytest.raises(EvalError) as caught:
+        _frame(NoDisplay(), "mamujoco/Hopper-3x1")
+    assert str(caught.value) == (
+        "env 'mamujoco/Hopper-3x1' failed to render with render_mode='rgb_array': render() raised RuntimeError: "
+        "an OpenGL platform library has not been loaded into this process; without a display, MuJoCo renders "
+        "off-screen when started with MUJOCO_GL=egl (with a GPU) or MUJOCO_GL=osmesa (CPU only) before the "
+        "command; or drop --render"
+    )
+    with pytest.raises(EvalError, match="; drop --render$"):
+        _frame(NoDisplay(), "mpe2/simple_spread_v3")
