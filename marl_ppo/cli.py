@@ -231,6 +231,12 @@ def _add_report(commands: Commands) -> argparse.ArgumentParser:
     report.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
     report.add_argument("--reps", type=int, default=5000, help="bootstrap resamples (default: 5000)")
     report.add_argument(
+        "--name",
+        action="append",
+        metavar="NAME=CONFIGURATION",
+        help="show a configuration under NAME in the table and legends (repeatable), e.g. 'MAPPO=ppo.critic=state'",
+    )
+    report.add_argument(
         "--merge-code",
         action="store_true",
         help="count runs of different marl_ppo code (version, commit: code.json) as one configuration",
@@ -258,6 +264,12 @@ def _add_compare(commands: Commands) -> argparse.ArgumentParser:
         "--by",
         metavar="KEY[,KEY]",
         help="config keys that name the algorithms (default: the keys that differ among a task's runs)",
+    )
+    compare.add_argument(
+        "--name",
+        action="append",
+        metavar="NAME=ALGORITHM",
+        help="show an algorithm under NAME in the table and legends (repeatable), e.g. 'MAPPO=ppo.critic=state'",
     )
     compare.add_argument("--reps", type=int, default=5000, help="bootstrap resamples (default: 5000)")
     return compare
@@ -625,7 +637,9 @@ def _reproduce(options: argparse.Namespace) -> int:
 def _report(options: argparse.Namespace) -> int:
     from marl_ppo.analysis.report import write_report  # heavy imports (tensorboard, rliable, matplotlib)
 
-    files = write_report(options.paths, options.out, reps=options.reps, by_code=not options.merge_code)
+    files = write_report(
+        options.paths, options.out, reps=options.reps, by_code=not options.merge_code, names=options.name
+    )
     seeds = sum(len(row.configuration.runs) for row in files.rows)
     duplicates = sum(len(row.configuration.duplicates) for row in files.rows)
     print(
@@ -645,7 +659,7 @@ def _compare(options: argparse.Namespace) -> int:
     from marl_ppo.analysis.compare import write_comparison  # heavy imports (tensorboard, rliable, matplotlib)
 
     by = options.by.split(",") if options.by else None
-    comparison = write_comparison(options.paths, options.out, by=by, reps=options.reps)
+    comparison = write_comparison(options.paths, options.out, by=by, names=options.name, reps=options.reps)
     if comparison.warning:
         print(f"warning: {comparison.warning}", file=sys.stderr)
     table = comparison.table

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from marl_ppo.analysis.runlogs import ReportError, find_run_dirs, read_run
+from marl_ppo.analysis.runlogs import ReportError, display_names, find_run_dirs, read_run
 from marl_ppo.analysis.scores import (
     ScoreTable,
     marl_eval_json,
@@ -130,6 +130,8 @@ def plot_sample_efficiency(table: ScoreTable, path: Path, *, reps: int, seed: in
     """IQM over runs and tasks of the normalised evaluation return at each evaluation, with 95% bands."""
     from matplotlib.figure import Figure
 
+    from matplotlib.ticker import EngFormatter
+
     metrics = rliable()[1]
     steps, scores = table.curve_scores()
 
@@ -140,7 +142,7 @@ def plot_sample_efficiency(table: ScoreTable, path: Path, *, reps: int, seed: in
     figure = Figure(figsize=(6, 4), layout="constrained")
     axes = figure.subplots()
     for algorithm in table.algorithms:
-        (line,) = axes.plot(steps, points[algorithm], label=algorithm)
+        (line,) = axes.plot(steps, points[algorithm], label=algorithm, marker="o", markersize=3)
         axes.fill_between(
             steps,
             intervals[algorithm][0],
@@ -153,6 +155,7 @@ def plot_sample_efficiency(table: ScoreTable, path: Path, *, reps: int, seed: in
     axes.set_xlabel(
         "env steps" if shared else f"env steps of {table.tasks[0]} (the tasks' evaluations in order)"
     )
+    axes.xaxis.set_major_formatter(EngFormatter())
     axes.set_ylabel("IQM normalised team return")
     axes.set_title("sample efficiency (periodic evaluations)", fontsize=10)
     axes.grid(alpha=0.3)
@@ -214,15 +217,17 @@ def write_comparison(
     out: Path | str,
     *,
     by: Sequence[str] | None = None,
+    names: Sequence[str] | None = None,
     reps: int = 5000,
     seed: int = 0,
 ) -> Comparison:
-    """Read the runs under `paths` and write `compare.md`, the two figures, `marl_eval.json` and `scores.csv` into `out`."""
+    """Read the runs under `paths` and write `compare.md`, the two figures, `marl_eval.json` and `scores.csv` into `out`.
+    `names`: `NAME=LABEL` display names of algorithms (`MAPPO=ppo.critic=state`)."""
     if reps < 1:
         raise ReportError(f"--reps {reps} must be at least 1")
     rliable()
     runs = [read_run(run_dir) for run_dir in find_run_dirs(paths)]
-    table = score_table(runs, by)
+    table = score_table(runs, by, display_names(names))
     warning = unseparated_keys(runs, by) if by else None
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,7 @@ from marl_ppo.analysis.runlogs import (
     RunLog,
     experiment_name,
     flatten_config,
+    renamed,
     without_keys,
 )
 from marl_ppo.run.protocol import read_absolute_metric, read_evaluations
@@ -220,9 +221,13 @@ class ScoreTable:
         return sorted(set.intersection(*sets))
 
 
-def score_table(runs: Sequence[RunLog], by: Sequence[str] | None = None) -> ScoreTable:
-    """The runs' scores, checked to be a full table: every algorithm on every task, the same seed count."""
+def score_table(
+    runs: Sequence[RunLog], by: Sequence[str] | None = None, names: dict[str, str] | None = None
+) -> ScoreTable:
+    """The runs' scores, checked to be a full table: every algorithm on every task, the same seed count.
+    `names` gives algorithms display names ({label: name}, `runlogs.display_names`)."""
     labels = algorithm_labels(runs, by)
+    labels = [renamed(label, names or {}, labels) for label in labels]
     scores = tuple(
         run_scores(run, experiment_name(run.config), label) for run, label in zip(runs, labels, strict=True)
     )

@@ -205,3 +205,21 @@ def test_compare_by_one_key_warns_when_the_runs_also_differ_in_another(tmp_path,
         main(["compare", runs, "--out", out, "--reps", "100", "--by", "ppo.critic,rollout.policy_lag"]) == 0
     )
     assert capsys.readouterr().err == ""
+
+
+def test_compare_shows_algorithms_under_the_names_given(tmp_path, capsys):
+    for seed in range(2):
+        for critic in ("state", "obs"):
+            fake_run(
+                tmp_path / "runs" / f"{critic}-{seed}", "mpe2/simple_spread_v3", critic, seed, [0.0, 1.0, 2.0]
+            )
+    out, runs = tmp_path / "out", str(tmp_path / "runs")
+    names = ["--name", "MAPPO=ppo.critic=state", "--name", "IPPO=ppo.critic=obs"]
+    assert main(["compare", runs, "--out", str(out), "--reps", "100", *names]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in printed[1:]] == ["IPPO", "MAPPO"]
+    assert "| MAPPO | " in (out / "compare.md").read_text()
+    assert set(json.loads((out / "marl_eval.json").read_text())["mpe2"]["simple_spread_v3"]) == {
+        "MAPPO",
+        "IPPO",
+    }
