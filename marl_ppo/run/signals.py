@@ -47,8 +47,11 @@ class Interrupted(Exception):
         return 128 + self.signum
 
 
-class UpdateDropped(Exception):
-    """The update under way outlasted a stop signal by `StopSignals.GRACE_S`: it is given up."""
+class UpdateDropped(BaseException):
+    """The update under way outlasted a stop signal by `StopSignals.GRACE_S`: it is given up.
+
+    Like KeyboardInterrupt it is no Exception, since it may be raised inside an env's or a library's
+    code, whose `except Exception` must not take it for their own failure."""
 
 
 class StopSignals:

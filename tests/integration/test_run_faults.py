@@ -229,3 +229,40 @@ def test_an_env_fault_mid_run_checkpoints_the_last_complete_update_which_resumes
         assert main(["train", "--resume", str(run_dir)]) == 0
     final = load_checkpoint(run_dir / "checkpoints/final.pt")
     assert (final["updates"], final["env_steps"]) == (4, 40)
+
+
+def test_a_stop_signal_during_an_env_step_that_hangs_drops_the_update_and_not_as_the_envs_fault(
+    tmp_path, capsys, monkeypatch
+):
+    """The drop is raised inside the env's own step (which the adapter guards with `except
+    Exception`): it still stops the run as a stop, within seconds, with update 2 kept."""
+    from tests.broken_envs import BrokenEnv
+
+    register_for_test(monkeypatch)
+    waited = []
+
+    def hang_after_a_stop(self, *results):  # the env's own step, from its copy's 12th step on
+        signal.raise_signal(signal.SIGINT)
+        start = time.monotonic()
+        try:
+            while time.monotonic() - start < 60:
+                time.sleep(0.01)
+        finally:
+            waited.append(time.monotonic() - start)
+
+    monkeypatch.setattr(BrokenEnv, "_strike", hang_after_a_stop)
+    run_dir = tmp_path / "run"
+    args = [
+        f"env.id={BROKEN}",
+        "env.kwargs.fault=hang",
+        "env.kwargs.at=12",
+        *TINY_RUN,
+        "log.checkpoint_every=50",
+        "rollout.vector=sync",  # `auto` would time the probe copy's steps, before the run's handlers
+    ]
+    assert main(["train", *args, "--run-dir", str(run_dir)]) == 130
+    assert len(waited) == 1 and waited[0] < 5.0
+    err = capsys.readouterr().err
+    assert "stopped by SIGINT at env step 20 (the update under way was dropped to stop at once;" in err
+    saved = load_checkpoint(run_dir / "checkpoints/latest.pt")
+    assert (saved["updates"], saved["env_steps"]) == (2, 20)
