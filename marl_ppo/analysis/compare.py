@@ -129,7 +129,6 @@ def plot_profiles(table: ScoreTable, path: Path, *, reps: int, seed: int) -> Non
 def plot_sample_efficiency(table: ScoreTable, path: Path, *, reps: int, seed: int) -> None:
     """IQM over runs and tasks of the normalised evaluation return at each evaluation, with 95% bands."""
     from matplotlib.figure import Figure
-
     from matplotlib.ticker import EngFormatter
 
     metrics = rliable()[1]

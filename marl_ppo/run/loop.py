@@ -412,6 +412,7 @@ class _Run:
             "logger": self.logger.state_dict(),
             "rng": rng_state(),
             "envs": {"unavailable": reason},
+            **({} if self.league is None else {"league": self.league.state_dict()}),
         }
 
     def save(self, *, final: bool = False) -> Path:
