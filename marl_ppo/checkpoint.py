@@ -111,6 +111,11 @@ def load_checkpoint(path: Path | str) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint '{path}' does not exist; pass a file under a run's checkpoints/")
+    if path.suffix in (".yaml", ".yml"):
+        raise CheckpointError(
+            f"'{path}' is an experiment file, not a checkpoint; evaluate a run with `marl-ppo eval RUN_DIR`, "
+            f"or the uniform random policy on this experiment with `marl-ppo eval --random {path}`"
+        )
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for truncated or foreign files

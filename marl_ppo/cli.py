@@ -13,6 +13,7 @@ import json
 import shutil
 import signal
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -230,6 +231,12 @@ def _add_report(commands: Commands) -> argparse.ArgumentParser:
     report.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
     report.add_argument("--reps", type=int, default=5000, help="bootstrap resamples (default: 5000)")
     report.add_argument(
+        "--name",
+        action="append",
+        metavar="NAME=CONFIGURATION",
+        help="show a configuration under NAME in the table and legends (repeatable), e.g. 'MAPPO=ppo.critic=state'",
+    )
+    report.add_argument(
         "--merge-code",
         action="store_true",
         help="count runs of different marl_ppo code (version, commit: code.json) as one configuration",
@@ -257,6 +264,12 @@ def _add_compare(commands: Commands) -> argparse.ArgumentParser:
         "--by",
         metavar="KEY[,KEY]",
         help="config keys that name the algorithms (default: the keys that differ among a task's runs)",
+    )
+    compare.add_argument(
+        "--name",
+        action="append",
+        metavar="NAME=ALGORITHM",
+        help="show an algorithm under NAME in the table and legends (repeatable), e.g. 'MAPPO=ppo.critic=state'",
     )
     compare.add_argument("--reps", type=int, default=5000, help="bootstrap resamples (default: 5000)")
     return compare
@@ -362,7 +375,18 @@ def _split(args: Sequence[str]) -> tuple[str | None, list[str]]:
     from marl_ppo.config import ConfigError
 
     experiment, overrides = None, []
-    for arg in args:
+    for index, arg in enumerate(args):
+        before = args[index - 1] if index > 0 else ""
+        if arg.startswith("=") and before:  # `key = value`: the shell made three arguments of it
+            value = arg[1:] or (args[index + 1] if index + 1 < len(args) else "VALUE")
+            shown = f"{before} {arg}" + (f" {value}" if arg == "=" else "")
+            raise ConfigError(f"'{shown}' has spaces around '='; write {before}={value}, without spaces")
+        if "=" not in arg and "=" in before and before.count("[") > before.count("]"):
+            joined = f"{before.rstrip(',')},{arg.lstrip(',')}"
+            raise ConfigError(
+                f"the shell split '{before} {arg}' at a space; write it without spaces, {joined}, "
+                "or quote it as one argument"
+            )
         if "=" in arg:
             overrides.append(arg)
         elif experiment is None:
@@ -476,6 +500,7 @@ def _family_rows(listed: set[str]) -> list[dict[str, Any]]:
 
 
 def _eval(options: argparse.Namespace) -> int:
+    from marl_ppo.eval.evaluate import side_returns, zero_sum
     from marl_ppo.eval.from_checkpoint import evaluate_checkpoint  # heavy imports (torch, envs)
 
     if options.random:
@@ -499,6 +524,12 @@ def _eval(options: argparse.Namespace) -> int:
     )
     if output.versus is not None:
         print(f"against random opponents ({output.versus.mode}): {_scores(output.versus)}")
+    elif zero_sum(output.result.team_returns, output.result.agent_returns):
+        print(
+            f"zero-sum: the team return is 0 in every episode; per agent "
+            f"{side_returns(output.result.agents, output.result.agent_returns)}; add eval.vs_random=seats "
+            "to score the policy against random players"
+        )
     if output.nash_conv is not None:
         print(f"exploitability: NashConv {output.nash_conv:.4f} (OpenSpiel; 0 at a Nash equilibrium)")
     return 0
@@ -606,7 +637,9 @@ def _reproduce(options: argparse.Namespace) -> int:
 def _report(options: argparse.Namespace) -> int:
     from marl_ppo.analysis.report import write_report  # heavy imports (tensorboard, rliable, matplotlib)
 
-    files = write_report(options.paths, options.out, reps=options.reps, by_code=not options.merge_code)
+    files = write_report(
+        options.paths, options.out, reps=options.reps, by_code=not options.merge_code, names=options.name
+    )
     seeds = sum(len(row.configuration.runs) for row in files.rows)
     duplicates = sum(len(row.configuration.duplicates) for row in files.rows)
     print(
@@ -626,7 +659,9 @@ def _compare(options: argparse.Namespace) -> int:
     from marl_ppo.analysis.compare import write_comparison  # heavy imports (tensorboard, rliable, matplotlib)
 
     by = options.by.split(",") if options.by else None
-    comparison = write_comparison(options.paths, options.out, by=by, reps=options.reps)
+    comparison = write_comparison(options.paths, options.out, by=by, names=options.name, reps=options.reps)
+    if comparison.warning:
+        print(f"warning: {comparison.warning}", file=sys.stderr)
     table = comparison.table
     seeds = len(table.of(table.tasks[0], table.algorithms[0]))
     print(
@@ -670,8 +705,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + signal.SIGPIPE  # as if ended by SIGPIPE, like other programs whose reader left
 
 
+def _own_warnings_as_lines() -> None:
+    """Print marl_ppo's own warnings as `warning: MESSAGE`, without the file and source line that
+    Python adds (which point into our code or a library, not at anything the user wrote)."""
+    default = warnings.formatwarning
+    if getattr(default, "__name__", "") == "_one_line_warning":  # installed by an earlier main() call
+        return
+
+    def _one_line_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> str:
+        if category.__module__.startswith("marl_ppo."):
+            return f"warning: {message}\n"
+        return default(message, category, *args, **kwargs)
+
+    warnings.formatwarning = _one_line_warning
+
+
 def _main(argv: Sequence[str] | None) -> int:
     options = _parser().parse_args(argv)
+    _own_warnings_as_lines()
     try:
         if options.command == "train":
             return _train(options)

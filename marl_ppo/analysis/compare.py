@@ -17,8 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from marl_ppo.analysis.runlogs import ReportError, find_run_dirs, read_run
-from marl_ppo.analysis.scores import ScoreTable, marl_eval_json, score_table, write_scores_csv
+from marl_ppo.analysis.runlogs import ReportError, display_names, find_run_dirs, read_run
+from marl_ppo.analysis.scores import (
+    ScoreTable,
+    marl_eval_json,
+    score_table,
+    unseparated_keys,
+    write_scores_csv,
+)
 from marl_ppo.analysis.stats import global_numpy_seed, interval_estimates, rliable
 
 AGGREGATES = ("median", "iqm", "mean", "optimality_gap")
@@ -62,6 +68,8 @@ class Comparison:
     aggregates: dict[str, dict[str, Interval]]
     improvement: dict[tuple[str, str], Interval]
     files: list[Path]
+    warning: str | None = None
+    """With `--by`: the other config keys the algorithms differ in (see `unseparated_keys`)."""
 
 
 def aggregates_of(table: ScoreTable, *, reps: int, seed: int) -> dict[str, dict[str, Interval]]:
@@ -121,6 +129,7 @@ def plot_profiles(table: ScoreTable, path: Path, *, reps: int, seed: int) -> Non
 def plot_sample_efficiency(table: ScoreTable, path: Path, *, reps: int, seed: int) -> None:
     """IQM over runs and tasks of the normalised evaluation return at each evaluation, with 95% bands."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import EngFormatter
 
     metrics = rliable()[1]
     steps, scores = table.curve_scores()
@@ -132,7 +141,7 @@ def plot_sample_efficiency(table: ScoreTable, path: Path, *, reps: int, seed: in
     figure = Figure(figsize=(6, 4), layout="constrained")
     axes = figure.subplots()
     for algorithm in table.algorithms:
-        (line,) = axes.plot(steps, points[algorithm], label=algorithm)
+        (line,) = axes.plot(steps, points[algorithm], label=algorithm, marker="o", markersize=3)
         axes.fill_between(
             steps,
             intervals[algorithm][0],
@@ -145,6 +154,7 @@ def plot_sample_efficiency(table: ScoreTable, path: Path, *, reps: int, seed: in
     axes.set_xlabel(
         "env steps" if shared else f"env steps of {table.tasks[0]} (the tasks' evaluations in order)"
     )
+    axes.xaxis.set_major_formatter(EngFormatter())
     axes.set_ylabel("IQM normalised team return")
     axes.set_title("sample efficiency (periodic evaluations)", fontsize=10)
     axes.grid(alpha=0.3)
@@ -164,6 +174,7 @@ def markdown_summary(comparison: Comparison, *, reps: int) -> str:
         "their last evaluation), min-max normalised per task over every algorithm, run, step and episode. "
         f"Intervals are 95% stratified-bootstrap confidence intervals (rliable, {reps} resamples).",
         "",
+        *([f"**Warning**: {comparison.warning}.", ""] if comparison.warning else []),
         "| algorithm | median | IQM | mean | optimality gap (lower is better) |",
         "|---|" + "---|" * len(AGGREGATES),
     ]
@@ -205,14 +216,18 @@ def write_comparison(
     out: Path | str,
     *,
     by: Sequence[str] | None = None,
+    names: Sequence[str] | None = None,
     reps: int = 5000,
     seed: int = 0,
 ) -> Comparison:
-    """Read the runs under `paths` and write `compare.md`, the two figures, `marl_eval.json` and `scores.csv` into `out`."""
+    """Read the runs under `paths` and write `compare.md`, the two figures, `marl_eval.json` and `scores.csv` into `out`.
+    `names`: `NAME=LABEL` display names of algorithms (`MAPPO=ppo.critic=state`)."""
     if reps < 1:
         raise ReportError(f"--reps {reps} must be at least 1")
     rliable()
-    table = score_table([read_run(run_dir) for run_dir in find_run_dirs(paths)], by)
+    runs = [read_run(run_dir) for run_dir in find_run_dirs(paths)]
+    table = score_table(runs, by, display_names(names))
+    warning = unseparated_keys(runs, by) if by else None
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     aggregates = aggregates_of(table, reps=reps, seed=seed)
@@ -231,6 +246,6 @@ def write_comparison(
     plot_sample_efficiency(table, files[2], reps=min(reps, 2000), seed=seed)
     files[3].write_text(json.dumps(marl_eval_json(table), indent=1) + "\n")
     write_scores_csv(table, files[4])
-    comparison = Comparison(table, aggregates, improvement, files)
+    comparison = Comparison(table, aggregates, improvement, files, warning)
     files[0].write_text(markdown_summary(comparison, reps=reps))
     return comparison

@@ -61,6 +61,7 @@ def plot_experiment(
 ) -> None:
     """One PNG: a line (mean over seeds) and a 95% band per configuration, against env steps."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import EngFormatter
 
     tag = curve_tag(configurations)
     figure = Figure(figsize=(7, 4.5), layout="constrained")
@@ -69,11 +70,16 @@ def plot_experiment(
         steps, curves = configuration_curves(config, tag)
         mean, low, high = mean_band(curves, reps=reps, seed=seed)
         (line,) = axes.plot(
-            steps, mean, label=f"{config.label} ({len(curves)} seed{'' if len(curves) == 1 else 's'})"
+            steps,
+            mean,
+            label=f"{config.label} ({len(curves)} seed{'' if len(curves) == 1 else 's'})",
+            marker="o" if tag.startswith("eval/") else None,  # each evaluation is a point; bins are not
+            markersize=3,
         )
         axes.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
     source = "deterministic evaluation" if tag.startswith("eval/") else "training episodes"
     axes.set_xlabel("env steps")
+    axes.xaxis.set_major_formatter(EngFormatter())  # 200k, 1M rather than 200000, 1000000
     axes.set_ylabel(f"team return (sum over agents), {source}")
     axes.set_title(experiment, fontsize=10)
     axes.grid(alpha=0.3)

@@ -9,6 +9,7 @@ steps, one PNG per experiment, one line per configuration.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +20,13 @@ from marl_ppo.analysis.runlogs import (
     Configuration,
     ReportError,
     RunLog,
+    display_names,
     file_stem,
     find_run_dirs,
     group_configurations,
     last_step,
     read_run,
+    renamed,
 )
 from marl_ppo.analysis.stats import interval_estimates, iqm, rliable
 
@@ -158,12 +161,18 @@ def markdown_report(rows: Sequence[ReportRow], figures: dict[str, Path], *, reps
 
 
 def write_report(
-    paths: Iterable[Path | str], out: Path | str, *, reps: int = 5000, seed: int = 0, by_code: bool = True
+    paths: Iterable[Path | str],
+    out: Path | str,
+    *,
+    reps: int = 5000,
+    seed: int = 0,
+    by_code: bool = True,
+    names: Sequence[str] | None = None,
 ) -> ReportFiles:
     """Read the runs under `paths`, write `report.md` and one `curves_<experiment>.png` per experiment into `out`.
 
     Runs trained by different code (package version and tree, see `code.json`) are different
-    configurations unless `by_code=False`.
+    configurations unless `by_code=False`. `names`: `NAME=LABEL` display names of configurations.
     """
     from marl_ppo.analysis.curves import plot_experiment
 
@@ -175,6 +184,10 @@ def write_report(
     if not logged:
         raise ReportError("none of the runs logged rollout/team_return or eval/team_return yet")
     configurations = group_configurations(logged, by_code=by_code)
+    named, labels = display_names(names), [config.label for config in configurations]
+    configurations = [
+        dataclasses.replace(config, label=renamed(config.label, named, labels)) for config in configurations
+    ]
     rows = summarize(configurations, reps=reps, seed=seed)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

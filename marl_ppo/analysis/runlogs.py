@@ -184,6 +184,31 @@ def without_keys(config: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
     return kept
 
 
+def display_names(pairs: Sequence[str] | None) -> dict[str, str]:
+    """`--name NAME=CONFIGURATION` options as {configuration label: name} (`MAPPO=ppo.critic=state`)."""
+    names = {}
+    for pair in pairs or ():
+        name, equals, label = pair.partition("=")
+        if not equals or not name.strip() or not label.strip():
+            raise ReportError(
+                f"--name '{pair}' must be NAME=CONFIGURATION, the configuration as its label reads, "
+                "e.g. --name 'MAPPO=ppo.critic=state'"
+            )
+        names[label.strip()] = name.strip()
+    return names
+
+
+def renamed(label: str, names: dict[str, str], labels: Sequence[str]) -> str:
+    """`label`'s display name from `names` (itself when not named); a name for no label is refused."""
+    unknown = [known for known in names if known not in labels]
+    if unknown:
+        listed = "; ".join(f"'{known}'" for known in dict.fromkeys(labels))
+        raise ReportError(
+            f"--name {names[unknown[0]]}={unknown[0]}: no configuration reads '{unknown[0]}'; they read {listed}"
+        )
+    return names.get(label, label)
+
+
 def group_configurations(runs: Sequence[RunLog], *, by_code: bool = True) -> list[Configuration]:
     """Runs grouped into configurations (same config but seed; same code unless `by_code=False`), per
     experiment, in first-seen order."""

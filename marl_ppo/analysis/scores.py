@@ -27,6 +27,7 @@ from marl_ppo.analysis.runlogs import (
     RunLog,
     experiment_name,
     flatten_config,
+    renamed,
     without_keys,
 )
 from marl_ppo.run.protocol import read_absolute_metric, read_evaluations
@@ -130,6 +131,30 @@ def algorithm_labels(runs: Sequence[RunLog], by: Sequence[str] | None = None) ->
     return labels
 
 
+def unseparated_keys(runs: Sequence[RunLog], by: Sequence[str]) -> str | None:
+    """With `--by`, a one-line warning naming the other config keys (not of the task, seed or
+    execution) whose values differ among a task's runs, with each algorithm's values: a difference
+    the comparison credits to `by`. None when the runs differ in `by` only."""
+    others = [key for key in _algorithm_keys(runs) if key not in by]
+    if not others:
+        return None
+    labels = algorithm_labels(runs, by)
+    described = []
+    for key in others:
+        values: dict[str, list[str]] = {}
+        for run, label in zip(runs, labels, strict=True):
+            flat = flatten_config(run.config)
+            shown = _value(flat, key) if key in flat else "unset"
+            if shown not in values.setdefault(label, []):
+                values[label].append(shown)
+        described.append(f"{key} (" + "; ".join(f"{','.join(vs)} for {a}" for a, vs in values.items()) + ")")
+    wanted = ",".join([*by, *others])
+    return (
+        f"--by {','.join(by)}: the runs also differ in {', '.join(described)}, which this comparison "
+        f"credits to {','.join(by)}; compare runs that differ only there, or name every difference with --by {wanted}"
+    )
+
+
 @dataclass(frozen=True)
 class ScoreTable:
     """Every run's scores, by task and algorithm, with each task's normalisation bounds."""
@@ -196,9 +221,13 @@ class ScoreTable:
         return sorted(set.intersection(*sets))
 
 
-def score_table(runs: Sequence[RunLog], by: Sequence[str] | None = None) -> ScoreTable:
-    """The runs' scores, checked to be a full table: every algorithm on every task, the same seed count."""
+def score_table(
+    runs: Sequence[RunLog], by: Sequence[str] | None = None, names: dict[str, str] | None = None
+) -> ScoreTable:
+    """The runs' scores, checked to be a full table: every algorithm on every task, the same seed count.
+    `names` gives algorithms display names ({label: name}, `runlogs.display_names`)."""
     labels = algorithm_labels(runs, by)
+    labels = [renamed(label, names or {}, labels) for label in labels]
     scores = tuple(
         run_scores(run, experiment_name(run.config), label) for run, label in zip(runs, labels, strict=True)
     )

@@ -169,8 +169,18 @@ def describe_error(error: Mapping[str, Any]) -> str:
         return str(error["msg"]).removeprefix("Value error, ")
     got = error.get("input")
     if kind in ("tuple_type", "list_type") and isinstance(got, str):
-        items = ",".join(part.strip() for part in got.split(","))
+        # the brackets or parentheses the value already has (a tuple, an unclosed list) are not doubled
+        items = ",".join(part.strip() for part in got.strip().strip("[]()").split(","))
         return f"config key '{key}' takes a list, got {got!r}; write it as {key}=[{items}] (YAML's list form)"
+    if kind in ("model_type", "dataclass_type", "dict_type", "model_attributes_type") and not isinstance(
+        got, dict
+    ):
+        first = next((k for k in config_keys() if k.startswith(f"{key}.")), f"{key}.KEY")
+        example = f"{key}.id={got}" if key == "env" and isinstance(got, str) else f"{first}=..."
+        return (
+            f"config key '{key}' is a section of keys, got {got!r}; set the keys inside it, e.g. {example} "
+            f"(in a file: {key}: {{{example.partition('.')[2].replace('=', ': ')}}})"
+        )
     docs = config_keys()
     hint = f" ({' '.join(docs[key].split())})" if key in docs and docs[key] else ""  # docs may span lines
     return f"config key '{key}': {error['msg'].lower()}, got {got!r}{hint}"

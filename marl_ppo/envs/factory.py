@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from marl_ppo.config import ExperimentConfig
+from marl_ppo.config import ConfigError, ExperimentConfig
 from marl_ppo.envs.adapters.aec import TurnBasedAdapter, is_aec
 from marl_ppo.envs.adapters.check_wrappers import without_check_wrappers
 from marl_ppo.envs.adapters.contract import EnvContractError
@@ -172,6 +172,11 @@ def resolve_vector(
     single-core machines run in this process. The choice (and `rollout.num_workers`) is recorded in the run's
     config.yaml, so a rerun from that file takes the same path.
     """
+    if batched and config.rollout.vector not in ("auto", "sync"):
+        raise ConfigError(
+            f"rollout.vector={config.rollout.vector} does not apply to '{config.env.id}': a batched simulator "
+            "steps every env copy at once in this process; drop rollout.vector or set rollout.vector=sync"
+        )
     if config.rollout.vector != "auto":
         acting = config.rollout.vector in ("workers", "ray")  # rollout workers may collect ahead (policy_lag)
         return config if acting else _with_rollout(config, policy_lag=0)

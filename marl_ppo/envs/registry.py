@@ -246,6 +246,12 @@ def env_spec(env_id: str) -> EnvSpec:
     family = _family_of(env_id)
     if family is not None:
         return family.spec(env_id)
+    if env_id.endswith(".py"):
+        raise EnvError(
+            f"env.id '{env_id}' names a Python file but not what in it builds the env; add it after a "
+            f"colon: env.id={env_id}:make_env (a function or class of the file), or "
+            f"env.id={env_id}:family/name (an id the file registers)"
+        )
     close = difflib.get_close_matches(env_id, list(_REGISTRY), n=3, cutoff=0.5)
     if close:
         hint = f"did you mean {', '.join(repr(c) for c in close)}?"
@@ -388,18 +394,47 @@ PIP_NAMES = {
     "skimage": "scikit-image",
     "OpenGL": "PyOpenGL",
 }
-"""Distribution names of modules whose `pip install` name differs from their import name."""
+"""Distribution names of well-known modules whose `pip install` name differs from their import name."""
 
 
-def _missing_module(env_id: str, needed_by: str, err: ModuleNotFoundError) -> EnvError:
-    """A module that an env's code imports is not installed: name it and the `pip install` that brings it."""
+def _extra_providing(module: str) -> str | None:
+    """The marl-ppo extra that installs top-level `module` (a module a registered env needs), or None."""
+    _load_entry_points()
+    for spec in _REGISTRY.values():
+        needs = spec.requires
+        if not needs and isinstance(spec.entry_point, str):
+            needs = (spec.entry_point.partition(":")[0].split(".")[0],)
+        if spec.extra is not None and module in needs:
+            return spec.extra
+    for family in _PREFIXES.values():
+        if family.extra is not None and module in family.requires:
+            return family.extra
+    return None
+
+
+def _missing_module(
+    env_id: str, needed_by: str, err: ModuleNotFoundError, *, beside: Path | None = None
+) -> EnvError:
+    """A module that an env's code imports cannot be found: name it and what brings it.
+
+    Only a package that one of marl-ppo's extras installs (or a well-known module with another pip
+    name) gets a `pip install`: any other name may be the user's own code, and installing whatever
+    the registry holds under that name would be wrong and unsafe."""
     if not err.name:
         return _factory_failed(env_id, err)
     top = err.name.split(".")[0]
-    return EnvError(
-        f"env '{env_id}': {needed_by} imports '{err.name}', which is not installed; "
-        f"install it with: pip install {PIP_NAMES.get(top, top)}"
-    )
+    extra = _extra_providing(top)
+    if extra is not None:
+        fix = f"install it with: pip install 'marl-ppo[{extra}]'"
+    elif top in PIP_NAMES:
+        fix = f"install it with: pip install {PIP_NAMES[top]}"
+    else:
+        where = f"next to {beside} " if beside is not None else ""
+        fix = (
+            f"no {top}.py or {top}/ was found {where}or on the import path (PYTHONPATH); if it is your "
+            f"own code, put it there or add its folder to PYTHONPATH, else install the package that provides it"
+        )
+    return EnvError(f"env '{env_id}': {needed_by} imports '{err.name}', which cannot be found; {fix}")
 
 
 def _names_missing(module_name: str, err: ModuleNotFoundError) -> bool:
@@ -458,11 +493,12 @@ def _load_file(path: Path, env_id: str) -> Any:
             raise EnvError(f"env '{env_id}': cannot load '{path}' as a Python file")
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
+        _importable_folder(path)
         try:
             spec.loader.exec_module(module)
         except ModuleNotFoundError as err:  # the file imports a package that is not installed
             del sys.modules[module_name]
-            raise _missing_module(env_id, f"'{path}'", err) from None
+            raise _missing_module(env_id, f"'{path}'", err, beside=path.resolve().parent) from None
         except Exception as err:  # a syntax error or a failing import inside the file
             del sys.modules[module_name]
             raise EnvError(
@@ -470,6 +506,14 @@ def _load_file(path: Path, env_id: str) -> Any:
                 f"{' '.join(str(err).split())}; --debug shows the traceback"
             ) from err
     return module
+
+
+def _importable_folder(path: Path) -> None:
+    """Put the folder of a user's env file on the import path, as Python does for a script it runs,
+    so that the file can import the modules beside it (`from predator import Predator`)."""
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
 
 
 def _attr_of_file(module: Any, path: Path, attr: str, env_id: str) -> Factory:

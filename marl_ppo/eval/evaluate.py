@@ -12,6 +12,7 @@ import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,33 @@ such as its exploitability (`marl_ppo.eval.exploitability.NashConvScore`)."""
 
 class EvalError(UserError, ValueError):
     """A user-facing evaluation problem; its message is one line naming the value and the fix."""
+
+
+def zero_sum(team_returns: np.ndarray, agent_returns: np.ndarray) -> bool:
+    """Whether the episodes' rewards cancel out over the agents (a zero-sum game: the team return is 0
+    in every episode) while the agents' own returns do not: the team return then says nothing."""
+    return (
+        len(team_returns) > 0
+        and bool(np.all(np.abs(team_returns) < 1e-6))
+        and bool(np.any(np.abs(agent_returns) >= 1e-6))
+    )
+
+
+def side_returns(agents: Sequence[str], agent_returns: np.ndarray, *, shown: int = 4) -> str:
+    """`agent mean, ...` of `(episodes, agents)` returns, the first `shown` agents (`...` for the rest)."""
+    means = agent_returns.mean(axis=0)
+    text = ", ".join(f"{agent} {mean:+.2f}" for agent, mean in zip(agents[:shown], means, strict=False))
+    return text + (", ..." if len(agents) > shown else "")
+
+
+def make_out_dir(path: Path) -> None:
+    """Create the folder `eval` writes into, or a one-line EvalError (a file in the way, /proc, no permission)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise EvalError(
+            f"--out '{path}' cannot be created ({err.strerror or err}); pick another --out"
+        ) from None
 
 
 @dataclass(frozen=True)

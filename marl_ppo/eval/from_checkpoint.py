@@ -19,7 +19,14 @@ from marl_ppo.checkpoint import CheckpointError, load_checkpoint
 from marl_ppo.config import ExperimentConfig, build_config, merge, parse_overrides
 from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.envs.spec import TeamSpec
-from marl_ppo.eval.evaluate import EvalError, EvalResult, eval_config, eval_seed, run_episodes
+from marl_ppo.eval.evaluate import (
+    EvalError,
+    EvalResult,
+    eval_config,
+    eval_seed,
+    make_out_dir,
+    run_episodes,
+)
 from marl_ppo.eval.exploitability import nash_conv, nash_conv_on
 from marl_ppo.eval.versus import VersusResult, play_vs_random
 from marl_ppo.eval.video import check_video_format, record_episode, render_env, write_video
@@ -104,10 +111,10 @@ def evaluate_checkpoint(
             f"env '{config.env.id}' is a batched env (VMAS, JaxMARL), which cannot be rendered yet; drop --render"
         )
     recorded = render_env(config) if render is not None else None  # an env that cannot render stops here
+    out_dir = Path(out) if out is not None else run_dir
+    make_out_dir(out_dir)  # before playing: a folder that cannot be made wastes no episodes
     try:
         played = _play(payload, plan, episodes, seed, deterministic)
-        out_dir = Path(out) if out is not None else run_dir
-        out_dir.mkdir(parents=True, exist_ok=True)
         summary = {
             "checkpoint": str(checkpoint),
             "trained_env_steps": payload.get("env_steps"),

@@ -14,7 +14,7 @@ import torch
 from marl_ppo.config import ConfigError, ExperimentConfig, load_config, load_stored_config
 from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.envs.vector.base import VectorEnv
-from marl_ppo.eval.evaluate import EvalError, EvalResult, eval_config, eval_seed, run_episodes
+from marl_ppo.eval.evaluate import EvalError, EvalResult, eval_config, eval_seed, make_out_dir, run_episodes
 from marl_ppo.eval.exploitability import solvable, uniform_nash_conv
 from marl_ppo.eval.random_policy import RandomActing
 from marl_ppo.eval.versus import VersusResult, play_vs_random
@@ -117,7 +117,7 @@ def _write(
     versus: VersusResult | None,
     nash_conv: float | None,
 ) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_out_dir(out_dir)
     summary = {
         "policy": "uniform random",
         "experiment": None if experiment is None else str(experiment),

@@ -104,9 +104,10 @@ def _frame(env: Any, env_id: str) -> np.ndarray:
     try:
         frame = env.render()
     except Exception as err:  # the env's own failure, e.g. an assertion on its render mode
+        text = " ".join(str(err).split())
         raise EvalError(
             f"env '{env_id}' failed to render with render_mode='rgb_array': render() raised "
-            f"{type(err).__name__}: {' '.join(str(err).split())}; drop --render"
+            f"{type(err).__name__}: {text}; {_render_fix(env_id, err, text)}"
         ) from err
     if not (isinstance(frame, np.ndarray) and frame.ndim == 3 and frame.shape[-1] in (3, 4)):
         raise EvalError(
@@ -114,6 +115,17 @@ def _frame(env: Any, env_id: str) -> np.ndarray:
             "not an (H, W, 3) image; it cannot be recorded"
         )
     return np.ascontiguousarray(frame[..., :3], dtype=np.uint8)
+
+
+def _render_fix(env_id: str, err: Exception, text: str) -> str:
+    """What to do about a failed render: for MuJoCo without a display, pick its off-screen backend."""
+    mujoco = "mujoco" in f"{env_id} {type(err).__module__}".lower()
+    if mujoco and any(word in text for word in ("OpenGL", "GLFW", "EGL", "display", "DISPLAY")):
+        return (
+            "without a display, MuJoCo renders off-screen when started with MUJOCO_GL=egl (with a GPU) or "
+            "MUJOCO_GL=osmesa (CPU only) before the command; or drop --render"
+        )
+    return "drop --render"
 
 
 class _Recording:

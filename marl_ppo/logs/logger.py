@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from marl_ppo.algo.stats import TrainStats
+from marl_ppo.eval.evaluate import side_returns, zero_sum
 from marl_ppo.logs.backends import LogBackend, TensorBoardBackend
 from marl_ppo.rollout.source import EpisodeRecord
 
@@ -24,6 +25,12 @@ def team_return_headline(logger: RunLogger) -> str:
     """The mean team return of the recent episodes."""
     if not logger.team_returns:
         return "no episode finished yet"
+    agents = np.stack(logger.agent_returns)
+    if zero_sum(np.array(logger.team_returns), agents):  # the sum is 0 by the game's rules: show each side
+        return (
+            f"zero-sum: returns {side_returns(logger.agents, agents)} (last {len(agents)} episodes); "
+            "eval.vs_random=seats scores the policy against random players"
+        )
     return f"team return {logger.team_return_mean:.2f} (last {len(logger.team_returns)} episodes)"
 
 

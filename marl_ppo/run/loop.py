@@ -7,6 +7,7 @@ import copy
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,11 @@ from marl_ppo.algo.trainer import Trainer
 from marl_ppo.checkpoint import FORMAT, periodic_path, prune_checkpoints, save_checkpoint
 from marl_ppo.config import ExperimentConfig, config_to_dict
 from marl_ppo.envs.factory import build_vector_env
-from marl_ppo.envs.spec import TeamSpec
+from marl_ppo.envs.spec import BatchedLayout, TeamSpec
 from marl_ppo.eval.evaluate import PeriodicEvaluation, eval_config
 from marl_ppo.eval.exploitability import nash_conv_on
 from marl_ppo.eval.versus import periodic_evaluation
-from marl_ppo.faults import WorkersLost
+from marl_ppo.faults import UserError, WorkerError, WorkersLost
 from marl_ppo.league.league import League
 from marl_ppo.logs.logger import (
     Headline,
@@ -45,8 +46,8 @@ from marl_ppo.run.memory import check_memory
 from marl_ppo.run.protocol import BEST_CHECKPOINT, EvaluationRecord, absolute_metric, record_video
 from marl_ppo.run.resume import load_resumable, restore_run_state, run_state
 from marl_ppo.run.rundir import write_summary
-from marl_ppo.run.seeding import seed_everything
-from marl_ppo.run.signals import Interrupted, StopSignals
+from marl_ppo.run.seeding import rng_state, seed_everything
+from marl_ppo.run.signals import Interrupted, StopSignals, UpdateDropped
 from marl_ppo.run.warm_start import warm_start
 
 
@@ -160,11 +161,18 @@ def train(
 def _start_line(plan: RunPlan, run_dir: Path, saved: dict[str, Any] | None) -> str:
     """The line a run prints as it starts: what it builds and where it logs, or where it continues from."""
     total = plan.config.total_steps
+    # JAX compiles the env's reset and step before the first rollout: up to a minute in silence otherwise
+    compiles = isinstance(plan.layout, BatchedLayout) and plan.layout.own_threads
+    first = (
+        "; JAX compiles the env first (a minute or so unless its compilation cache holds it)"
+        if compiles
+        else ""
+    )
     if saved is None:
-        return f"training {plan.describe()}; {total} env steps, logs and checkpoints in {run_dir}"
+        return f"training {plan.describe()}; {total} env steps, logs and checkpoints in {run_dir}{first}"
     return (
         f"resuming {run_dir} from env step {saved['env_steps']} (update {saved['updates']}) to {total}: "
-        f"{plan.describe()}"
+        f"{plan.describe()}{first}"
     )
 
 
@@ -262,6 +270,9 @@ class _Run:
     def loop(self, buffer: RolloutBuffer, stop: StopSignals) -> None:
         """Update until total_steps or a stop signal, checkpointing every `log.checkpoint_every` updates."""
         while self.collector.env_steps < self.config.total_steps and stop.received is None:
+            boundary = self.collector.env_steps
+            # after a first update there is one to keep: an update that a stop signal outlasts is dropped
+            kept = self._learner_state() if self.updates > 0 else None
             try:
                 seconds = _one_update(
                     self.config,
@@ -272,9 +283,16 @@ class _Run:
                     self.start,
                     self.schedule,
                     self.update_threads,
+                    droppable=stop.droppable() if kept is not None else contextlib.nullcontext(),
                 )
+            except UpdateDropped:
+                assert kept is not None and stop.received is not None
+                raise self._dropped(stop.received, kept, boundary) from None
             except WorkersLost as lost:
                 raise self._stopped_short(lost) from None
+            except _CollectFailed as failed:
+                self._save_before_fault(failed.fault, boundary)
+                raise failed.fault from failed.fault.__cause__  # the env's own error, for --debug
             for name, value in seconds.items():
                 self.timing[name] += value
             self.acting.update_done(seconds)
@@ -337,6 +355,66 @@ class _Run:
             f"`marl-ppo train --resume {self.run_dir}`"
         )
 
+    def _save_before_fault(self, fault: Exception, env_steps: int) -> None:
+        """An env copy failed during a rollout: checkpoint the last complete update (learner, optimizers,
+        counters; the env copies restart with fresh episodes on resume) and end the fault's one line
+        with how to continue."""
+        if self.updates == 0:
+            return
+        latest = self.run_dir / "checkpoints" / "latest.pt"
+        if self.saved_updates != self.updates:
+            self._save_without_envs(env_steps, "the run stopped on a fault in an env copy")
+        fault.args = (
+            f"{fault}; {latest} holds the run up to update {self.updates} (env step {env_steps}): once the env "
+            f"is fixed, continue with `marl-ppo train --resume {self.run_dir}`",
+        )
+
+    def _learner_state(self) -> dict[str, Any]:
+        """A copy of the model's and the trainer's state, to put back if the next update is dropped."""
+        model = {name: tensor.detach().clone() for name, tensor in self.model.state_dict().items()}
+        return {"model": model, "trainer": copy.deepcopy(self.trainer.state_dict())}
+
+    def _dropped(self, signum: int, kept: dict[str, Any], env_steps: int) -> Interrupted:
+        """A stop signal outlasted the update under way: put the learner back as the last complete update
+        left it, checkpoint that update (the env copies restart with fresh episodes) and stop."""
+        self.model.load_state_dict(kept["model"])
+        self.trainer.load_state_dict(kept["trainer"])
+        if self.saved_updates != self.updates:
+            self._save_without_envs(env_steps, "the update under way was dropped to stop at once")
+        return Interrupted(
+            signum,
+            run_dir=self.run_dir,
+            checkpoint=self.run_dir / "checkpoints" / "latest.pt",
+            env_steps=env_steps,
+            dropped=True,
+        )
+
+    def _save_without_envs(self, env_steps: int, reason: str) -> None:
+        """Write the last complete update, whose env copies are gone, as `update_<N>.pt` and `latest.pt`."""
+        directory = self.run_dir / "checkpoints"
+        self.logger.flush()
+        payload = self._payload_without_envs(env_steps, reason)
+        save_checkpoint(periodic_path(directory, self.updates), payload, [directory / "latest.pt"])
+        self.saved_updates = self.updates
+        prune_checkpoints(directory, self.config.log.keep_last)
+
+    def _payload_without_envs(self, env_steps: int, reason: str) -> dict[str, Any]:
+        """The checkpoint of the last complete update when the env copies are in an unknown state: the
+        learner, its optimizers and counters as they were after that update; no env copies."""
+        return {
+            **self._policy_payload(),
+            "env_steps": env_steps,
+            "wall_s": time.perf_counter() - self.start,
+            "timing": dict(self.timing),
+            "lr_schedule": self.schedule.state_dict(),
+            "trainer": self.trainer.state_dict(),
+            "collector": {"env_steps": env_steps},
+            "logger": self.logger.state_dict(),
+            "rng": rng_state(),
+            "envs": {"unavailable": reason},
+            **({} if self.league is None else {"league": self.league.state_dict()}),
+        }
+
     def save(self, *, final: bool = False) -> Path:
         """Write `update_<N>.pt` and `latest.pt` (and `final.pt`), prune old ones; return the periodic file."""
         self.logger.flush()  # events up to this checkpoint survive a kill -9; later ones are purged on resume
@@ -388,6 +466,14 @@ class _Run:
         )
 
 
+class _CollectFailed(Exception):
+    """An env copy failed during a rollout (`fault`); nothing of the learner has changed since the last update."""
+
+    def __init__(self, fault: UserError | WorkerError) -> None:
+        super().__init__(str(fault))
+        self.fault = fault
+
+
 @contextlib.contextmanager
 def torch_threads(count: int) -> Iterator[None]:
     """`count` torch threads inside the block, the count before it after (nothing done when equal)."""
@@ -411,28 +497,36 @@ def _one_update(
     start: float,
     schedule: LrSchedule,
     update_threads: int,
+    *,
+    droppable: AbstractContextManager[None],
 ) -> dict[str, float]:
-    t0 = time.perf_counter()
-    buffer.reset()
-    # rollout workers with policy lag start the next rollout now, unless this is the run's last
-    ahead = collector.env_steps + buffer.steps * buffer.num_envs < config.total_steps
-    rollout = collector.collect(buffer, ahead=ahead)
-    t1 = time.perf_counter()
-    team = config.ppo.critic == "team"
-    if team and config.ppo.team_reward == "refuse":
-        refuse_unshared_rewards(buffer, env_steps_before=collector.env_steps - rollout.env_steps)
-    batches = rollout_batches(
-        buffer,
-        rollout.last_values,
-        rollout.last_alive,
-        gamma=config.ppo.gamma,
-        lam=config.ppo.gae_lambda,
-        team=team,
-    )
-    trainer.set_lr_scale(schedule.scale(collector.env_steps - rollout.env_steps))
-    with torch_threads(update_threads):
-        stats = trainer.update(batches, lagged=config.rollout.policy_lag > 0)
-    t2 = time.perf_counter()
+    """Collect a rollout, update on it and log both; `droppable` covers the rollout and the update (a
+    stop signal may drop them), not the logging."""
+    with droppable:
+        t0 = time.perf_counter()
+        buffer.reset()
+        # rollout workers with policy lag start the next rollout now, unless this is the run's last
+        ahead = collector.env_steps + buffer.steps * buffer.num_envs < config.total_steps
+        try:
+            rollout = collector.collect(buffer, ahead=ahead)
+        except (UserError, WorkerError) as fault:  # the learner is still as the last update left it
+            raise _CollectFailed(fault) from fault
+        t1 = time.perf_counter()
+        team = config.ppo.critic == "team"
+        if team and config.ppo.team_reward == "refuse":
+            refuse_unshared_rewards(buffer, env_steps_before=collector.env_steps - rollout.env_steps)
+        batches = rollout_batches(
+            buffer,
+            rollout.last_values,
+            rollout.last_alive,
+            gamma=config.ppo.gamma,
+            lam=config.ppo.gae_lambda,
+            team=team,
+        )
+        trainer.set_lr_scale(schedule.scale(collector.env_steps - rollout.env_steps))
+        with torch_threads(update_threads):
+            stats = trainer.update(batches, lagged=config.rollout.policy_lag > 0)
+        t2 = time.perf_counter()
     logger.episodes_done(rollout.episodes)
     act_s = rollout.act_seconds if rollout.act_seconds is not None else (t1 - t0) - rollout.env_seconds
     extra = {

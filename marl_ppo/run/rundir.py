@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,12 @@ def check_new_run_dir(run_dir: Path) -> None:
     """Raise ConfigError unless `run_dir` is absent or empty and can be created and written."""
     if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
         raise ConfigError(f"run directory '{run_dir}' already exists and is not empty; pick a new --run-dir")
+    for path in (run_dir.absolute(), *run_dir.absolute().parents):
+        if path.is_symlink() and not path.exists():
+            raise ConfigError(
+                f"run directory '{run_dir}' cannot be created: '{path}' is a link to '{os.readlink(path)}', "
+                "which does not exist; create the link's target or pick another --run-dir"
+            )
     existing = next(p for p in (run_dir.absolute(), *run_dir.absolute().parents) if p.exists())
     if not existing.is_dir():
         raise ConfigError(
@@ -31,6 +38,13 @@ def check_new_run_dir(run_dir: Path) -> None:
         raise ConfigError(
             f"run directory '{run_dir}' is not writable (no write permission on '{existing}'); pick another --run-dir"
         )
+    try:  # permissions do not tell everything: /proc and /sys refuse new folders even to root
+        probe = tempfile.mkdtemp(prefix=".marl_ppo_probe_", dir=existing)
+    except OSError as err:
+        raise ConfigError(
+            f"run directory '{run_dir}' cannot be created in '{existing}' ({err.strerror}); pick another --run-dir"
+        ) from None
+    os.rmdir(probe)
 
 
 SUMMARY = "summary.json"

@@ -182,3 +182,44 @@ def test_compare_by_a_moved_key_reads_runs_stored_before_the_sections(tmp_path, 
     assert main(["compare", runs, "--out", out, "--reps", "100", "--by", "critic"]) == 2
     err = capsys.readouterr().err
     assert "has no config key critic (moved to ppo.critic)" in err and err.count("\n") == 1
+
+
+def test_compare_by_one_key_warns_when_the_runs_also_differ_in_another(tmp_path, capsys):
+    for seed in range(2):
+        for critic, lag in (("state", 1), ("obs", 0)):
+            path = tmp_path / "runs" / f"{critic}-{seed}"
+            fake_run(path, "mpe2/simple_spread_v3", critic, seed, [0.0, 1.0, 2.0 + lag])
+            config = yaml.safe_load((path / "config.yaml").read_text())
+            config["rollout"] = {"policy_lag": lag, "vector": "workers" if lag else "subprocess"}
+            (path / "config.yaml").write_text(yaml.safe_dump(config))
+    out, runs = str(tmp_path / "out"), str(tmp_path / "runs")
+    assert main(["compare", runs, "--out", out, "--reps", "100", "--by", "ppo.critic"]) == 0
+    warning = (
+        "--by ppo.critic: the runs also differ in rollout.policy_lag (0 for ppo.critic=obs; 1 for "
+        "ppo.critic=state), which this comparison credits to ppo.critic; compare runs that differ only "
+        "there, or name every difference with --by ppo.critic,rollout.policy_lag"
+    )
+    assert capsys.readouterr().err == f"warning: {warning}\n"  # rollout.vector is how it ran, not what
+    assert f"**Warning**: {warning}." in (tmp_path / "out" / "compare.md").read_text()
+    assert (
+        main(["compare", runs, "--out", out, "--reps", "100", "--by", "ppo.critic,rollout.policy_lag"]) == 0
+    )
+    assert capsys.readouterr().err == ""
+
+
+def test_compare_shows_algorithms_under_the_names_given(tmp_path, capsys):
+    for seed in range(2):
+        for critic in ("state", "obs"):
+            fake_run(
+                tmp_path / "runs" / f"{critic}-{seed}", "mpe2/simple_spread_v3", critic, seed, [0.0, 1.0, 2.0]
+            )
+    out, runs = tmp_path / "out", str(tmp_path / "runs")
+    names = ["--name", "MAPPO=ppo.critic=state", "--name", "IPPO=ppo.critic=obs"]
+    assert main(["compare", runs, "--out", str(out), "--reps", "100", *names]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in printed[1:]] == ["IPPO", "MAPPO"]
+    assert "| MAPPO | " in (out / "compare.md").read_text()
+    assert set(json.loads((out / "marl_eval.json").read_text())["mpe2"]["simple_spread_v3"]) == {
+        "MAPPO",
+        "IPPO",
+    }

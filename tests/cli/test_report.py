@@ -259,3 +259,28 @@ def test_the_running_code_is_this_checkout():
     assert code["version"] == marl_ppo.__version__
     if code["commit"] is not None:  # a git checkout: a 40-digit commit and the package's tree
         assert len(code["commit"]) == 40 and len(code["tree"]) == 40 and isinstance(code["dirty"], bool)
+
+
+def test_report_names_configurations_and_marks_each_evaluation(runs, tmp_path, capsys, monkeypatch):
+    from matplotlib.figure import Figure
+
+    drawn = []
+    monkeypatch.setattr(Figure, "savefig", lambda figure, path, **_: drawn.append(figure))
+    out = tmp_path / "named"
+    args = ["report", str(runs / "lr0.001"), str(runs / "lr0.002"), "--out", str(out), "--reps", "100"]
+    assert main([*args, "--name", "slow=ppo.pi_lr=0.001", "--name", "fast = ppo.pi_lr=0.002"]) == 0
+    markdown = (out / "report.md").read_text()
+    assert "| fast | 3 | 300 | -10.00 [-10.00, -10.00] |" in markdown and "| slow | 3 |" in markdown
+    (axes,) = drawn[0].axes
+    assert [line.get_label() for line in axes.get_lines()] == ["slow (3 seeds)", "fast (3 seeds)"]
+    assert [list(line.get_xdata()) for line in axes.get_lines()] == [[100.0, 200.0, 300.0]] * 2
+    assert all(line.get_marker() == "o" for line in axes.get_lines())  # every evaluation shows as a point
+    assert axes.xaxis.get_major_formatter()(200_000) == "200 k"
+    capsys.readouterr()
+    assert main([*args, "--name", "fast=ppo.pi_lr=0.003"]) == 2
+    assert capsys.readouterr().err == (
+        "error: --name fast=ppo.pi_lr=0.003: no configuration reads 'ppo.pi_lr=0.003'; they read "
+        "'ppo.pi_lr=0.001'; 'ppo.pi_lr=0.002'\n"
+    )
+    assert main([*args, "--name", "fast"]) == 2
+    assert "--name 'fast' must be NAME=CONFIGURATION" in capsys.readouterr().err

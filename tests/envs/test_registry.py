@@ -154,10 +154,12 @@ def test_a_missing_dependency_of_an_env_module_names_the_pip_install(tmp_path, m
     ):
         with pytest.raises(EnvError) as caught:
             resolve_factory(env_id)
-        assert str(caught.value) == (
-            f"env '{env_id}': {needed_by} imports 'not_installed_chess_lib', which is not installed; "
-            "install it with: pip install not_installed_chess_lib"
+        message = str(caught.value)
+        assert message.startswith(
+            f"env '{env_id}': {needed_by} imports 'not_installed_chess_lib', which cannot be found; "
+            "no not_installed_chess_lib.py or not_installed_chess_lib/ was found "
         )
+        assert "pip install" not in message  # an unknown name may be the user's own module
     # an id that names no module at all is still the id's fault
     for env_id in ("mygames.nochess:env", "no_such_package.games:env"):
         with pytest.raises(EnvError, match="cannot import module .*; check env.id$"):
@@ -182,3 +184,29 @@ def test_help_and_envs_import_neither_torch_nor_numpy_nor_pydantic():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "mpe2/simple_spread_v3" in out and out.strip().splitlines()[-1] == "[]"
+
+
+def test_a_missing_module_that_an_extra_installs_names_the_extra_and_a_well_known_one_its_pip_name(
+    tmp_path, monkeypatch
+):
+    import marl_ppo.envs.registry as registry
+
+    monkeypatch.setitem(
+        registry._REGISTRY,
+        "exotic/needs_lib_v0",
+        registry.EnvSpec("exotic/needs_lib_v0", "extra_only_lib.games:env", extra="exotic"),
+    )
+    (tmp_path / "uses_extra.py").write_text("import extra_only_lib.games\n")
+    monkeypatch.setitem(registry.PIP_NAMES, "short_import_name", "long-distribution-name")
+    (tmp_path / "uses_known.py").write_text("import short_import_name.part\n")
+    for name, module, fix in (
+        ("uses_extra.py", "extra_only_lib", "install it with: pip install 'marl-ppo[exotic]'"),
+        ("uses_known.py", "short_import_name", "install it with: pip install long-distribution-name"),
+    ):
+        path = tmp_path / name
+        with pytest.raises(EnvError) as caught:
+            resolve_factory(f"{path}:env")
+        assert (
+            str(caught.value)
+            == f"env '{path}:env': '{path}' imports '{module}', which cannot be found; {fix}"
+        )

@@ -50,6 +50,42 @@ def test_an_unknown_id_says_how_to_name_the_file_that_registers_it():
         resolve_factory("qqq/xyzzy_v0")
 
 
+def test_an_env_file_imports_the_modules_beside_it_as_a_script_would(tmp_path):
+    folder = tmp_path / "myenv"
+    folder.mkdir()
+    write_env_file(folder, name="rendezvous_beside.py")
+    (folder / "train_me.py").write_text(
+        "from rendezvous_beside import Rendezvous\n\n\ndef make():\n    return Rendezvous()\n"
+    )
+    env = make_env(f"{folder / 'train_me.py'}:make")
+    assert type(env).__name__ == "Rendezvous" and env.possible_agents == ["a", "b"]
+
+
+def test_a_module_missing_beside_an_env_file_is_never_answered_with_a_pip_install(tmp_path):
+    folder = tmp_path / "myenv"
+    folder.mkdir()
+    path = folder / "broken.py"
+    path.write_text("from predator_not_written_yet import Predator\n")
+    with pytest.raises(EnvError) as caught:
+        make_env(f"{path}:Predator")
+    assert str(caught.value) == (
+        f"env '{path}:Predator': '{path}' imports 'predator_not_written_yet', which cannot be found; "
+        f"no predator_not_written_yet.py or predator_not_written_yet/ was found next to {folder.resolve()} "
+        "or on the import path (PYTHONPATH); if it is your own code, put it there or add its folder to "
+        "PYTHONPATH, else install the package that provides it"
+    )
+
+
+def test_a_file_id_without_its_callable_says_to_add_one():
+    with pytest.raises(EnvError) as caught:
+        resolve_factory("myenv/predator.py")
+    assert str(caught.value) == (
+        "env.id 'myenv/predator.py' names a Python file but not what in it builds the env; add it after a "
+        "colon: env.id=myenv/predator.py:make_env (a function or class of the file), or "
+        "env.id=myenv/predator.py:family/name (an id the file registers)"
+    )
+
+
 def test_spawned_worker_processes_load_the_file_again(tmp_path):
     """Workers started with spawn inherit no modules: the id names the file, so each loads it."""
     path = write_env_file(tmp_path, register="mine/rendezvous_spawn_v0")

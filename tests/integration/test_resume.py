@@ -2,9 +2,11 @@
 
 import signal
 import threading
+import time
 import warnings
 
 import pytest
+import torch
 
 import marl_ppo
 from marl_ppo.algo.schedule import LrSchedule
@@ -285,3 +287,57 @@ def test_a_checkpoint_of_another_format_is_refused_with_one_line(tiny_overrides,
         f"checkpoint '{latest}' has format 'marl_ppo.checkpoint.v1' but this marl_ppo reads only "
         "'marl_ppo.checkpoint.v2'; train the run again, or use the marl_ppo version that wrote it"
     )
+
+
+def _slow_in_call(real, at, seconds_waited, signum=signal.SIGINT):
+    """`real` that, on its `at`-th call, receives a stop signal and then works in Python for 60 s."""
+    calls = []
+
+    def slow(self, *args, **options):
+        calls.append(1)
+        if len(calls) == at:
+            signal.raise_signal(signum)
+            start = time.monotonic()
+            try:
+                while time.monotonic() - start < 60:  # a long rollout or update, in small steps
+                    time.sleep(0.01)
+            finally:
+                seconds_waited.append(time.monotonic() - start)
+        return real(self, *args, **options)
+
+    return slow
+
+
+@pytest.mark.parametrize("where", ["update", "rollout"])
+def test_a_stop_signal_that_a_long_update_outlasts_drops_it_within_seconds(
+    tiny_overrides, tmp_path, monkeypatch, where
+):
+    """Ctrl-C in the third update, which would take a minute: answered within 5 s, with a checkpoint
+    of update 2 whose weights and optimizers equal a run stopped there; it resumes to the end."""
+    from marl_ppo.rollout.collector import Collector
+
+    config = _config(tiny_overrides, "rollout.vector=sync", "log.checkpoint_every=100")
+    waited: list[float] = []
+    owner, name = (Trainer, "update") if where == "update" else (Collector, "collect")
+    monkeypatch.setattr(owner, name, _slow_in_call(getattr(owner, name), 3, waited))
+    with pytest.raises(Interrupted) as stopped:
+        train(config, tmp_path / "run")
+    assert len(waited) == 1 and waited[0] < 5.0, waited  # GRACE_S (2 s) and the next Python step
+    assert str(stopped.value) == (
+        f"stopped by SIGINT at env step {2 * STEPS_PER_UPDATE} (the update under way was dropped to stop at once; on resume the "
+        f"env copies start fresh episodes), checkpoint {tmp_path / 'run/checkpoints/latest.pt'}; continue with: "
+        f"marl-ppo train --resume {tmp_path / 'run'}"
+    )
+    saved = load_checkpoint(tmp_path / "run/checkpoints/latest.pt")
+    assert (saved["updates"], saved["env_steps"]) == (2, 2 * STEPS_PER_UPDATE)
+    monkeypatch.undo()
+    straight_config = _config(
+        tiny_overrides, "rollout.vector=sync", "log.checkpoint_every=1", "log.keep_last=100"
+    )
+    train(straight_config, tmp_path / "straight")
+    straight = load_checkpoint(tmp_path / "straight/checkpoints/update_00000002.pt")
+    assert all(torch.equal(saved["model"][k], straight["model"][k]) for k in straight["model"])
+    assert str(saved["trainer"]) == str(straight["trainer"])
+    with pytest.warns(NotExactResumeWarning, match="the update under way was dropped to stop at once"):
+        train(config, tmp_path / "run", resume=True)
+    assert load_checkpoint(tmp_path / "run/checkpoints/final.pt")["env_steps"] == config.total_steps

@@ -184,3 +184,85 @@ def test_full_disk_during_a_run_keeps_the_previous_checkpoint(tmp_path, capsys, 
         "latest.pt",
         periodic_path(latest.parent, 1).name,
     ]
+
+
+def test_an_env_fault_mid_run_checkpoints_the_last_complete_update_which_resumes(
+    tmp_path, capsys, monkeypatch
+):
+    """The env raises at its copy's 12th step (update 3 of 2 x 5 steps) with no periodic checkpoint due:
+    the run writes update 2 (the learner exactly as a clean run has it there), names it, and resumes."""
+    register_for_test(monkeypatch)
+    rare = [*TINY_RUN, "log.checkpoint_every=50"]
+    run_dir, clean_dir = tmp_path / "run", tmp_path / "clean"
+    assert (
+        main(
+            [
+                "train",
+                f"env.id={BROKEN}",
+                "env.kwargs.fault=step_raises",
+                "env.kwargs.at=12",
+                *rare,
+                "--run-dir",
+                str(run_dir),
+            ]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err
+    latest = run_dir / "checkpoints/latest.pt"
+    assert (
+        f"; {latest} holds the run up to update 2 (env step 20): once the env is fixed, continue with `"
+        in err
+    )
+    assert err.endswith(f" train --resume {run_dir}`\n") and err.count("\n") == 1, err
+    assert err.startswith(
+        "error: env 'tests/broken_v0' (copy 0, episode step 4): step raised ZeroDivisionError"
+    )
+    saved = load_checkpoint(latest)
+    assert (saved["updates"], saved["env_steps"], saved["collector"]) == (2, 20, {"env_steps": 20})
+    assert main(["train", f"env.id={BROKEN}", *TINY_RUN, "--run-dir", str(clean_dir)]) == 0
+    clean = load_checkpoint(periodic_path(clean_dir / "checkpoints", 2))
+    assert saved["model"].keys() == clean["model"].keys()
+    assert all(torch.equal(saved["model"][k], clean["model"][k]) for k in clean["model"])
+    assert str(saved["trainer"]) == str(clean["trainer"])  # the optimizers' moments and step counts
+    with pytest.warns(UserWarning, match="the run stopped on a fault in an env copy"):
+        assert main(["train", "--resume", str(run_dir)]) == 0
+    final = load_checkpoint(run_dir / "checkpoints/final.pt")
+    assert (final["updates"], final["env_steps"]) == (4, 40)
+
+
+def test_a_stop_signal_during_an_env_step_that_hangs_drops_the_update_and_not_as_the_envs_fault(
+    tmp_path, capsys, monkeypatch
+):
+    """The drop is raised inside the env's own step (which the adapter guards with `except
+    Exception`): it still stops the run as a stop, within seconds, with update 2 kept."""
+    from tests.broken_envs import BrokenEnv
+
+    register_for_test(monkeypatch)
+    waited = []
+
+    def hang_after_a_stop(self, *results):  # the env's own step, from its copy's 12th step on
+        signal.raise_signal(signal.SIGINT)
+        start = time.monotonic()
+        try:
+            while time.monotonic() - start < 60:
+                time.sleep(0.01)
+        finally:
+            waited.append(time.monotonic() - start)
+
+    monkeypatch.setattr(BrokenEnv, "_strike", hang_after_a_stop)
+    run_dir = tmp_path / "run"
+    args = [
+        f"env.id={BROKEN}",
+        "env.kwargs.fault=hang",
+        "env.kwargs.at=12",
+        *TINY_RUN,
+        "log.checkpoint_every=50",
+        "rollout.vector=sync",  # `auto` would time the probe copy's steps, before the run's handlers
+    ]
+    assert main(["train", *args, "--run-dir", str(run_dir)]) == 130
+    assert len(waited) == 1 and waited[0] < 5.0
+    err = capsys.readouterr().err
+    assert "stopped by SIGINT at env step 20 (the update under way was dropped to stop at once;" in err
+    saved = load_checkpoint(run_dir / "checkpoints/latest.pt")
+    assert (saved["updates"], saved["env_steps"]) == (2, 20)

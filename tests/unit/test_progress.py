@@ -229,3 +229,39 @@ def test_a_games_progress_shows_its_last_win_rate_episode_length_and_entropy(tmp
         "steps/s, vs random win rate 0.75 (at step 20), episode length 6.5, entropy 1.23"
     )
     assert all("team return" not in line for line in lines)
+
+
+def test_a_zero_sum_games_progress_shows_each_agents_return_and_points_to_vs_random(tmp_path):
+    """Without eval.vs_random, a game whose rewards cancel out shows each side's mean return."""
+    stream = io.StringIO()
+    logger = RunLogger(
+        tmp_path,
+        agents=["player_0", "player_1"],
+        groups={"player": ["player_0", "player_1"]},
+        total_steps=100,
+        return_window=100,
+        per_agent=False,
+        progress=True,
+        stream=stream,
+    )
+    episodes = [
+        EpisodeRecord(team_return=0.0, agent_returns=np.array([a, -a]), length=4, end_step=10)
+        for a in (1.0, -1.0, 1.0, 0.5)
+    ]
+    logger.episodes_done(episodes)
+    logger.update_done(10, STATS, {})
+    logger.close()
+    # player_0: (1 - 1 + 1 + 0.5) / 4 = 0.375
+    assert (
+        stream.getvalue()
+        .splitlines()[0]
+        .endswith(
+            "steps/s, zero-sum: returns player_0 +0.38, player_1 -0.38 (last 4 episodes); "
+            "eval.vs_random=seats scores the policy against random players"
+        )
+    )
+    # draws only (every return 0) are not told apart from a cooperative team scoring 0
+    from marl_ppo.eval.evaluate import zero_sum
+
+    assert not zero_sum(np.zeros(3), np.zeros((3, 2)))
+    assert not zero_sum(np.array([0.0, 1.0]), np.array([[0.5, -0.5], [1.0, 0.0]]))

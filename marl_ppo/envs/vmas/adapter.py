@@ -111,7 +111,8 @@ COPY_STATE = "vmas per-copy tensors"
 
 
 class SlowResetWarning(UserWarning):
-    """A VMAS scenario's finished copies are reset one at a time (VMAS's `reset_at`)."""
+    """A VMAS scenario's finished copies are reset one at a time (VMAS's `reset_at`). A scenario's
+    author makes them fast by keeping per-copy state in tensors whose first dimension is the copies."""
 
 
 class VmasVectorEnv:
@@ -213,9 +214,9 @@ class VmasVectorEnv:
     def _turn_off_fresh_copies(self, reason: str) -> None:
         self._fresh, self._fresh_off = None, True
         warnings.warn(
-            f"{self.spec.env_id}: finished copies are reset one at a time (slow with many copies) because"
-            f" copying fresh states failed: {reason}; keep per-copy state in tensors whose first dim is"
-            " the copies to make it fast",
+            f"{self.spec.env_id}: finished env copies are reset one at a time, which is slower with many "
+            f"copies (the run's numbers are the same); fewer copies (rollout.num_envs) shorten each reset. "
+            f"Why: the scenario keeps state that cannot be copied from a fresh simulator ({reason})",
             SlowResetWarning,
             stacklevel=3,
         )
