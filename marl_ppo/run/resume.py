@@ -113,7 +113,9 @@ def load_resumable(run_dir: Path, config: ExperimentConfig | None = None) -> dic
                 f"--resume: the run in '{run_dir}' used rollout.vector={used} and cannot continue with "
                 f"rollout.vector={config.rollout.vector}; resume it with rollout.vector={used}"
             )
-        saved, wanted = _flat(payload["config"]), _flat(config_to_dict(config))
+        # the stored config with today's defaults for keys added since the run was written
+        saved = _flat(config_to_dict(build_config(payload["config"])))
+        wanted = _flat(config_to_dict(config))
         for key in sorted(saved.keys() | wanted.keys()):
             if key == "env.id" and moved(saved[key], wanted[key]):
                 payload = _env_states_if_same_file(payload, config.env.id)

@@ -138,6 +138,11 @@ def _before_sections(config):
     for top, moved in MOVED_KEYS.items():
         section, name = moved.split(".")
         old[top] = old[section].pop(name)
+    # keys that came later than the sections: an old run never stored them
+    old["eval"].pop("nash_conv")
+    old.pop("league")
+    for name in [key for key in old["model"] if key.startswith("init_")]:
+        old["model"].pop(name)
     for section in ("rollout", "eval", "host"):
         assert not old.pop(section)  # nothing else lived in these sections
     return old
