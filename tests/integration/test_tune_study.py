@@ -108,7 +108,8 @@ def test_a_study_killed_mid_trial_resumes_to_exactly_n_trials_and_the_same_best(
     process.wait()
     time.sleep(0.5)  # its trainings die with it
     assert not (killed / "tune/trials/0002/seed0/summary.json").exists()
-    assert len(_finished(killed / "tune")) == 2
+    # trials 0 and 1 done, or trial 1 still running beside trial 2 on a busy machine: both resume
+    assert 1 <= len(_finished(killed / "tune")) <= 2
     subprocess.run(
         [sys.executable, str(TOY), "drive", str(killed), str(trials), "none"], env=env, check=True, cwd=ROOT
     )
