@@ -33,7 +33,7 @@ from marl_ppo.league.match import RANDOM
 from marl_ppo.league.pool import POOL_DIR, Pool, snapshot_name
 from marl_ppo.league.rate import rate_new
 from marl_ppo.league.ratings import Ratings
-from marl_ppo.league.sampling import OpponentSampler
+from marl_ppo.league.sampling import OpponentSampler, latest_snapshots
 from marl_ppo.league.seats import LeagueSeats
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.collector import Collector
@@ -180,11 +180,7 @@ class League:
         drawn from), each weighted alike, mixed by reach: what fictitious play converges in."""
         if not self.nash_conv:
             return {}
-        snapshots = (
-            self.pool.snapshots[-self.config.league.pool_size :]
-            if self.config.league.pool_size
-            else self.pool.snapshots
-        )
+        snapshots = latest_snapshots(self.pool.snapshots, self.config.league.pool_size)
         models = [self.pool.model(s) for s in snapshots]
         value = pool_nash_conv(models, [1.0] * len(models), self.config.env.id, self.config.env.kwargs)
         return {"league/pool_nash_conv": value}

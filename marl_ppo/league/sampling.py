@@ -24,6 +24,11 @@ CURRENT = -1
 """The opponent id of the current policy (self-play: every side learns in that episode)."""
 
 
+def latest_snapshots(snapshots: Sequence[int], pool_size: int) -> list[int]:
+    """The snapshots opponents are drawn from: the latest `pool_size` (every one for 0)."""
+    return list(snapshots[-pool_size:] if pool_size else snapshots)
+
+
 class OpponentSampler:
     """Draws each episode's learner side and opponent; keeps the learner's score against each snapshot."""
 
@@ -57,8 +62,8 @@ class OpponentSampler:
         return self.points[snapshot] / games if games > 0 else 0.5
 
     def eligible(self, snapshots: Sequence[int]) -> list[int]:
-        """The snapshots opponents are drawn from: the latest `pool_size` (every one for 0)."""
-        return list(snapshots[-self.pool_size :] if self.pool_size else snapshots)
+        """The snapshots opponents are drawn from (`latest_snapshots`)."""
+        return latest_snapshots(snapshots, self.pool_size)
 
     def weights(self, snapshots: Sequence[int]) -> np.ndarray:
         """The probabilities of drawing each of `snapshots` (the eligible ones) as the opponent."""

@@ -60,7 +60,11 @@ class LeagueSeats:
         self._refresh_players()
 
     def act(
-        self, arrays: TeamArrays, actions: dict[str, torch.Tensor]
+        self,
+        obs: Mapping[str, torch.Tensor],
+        masks: Mapping[str, torch.Tensor],
+        alive: Mapping[str, torch.Tensor],
+        actions: dict[str, torch.Tensor],
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """The actions with each snapshot's on the agents it plays, and per group `(E, A_g)` whether each
         agent's step trains the learner (its side, or every agent where the opponent is CURRENT)."""
@@ -70,7 +74,7 @@ class LeagueSeats:
         current = (opponent == CURRENT).unsqueeze(-1)
         played = dict(actions)
         for snapshot, player in self.players.items():
-            theirs = player.act(arrays)
+            theirs = player.act_on(obs, masks, alive)
             here = (opponent == snapshot).unsqueeze(-1)
             for name, chosen in played.items():
                 rows = here & ~mine[name]

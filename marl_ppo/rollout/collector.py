@@ -7,7 +7,7 @@ Each rollout acts through a `RolloutActing` (the stepper's `Acting`) of its own:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -41,10 +41,14 @@ class Opponents(Protocol):
     """Who plays the agents the learner does not, per env copy (a league's snapshots, `marl_ppo.league`)."""
 
     def act(
-        self, arrays: TeamArrays, actions: dict[str, torch.Tensor]
+        self,
+        obs: Mapping[str, torch.Tensor],
+        masks: Mapping[str, torch.Tensor],
+        alive: Mapping[str, torch.Tensor],
+        actions: dict[str, torch.Tensor],
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """The learner's sampled `actions` with the opponents' in place on their agents, and per group
-        `(E, A_g)` whether each agent's step trains the learner."""
+        """For the step's arrays on the device, the learner's sampled `actions` with the opponents' in
+        place on their agents, and per group `(E, A_g)` whether each agent's step trains the learner."""
         ...
 
     def advance(self, arrays: TeamArrays, episode_over: np.ndarray | torch.Tensor) -> None:
@@ -166,7 +170,7 @@ class RolloutActing:
         values = self.memory.values(self.policy, state, obs, alive)
         trained = alive
         if self.opponents is not None:  # their agents' steps stay out of training
-            actions, learner = self.opponents.act(arrays, actions)
+            actions, learner = self.opponents.act(obs, masks, alive, actions)
             trained = {name: flags & learner[name] for name, flags in alive.items()}
         self._acted = _Acted(state, obs, trained, masks, actions, logp, values)
         return actions

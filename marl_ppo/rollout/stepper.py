@@ -188,6 +188,16 @@ class PolicyActing:
         obs = {name: to_tensor(group.obs, self.device) for name, group in groups.items()}
         masks = {name: to_tensor(group.action_mask, self.device) for name, group in groups.items()}
         alive = {name: to_tensor(group.alive, self.device) for name, group in groups.items()}
+        return self.act_on(obs, masks, alive)
+
+    @torch.no_grad()
+    def act_on(
+        self,
+        obs: Mapping[str, torch.Tensor],
+        masks: Mapping[str, torch.Tensor],
+        alive: Mapping[str, torch.Tensor],
+    ) -> dict[str, torch.Tensor]:
+        """`act` on the step's arrays already on the device (copies the env step does not overwrite)."""
         dists = self.memory.distributions(self.policy, obs, masks, alive)
         return {name: d.mode() if self.deterministic else d.sample() for name, d in dists.items()}
 
