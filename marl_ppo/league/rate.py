@@ -8,7 +8,6 @@ games, the ratings updated game by game in the order played (`league.ladder` wri
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
@@ -29,13 +28,10 @@ from marl_ppo.eval.versus import sides_of
 from marl_ppo.faults import UserError
 from marl_ppo.league.ladder import LadderFiles, write_ladder
 from marl_ppo.league.match import RANDOM, Game, play_pair, policy_player, random_player
+from marl_ppo.league.pool import pool_files, snapshot_name
 from marl_ppo.league.ratings import Ratings
 from marl_ppo.models.team import TeamModel
 from marl_ppo.plan.settle import plan_eval
-
-SNAPSHOT = re.compile(r"snapshot_u(\d+)\.pt")
-"""A pool snapshot's file name under `RUN_DIR/league/pool/`: the update it was taken after."""
-
 
 T = TypeVar("T")
 
@@ -95,14 +91,9 @@ def run_players(run_dir: Path, max_players: int | None) -> list[PolicyFile]:
     """A run's pool snapshots in update order (at most `max_players`, evenly), then its final policy."""
     if not run_dir.is_dir():
         raise RateError(f"rate: '{run_dir}' is not a run directory; pass the directories of trained runs")
-    snapshots = {}
-    for path in (run_dir / "league" / "pool").glob("snapshot_u*.pt"):
-        match = SNAPSHOT.fullmatch(path.name)
-        if match is not None:
-            snapshots[int(match.group(1))] = path
-    pool = [snapshots[update] for update in sorted(snapshots)]
-    updates = {path: update for update, path in snapshots.items()}
-    players = [PolicyFile(f"{run_dir.name}/u{updates[p]}", p) for p in evenly(pool, max_players)]
+    snapshots = pool_files(run_dir)  # the pool's own reader: ids (updates) to files, oldest first
+    names = {path: f"{run_dir.name}/{snapshot_name(update)}" for update, path in snapshots.items()}
+    players = [PolicyFile(names[p], p) for p in evenly(list(snapshots.values()), max_players)]
     for final in ("final", "latest"):
         path = run_dir / "checkpoints" / f"{final}.pt"
         if path.is_file():
