@@ -76,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
         _add_report,
         _add_compare,
         _add_rate,
+        _add_crossplay,
         _add_envs,
         _add_export,
     ):
@@ -127,6 +128,14 @@ def _add_eval(commands: Commands) -> argparse.ArgumentParser:
     )
     evaluate.add_argument(
         "--out", type=Path, help="where to write eval.json and the video (default: the run)"
+    )
+    evaluate.add_argument(
+        "--partner",
+        action="append",
+        default=[],
+        metavar="SEAT=PARTNER",
+        help="play SEAT (an agent, or agents by name without the number) with PARTNER: a run directory, a "
+        "checkpoint, random, scripted/NAME or module:callable (repeatable); the run's policy plays the rest",
     )
     return evaluate
 
@@ -316,6 +325,36 @@ def _add_rate(commands: Commands) -> argparse.ArgumentParser:
     return rate
 
 
+def _add_crossplay(commands: Commands) -> argparse.ArgumentParser:
+    """`crossplay`: every run's policy with every other's (and extra partners) on a cooperative env."""
+    crossplay = commands.add_parser(
+        "crossplay",
+        help="runs' policies played with each other's: team-return matrix, self-play/cross-play gap (docs/partners.md)",
+    )
+    crossplay.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
+    crossplay.add_argument(
+        "--partner",
+        action="append",
+        default=[],
+        metavar="PARTNER",
+        help="also a column of this partner: random, a checkpoint, scripted/NAME or module:callable (repeatable)",
+    )
+    crossplay.add_argument("--episodes", type=int, default=10, help="episodes per seating (default: 10)")
+    crossplay.add_argument(
+        "--seed", type=int, help="first env seed of every cell (default: the first run's eval seed)"
+    )
+    crossplay.add_argument(
+        "--deterministic", action="store_true", help="play each policy's mode instead of a sample"
+    )
+    crossplay.add_argument(
+        "--bounds", type=Path, metavar="FILE", help="YAML/JSON {partner: [low, high]}: also normalised scores"
+    )
+    crossplay.add_argument(
+        "--out", type=Path, default=Path("crossplay"), help="output directory (default: crossplay)"
+    )
+    return crossplay
+
+
 def _add_envs(commands: Commands) -> argparse.ArgumentParser:
     """`envs`: the registered ids, and `envs check ID`."""
     envs = commands.add_parser("envs", help="list registered environment ids, or check one")
@@ -502,10 +541,12 @@ def _family_rows(listed: set[str]) -> list[dict[str, Any]]:
 def _eval(options: argparse.Namespace) -> int:
     from marl_ppo.eval.evaluate import side_returns, zero_sum
     from marl_ppo.eval.from_checkpoint import evaluate_checkpoint  # heavy imports (torch, envs)
+    from marl_ppo.eval.partners import parse_partners
 
     if options.random:
         return _eval_random(options)
 
+    partners = parse_partners(options.partner)
     output = evaluate_checkpoint(
         options.target,
         episodes=options.episodes,
@@ -514,12 +555,14 @@ def _eval(options: argparse.Namespace) -> int:
         render=options.render,
         out=options.out,
         seed=options.seed,
+        partners=partners,
     )
     team = output.result.to_dict()["team_return"]
     low, high = team["ci95"]
     video = f", video {output.video}" if output.video is not None else ""
+    with_partners = "".join(f", {seat} played by {partner}" for seat, partner in partners.items())
     print(
-        f"{len(output.result.team_returns)} episodes: team return (sum over agents) {team['mean']:.2f} "
+        f"{len(output.result.team_returns)} episodes{with_partners}: team return (sum over agents) {team['mean']:.2f} "
         f"[95% CI {low:.2f}, {high:.2f}]; wrote {output.eval_json}{video}"
     )
     if output.versus is not None:
@@ -692,6 +735,23 @@ def _rate(options: argparse.Namespace) -> int:
     return 0
 
 
+def _crossplay(options: argparse.Namespace) -> int:
+    from marl_ppo.league.crossplay import crossplay_runs, write_crossplay  # heavy imports (torch, envs)
+
+    result = crossplay_runs(
+        options.runs,
+        partners=options.partner,
+        episodes=options.episodes,
+        seed=options.seed,
+        deterministic=options.deterministic,
+        bounds=options.bounds,
+    )
+    files = write_crossplay(result, options.out)
+    print(files.markdown.read_text(), end="")
+    print(f"wrote {files.json}, {files.csv.name}, {files.markdown.name}, {files.png.name}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `marl-ppo` console script."""
     try:
@@ -742,6 +802,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return _export(options)
         if options.command == "rate":
             return _rate(options)
+        if options.command == "crossplay":
+            return _crossplay(options)
         return _envs(options)
     except USER_ERRORS as err:
         if options.debug:

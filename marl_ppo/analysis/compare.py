@@ -20,12 +20,19 @@ import numpy as np
 from marl_ppo.analysis.runlogs import ReportError, display_names, find_run_dirs, read_run
 from marl_ppo.analysis.scores import (
     ScoreTable,
+    crossplay_scores,
     marl_eval_json,
     score_table,
     unseparated_keys,
     write_scores_csv,
 )
 from marl_ppo.analysis.stats import global_numpy_seed, interval_estimates, rliable
+
+
+def is_crossplay(path: Path) -> bool:
+    """Whether `path` is a cross-play's results (`crossplay.json`, or a directory holding one)."""
+    return path.name == "crossplay.json" or (path / "crossplay.json").is_file()
+
 
 AGGREGATES = ("median", "iqm", "mean", "optimality_gap")
 
@@ -225,8 +232,12 @@ def write_comparison(
     if reps < 1:
         raise ReportError(f"--reps {reps} must be at least 1")
     rliable()
-    runs = [read_run(run_dir) for run_dir in find_run_dirs(paths)]
-    table = score_table(runs, by, display_names(names))
+    given = [Path(path) for path in paths]
+    crossplays = [path for path in given if is_crossplay(path)]
+    others = [path for path in given if path not in crossplays]
+    runs = [read_run(run_dir) for run_dir in find_run_dirs(others)] if others else []
+    extra = [scores for path in crossplays for scores in crossplay_scores(path)]
+    table = score_table(runs, by, display_names(names), extra)
     warning = unseparated_keys(runs, by) if by else None
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -91,6 +91,29 @@ def run_scores(run: RunLog, task: str, algorithm: str) -> RunScores:
     )
 
 
+def crossplay_scores(path: Path) -> list[RunScores]:
+    """A cross-play's results (`marl-ppo crossplay`) as runs of two algorithms on its env: each run's
+    episodes with itself (`self-play`) and with the other runs (`cross-play`), one evaluation each."""
+    from marl_ppo.league.crossplay import read_crossplay, self_and_cross
+
+    data = read_crossplay(path)
+    seeds = {row: rank for rank, row in enumerate(data["rows"])}
+    dirs = dict(zip(data["rows"], data["run_dirs"], strict=True))
+    return [
+        RunScores(
+            task=str(data["env"]),
+            algorithm=algorithm,
+            seed=seeds[row],
+            run_dir=Path(dirs[row]),
+            steps=(0,),
+            returns=(tuple(returns),),
+            absolute=tuple(returns),
+            has_absolute=True,
+        )
+        for row, algorithm, returns in self_and_cross(data)
+    ]
+
+
 def _algorithm_keys(runs: Sequence[RunLog]) -> list[str]:
     """Config keys (not of the task, seed or execution) whose values differ among one task's runs."""
     by_task: dict[str, list[dict[str, str]]] = {}
@@ -222,14 +245,20 @@ class ScoreTable:
 
 
 def score_table(
-    runs: Sequence[RunLog], by: Sequence[str] | None = None, names: dict[str, str] | None = None
+    runs: Sequence[RunLog],
+    by: Sequence[str] | None = None,
+    names: dict[str, str] | None = None,
+    extra: Sequence[RunScores] = (),
 ) -> ScoreTable:
-    """The runs' scores, checked to be a full table: every algorithm on every task, the same seed count.
-    `names` gives algorithms display names ({label: name}, `runlogs.display_names`)."""
-    labels = algorithm_labels(runs, by)
+    """The runs' scores (and `extra` ones, a cross-play's), checked to be a full table: every algorithm
+    on every task, the same seed count. `names` gives algorithms display names ({label: name},
+    `runlogs.display_names`)."""
+    labels = algorithm_labels(runs, by) if runs else []
     labels = [renamed(label, names or {}, labels) for label in labels]
     scores = tuple(
         run_scores(run, experiment_name(run.config), label) for run, label in zip(runs, labels, strict=True)
+    ) + tuple(
+        RunScores(**{**vars(r), "algorithm": (names or {}).get(r.algorithm, r.algorithm)}) for r in extra
     )
     tasks = tuple(dict.fromkeys(s.task for s in scores))
     algorithms = tuple(dict.fromkeys(s.algorithm for s in scores))

@@ -8,15 +8,13 @@ asks for them) and, on request, one rendered episode as GIF or MP4.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from marl_ppo.checkpoint import CheckpointError, load_checkpoint
-from marl_ppo.config import ExperimentConfig, build_config, merge, parse_overrides
+from marl_ppo.checkpoint import load_checkpoint
+from marl_ppo.config import build_config, merge, parse_overrides
 from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.eval.evaluate import (
@@ -28,49 +26,14 @@ from marl_ppo.eval.evaluate import (
     run_episodes,
 )
 from marl_ppo.eval.exploitability import nash_conv, nash_conv_on
+from marl_ppo.eval.loading import load_policy, resolve_checkpoint
+from marl_ppo.eval.partners import OWN, partner_sides, play_seating
+from marl_ppo.eval.players import partner_player, policy_player
 from marl_ppo.eval.versus import VersusResult, play_vs_random
 from marl_ppo.eval.video import check_video_format, record_episode, render_env, write_video
 from marl_ppo.models.team import TeamModel
 from marl_ppo.plan.settle import RunPlan, plan_eval
 from marl_ppo.rollout.stepper import PolicyActing
-
-
-def resolve_checkpoint(target: Path | str) -> tuple[Path, Path]:
-    """(checkpoint file, directory for the results) for a run directory or a checkpoint file."""
-    target = Path(target)
-    if target.is_dir():
-        for name in ("final.pt", "latest.pt"):
-            if (target / "checkpoints" / name).is_file():
-                return target / "checkpoints" / name, target
-        raise CheckpointError(
-            f"run directory '{target}' has no checkpoints/final.pt or checkpoints/latest.pt; "
-            "pass a run directory that has trained, or a checkpoint file"
-        )
-    if not target.is_file():
-        raise CheckpointError(f"'{target}' is neither a run directory nor a checkpoint file")
-    run_dir = target.parent.parent if target.parent.name == "checkpoints" else target.parent
-    return target, run_dir
-
-
-def load_policy(
-    payload: dict[str, Any], spec: TeamSpec, config: ExperimentConfig, device: torch.device
-) -> TeamModel:
-    """The checkpoint's TeamModel for `spec`; a clear error when the env or network no longer fits it."""
-    if list(spec.agents) != list(payload["agents"]):
-        raise EvalError(
-            f"the env now has agents {list(spec.agents)} but the checkpoint was trained with "
-            f"{list(payload['agents'])}; evaluate on an env with the same agents"
-        )
-    model = TeamModel(spec, config).to(device)
-    try:
-        model.load_state_dict(payload["model"])
-    except RuntimeError:
-        raise EvalError(
-            "the checkpoint's weights do not fit the networks for this env and config (an override changed "
-            "observation or action sizes, or the model); override only what keeps the spaces"
-        ) from None
-    model.eval()
-    return model
 
 
 @dataclass(frozen=True)
@@ -95,12 +58,18 @@ def evaluate_checkpoint(
     render: str | None = None,
     out: Path | str | None = None,
     seed: int | None = None,
+    partners: Mapping[str, str] | None = None,
 ) -> EvalOutput:
-    """Evaluate a run's checkpoint (with key=value overrides, e.g. `env.kwargs.*`), write eval.json and a video."""
+    """Evaluate a run's checkpoint (with key=value overrides, e.g. `env.kwargs.*`), write eval.json and a video.
+
+    `partners`: seat -> partner (`eval.partners`' forms): those seats played by the partners, the
+    rest by the run's policy."""
     if episodes < 1:
         raise EvalError(f"--episodes {episodes} must be at least 1")
     if render is not None:
         check_video_format(render)
+        if partners:
+            raise EvalError("--render records the policy alone; drop --render or --partner")
     checkpoint, run_dir = resolve_checkpoint(target)
     payload = load_checkpoint(checkpoint)
     plan = plan_eval(build_config(merge(payload["config"], parse_overrides(overrides))))
@@ -114,7 +83,7 @@ def evaluate_checkpoint(
     out_dir = Path(out) if out is not None else run_dir
     make_out_dir(out_dir)  # before playing: a folder that cannot be made wastes no episodes
     try:
-        played = _play(payload, plan, episodes, seed, deterministic)
+        played = _play(payload, plan, episodes, seed, deterministic, dict(partners or {}))
         summary = {
             "checkpoint": str(checkpoint),
             "trained_env_steps": payload.get("env_steps"),
@@ -123,6 +92,7 @@ def evaluate_checkpoint(
             **played.result.to_dict(),
             "vs_random": played.versus.to_dict() if played.versus is not None else None,
             "nash_conv": played.nash_conv,
+            "partners": played.partners,
             "video": None,
         }
         eval_json = out_dir / "eval.json"
@@ -153,17 +123,48 @@ class _Played:
     model: TeamModel
     spec: TeamSpec
     nash_conv: float | None = None
+    partners: dict[str, dict[str, Any]] | None = None
+    """Seat -> its partner and agents, where partners played some seats."""
 
 
-def _play(payload: dict[str, Any], plan: RunPlan, episodes: int, seed: int, deterministic: bool) -> _Played:
-    """The evaluation episodes, those against random opponents and the NashConv where configured."""
+def _play(
+    payload: dict[str, Any],
+    plan: RunPlan,
+    episodes: int,
+    seed: int,
+    deterministic: bool,
+    partners: dict[str, str],
+) -> _Played:
+    """The evaluation episodes (with partners on their seats), those against random opponents and the
+    NashConv where configured."""
     config, device = plan.config, plan.device
     scores_nash_conv = nash_conv_on(config)  # NashConv asked where it cannot be computed stops here
     venv = build_vector_env(eval_config(config, episodes), plan.layout, device)
     try:
         spec = venv.spec
         model = load_policy(payload, spec, config, device)
-        result = run_episodes(venv, model, device, episodes=episodes, seed=seed, deterministic=deterministic)
+        seated = None
+        if partners:
+            sides = partner_sides(spec, list(partners))
+            players = [policy_player(OWN, model, deterministic=deterministic)] + [
+                partner_player(text, spec, device, agents=sides[seat], deterministic=deterministic)
+                for seat, text in partners.items()
+            ]
+            result = play_seating(
+                venv,
+                device,
+                players,
+                sides,
+                range(len(sides)),
+                episodes=episodes,
+                seed=seed,
+                deterministic=deterministic,
+            )
+            seated = {seat: {"partner": text, "agents": list(sides[seat])} for seat, text in partners.items()}
+        else:
+            result = run_episodes(
+                venv, model, device, episodes=episodes, seed=seed, deterministic=deterministic
+            )
         versus = None
         if config.eval.vs_random is not None:
             policy = PolicyActing(model, venv.num_envs, device, deterministic=deterministic)
@@ -179,4 +180,4 @@ def _play(payload: dict[str, Any], plan: RunPlan, episodes: int, seed: int, dete
     finally:
         venv.close()
     value = nash_conv(model, config.env.id, config.env.kwargs) if scores_nash_conv else None
-    return _Played(result, versus, model, spec, value)
+    return _Played(result, versus, model, spec, value, seated)

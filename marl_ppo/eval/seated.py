@@ -18,7 +18,7 @@ import torch
 from marl_ppo.envs.spec import TeamArrays, TeamSpec
 from marl_ppo.envs.vector.base import VectorEnv
 from marl_ppo.eval.evaluate import MAX_EPISODE_STEPS, _global_rng_untouched, evaluation_step
-from marl_ppo.rollout.stepper import Acting, Stepper
+from marl_ppo.rollout.stepper import Acting, Finished, Stepper
 
 
 class SeatedActing:
@@ -80,9 +80,9 @@ def play_seated(
     device: torch.device,
     *,
     seed: int,
-) -> list[tuple[int, np.ndarray]]:
+) -> list[tuple[int, Finished]]:
     """Play every game of `schedule` (per game, each side's player index), copy i the games i, i + E, ...;
-    per game as it ended, its index in `schedule` and each agent's return `(num_agents,)`.
+    per game as it ended, its index in `schedule` and its episode (each agent's return, its length).
 
     Seeded: the env copies reset with `seed + i` and torch's generator with `seed` (the caller's
     global generators are restored afterwards)."""
@@ -91,7 +91,7 @@ def play_seated(
     acting = SeatedActing(players, side_members(venv.spec, sides, device), copies, device)
     stepper = Stepper(venv, max_episode_steps=MAX_EPISODE_STEPS)
     done = [0] * copies
-    ended: list[tuple[int, np.ndarray]] = []
+    ended: list[tuple[int, Finished]] = []
     with _global_rng_untouched(device):
         torch.manual_seed(seed)
         stepper.reset(seed)
@@ -106,6 +106,6 @@ def play_seated(
             for episode in evaluation_step(stepper, acting):
                 i = episode.copy
                 if done[i] < len(queues[i]):
-                    ended.append((queues[i][done[i]], episode.agent_returns))
+                    ended.append((queues[i][done[i]], episode))
                 done[i] += 1
     return ended

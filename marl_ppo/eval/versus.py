@@ -158,7 +158,7 @@ def play_vs_random(
     ended = play_seated(venv, players, sides, schedule, device, seed=seed)
     played = [schedule[game].index(0) for game, _ in ended]
     order = np.argsort(played, kind="stable")  # side by side, each side's episodes in the order played
-    kept = np.stack([agent_returns for _, agent_returns in ended])
+    kept = np.stack([episode.agent_returns for _, episode in ended])
     return VersusResult(mode, sides, tuple(spec.agents), np.array(played)[order], kept[order])
 
 

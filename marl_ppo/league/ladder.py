@@ -145,6 +145,33 @@ def _write_crossplay_csv(path: Path, matrix: CrossPlay) -> None:
 
 def _plot_crossplay(path: Path, matrix: CrossPlay, *, by_return: bool) -> None:
     """A heat-map of the row player's score (or mean return) against each column player."""
+    values = matrix.mean_return() if by_return else matrix.score()
+    label = "mean return of the row player's side" if by_return else "row player's score (win 1, draw 1/2)"
+    plot_heatmap(
+        path,
+        values,
+        matrix.players,
+        matrix.players,
+        label=label,
+        title="cross-play",
+        limits=None if by_return else (0.0, 1.0),
+        cmap="viridis" if by_return else "RdBu",
+    )
+
+
+def plot_heatmap(
+    path: Path,
+    values: np.ndarray,
+    rows: Sequence[str],
+    columns: Sequence[str],
+    *,
+    label: str,
+    title: str,
+    limits: tuple[float, float] | None = None,
+    cmap: str = "viridis",
+    axis_labels: tuple[str, str] = ("column player", "row player"),
+) -> None:
+    """A `(rows, columns)` matrix as a PNG heat-map, each cell's value written in it (NaN cells blank)."""
     try:
         import matplotlib
 
@@ -154,23 +181,20 @@ def _plot_crossplay(path: Path, matrix: CrossPlay, *, by_return: bool) -> None:
         raise UserError(
             "the cross-play heat-map needs matplotlib; install it with: pip install 'marl-ppo[report]'"
         ) from None
-    values = matrix.mean_return() if by_return else matrix.score()
-    size = max(4.0, 0.5 * len(matrix.players) + 2.0)
+    size = max(4.0, 0.5 * max(len(rows), len(columns)) + 2.0)
     figure, axes = plt.subplots(figsize=(size + 1.5, size))
-    vmin, vmax = (None, None) if by_return else (0.0, 1.0)
-    cmap = "viridis" if by_return else "RdBu"
+    vmin, vmax = limits if limits is not None else (None, None)
     image = axes.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=vmin, vmax=vmax)
-    if len(matrix.players) <= 16:
+    if max(len(rows), len(columns)) <= 16:
         for (i, j), value in np.ndenumerate(values):
             if np.isfinite(value):
                 axes.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7)
-    axes.set_xticks(range(len(matrix.players)), matrix.players, rotation=60, ha="right", fontsize=8)
-    axes.set_yticks(range(len(matrix.players)), matrix.players, fontsize=8)
-    axes.set_xlabel("column player")
-    axes.set_ylabel("row player")
-    label = "mean return of the row player's side" if by_return else "row player's score (win 1, draw 1/2)"
+    axes.set_xticks(range(len(columns)), list(columns), rotation=60, ha="right", fontsize=8)
+    axes.set_yticks(range(len(rows)), list(rows), fontsize=8)
+    axes.set_xlabel(axis_labels[0])
+    axes.set_ylabel(axis_labels[1])
     figure.colorbar(image, ax=axes, label=label)
-    axes.set_title("cross-play")
+    axes.set_title(title)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

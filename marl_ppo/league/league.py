@@ -27,9 +27,9 @@ from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.envs.vector.base import VectorEnv
 from marl_ppo.eval.evaluate import EvalError
 from marl_ppo.eval.exploitability import nash_conv_on, pool_nash_conv
+from marl_ppo.eval.players import RANDOM
 from marl_ppo.eval.versus import sides_of
 from marl_ppo.league.ladder import ladder_markdown
-from marl_ppo.league.match import RANDOM
 from marl_ppo.league.pool import POOL_DIR, Pool, snapshot_name
 from marl_ppo.league.rate import rate_new
 from marl_ppo.league.ratings import Ratings

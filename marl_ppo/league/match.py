@@ -9,48 +9,15 @@ share a rank: a draw).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.envs.vector.base import VectorEnv
-from marl_ppo.eval.random_policy import RandomActing
+from marl_ppo.eval.players import Player
 from marl_ppo.eval.seated import play_seated
-from marl_ppo.models.team import TeamModel
-from marl_ppo.rollout.stepper import Acting, PolicyActing
-
-RANDOM = "random"
-"""The uniform random policy's player name."""
-
-
-@dataclass(frozen=True)
-class Player:
-    """A named policy that can sit at a match: `build(spec, copies, device)` makes its `Acting`, fresh
-    (no carries) for each match."""
-
-    name: str
-    build: Callable[[TeamSpec, int, torch.device], Acting]
-
-
-def policy_player(name: str, model: TeamModel, *, deterministic: bool = False) -> Player:
-    """A trained policy: a sample of its action distribution, or its mode with `deterministic`."""
-
-    def build(spec: TeamSpec, copies: int, device: torch.device) -> Acting:
-        return PolicyActing(model, copies, device, deterministic=deterministic)
-
-    return Player(name, build)
-
-
-def random_player(name: str = RANDOM) -> Player:
-    """The uniform random policy (over the allowed actions)."""
-
-    def build(spec: TeamSpec, copies: int, device: torch.device) -> Acting:
-        return RandomActing(spec, device)
-
-    return Player(name, build)
 
 
 @dataclass(frozen=True)
@@ -104,7 +71,8 @@ def play_games(
     ended = sorted(play_seated(venv, actings, sides, schedule, device, seed=seed), key=lambda game: game[0])
     columns = [[spec.agents.index(agent) for agent in agents] for agents in sides.values()]
     games = []
-    for index, agent_returns in ended:
+    for index, episode in ended:
+        agent_returns = episode.agent_returns
         games.append(
             Game(
                 {side: players[p].name for side, p in zip(sides, schedule[index], strict=True)},

@@ -24,10 +24,11 @@ from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.envs.vector.base import VectorEnv
 from marl_ppo.eval.evaluate import EvalError, eval_config
 from marl_ppo.eval.from_checkpoint import load_policy
+from marl_ppo.eval.players import RANDOM, policy_player, random_player
 from marl_ppo.eval.versus import sides_of
 from marl_ppo.faults import UserError
 from marl_ppo.league.ladder import LadderFiles, write_ladder
-from marl_ppo.league.match import RANDOM, Game, play_pair, policy_player, random_player
+from marl_ppo.league.match import Game, play_pair
 from marl_ppo.league.pool import pool_files, snapshot_name
 from marl_ppo.league.ratings import Ratings
 from marl_ppo.models.team import TeamModel

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from marl_ppo.config import load_config
+from marl_ppo.eval.players import Player, policy_player, random_player
 from marl_ppo.eval.versus import play_vs_random, sides_of
 from marl_ppo.league.ladder import crossplay
-from marl_ppo.league.match import Player, pair_schedule, play_games, play_pair, policy_player, random_player
+from marl_ppo.league.match import pair_schedule, play_games, play_pair
 from marl_ppo.league.rate import rate_new
 from marl_ppo.league.ratings import Ratings
 from marl_ppo.models.team import TeamModel
