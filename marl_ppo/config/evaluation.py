@@ -42,7 +42,20 @@ class EvalConfig:
     agent on exactly one team (simple_crypto: `{speakers: [alice, bob], eavesdropper: [eve]}`). null:
     teams by the agents' names without the trailing number."""
 
+    partners: dict[str, str] | None = None
+    """Also evaluate the policy with partners on some seats at each periodic evaluation, logged under
+    `eval/partners/`: `{seat: partner}`, a seat being an agent (`agent_1`) or agents' name without the
+    trailing number, a partner a run directory, a checkpoint, `random`, `scripted/NAME` or a scripted
+    policy `package.module:callable` / `path/to/file.py:callable` (docs/partners.md); the policy plays
+    every other seat. The same as `marl-ppo eval RUN --partner SEAT=PARTNER`. null: none."""
+
     def __post_init__(self) -> None:
+        if self.partners is not None and any(
+            not seat or not partner for seat, partner in self.partners.items()
+        ):
+            raise ValueError(
+                "eval.partners maps seats to partners: {agent_1: random}; a seat or partner is empty"
+            )
         if self.teams is not None and self.vs_random != "teams":
             raise ValueError(
                 "eval.teams names the sides of eval.vs_random: teams; set eval.vs_random: teams, or drop eval.teams"

@@ -15,12 +15,14 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
+from marl_ppo.config import ExperimentConfig
 from marl_ppo.envs.grouping import agents_named
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.envs.vector.base import VectorEnv
-from marl_ppo.eval.evaluate import EvalError, EvalResult
-from marl_ppo.eval.players import Player
+from marl_ppo.eval.evaluate import EvalError, EvalResult, PolicyScore, eval_seed
+from marl_ppo.eval.players import Player, partner_player, policy_player
 from marl_ppo.eval.seated import play_seated
+from marl_ppo.models.team import TeamModel
 
 OWN = "policy"
 """The side of the agents no partner sits on (the evaluated policy's)."""
@@ -98,3 +100,37 @@ def play_seating(
         deterministic=deterministic,
         won=None if kept[0].won is None else np.array([bool(episode.won) for episode in kept]),
     )
+
+
+def partner_score(config: ExperimentConfig, venv: VectorEnv, device: torch.device) -> PolicyScore:
+    """`eval/partners/...` at each periodic evaluation: the policy (its mode) with `eval.partners` on
+    their seats, on the evaluation's env copies and seed. The partners are loaded now, so a bad seat or
+    partner stops the run before its first update."""
+    partners = dict(config.eval.partners or {})
+    sides = partner_sides(venv.spec, list(partners))
+    seated = [
+        partner_player(text, venv.spec, device, agents=sides[seat], deterministic=True)
+        for seat, text in partners.items()
+    ]
+
+    def score(model: TeamModel) -> dict[str, float]:
+        result = play_seating(
+            venv,
+            device,
+            [policy_player(OWN, model, deterministic=True), *seated],
+            sides,
+            range(len(sides)),
+            episodes=config.eval.episodes,
+            seed=eval_seed(config),
+            deterministic=True,
+        )
+        own = [venv.spec.agents.index(agent) for agent in sides[OWN]]
+        scalars = {
+            "eval/partners/team_return": float(result.team_returns.mean()),
+            "eval/partners/policy_return": float(result.agent_returns[:, own].sum(axis=1).mean()),
+        }
+        if result.won is not None:
+            scalars["eval/partners/win_rate"] = float(result.won.mean())
+        return scalars
+
+    return score

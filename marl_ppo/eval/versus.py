@@ -207,7 +207,11 @@ def periodic_evaluation(
     is set, and the policy's NashConv where `eval.nash_conv` settles on."""
     from marl_ppo.eval.exploitability import policy_scores
 
-    scores = policy_scores(config)
+    scores: list[PolicyScore] = list(policy_scores(config))
+    if config.eval.partners:
+        from marl_ppo.eval.partners import partner_score
+
+        scores.append(partner_score(config, venv, device))
     if config.eval.vs_random is None:
         return PeriodicEvaluation(config, venv, model, device, scores=scores)
     return PeriodicEvaluationVsRandom(config, venv, model, device, scores=scores)

@@ -219,3 +219,39 @@ def test_partner_sides_put_every_agent_on_one_side(runs):
     finally:
         venv.close()
     assert sides == {"policy": ("agent_0", "agent_1"), "agent_2": ("agent_2",)}
+
+
+def test_periodic_evaluation_with_partners_logs_what_eval_partner_measures(tmp_path):
+    run = _train(
+        tmp_path / "run",
+        "experiments/mpe/simple_spread.yaml",
+        "rollout.rollout_steps=25",
+        "total_steps=100",
+        "eval.every=50",
+        "eval.episodes=3",
+        "eval.absolute=0",
+        "eval.partners={agent_2: random}",
+    )
+    from tests.helpers import scalars
+
+    logged = scalars(run)["eval/partners/team_return"]
+    assert [step for step, _ in logged] == [50, 100]
+    config = load_config(run / "config.yaml")
+    again = evaluate_checkpoint(
+        run / "checkpoints" / "final.pt",
+        episodes=3,
+        deterministic=True,
+        seed=config.seed + 1_000_000,
+        out=tmp_path / "again",
+        partners={"agent_2": "random"},
+    )
+    assert logged[-1][1] == pytest.approx(float(again.result.team_returns.mean()), rel=1e-6)
+    with pytest.raises(EvalError, match="partner seat 'agent_7' is not an agent"):
+        _train(
+            tmp_path / "bad",
+            "experiments/mpe/simple_spread.yaml",
+            "rollout.rollout_steps=25",
+            "total_steps=50",
+            "eval.every=50",
+            "eval.partners={agent_7: random}",
+        )
