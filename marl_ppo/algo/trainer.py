@@ -48,6 +48,8 @@ class Trainer:
         )
         """Whose actors learn in each turn of an update, in what order, with which optimizers (`algo.turns`)."""
         self.critic_optimizer = make_optimizer(model.critic_parameters(), lr=ppo.vf_lr, kind=optimizer)
+        self.entropy_coef = ppo.entropy_coef
+        """The entropy bonus's weight in the next update (`set_entropy_coef` follows ppo.entropy_schedule)."""
         self.updates = 0
         """Updates started by this trainer (named in non-finite errors)."""
         self._skips = 0
@@ -67,6 +69,10 @@ class Trainer:
             base = self.ppo.vf_lr if optimizer is self.critic_optimizer else self.ppo.pi_lr
             for group in optimizer.param_groups:
                 group["lr"] = base * scale
+
+    def set_entropy_coef(self, coef: float) -> None:
+        """The entropy bonus's weight from the next update on."""
+        self.entropy_coef = coef
 
     def state_dict(self) -> dict[str, Any]:
         """The critic optimizer's state, the minibatch-shuffling generator's state and the actor update's
@@ -245,7 +251,7 @@ class Trainer:
                     count=count_pi,
                 )
                 entropy = masked_mean(dist.entropy(), acting, count_pi)
-                group_pi = terms.loss - ppo.entropy_coef * entropy
+                group_pi = terms.loss - self.entropy_coef * entropy
                 loss_pi = loss_pi + group_pi
                 diagnostics[name] = {
                     "kl": terms.approx_kl,

@@ -59,7 +59,15 @@ class PPOConfig:
     epochs. The KL is read on the next minibatch, from the forward its loss needs anyway, before the
     actors step on it; null disables."""
     entropy_coef: Annotated[float, Field(ge=0)] = 0.01
-    """Weight of the entropy bonus in the actor loss."""
+    """Weight of the entropy bonus in the actor loss (at the start, with entropy_schedule: linear)."""
+    entropy_schedule: Literal["constant", "linear"] = "constant"
+    """`linear` moves the entropy weight from entropy_coef to entropy_final over total_steps (an annealed
+    temperature: in two-player zero-sum games, entropy-regularised self-play settles near a regularised
+    equilibrium whose distance from a Nash equilibrium shrinks with the weight); `constant` keeps
+    entropy_coef. A resumed run with a changed total_steps spreads the rest of the change over the new
+    remaining steps, as lr_schedule does."""
+    entropy_final: Annotated[float, Field(ge=0)] = 0.0
+    """The entropy weight reached at total_steps with entropy_schedule: linear."""
     max_grad_norm: PositiveFloat | None = 10.0
     """Clip the gradient norm of the actors and of the critics to this value (see grad_clip); null disables."""
     grad_clip: Literal["global", "per_group"] = "global"

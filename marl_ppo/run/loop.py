@@ -228,6 +228,8 @@ class _Run:
         """The update count of the last checkpoint written (or resumed from)."""
         self.timing = {"env_s": 0.0, "act_s": 0.0, "learn_s": 0.0}
         self.schedule = LrSchedule(config.ppo.lr_schedule, config.total_steps)
+        self.entropy_schedule = LrSchedule(config.ppo.entropy_schedule, config.total_steps)
+        """The factor that moves the entropy weight from ppo.entropy_coef (1) to ppo.entropy_final (0)."""
         self.start = time.perf_counter()
         """perf_counter() at the run's start; a resumed run moves it back by the time already trained."""
         self.record: EvaluationRecord | None = None
@@ -261,6 +263,10 @@ class _Run:
         self.schedule = LrSchedule.from_checkpoint(saved).resumed(
             self.config.total_steps, int(saved["env_steps"])
         )
+        if "entropy_schedule" in saved:  # checkpoints from before the entropy schedule ran a constant one
+            self.entropy_schedule = LrSchedule(**saved["entropy_schedule"]).resumed(
+                self.config.total_steps, int(saved["env_steps"])
+            )
         if self.evaluation is not None:  # the stopped run evaluated up to its checkpoint's step
             self.evaluation.next_step = (
                 self.collector.env_steps // self.evaluation.every + 1
@@ -281,7 +287,7 @@ class _Run:
                     self.trainer,
                     self.logger,
                     self.start,
-                    self.schedule,
+                    (self.schedule, self.entropy_schedule),
                     self.update_threads,
                     droppable=stop.droppable() if kept is not None else contextlib.nullcontext(),
                 )
@@ -407,6 +413,7 @@ class _Run:
             "wall_s": time.perf_counter() - self.start,
             "timing": dict(self.timing),
             "lr_schedule": self.schedule.state_dict(),
+            "entropy_schedule": self.entropy_schedule.state_dict(),
             "trainer": self.trainer.state_dict(),
             "collector": {"env_steps": env_steps},
             "logger": self.logger.state_dict(),
@@ -445,6 +452,7 @@ class _Run:
             "wall_s": time.perf_counter() - self.start,
             "timing": dict(self.timing),
             "lr_schedule": self.schedule.state_dict(),
+            "entropy_schedule": self.entropy_schedule.state_dict(),
             **run_state(model=self.model, trainer=self.trainer, collector=self.collector, logger=self.logger),
             **({} if self.league is None else {"league": self.league.state_dict()}),
         }
@@ -495,7 +503,7 @@ def _one_update(
     trainer: Trainer,
     logger: RunLogger,
     start: float,
-    schedule: LrSchedule,
+    schedules: tuple[LrSchedule, LrSchedule],
     update_threads: int,
     *,
     droppable: AbstractContextManager[None],
@@ -523,7 +531,11 @@ def _one_update(
             lam=config.ppo.gae_lambda,
             team=team,
         )
-        trainer.set_lr_scale(schedule.scale(collector.env_steps - rollout.env_steps))
+        before = collector.env_steps - rollout.env_steps
+        trainer.set_lr_scale(schedules[0].scale(before))
+        if config.ppo.entropy_schedule == "linear":
+            start, final = config.ppo.entropy_coef, config.ppo.entropy_final
+            trainer.set_entropy_coef(final + (start - final) * schedules[1].scale(before))
         with torch_threads(update_threads):
             stats = trainer.update(batches, lagged=config.rollout.policy_lag > 0)
         t2 = time.perf_counter()

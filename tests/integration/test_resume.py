@@ -341,3 +341,32 @@ def test_a_stop_signal_that_a_long_update_outlasts_drops_it_within_seconds(
     with pytest.warns(NotExactResumeWarning, match="the update under way was dropped to stop at once"):
         train(config, tmp_path / "run", resume=True)
     assert load_checkpoint(tmp_path / "run/checkpoints/final.pt")["env_steps"] == config.total_steps
+
+
+def test_a_linear_entropy_schedule_follows_its_line_and_resumes_exactly(
+    tiny_overrides, tmp_path, monkeypatch
+):
+    schedule = ("ppo.entropy_schedule=linear", "ppo.entropy_coef=0.1", "ppo.entropy_final=0.02")
+    config = _config(tiny_overrides, *schedule)
+    weights = []
+    monkeypatch.setattr(
+        Trainer,
+        "set_entropy_coef",
+        lambda self, coef: weights.append(coef) or setattr(self, "entropy_coef", coef),
+    )
+    straight = train(config, tmp_path / "straight")
+    total = 2 * K * STEPS_PER_UPDATE
+    expected = [0.02 + 0.08 * (1 - STEPS_PER_UPDATE * u / total) for u in range(2 * K)]
+    assert weights == pytest.approx(expected, abs=1e-12)
+    monkeypatch.undo()
+
+    crash_at_update(monkeypatch, K + 2)
+    with pytest.raises(Killed):
+        train(config, tmp_path / "resumed")
+    monkeypatch.undo()
+    assert load_checkpoint(tmp_path / "resumed/checkpoints/latest.pt")["entropy_schedule"]["kind"] == "linear"
+    resumed = train(config, tmp_path / "resumed", resume=True)
+    assert resumed.team_return_mean == straight.team_return_mean
+    assert_same_run_state(
+        tmp_path / "straight/checkpoints/final.pt", tmp_path / "resumed/checkpoints/final.pt"
+    )
