@@ -320,6 +320,13 @@ def _add_rate(commands: Commands) -> argparse.ArgumentParser:
         help="every agent a side, or teams by name (default: the run's eval.vs_random)",
     )
     rate.add_argument(
+        "--score",
+        choices=("returns", "roles"),
+        default="returns",
+        help="returns: the side with the higher return wins; roles: duplicate games, both players on each "
+        "side from the same starts (sides that are not alike, e.g. simple_tag)",
+    )
+    rate.add_argument(
         "--out", type=Path, help="where to write the ladder and cross-play (default: RUN_DIR/rating)"
     )
     return rate
@@ -729,6 +736,7 @@ def _rate(options: argparse.Namespace) -> int:
         out=options.out,
         deterministic=options.deterministic,
         sides=options.sides,
+        score=options.score,
     )
     print(ladder_markdown(rated.ratings), end="")
     print(f"{len(rated.players)} players, {len(rated.games)} games: wrote {rated.files.ratings_md.parent}")

@@ -49,6 +49,11 @@ class LeagueConfig:
     random policy and `rating_opponents` snapshots drawn from the pool; the ratings (openskill) of every
     snapshot are updated and logged under `league/`. 0: no ratings during training (`marl-ppo rate`
     rates a run's pool afterwards)."""
+    rating_score: Literal["returns", "roles"] = "returns"
+    """How a rating game places the players. `returns`: the side with the higher return wins (games whose
+    sides are alike: the classic games, equal armies). `roles`: a duplicate match, for sides that are not
+    alike (simple_tag's adversaries and runner): both players play each side from the same starts,
+    and the one with the higher return on that side places first."""
     rating_opponents: Annotated[int, Field(ge=0)] = 2
     """Snapshots drawn from the pool, besides the previous one and random, that each new snapshot plays
     for its rating."""

@@ -164,6 +164,7 @@ class League:
             seed=self.config.seed + 7919 * (updates + 1),
             mode=league.sides,
             teams=self.config.eval.teams,
+            score=league.rating_score,
         )
         path = self.run_dir / POOL_DIR.parent / "ratings.md"
         write_atomic(path, ladder_markdown(self.ratings).encode())

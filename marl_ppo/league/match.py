@@ -106,3 +106,45 @@ def play_pair(
     """A match of two players, each on each side for `episodes_per_side` games (`pair_schedule`)."""
     schedule = pair_schedule(len(sides), episodes_per_side)
     return play_games(venv, device, [first, second], schedule, sides=sides, seed=seed)
+
+
+def play_duplicate(
+    venv: VectorEnv,
+    device: torch.device,
+    first: Player,
+    second: Player,
+    *,
+    sides: Mapping[str, Sequence[str]],
+    episodes_per_side: int,
+    seed: int,
+) -> list[Game]:
+    """A duplicate match: scores by role, for games whose sides are not alike (simple_tag's adversaries
+    and runner, MAgent2's red and blue when their armies differ).
+
+    For each side, the first player plays it against the second on every other side, and then the
+    second plays it against the first, on the same seed (the same env resets, game by game). Each
+    pair of games becomes one comparison of the two players on that side: the higher return on the
+    same side, from the same starts, places first (equal returns: a draw). A comparison is recorded as
+    a game of two sides named `SIDE@1` (the first player's game) and `SIDE@2`."""
+    compared = []
+    for side in sides:
+        alone = [tuple(0 if other == side else 1 for other in sides)] * episodes_per_side
+        swapped = [tuple(1 - p for p in seating) for seating in alone]
+        mine = play_games(venv, device, [first, second], alone, sides=sides, seed=seed)
+        theirs = play_games(venv, device, [first, second], swapped, sides=sides, seed=seed)
+        compared += duplicate_games(mine, theirs, side)
+    return compared
+
+
+def duplicate_games(first: Sequence[Game], second: Sequence[Game], side: str) -> list[Game]:
+    """Game k of `first` against game k of `second` on `side`: one game of two sides `SIDE@1` and
+    `SIDE@2`, each the player on `side` in that game with its return there."""
+    if len(first) != len(second):
+        raise ValueError(f"a duplicate match pairs games one to one, got {len(first)} and {len(second)}")
+    return [
+        Game(
+            {f"{side}@1": a.players[side], f"{side}@2": b.players[side]},
+            {f"{side}@1": a.returns[side], f"{side}@2": b.returns[side]},
+        )
+        for a, b in zip(first, second, strict=True)
+    ]

@@ -28,7 +28,7 @@ from marl_ppo.eval.players import RANDOM, policy_player, random_player
 from marl_ppo.eval.versus import sides_of
 from marl_ppo.faults import UserError
 from marl_ppo.league.ladder import LadderFiles, write_ladder
-from marl_ppo.league.match import Game, play_pair
+from marl_ppo.league.match import Game, play_duplicate, play_pair
 from marl_ppo.league.pool import pool_files, snapshot_name
 from marl_ppo.league.ratings import Ratings
 from marl_ppo.models.team import TeamModel
@@ -53,9 +53,11 @@ def rate_new(
     mode: str,
     teams: Mapping[str, Sequence[str]] | None = None,
     deterministic: bool = False,
+    score: str = "returns",
 ) -> list[Game]:
     """Play the new policy against each opponent (None: the random policy) with each on each side for
-    `episodes` games, update `ratings` with the games in order, and return them."""
+    `episodes` games (a duplicate match with `score: roles`), update `ratings` with the games in order,
+    and return them."""
     sides = sides_of(venv.spec, mode, teams)
     name, model = new
     player = policy_player(name, model, deterministic=deterministic)
@@ -66,7 +68,8 @@ def rate_new(
             if opponent_model is None
             else policy_player(opponent_name, opponent_model, deterministic=deterministic)
         )
-        games += play_pair(venv, device, player, opponent, sides=sides, episodes_per_side=episodes, seed=seed)
+        match = play_duplicate if score == "roles" else play_pair
+        games += match(venv, device, player, opponent, sides=sides, episodes_per_side=episodes, seed=seed)
     ratings.add(name)
     ratings.update_all(games)
     return games
@@ -153,6 +156,7 @@ def rate_runs(
     out: Path | None = None,
     deterministic: bool = False,
     sides: str | None = None,
+    score: str = "returns",
 ) -> RateOutput:
     """`marl-ppo rate`: a round-robin of the runs' policies, the random policy and `policies`, rated and
     written to `out` (default: the first run's `rating/`). `sides`: `seats` or `teams` (`sides_of`);
@@ -188,8 +192,11 @@ def rate_runs(
         for player in players:
             ratings.add(player.name)
         games: list[Game] = []
+        if score not in ("returns", "roles"):
+            raise RateError(f"rate: --score '{score}' is not a way to place players; use returns or roles")
+        match = play_duplicate if score == "roles" else play_pair
         for first_player, second_player in combinations(players, 2):
-            games += play_pair(
+            games += match(
                 venv,
                 plan.device,
                 first_player,

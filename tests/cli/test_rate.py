@@ -142,3 +142,25 @@ def test_max_players_keeps_the_first_and_last_snapshot_and_spaces_the_rest_evenl
     pool = [f"u{k}" for k in range(10)]
     assert evenly(pool, 4) == ["u0", "u3", "u6", "u9"] and evenly(pool, 2) == ["u0", "u9"]
     assert evenly(pool, 10) == pool and evenly(pool, None) == pool and evenly(pool[:3], 5) == pool[:3]
+
+
+def test_rate_by_roles_plays_duplicate_games_on_each_side(tmp_path, capsys):
+    tag = _train(
+        tmp_path / "tag",
+        "experiments/mpe/simple_tag.yaml",
+        "rollout.rollout_steps=25",
+        "total_steps=50",
+        "rollout.vector=sync",
+    )
+    out = tmp_path / "rating"
+    args = ["rate", str(tag), "--sides", "teams", "--score", "roles", "--episodes", "2", "--out", str(out)]
+    assert main(args) == 0
+    games = [json.loads(line) for line in (out / "games.jsonl").read_text().splitlines()]
+    assert len(games) == 2 * 2  # random and the final policy: each side twice
+    assert [sorted(g["players"]) for g in games] == [["adversary@1", "adversary@2"]] * 2 + [
+        ["agent@1", "agent@2"]
+    ] * 2
+    assert {name for g in games for name in g["players"].values()} == {"random", "tag/final"}
+    with pytest.raises(SystemExit):
+        main([*args[:-2], "--score", "wins"])
+    assert "invalid choice: 'wins'" in capsys.readouterr().err

@@ -205,3 +205,52 @@ def test_a_pair_on_three_seats_plays_each_seat_alone_and_places_by_its_best_seat
         assert (ranks["a"] < ranks["b"]) == (best["a"] > best["b"]) and (ranks["a"] == ranks["b"]) == (
             best["a"] == best["b"]
         )
+
+
+def test_duplicate_games_compare_the_two_players_on_one_side_game_by_game():
+    from marl_ppo.league.match import Game, duplicate_games
+
+    first = [Game({"hunter": "A", "prey": "B"}, {"hunter": 30.0, "prey": -40.0})] * 2
+    second = [
+        Game({"hunter": "B", "prey": "A"}, {"hunter": 10.0, "prey": -12.0}),
+        Game({"hunter": "B", "prey": "A"}, {"hunter": 30.0, "prey": -40.0}),
+    ]
+    games = duplicate_games(first, second, "hunter")
+    assert [g.players for g in games] == [{"hunter@1": "A", "hunter@2": "B"}] * 2
+    assert [g.player_ranks() for g in games] == [{"A": 1, "B": 2}, {"A": 1, "B": 1}]  # a win, then a draw
+    with pytest.raises(ValueError, match="pairs games one to one"):
+        duplicate_games(first, second[:1], "hunter")
+
+
+@pytest.fixture(scope="module")
+def simple_tag():
+    config = load_config(
+        ROOT / "experiments/mpe/simple_tag.yaml", ["rollout.num_envs=4", "rollout.vector=sync"]
+    )
+    venv = vector_env(config)
+    torch.manual_seed(3)
+    model = TeamModel(venv.spec, config)
+    yield venv, model
+    venv.close()
+
+
+def test_a_duplicate_match_plays_both_players_from_the_same_starts(simple_tag):
+    """The same deterministic policy under two names: every duplicate comparison is a draw (the two
+    games of a pair start alike and play alike), while raw returns crown the adversaries' side."""
+    from marl_ppo.league.match import play_duplicate
+
+    venv, model = simple_tag
+    sides = sides_of(venv.spec, "teams")
+    assert list(sides) == ["adversary", "agent"]
+    a = policy_player("a", model, deterministic=True)
+    b = policy_player("b", model, deterministic=True)
+    games = play_duplicate(venv, CPU, a, b, sides=sides, episodes_per_side=3, seed=11)
+    assert len(games) == 2 * 3
+    assert [list(g.players) for g in games] == [["adversary@1", "adversary@2"]] * 3 + [
+        ["agent@1", "agent@2"]
+    ] * 3
+    assert all(g.player_ranks() == {"a": 1, "b": 1} for g in games)
+    assert any(g.returns["agent@1"] != 0.0 for g in games[3:])  # the runner was caught or strayed: real play
+    raw = play_pair(venv, CPU, a, b, sides=sides, episodes_per_side=3, seed=11)
+    adversary_first = [g.side_ranks()["adversary"] for g in raw]
+    assert adversary_first.count(1) > adversary_first.count(2)
