@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TextIO
+from typing import Protocol, TextIO, runtime_checkable
 
 import gymnasium as gym
 import numpy as np
@@ -65,6 +65,24 @@ BOARDS: dict[str, BoardView] = {
 """The shipped board games whose observation is drawn other than plainly (`BoardView()`)."""
 
 
+@runtime_checkable
+class NamesActions(Protocol):
+    """An env that names an agent's actions in its current state (OpenSpiel's games do; so may yours)."""
+
+    def action_names(self, agent: str) -> Sequence[str]:
+        """One name per action, in action order."""
+        ...
+
+
+@runtime_checkable
+class DescribesPosition(Protocol):
+    """An env that says in words what an agent knows of the game now (shown before the person's moves)."""
+
+    def position_text(self, agent: str) -> str:
+        """The text a person reads to choose `agent`'s next action."""
+        ...
+
+
 class SessionEnded(Exception):
     """The person ended the session: typed `q`, or the input ended."""
 
@@ -101,10 +119,10 @@ def seat_of(spec: TeamSpec, agent: str) -> Seat:
     group, index = spec.group_of(agent)
     space = group.action_space
     if not isinstance(space, gym.spaces.Discrete):
-        kind = "continuous (Box)" if isinstance(space, gym.spaces.Box) else f"{type(space).__name__}"
+        kind = "continuous" if isinstance(space, gym.spaces.Box) else "several numbers at once"
         raise EvalError(
-            f"--human {agent}: its actions are {kind} {space}, which a person cannot type as one number; "
-            "play an env whose seat takes discrete actions"
+            f"--human {agent}: its actions ({space}) are {kind}, which a person cannot type; "
+            "play a seat whose actions are Discrete"
         )
     return Seat(agent, group, index, int(space.n))
 
@@ -202,18 +220,20 @@ class Prompt:
         *,
         reader: LineReader,
         writer: TextIO,
-        show: Callable[[np.ndarray], str | None],
-        names: Sequence[str] | None = None,
+        show: Callable[[np.ndarray | None], str | None],
+        names: Callable[[], Sequence[str] | None] = lambda: None,
     ) -> None:
-        """`show(obs)`: the text that shows the position before a move (None: nothing, a window shows it)."""
+        """`show(obs)`: the text that shows the position before a move, from the seat's observation where
+        it needs one (None: nothing to show, or a window shows it); `names()`: the actions' names now, or None."""
         self.reader, self.writer, self.show, self.names = reader, writer, show, names
 
     def ask(self, obs: np.ndarray, allowed: np.ndarray, heading: str) -> int:
         """The allowed action the person types (`allowed`: a bool per action) after `heading`."""
         view = self.show(obs)
         self.say(heading if view is None else f"{heading}\n{view}")
+        names = self.names()
         legal = np.flatnonzero(allowed)
-        described = [f"{a} ({self.names[int(a)]})" if self.names else str(a) for a in legal]
+        described = [f"{a} ({names[int(a)]})" if names else str(a) for a in legal]
         self.say("allowed: " + ", ".join(described))
         while True:
             self.writer.write("your action> ")
@@ -222,7 +242,7 @@ class Prompt:
             if not line:
                 raise SessionEnded("input ended")
             try:
-                return parse_action(line, allowed, self.names)
+                return parse_action(line, allowed, names)
             except IllegalInput as refused:
                 self.say(str(refused))
 

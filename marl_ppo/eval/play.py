@@ -38,9 +38,12 @@ from marl_ppo.eval.from_checkpoint import load_policy, resolve_checkpoint
 from marl_ppo.eval.game_record import GameRecord, open_record
 from marl_ppo.eval.human import (
     BOARDS,
+    DescribesPosition,
     HumanSeat,
     LineReader,
+    NamesActions,
     Prompt,
+    Seat,
     SessionEnded,
     action_names,
     observation_text,
@@ -111,7 +114,7 @@ def play_checkpoint(
                 reader=reader,
                 writer=writer,
                 show=_shower(env, mode, spec, human),
-                names=action_names(config.env.id, seat.actions),
+                names=_namer(env, config.env.id, seat),
             )
             session = Session(OneCopy(env, spec), model, device, human=human, prompt=prompt, record=log)
             output = session.play(games, seed=seed, deterministic=deterministic)
@@ -142,27 +145,44 @@ def table_env(config: ExperimentConfig, *, window: bool) -> tuple[Any, str | Non
     try:
         return make_team_env(eval_config(config, 1, render_mode=mode)), mode
     except EnvError as err:
+        if mode == "ansi":  # no text of its own after all: the observation shows the position
+            return make_team_env(eval_config(config, 1)), None
         raise EvalError(
-            f"env '{config.env.id}' cannot be built with render_mode='{mode}' to show the game: {err}; "
-            + ("use --no-window" if mode == "human" else "play it through its observation")
+            f"env '{config.env.id}' cannot be built with render_mode='human' to show the game in its "
+            f"window: {err}; use --no-window"
         ) from err
 
 
-def _shower(env: Any, mode: str | None, spec: TeamSpec, seat: str) -> Callable[[np.ndarray], str | None]:
-    """The prompt's view of the position: the env's text, its window (drawn, no text), or the seat's observation."""
+def _shower(
+    env: Any, mode: str | None, spec: TeamSpec, seat: str
+) -> Callable[[np.ndarray | None], str | None]:
+    """The prompt's view of the position: what the env says the seat knows (`DescribesPosition`), its
+    text, its window (drawn, no text), or the seat's observation (none where there is no observation)."""
+    own = env.unwrapped
+    if isinstance(own, DescribesPosition):
+        return lambda obs: own.position_text(seat)
     if mode == "ansi":
         return lambda obs: str(env.render()).rstrip("\n")
 
     if mode == "human":
 
-        def draw(obs: np.ndarray) -> None:
+        def draw(obs: np.ndarray | None) -> None:
             env.render()
             return None
 
         return draw
     group = spec.group_of(seat)[0]
     board = BOARDS.get(spec.env_id)
-    return lambda obs: observation_text(group, obs, board)
+    return lambda obs: None if obs is None else observation_text(group, obs, board)
+
+
+def _namer(env: Any, env_id: str, seat: Seat) -> Callable[[], Sequence[str] | None]:
+    """The names of the seat's actions at each move: the env's own (`NamesActions`), else a shipped game's."""
+    own = env.unwrapped
+    if isinstance(own, NamesActions):
+        return lambda: list(own.action_names(seat.agent))
+    names = action_names(env_id, seat.actions)
+    return lambda: names
 
 
 class _Recorded:
@@ -242,7 +262,11 @@ class Session:
 
     def _show_end(self, game: int, returns: dict[str, float], length: int) -> None:
         """The last position and each agent's return."""
-        view = self.prompt.show(self.table.observe(self.human))
+        try:
+            last = self.table.observe(self.human)
+        except Exception:  # an env that cannot be observed once its game is over: no last position shown
+            last = None
+        view = self.prompt.show(last)
         scores = ", ".join(f"{a}{' (you)' if a == self.human else ''} {r:+g}" for a, r in returns.items())
         self.prompt.say(
             (f"{view}\n" if view else "") + f"game {game + 1} over after {length} steps: {scores}"

@@ -241,8 +241,15 @@ def test_a_seat_whose_actions_cannot_be_typed_is_refused():
     box = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
     group = GroupSpec("walker", ("walker_0",), box, box, 2)
     spec = TeamSpec("sisl/multiwalker_v9", ("walker_0",), (group,), 2, False)
-    with pytest.raises(EvalError, match=r"^--human walker_0: its actions are continuous \(Box\)"):
+    with pytest.raises(
+        EvalError,
+        match=r"^--human walker_0: its actions \(Box\(-1.0, 1.0, \(2,\), float32\)\) are continuous",
+    ):
         seat_of(spec, "walker_0")
+    several = gym.spaces.MultiDiscrete([3, 3])
+    spec = TeamSpec("grid", ("mover",), (GroupSpec("mover", ("mover",), box, several, 2),), 2, False)
+    with pytest.raises(EvalError, match=r"are several numbers at once, which a person cannot type"):
+        seat_of(spec, "mover")
 
 
 def test_parse_action_takes_numbers_and_names_and_refuses_the_rest():
@@ -342,3 +349,32 @@ def test_the_env_draws_its_own_window_where_a_screen_is(monkeypatch):
     env, mode = table_env(config, window=True)
     env.close()
     assert mode is None
+
+
+def test_an_openspiel_game_names_the_actions_and_shows_what_the_seat_knows(tmp_path):
+    pytest.importorskip("pyspiel")
+    overrides = [
+        "env.id=classic/kuhn_poker",
+        "rollout.num_envs=2",
+        "rollout.rollout_steps=8",
+        "total_steps=16",
+    ]
+    overrides += ["rollout.vector=sync", "log.progress=false", "ppo.num_minibatches=1", "eval.every=0"]
+    train(load_config(None, overrides), tmp_path / "run")
+    out = io.StringIO()
+    played = play_checkpoint(
+        tmp_path / "run", human="player_0", games=3, window=False, reader=io.StringIO("Bet\n" * 6), writer=out
+    )
+    text = out.getvalue()
+    # Kuhn poker deals player_0 one of three cards (0, 1 or 2, OpenSpiel's information state) and it acts first
+    assert text.count("allowed: 0 (Pass), 1 (Bet)") >= 3
+    assert "game 1, your move 1 as player_0:\ninformation state: " in text
+    first_moves = [line for line in _lines(played.record) if line["type"] == "step" and line["step"] == 0]
+    assert [line["agents"]["player_0"]["action"] for line in first_moves] == [
+        1,
+        1,
+        1,
+    ]  # "Bet" reached the game
+    assert all(sum(returns.values()) == 0 for returns in played.returns) and len(played.returns) == 3
+    # betting first, player_0 wins the ante when player_1 folds, else 2 chips more or less at the showdown
+    assert {returns["player_0"] for returns in played.returns} <= {1.0, 2.0, -2.0}
