@@ -3,9 +3,10 @@
 The policy is the checkpoint's, loaded as `marl-ppo eval` loads it; the person's seat is a
 `HumanSeat`, seated beside the policy as a match seats its players (`SeatedActing`), on one env copy
 that keeps each game's last position until the next game starts (`OneCopy`). Before each of the
-person's moves the position is shown: the env's text rendering where it has one (`render_mode='ansi'`),
-its own window where it has a `human` render mode and a screen is there, else the seat's observation
-(a board of marks, or its first values). Every game is recorded as played (`game_record.py`); Ctrl-C,
+person's moves the position is shown: what the env says the seat knows (`DescribesPosition`), the
+env's text rendering where it has one (`render_mode='ansi'`), its own window where it has a `human`
+render mode and a screen is there, else the seat's observation (a board of marks, or its first
+values); the allowed actions are named where the env (`NamesActions`) or a shipped game names them. Every game is recorded as played (`game_record.py`); Ctrl-C,
 `q` or the end of the input ends the session and keeps what was played.
 """
 
@@ -158,7 +159,7 @@ def _shower(
 ) -> Callable[[np.ndarray | None], str | None]:
     """The prompt's view of the position: what the env says the seat knows (`DescribesPosition`), its
     text, its window (drawn, no text), or the seat's observation (none where there is no observation)."""
-    own = env.unwrapped
+    own = _innermost(env)
     if isinstance(own, DescribesPosition):
         return lambda obs: own.position_text(seat)
     if mode == "ansi":
@@ -176,9 +177,14 @@ def _shower(
     return lambda obs: None if obs is None else observation_text(group, obs, board)
 
 
+def _innermost(env: Any) -> Any:
+    """The env under its wrappers (PettingZoo's `unwrapped`; a plain object that has no wrappers is itself)."""
+    return getattr(env, "unwrapped", env)
+
+
 def _namer(env: Any, env_id: str, seat: Seat) -> Callable[[], Sequence[str] | None]:
     """The names of the seat's actions at each move: the env's own (`NamesActions`), else a shipped game's."""
-    own = env.unwrapped
+    own = _innermost(env)
     if isinstance(own, NamesActions):
         return lambda: list(own.action_names(seat.agent))
     names = action_names(env_id, seat.actions)
