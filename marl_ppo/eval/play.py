@@ -35,7 +35,6 @@ from marl_ppo.eval.evaluate import (
     eval_seed,
     evaluation_step,
 )
-from marl_ppo.eval.from_checkpoint import load_policy, resolve_checkpoint
 from marl_ppo.eval.game_record import GameRecord, open_record
 from marl_ppo.eval.human import (
     BOARDS,
@@ -50,6 +49,7 @@ from marl_ppo.eval.human import (
     observation_text,
     seat_of,
 )
+from marl_ppo.eval.loading import load_policy, resolve_checkpoint
 from marl_ppo.eval.one_copy import OneCopy
 from marl_ppo.eval.seated import SeatedActing, side_members
 from marl_ppo.eval.video import takes_render_mode
