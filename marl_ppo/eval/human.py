@@ -101,30 +101,39 @@ class LineReader(Protocol):
 
 @dataclass(frozen=True)
 class Seat:
-    """The agent a person plays: its group, its index in the group, and how many actions it has."""
+    """The agent a person plays: its group, its index in the group, and its action's parts."""
 
     agent: str
     group: GroupSpec
     index: int
-    actions: int
+    sizes: tuple[int, ...]
+    """The number of choices of each part of an action: `(n,)` for Discrete(n), `nvec` for MultiDiscrete
+    (a person types one number per part)."""
+
+    def parts(self, mask: np.ndarray) -> list[np.ndarray]:
+        """A flat action mask (`(sum(sizes),)`, or empty: every action allowed) split into one per part."""
+        if mask.size == 0:
+            return [np.ones(size, dtype=bool) for size in self.sizes]
+        return np.split(mask.astype(bool), np.cumsum(self.sizes)[:-1])
 
 
 def seat_of(spec: TeamSpec, agent: str) -> Seat:
     """The seat of agent `agent`, refused in one line unless it is an agent whose actions a person can
-    type (one number: a Discrete action)."""
+    type (a number, or one per part: Discrete or MultiDiscrete actions)."""
     if agent not in spec.agents:
         raise EvalError(
             f"--human '{agent}' is not an agent of env '{spec.env_id}'; pick one of {', '.join(spec.agents)}"
         )
     group, index = spec.group_of(agent)
     space = group.action_space
-    if not isinstance(space, gym.spaces.Discrete):
-        kind = "continuous" if isinstance(space, gym.spaces.Box) else "several numbers at once"
-        raise EvalError(
-            f"--human {agent}: its actions ({space}) are {kind}, which a person cannot type; "
-            "play a seat whose actions are Discrete"
-        )
-    return Seat(agent, group, index, int(space.n))
+    if isinstance(space, gym.spaces.Discrete):
+        return Seat(agent, group, index, (int(space.n),))
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return Seat(agent, group, index, tuple(int(n) for n in space.nvec.reshape(-1)))
+    raise EvalError(
+        f"--human {agent}: its actions ({space}) are continuous, which a person cannot type; "
+        "play a seat whose actions are Discrete or MultiDiscrete"
+    )
 
 
 def action_names(env_id: str, count: int) -> list[str] | None:
@@ -182,28 +191,43 @@ def board_text(planes: np.ndarray, view: BoardView) -> str:
     return "\n".join([*rows, f"({view.legend})"])
 
 
-def parse_action(text: str, allowed: np.ndarray, names: Sequence[str] | None) -> int:
-    """The action a typed line names (its number, or its name, any case), if `allowed` allows it now;
-    else IllegalInput with the one line that says why. `q` or `quit` raise SessionEnded."""
+def parse_action(text: str, allowed: Sequence[np.ndarray], names: Sequence[str] | None) -> tuple[int, ...]:
+    """The action a typed line names, one number per part (`allowed`: per part, a bool per choice; a
+    one-part action may also be named, any case), if every part is allowed now; else IllegalInput with
+    the one line that says why. `q` or `quit` raise SessionEnded."""
     typed = text.strip()
     if typed.lower() in QUIT:
         raise SessionEnded("quit")
+    words = typed.split()
+    if len(allowed) == 1:
+        lowered = [n.lower() for n in names] if names is not None else []
+        words = [str(lowered.index(typed.lower()))] if typed.lower() in lowered else [typed]
+    elif len(words) != len(allowed):
+        raise IllegalInput(
+            f"'{typed}' is not an action: type {len(allowed)} numbers, one per part (q ends the session)"
+        )
+    return tuple(
+        _part(word, choices, part, len(allowed))
+        for part, (word, choices) in enumerate(zip(words, allowed, strict=True))
+    )
+
+
+def _part(word: str, allowed: np.ndarray, part: int, parts: int) -> int:
+    """One part's typed number, if allowed now; else IllegalInput (naming the part where there are several)."""
+    where = f"part {part + 1}: " if parts > 1 else ""
     legal = [int(a) for a in np.flatnonzero(allowed)]
-    if names is not None and typed.lower() in (lowered := [n.lower() for n in names]):
-        action = lowered.index(typed.lower())
-    else:
-        try:
-            action = int(typed)
-        except ValueError:
-            raise IllegalInput(
-                f"'{typed}' is not an action: type one of {_listed(legal)} (q ends the session)"
-            ) from None
+    try:
+        action = int(word)
+    except ValueError:
+        raise IllegalInput(
+            f"{where}'{word}' is not an action: type one of {_listed(legal)} (q ends the session)"
+        ) from None
     if not 0 <= action < len(allowed):
         raise IllegalInput(
-            f"{action} is out of range: actions are 0 to {len(allowed) - 1}; allowed now {_listed(legal)}"
+            f"{where}{action} is out of range: actions are 0 to {len(allowed) - 1}; allowed now {_listed(legal)}"
         )
     if not allowed[action]:
-        raise IllegalInput(f"{action} is not allowed now: type one of {_listed(legal)}")
+        raise IllegalInput(f"{where}{action} is not allowed now: type one of {_listed(legal)}")
     return action
 
 
@@ -227,14 +251,18 @@ class Prompt:
         it needs one (None: nothing to show, or a window shows it); `names()`: the actions' names now, or None."""
         self.reader, self.writer, self.show, self.names = reader, writer, show, names
 
-    def ask(self, obs: np.ndarray, allowed: np.ndarray, heading: str) -> int:
-        """The allowed action the person types (`allowed`: a bool per action) after `heading`."""
+    def ask(self, obs: np.ndarray, allowed: Sequence[np.ndarray], heading: str) -> tuple[int, ...]:
+        """The allowed action the person types after `heading`, one number per part (`allowed`: per part,
+        a bool per choice)."""
         view = self.show(obs)
         self.say(heading if view is None else f"{heading}\n{view}")
-        names = self.names()
-        legal = np.flatnonzero(allowed)
-        described = [f"{a} ({names[int(a)]})" if names else str(a) for a in legal]
-        self.say("allowed: " + ", ".join(described))
+        names = self.names() if len(allowed) == 1 else None
+        if len(allowed) == 1:
+            legal = np.flatnonzero(allowed[0])
+            self.say("allowed: " + ", ".join(f"{a} ({names[int(a)]})" if names else str(a) for a in legal))
+        else:
+            listed = (f"part {p + 1}: {_listed(np.flatnonzero(c).tolist())}" for p, c in enumerate(allowed))
+            self.say(f"allowed (type {len(allowed)} numbers): " + "; ".join(listed))
         while True:
             self.writer.write("your action> ")
             self.writer.flush()
@@ -274,11 +302,12 @@ class HumanSeat:
         mine = arrays.groups[seat.group.name]
         if bool(mine.alive[0, seat.index]):
             obs = np.asarray(mine.obs[0, seat.index])
-            allowed = np.asarray(mine.action_mask[0, seat.index], dtype=bool)
-            if allowed.size == 0:  # no masks: every action is allowed
-                allowed = np.ones(seat.actions, dtype=bool)
+            allowed = seat.parts(np.asarray(mine.action_mask[0, seat.index]))
             heading = f"game {self.game + 1}, your move {self.move + 1} as {seat.agent}:"
-            actions[seat.group.name][0, seat.index] = self.prompt.ask(obs, allowed, heading)
+            chosen = self.prompt.ask(obs, allowed, heading)
+            actions[seat.group.name][0, seat.index] = torch.tensor(
+                chosen if seat.group.action_shape else chosen[0], device=self.device
+            )
             self.move += 1
         return actions
 

@@ -6,8 +6,9 @@ that keeps each game's last position until the next game starts (`OneCopy`). Bef
 person's moves the position is shown: what the env says the seat knows (`DescribesPosition`), the
 env's text rendering where it has one (`render_mode='ansi'`), its own window where it has a `human`
 render mode and a screen is there, else the seat's observation (a board of marks, or its first
-values); the allowed actions are named where the env (`NamesActions`) or a shipped game names them. Every game is recorded as played (`game_record.py`); Ctrl-C,
-`q` or the end of the input ends the session and keeps what was played.
+values); the allowed actions are named where the env (`NamesActions`) or a shipped game names them.
+Every game is recorded as played (`game_record.py`); Ctrl-C, `q` or the end of the input ends the
+session and keeps what was played.
 """
 
 from __future__ import annotations
@@ -187,7 +188,7 @@ def _namer(env: Any, env_id: str, seat: Seat) -> Callable[[], Sequence[str] | No
     own = _innermost(env)
     if isinstance(own, NamesActions):
         return lambda: list(own.action_names(seat.agent))
-    names = action_names(env_id, seat.actions)
+    names = action_names(env_id, seat.sizes[0]) if len(seat.sizes) == 1 else None
     return lambda: names
 
 

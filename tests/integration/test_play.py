@@ -246,19 +246,34 @@ def test_a_seat_whose_actions_cannot_be_typed_is_refused():
         match=r"^--human walker_0: its actions \(Box\(-1.0, 1.0, \(2,\), float32\)\) are continuous",
     ):
         seat_of(spec, "walker_0")
-    several = gym.spaces.MultiDiscrete([3, 3])
-    spec = TeamSpec("grid", ("mover",), (GroupSpec("mover", ("mover",), box, several, 2),), 2, False)
-    with pytest.raises(EvalError, match=r"are several numbers at once, which a person cannot type"):
-        seat_of(spec, "mover")
+    several = gym.spaces.MultiDiscrete([3, 2])
+    spec = TeamSpec("grid", ("mover",), (GroupSpec("mover", ("mover",), box, several, 2, "info"),), 2, False)
+    seat = seat_of(spec, "mover")  # one number per part
+    assert seat.sizes == (3, 2)
+    parts = seat.parts(np.array([1, 0, 1, 0, 1]))
+    assert [p.tolist() for p in parts] == [[True, False, True], [False, True]]
+    assert [p.tolist() for p in seat.parts(np.zeros(0))] == [[True] * 3, [True] * 2]
 
 
 def test_parse_action_takes_numbers_and_names_and_refuses_the_rest():
-    allowed = np.array([True, False, True])
+    allowed = [np.array([True, False, True])]
     names = ["rock", "paper", "scissors"]
-    assert parse_action(" 2 \n", allowed, names) == 2 and parse_action("Rock", allowed, names) == 0
+    assert parse_action(" 2 \n", allowed, names) == (2,) and parse_action("Rock", allowed, names) == (0,)
     for typed, reason in [("paper", "not allowed now"), ("-1", "out of range"), ("", "is not an action")]:
         with pytest.raises(IllegalInput, match=reason):
             parse_action(typed, allowed, names)
+    parts = [np.array([True, False, True]), np.array([False, True])]
+    assert parse_action("2 1", parts, None) == (2, 1)
+    refusals = {
+        "2": "'2' is not an action: type 2 numbers, one per part (q ends the session)",
+        "1 1": "part 1: 1 is not allowed now: type one of 0, 2",
+        "0 2": "part 2: 2 is out of range: actions are 0 to 1; allowed now 1",
+        "0 x": "part 2: 'x' is not an action: type one of 1 (q ends the session)",
+    }
+    for typed, message in refusals.items():
+        with pytest.raises(IllegalInput) as refused:
+            parse_action(typed, parts, None)
+        assert str(refused.value) == message
 
 
 def test_a_plain_board_numbers_rows_and_columns():
@@ -268,19 +283,20 @@ def test_a_plain_board_numbers_rows_and_columns():
 
 
 class Pick(ParallelEnv):
-    """Two rounds in which both agents pick 0, 1 or 2 at once and are paid what they picked; rendered as text."""
+    """Two rounds in which both agents pick 0, 1 or 2 at once and are paid what they picked; rendered as
+    text. With `parts`, each picks two numbers (0..2 and 0..1) and is paid 10 x the first + the second."""
 
     metadata = {"name": "pick_v0", "render_modes": ["ansi"]}
 
-    def __init__(self, render_mode=None):
+    def __init__(self, render_mode=None, parts=False):
         self.possible_agents = ["left", "right"]
-        self.render_mode = render_mode
+        self.render_mode, self.parts = render_mode, parts
 
     def observation_space(self, agent):
         return spaces.Box(0.0, 2.0, (1,), np.float32)
 
     def action_space(self, agent):
-        return spaces.Discrete(3)
+        return spaces.MultiDiscrete([3, 2]) if self.parts else spaces.Discrete(3)
 
     def reset(self, seed=None, options=None):
         self.agents, self.round = list(self.possible_agents), 0
@@ -289,7 +305,7 @@ class Pick(ParallelEnv):
     def step(self, actions):
         self.round += 1
         obs = {a: np.array([float(self.round)], np.float32) for a in self.agents}
-        rewards = {a: float(actions[a]) for a in self.agents}
+        rewards = {a: float(np.dot(actions[a], [10, 1]) if self.parts else actions[a]) for a in self.agents}
         over = {a: self.round == 2 for a in self.agents}
         if self.round == 2:
             self.agents = []
@@ -299,8 +315,8 @@ class Pick(ParallelEnv):
         return f"round {self.round} of 2"
 
 
-def pick(render_mode=None):
-    return Pick(render_mode)
+def pick(render_mode=None, parts=False):
+    return Pick(render_mode, parts)
 
 
 def test_a_simultaneous_game_shows_the_envs_text_and_records_both_moves(tmp_path):
@@ -378,3 +394,24 @@ def test_an_openspiel_game_names_the_actions_and_shows_what_the_seat_knows(tmp_p
     assert all(sum(returns.values()) == 0 for returns in played.returns) and len(played.returns) == 3
     # betting first, player_0 wins the ante when player_1 folds, else 2 chips more or less at the showdown
     assert {returns["player_0"] for returns in played.returns} <= {1.0, 2.0, -2.0}
+
+
+def test_a_seat_of_several_parts_types_one_number_per_part(tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = [f"env.id={__file__}:pick", "env.kwargs={parts: true}", "rollout.num_envs=2"]
+    overrides += ["rollout.rollout_steps=4", "total_steps=8", "rollout.vector=sync", "log.progress=false"]
+    overrides += ["ppo.num_minibatches=1", "eval.every=0"]
+    train(load_config(None, overrides), run_dir)
+    out = io.StringIO()
+    played = play_checkpoint(
+        run_dir, human="left", window=False, reader=io.StringIO("2\n2 1\n0 2\n1 0\n"), writer=out
+    )
+    text = out.getvalue()
+    assert "allowed (type 2 numbers): part 1: 0, 1, 2; part 2: 0, 1" in text
+    assert (
+        "'2' is not an action: type 2 numbers, one per part" in text and "part 2: 2 is out of range" in text
+    )
+    steps = [line for line in _lines(played.record) if line["type"] == "step"]
+    assert [s["agents"]["left"]["action"] for s in steps] == [[2, 1], [1, 0]]
+    assert [s["agents"]["left"]["reward"] for s in steps] == [21.0, 10.0]
+    assert played.returns[0]["left"] == 31.0
