@@ -74,7 +74,8 @@ class InformationStateGame(OpenSpielCompatibilityV0):
 
     def position_text(self, agent: str) -> str:
         """What `agent` knows of the game, in OpenSpiel's words: its information state string."""
-        return f"information state: {self.game_state.information_state_string(self.agent_name_id_mapping[agent])}"
+        player = self.agent_name_id_mapping[agent]
+        return f"information state: {self.game_state.information_state_string(player)}"
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> None:
         """Deal a new game; without a seed, the next seed comes from this env's own random stream."""
