@@ -1,5 +1,5 @@
 """Command line: `marl-ppo train` (with `--resume RUN_DIR`), `eval`, `sweep`, `tune`, `reproduce`, `report`,
-`compare`, `rate`, `export` and `envs` (see `marl-ppo -h`).
+`compare`, `rate`, `crossplay`, `play`, `export` and `envs` (see `marl-ppo -h`).
 
 Parses arguments (options and key=value overrides in any order) and calls the library; user errors
 print one line and exit with status 2. A run stopped by Ctrl-C or SIGTERM prints how to resume it
@@ -77,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
         _add_compare,
         _add_rate,
         _add_crossplay,
+        _add_play,
         _add_envs,
         _add_export,
     ):
@@ -360,6 +361,39 @@ def _add_crossplay(commands: Commands) -> argparse.ArgumentParser:
         "--out", type=Path, default=Path("crossplay"), help="output directory (default: crossplay)"
     )
     return crossplay
+
+
+def _add_play(commands: Commands) -> argparse.ArgumentParser:
+    """`play`: a person in one seat of a run's env, the trained policy in the others (docs/play.md)."""
+    play = commands.add_parser(
+        "play",
+        help="play one seat of a run's env against its trained policy; records the games (docs/play.md)",
+    )
+    play.add_argument("target", metavar="RUN_DIR|CHECKPOINT", type=Path)
+    play.add_argument("--human", required=True, metavar="SEAT", help="the agent you play, e.g. player_1")
+    play.add_argument("--games", type=int, default=1, help="games to play (default: 1)")
+    play.add_argument(
+        "--record",
+        type=Path,
+        metavar="FILE",
+        help="the JSONL record to write (default: RUN_DIR/play/games-<time>.jsonl)",
+    )
+    play.add_argument(
+        "--seed",
+        type=int,
+        help="seed of the first game's env and the policy's samples (default: the run's seed + 1,000,000)",
+    )
+    play.add_argument("--deterministic", action="store_true", help="the policy takes its most likely action")
+    play.add_argument(
+        "--no-window", action="store_true", help="never open the env's own window; show text only"
+    )
+    play.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="config overrides that keep the spaces (env.kwargs.*)",
+    )
+    return play
 
 
 def _add_envs(commands: Commands) -> argparse.ArgumentParser:
@@ -760,6 +794,22 @@ def _crossplay(options: argparse.Namespace) -> int:
     return 0
 
 
+def _play(options: argparse.Namespace) -> int:
+    from marl_ppo.eval.play import play_checkpoint  # heavy imports (torch, envs)
+
+    played = play_checkpoint(
+        options.target,
+        human=options.human,
+        games=options.games,
+        record=options.record,
+        seed=options.seed,
+        deterministic=options.deterministic,
+        overrides=options.overrides,
+        window=not options.no_window,
+    )
+    return 130 if played.ended == "interrupted" else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `marl-ppo` console script."""
     try:
@@ -812,6 +862,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return _rate(options)
         if options.command == "crossplay":
             return _crossplay(options)
+        if options.command == "play":
+            return _play(options)
         return _envs(options)
     except USER_ERRORS as err:
         if options.debug:

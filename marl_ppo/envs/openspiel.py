@@ -67,6 +67,16 @@ class InformationStateGame(OpenSpielCompatibilityV0):
         self.terminations = {agent: over for agent in self.agents}
         self.truncations = {agent: False for agent in self.agents}
 
+    def action_names(self, agent: str) -> list[str]:
+        """OpenSpiel's name of each of `agent`'s actions in the current state (`Pass`, `Bet`, ...)."""
+        player = self.agent_name_id_mapping[agent]
+        return [self.game_state.action_to_string(player, a) for a in range(self._env.num_distinct_actions())]
+
+    def position_text(self, agent: str) -> str:
+        """What `agent` knows of the game, in OpenSpiel's words: its information state string."""
+        player = self.agent_name_id_mapping[agent]
+        return f"information state: {self.game_state.information_state_string(player)}"
+
     def reset(self, seed: int | None = None, options: dict | None = None) -> None:
         """Deal a new game; without a seed, the next seed comes from this env's own random stream."""
         if seed is None and hasattr(self, "np_random"):

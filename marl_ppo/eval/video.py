@@ -15,12 +15,11 @@ import numpy as np
 import torch
 
 from marl_ppo.config import ExperimentConfig
-from marl_ppo.envs.adapters.aec import TurnBasedAdapter, is_aec
-from marl_ppo.envs.adapters.pettingzoo import ParallelEnvAdapter
 from marl_ppo.envs.factory import make_team_env
 from marl_ppo.envs.registry import EnvError, resolve_factory
 from marl_ppo.envs.spec import TeamArrays, TeamSpec
 from marl_ppo.eval.evaluate import MAX_EPISODE_STEPS, EvalError, eval_config, evaluation_step
+from marl_ppo.eval.one_copy import OneCopy
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.stepper import PolicyActing, Stepper
 
@@ -44,7 +43,7 @@ def render_env(config: ExperimentConfig) -> Any:
     """
     env_id = config.env.id
     factory, _ = resolve_factory(env_id)
-    if not _takes_render_mode(factory):
+    if not takes_render_mode(factory):
         raise EvalError(
             f"env '{env_id}' takes no render_mode, so it cannot be rendered; add a render_mode parameter "
             "and return frames ((H, W, 3) arrays) from render() for --render, or drop --render"
@@ -80,7 +79,8 @@ def _first_frame(env: Any, env_id: str) -> np.ndarray:
     return _frame(env, env_id)
 
 
-def _takes_render_mode(factory: Callable[..., Any]) -> bool:
+def takes_render_mode(factory: Callable[..., Any]) -> bool:
+    """Whether an env factory accepts `render_mode` (a parameter of that name, or `**kwargs`)."""
     try:
         parameters = inspect.signature(factory).parameters.values()
     except (TypeError, ValueError):  # no signature to read (a builtin): let the call decide
@@ -128,44 +128,25 @@ def _render_fix(env_id: str, err: Exception, text: str) -> str:
     return "drop --render"
 
 
-class _Recording:
-    """The env being recorded as a one-copy vector env for the stepping loop: a frame after the reset
-    and after every step, and no reset when the episode ends (its last frame is the episode's)."""
-
-    tensor_io = False
-    num_envs = 1
+class _Recording(OneCopy):
+    """The env being recorded: a frame after the reset and after every step (the episode's last frame is
+    its last position: the copy does not reset when the episode ends)."""
 
     def __init__(self, env: Any, spec: TeamSpec) -> None:
-        self.env, self.spec = env, spec
-        self.adapter = TurnBasedAdapter(env, spec) if is_aec(env) else ParallelEnvAdapter(env, spec)
-        self.arrays = TeamArrays.allocate(spec, (1,))
-        self._row = self.arrays.row(0)
-        self.episode_over = np.zeros(1, dtype=bool)
+        super().__init__(env, spec)
         self.frames: list[np.ndarray] = []
 
     def reset(self, seed: int) -> TeamArrays:
         """Reset the env with `seed`; the first frame."""
-        self.adapter.reset(seed, self._row)
-        self.episode_over[:] = False
+        arrays = super().reset(seed)
         self.frames = [_frame(self.env, self.spec.env_id)]
-        return self.arrays
+        return arrays
 
     def step(self, actions: Mapping[str, np.ndarray]) -> TeamArrays:
         """One step of the episode and its frame."""
-        self.episode_over[0] = self.adapter.step({name: a[0] for name, a in actions.items()}, self._row)
+        arrays = super().step(actions)
         self.frames.append(_frame(self.env, self.spec.env_id))
-        return self.arrays
-
-    def env_states(self) -> list[bytes]:
-        """Not saved: a recording lasts one episode."""
-        raise EvalError("a recorded episode's env is not saved")
-
-    def load_env_states(self, states: Sequence[bytes]) -> None:
-        """Not restored: a recording lasts one episode."""
-        raise EvalError("a recorded episode's env is not restored")
-
-    def close(self) -> None:
-        """The caller closes the env it rendered."""
+        return arrays
 
 
 def record_episode(
