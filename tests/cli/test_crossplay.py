@@ -14,7 +14,7 @@ from marl_ppo.config import load_config
 from marl_ppo.eval.evaluate import EvalError
 from marl_ppo.eval.from_checkpoint import evaluate_checkpoint
 from marl_ppo.eval.partners import parse_partners, partner_sides
-from marl_ppo.league.crossplay import CrossPlayError, CrossPlayResult, crossplay_runs, write_crossplay
+from marl_ppo.league.crossplay import CrossPlayError, CrossPlayResult, crossplay_runs
 from marl_ppo.run.loop import train
 from tests.helpers import ROOT
 
@@ -199,7 +199,9 @@ def test_bad_input_gets_one_line(runs, tmp_path):
     with pytest.raises(EvalError, match="defines no callable 'missing'"):
         evaluate_checkpoint(spread[0], episodes=1, out=tmp_path, partners={"agent_1": "json:missing"})
     with pytest.raises(EvalError, match="which is not allowed now"):
-        evaluate_checkpoint(game, episodes=1, out=tmp_path, partners={"player_2": "tests.cli.test_crossplay:taken"})
+        evaluate_checkpoint(
+            game, episodes=1, out=tmp_path, partners={"player_2": "tests.cli.test_crossplay:taken"}
+        )
 
 
 def taken(observation, mask, agent):
