@@ -56,7 +56,7 @@ class Recorder:
         self.reset()
 
     def reset(self):
-        self.moves = []
+        self.moves: list[tuple[np.ndarray, np.ndarray, int]] = []
         Recorder.episodes.append(self.moves)
 
     def __call__(self, observation, mask, agent):
@@ -144,6 +144,7 @@ def test_gap_and_bounds_by_hand():
     low, high = gap["gap_ci95"]
     assert 3.0 <= low <= 4.5 <= high <= 6.0
     normalised = result.normalised()
+    assert normalised is not None
     np.testing.assert_allclose(normalised[:, 1], [2 / 10, 8 / 10])
     np.testing.assert_allclose(normalised[:, 2], [(0 + 1) / 2, (1 + 1) / 2])
     assert np.isnan(normalised[:, 0]).all()  # no bounds for r0

@@ -348,12 +348,14 @@ def test_a_linear_entropy_schedule_follows_its_line_and_resumes_exactly(
 ):
     schedule = ("ppo.entropy_schedule=linear", "ppo.entropy_coef=0.1", "ppo.entropy_final=0.02")
     config = _config(tiny_overrides, *schedule)
-    weights = []
-    monkeypatch.setattr(
-        Trainer,
-        "set_entropy_coef",
-        lambda self, coef: weights.append(coef) or setattr(self, "entropy_coef", coef),
-    )
+    weights: list[float] = []
+    set_coef = Trainer.set_entropy_coef
+
+    def recorded(self, coef):
+        weights.append(coef)
+        set_coef(self, coef)
+
+    monkeypatch.setattr(Trainer, "set_entropy_coef", recorded)
     straight = train(config, tmp_path / "straight")
     total = 2 * K * STEPS_PER_UPDATE
     expected = [0.02 + 0.08 * (1 - STEPS_PER_UPDATE * u / total) for u in range(2 * K)]
