@@ -217,10 +217,12 @@ def chunk_minibatches(
 
 
 def diagnostic_chunks(batches: Mapping[str, Sequences], max_rows: int) -> Mapping[str, Sequences]:
-    """The sequences, or an even stride of as many chunks as hold `max_rows` steps."""
+    """The sequences, or an even stride of as many chunks as hold `max_rows` agent-steps (a chunk holds
+    its steps times every group's agents: a large team's chunks count for what they cost to evaluate)."""
     first = next(iter(batches.values()))
     length, size = first.alive.shape[:2]
-    keep = max(1, max_rows // length)
+    agents = sum(batch.alive.shape[-1] for batch in batches.values())
+    keep = max(1, max_rows // (length * agents))
     if size <= keep:
         return batches
     index = torch.linspace(0, size - 1, keep, device=first.alive.device).long()

@@ -20,8 +20,8 @@ class TrainStats:
 
     loss_pi: float
     """Actor loss over the batch after the update (clipped surrogate minus entropy bonus). This and the
-    other after-update diagnostics use the whole batch up to DIAGNOSTIC_ROWS env steps, else an even
-    stride of that many rows."""
+    other after-update diagnostics use the whole batch up to DIAGNOSTIC_ROWS agent-steps, else an even
+    stride of env steps holding about that many."""
     delta_loss_pi: float
     """loss_pi after minus before the update."""
     loss_v: float
@@ -96,12 +96,13 @@ def lag_statistics(
 
 
 DIAGNOSTIC_ROWS = 8192
-"""Env steps the before/after-update diagnostics are computed on; more would only cost learner time."""
+"""Agent-steps (an env step counts once per agent of every group) the before/after-update diagnostics
+are computed on; more would only cost learner time, the more so the larger the team."""
 
 
 def diagnostic_rows(batches: Mapping[str, Sequences]) -> Mapping[str, Sequences]:
-    """The sequences, or an even stride of whole chunks holding DIAGNOSTIC_ROWS env steps when they are
-    larger (chunks of one step for feed-forward networks: rows)."""
+    """The sequences, or an even stride of whole chunks holding at most DIAGNOSTIC_ROWS agent-steps when
+    they hold more (chunks of one env step for feed-forward networks: rows)."""
     return diagnostic_chunks(batches, DIAGNOSTIC_ROWS)
 
 

@@ -18,16 +18,19 @@ def test_diagnostic_rows_are_an_even_stride_with_both_ends(spread_config):
         name: cut_batch(b, length=1, advantages=b.advantages, returns=b.returns, value_ref=b.values_old)
         for name, b in flat.items()
     }
-    assert stats_module.diagnostic_rows(batches) is batches  # 50 rows: all of them
-    stats_module.DIAGNOSTIC_ROWS = 8
+    assert stats_module.diagnostic_rows(batches) is batches  # 50 env steps of 3 agents: all of them
+    stats_module.DIAGNOSTIC_ROWS = 24  # agent-steps: 8 env steps of the 3 agents
     try:
         subset = stats_module.diagnostic_rows(batches)
+        stats_module.DIAGNOSTIC_ROWS = 23  # 7 env steps and 2 agents' worth: whole env steps, so 7
+        fewer = stats_module.diagnostic_rows(batches)
     finally:
         stats_module.DIAGNOSTIC_ROWS = 8192
     rows = [0, 7, 14, 21, 28, 35, 42, 49]
     assert list(subset) == list(batches)
     assert torch.equal(subset["agent"].inputs.obs[0], flat["agent"].obs[rows])
     assert torch.equal(subset["agent"].inputs.state[0], flat["agent"].state[rows])
+    assert torch.equal(fewer["agent"].inputs.obs[0], flat["agent"].obs[[0, 8, 16, 24, 32, 40, 49]])
 
 
 def test_the_diagnostic_subset_leaves_learning_unchanged(spread_config, tmp_path, monkeypatch):
