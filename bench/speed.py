@@ -3,7 +3,9 @@
 For each case the raw env is stepped alone (random actions drawn beforehand, one process) just
 before and just after a training run, which runs as a separate process; this repeats several times.
 The script prints medians, the ratio of each training run to the raw rate around it (median and
-range), the training's timing split (env stepping, acting, learning) and its peak RSS.
+range), the training's timing split (env stepping, acting, learning) and its peak RSS. Last, the
+learner cases (`bench/learner.py`): one PPO update's time per minibatch step against its matrix
+products' time, in this process.
 
     python -m bench.speed [--repeats N] [--steps N] [--only NAME ...] [--device cpu|cuda]
 
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bench import learner
 from bench.pairs import PeerCase, median, peer_cases, peer_report, run_pair
 from marl_ppo.run.rundir import read_summary
 
@@ -396,6 +399,12 @@ def main(argv: list[str] | None = None) -> int:
     ray_line = paired_ratio(selected, "spread 2 ray workers", "spread 2 workers")
     if ray_line is not None:
         print(ray_line)
+    updates = [name for name in learner.CASES if not options.only or any(w in name for w in options.only)]
+    if updates:  # one PPO update against its matrix products, in this process (under a minute)
+        print()
+        print(learner.HEADER)
+        for name in updates:
+            print(learner.measure(name, learner.REPEATS).line(), flush=True)
     return 0
 
 
