@@ -45,7 +45,11 @@ RANDOM = "random"
 """The uniform random policy's player name."""
 
 SCRIPTED_PREFIX = "scripted/"
-SCRIPTED: dict[str, str] = {}
+SCRIPTED: dict[str, str] = {
+    "connect_four": "marl_ppo.eval.scripted.connect_four:connect_four",
+    "hanabi": "marl_ppo.eval.scripted.hanabi:hanabi",
+    "smax": "marl_ppo.eval.scripted.smax:SmaxHeuristic",
+}
 """The scripted players the project ships: `scripted/NAME` -> the `module:callable` that plays it."""
 
 
