@@ -300,6 +300,14 @@ def _add_rate(commands: Commands) -> argparse.ArgumentParser:
         help="also rate this checkpoint (repeatable)",
     )
     rate.add_argument(
+        "--player",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="also rate this player (repeatable): scripted/NAME, package.module:callable, file.py:callable, "
+        "a run directory or a checkpoint",
+    )
+    rate.add_argument(
         "--episodes", type=int, default=10, help="games per pair of players and side (default: 10)"
     )
     rate.add_argument(
@@ -764,6 +772,7 @@ def _rate(options: argparse.Namespace) -> int:
     rated = rate_runs(
         options.runs,
         policies=options.policy,
+        players=options.player,
         episodes=options.episodes,
         max_players=options.max_players,
         seed=options.seed,

@@ -1,8 +1,9 @@
 """Rating policies by play: the hook training calls after each pool snapshot, and `marl-ppo rate`.
 
 `marl-ppo rate RUN_DIR [RUN_DIR ...]` rates each run's pool snapshots (`league/pool/`), its final
-policy, the uniform random policy and any checkpoint named with `--policy`, all on one env: a
-round-robin in which every pair of players meets with each of them on each side for `episodes`
+policy, the uniform random policy, any checkpoint named with `--policy` and any player named with
+`--player` (a scripted one such as `scripted/connect_four`, `module:callable`, another run), all on
+one env: a round-robin in which every pair of players meets with each of them on each side for `episodes`
 games, the ratings updated game by game in the order played (`league.ladder` writes the results).
 """
 
@@ -24,7 +25,8 @@ from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.envs.vector.base import VectorEnv
 from marl_ppo.eval.evaluate import EvalError, eval_config
 from marl_ppo.eval.from_checkpoint import load_policy
-from marl_ppo.eval.players import RANDOM, policy_player, random_player
+from marl_ppo.eval.loading import resolve_checkpoint
+from marl_ppo.eval.players import RANDOM, Player, partner_player, player_name, policy_player, random_player
 from marl_ppo.eval.versus import sides_of
 from marl_ppo.faults import UserError
 from marl_ppo.league.ladder import LadderFiles, write_ladder
@@ -121,6 +123,24 @@ def file_player(path: Path) -> PolicyFile:
     return PolicyFile(name, path)
 
 
+def named_player(text: str) -> PolicyFile | str:
+    """A `--player`: a run directory or checkpoint as a policy file (its env is checked with the runs'),
+    else the text itself for `partner_player` to read once the env is built (`random`, `scripted/NAME`,
+    `module:callable`)."""
+    path = Path(text)
+    if path.is_dir() or (path.is_file() and path.suffix != ".py"):
+        try:
+            checkpoint, _ = resolve_checkpoint(path)
+        except UserError as err:
+            raise RateError(f"rate: --player '{text}': {err}") from None
+        return PolicyFile(player_name(path), checkpoint)
+    if text == RANDOM:
+        raise RateError(
+            "rate: --player random is rated already (the random policy always plays); leave it out"
+        )
+    return text
+
+
 def _unique(files: Sequence[PolicyFile]) -> list[PolicyFile]:
     """The files, each once, with a name no other has (a repeated name gets `#2`, `#3`, ...)."""
     seen_paths: set[Path] = set()
@@ -150,6 +170,7 @@ def rate_runs(
     run_dirs: Sequence[Path],
     *,
     policies: Sequence[Path] = (),
+    players: Sequence[str] = (),
     episodes: int = 10,
     max_players: int | None = None,
     seed: int = 0,
@@ -158,19 +179,22 @@ def rate_runs(
     sides: str | None = None,
     score: str = "returns",
 ) -> RateOutput:
-    """`marl-ppo rate`: a round-robin of the runs' policies, the random policy and `policies`, rated and
-    written to `out` (default: the first run's `rating/`). `sides`: `seats` or `teams` (`sides_of`);
-    default the first run's `eval.vs_random`."""
+    """`marl-ppo rate`: a round-robin of the runs' policies, the random policy, `policies` (checkpoints)
+    and `players` (any form `partner_player` reads), rated and written to `out` (default: the first
+    run's `rating/`). `sides`: `seats` or `teams` (`sides_of`); default the first run's `eval.vs_random`."""
     if episodes < 1:
         raise RateError(f"rate: --episodes {episodes} must be at least 1")
     if max_players is not None and max_players < 2:
         raise RateError(f"rate: --max-players {max_players} must be at least 2 (the first and last snapshot)")
     if not run_dirs:
         raise RateError("rate: name at least one run directory")
+    named = [named_player(text) for text in players]
     files = _unique(
         [f for run in run_dirs for f in run_players(Path(run), max_players)]
         + [file_player(Path(p)) for p in policies]
+        + [player for player in named if isinstance(player, PolicyFile)]
     )
+    scripted = list(dict.fromkeys(text for text in named if isinstance(text, str)))
     payloads = {file.name: load_checkpoint(file.path) for file in files}
     first = _same_env(payloads)
     config = build_config(payloads[first]["config"])
@@ -184,18 +208,19 @@ def rate_runs(
     venv = build_vector_env(eval_config(plan.config, 4 * episodes), plan.layout, plan.device)
     try:
         seated = _sides(venv.spec, mode, config.eval.teams)
-        players = [random_player()] + [
+        seated_players: list[Player] = [random_player()] + [
             policy_player(name, _model(payload, venv.spec, plan.device), deterministic=deterministic)
             for name, payload in payloads.items()
         ]
+        seated_players += [_scripted(text, venv.spec, plan.device) for text in scripted]
         ratings = Ratings()
-        for player in players:
+        for player in seated_players:
             ratings.add(player.name)
         games: list[Game] = []
         if score not in ("returns", "roles"):
             raise RateError(f"rate: --score '{score}' is not a way to place players; use returns or roles")
         match = play_duplicate if score == "roles" else play_pair
-        for first_player, second_player in combinations(players, 2):
+        for first_player, second_player in combinations(seated_players, 2):
             games += match(
                 venv,
                 plan.device,
@@ -208,7 +233,7 @@ def rate_runs(
     finally:
         venv.close()
     ratings.update_all(games)
-    names = [player.name for player in players]
+    names = [player.name for player in seated_players]
     out_dir = Path(out) if out is not None else Path(run_dirs[0]) / "rating"
     written = write_ladder(out_dir, ratings, games, names, by_return=mode == "teams")
     return RateOutput(ratings, games, names, written)
@@ -242,6 +267,15 @@ def _sides(
                 "a game of two or more sides"
             ) from None
         raise
+
+
+def _scripted(text: str, spec: TeamSpec, device: torch.device) -> Player:
+    """A `--player` that is not a run: `partner_player`'s, its errors as `rate`'s one line."""
+    try:
+        return partner_player(text, spec, device)
+    except EvalError as err:
+        message = str(err).removeprefix(f"partner '{text}': ")
+        raise RateError(f"rate: --player '{text}': {message}") from None
 
 
 def _model(payload: dict[str, Any], spec: TeamSpec, device: torch.device) -> TeamModel:

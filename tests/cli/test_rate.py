@@ -103,6 +103,51 @@ def test_rate_takes_policy_files_and_writes_into_the_first_run_by_default(runs, 
     assert players == {"random", "ttt/u1", "ttt/u3", "ttt/final", "snapshot_u0000002"}
 
 
+def lowest_free(observation, mask, agent):
+    """A scripted tic-tac-toe player: the free square of the lowest number."""
+    return int(mask.nonzero()[0][0])
+
+
+def highest_free(observation, mask, agent):
+    """A scripted tic-tac-toe player: the free square of the highest number."""
+    return int(mask.nonzero()[0][-1])
+
+
+def test_rate_plays_scripted_players_and_other_runs_beside_the_runs(runs, tmp_path, capsys):
+    game = runs[0]
+    snapshot = game / "league" / "pool" / "snapshot_u0000002.pt"
+    players = ["tests.cli.test_rate:lowest_free", "tests.cli.test_rate:highest_free", str(snapshot)]
+    args = ["rate", str(game), "--episodes", "2", "--max-players", "2", "--out", str(tmp_path)]
+    assert main([*args, *(f"--player={p}" for p in players)]) == 0
+    # random, u1, u3, final, snapshot_u0000002 and the two scripted: 21 pairs x 2 sides x 2 x 2
+    assert "7 players, 168 games: wrote" in capsys.readouterr().out
+    rated = {row["player"]: row for row in _rows(tmp_path / "ratings.csv")}
+    assert set(rated) == {
+        "random",
+        "ttt/u1",
+        "ttt/u3",
+        "ttt/final",
+        "snapshot_u0000002",
+        "tests.cli.test_rate:lowest_free",
+        "tests.cli.test_rate:highest_free",
+    }
+    assert all(row["games"] == "48" for row in rated.values())
+    # the two scripted players against each other: whoever moves first (player_1) takes a line in five
+    # moves (0, 1, 2 or 8, 7, 6) before the other completes one; so each wins the 4 games it opens
+    games = [json.loads(line) for line in (tmp_path / "games.jsonl").read_text().splitlines()]
+    scripted = {"tests.cli.test_rate:lowest_free", "tests.cli.test_rate:highest_free"}
+    between = [g for g in games if set(g["players"].values()) == scripted]
+    assert len(between) == 8
+    for g in between:
+        assert g["ranks"] == {"player_1": 1, "player_2": 2} and g["returns"] == {
+            "player_1": 1.0,
+            "player_2": -1.0,
+        }
+    cells = {(r["row"], r["column"]): r for r in _rows(tmp_path / "crossplay.csv")}
+    cell = cells["tests.cli.test_rate:lowest_free", "tests.cli.test_rate:highest_free"]
+    assert (cell["games"], cell["wins"], cell["losses"], float(cell["score"])) == ("8", "4", "4", 0.5)
+
+
 @pytest.mark.parametrize(
     ("case", "message"),
     [
@@ -119,6 +164,17 @@ def test_rate_takes_policy_files_and_writes_into_the_first_run_by_default(runs, 
         ),
         ("one_team", "rate: env 'mpe2/simple_spread_v3' has one side (teams: agents"),
         ("max_players", "rate: --max-players 1 must be at least 2"),
+        (
+            "unknown_scripted",
+            "rate: --player 'scripted/nope': no scripted player 'nope'; the project ships scripted/connect_four, "
+            "scripted/hanabi, scripted/smax",
+        ),
+        ("player_random", "rate: --player random is rated already"),
+        ("player_other_env", "rate: runs ttt and rps are of env classic/tictactoe_v3 and env classic/rps_v2"),
+        (
+            "player_no_callable",
+            "rate: --player 'tests.cli.test_rate:nothing': 'tests.cli.test_rate' defines no",
+        ),
     ],
 )
 def test_bad_rate_input_is_one_line_and_exit_status_2(runs, tmp_path, capsys, case, message):
@@ -132,6 +188,10 @@ def test_bad_rate_input_is_one_line_and_exit_status_2(runs, tmp_path, capsys, ca
         "sides_unset": [str(spread)],
         "one_team": [str(spread), "--sides", "teams"],
         "max_players": [str(game), "--max-players", "1"],
+        "unknown_scripted": [str(game), "--player", "scripted/nope"],
+        "player_random": [str(game), "--player", "random"],
+        "player_other_env": [str(game), "--player", str(rps)],
+        "player_no_callable": [str(game), "--player", "tests.cli.test_rate:nothing"],
     }[case]
     assert main(["rate", *args, "--episodes", "1", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
