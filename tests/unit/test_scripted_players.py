@@ -71,6 +71,8 @@ def test_connect_four_takes_a_win_blocks_a_loss_and_prefers_the_centre():
     assert _play(vertical_block) == 0
     both = _board(empty[:3] + ["o......", "o......", "o.xxx.."])  # a win (1 or 5) beats a block (0)
     assert _play(both) == 1  # of two wins, the first in CENTRE_FIRST
+    with pytest.raises(EvalError, match="reads classic/connect_four_v3's 6 x 7 x 2 board .84 values.; this"):
+        c4.connect_four(np.zeros(18), np.ones(9, bool), "player_1")  # a tic-tac-toe board
     diagonal_win = _board(empty[:2] + ["......o", "....xo.", "...xoo.", "..xooxx"])
     assert _play(diagonal_win) == 5  # x at (5,2),(4,3),(3,4): (2,5) lands on o at (3,5)
     assert c4.landing_row(_board(empty[:2] + ["......o", "....xo.", "...xoo.", "..xooxx"]), 5) == 2
@@ -215,6 +217,8 @@ def test_hanabi_rules_on_hand_made_views():
     assert rules(_observation(partner=(23, 22, 18, 17, 13)), no_discard, "player_0") == 18
     with pytest.raises(EvalError, match="canonical observation of 658 values"):
         rules(np.zeros(100), every, "player_0")
+    with pytest.raises(EvalError, match="plays classic/hanabi_v5's 20 actions .* this env has 21"):
+        rules(_observation(), np.ones(21, bool), "agent_0")  # JaxMARL's Hanabi: same length, a no-op more
 
 
 @pytest.fixture(scope="module")

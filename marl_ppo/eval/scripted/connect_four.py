@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from marl_ppo.eval.evaluate import EvalError
+
 ROWS, COLUMNS = 6, 7
 CENTRE_FIRST = (3, 2, 4, 1, 5, 0, 6)
 """Columns in order of preference when no move wins or blocks: the centre, then outwards, left first."""
@@ -18,7 +20,13 @@ _DIRECTIONS = ((0, 1), (1, 0), (1, 1), (1, -1))
 
 def decode(observation: np.ndarray) -> np.ndarray:
     """The board as a `(6, 7)` int array: 1 the observer's pieces, -1 the opponent's, 0 empty."""
-    board = np.asarray(observation).reshape(ROWS, COLUMNS, 2)
+    values = np.asarray(observation)
+    if values.size != ROWS * COLUMNS * 2:
+        raise EvalError(
+            f"scripted/connect_four reads classic/connect_four_v3's 6 x 7 x 2 board ({ROWS * COLUMNS * 2} "
+            f"values); this observation has {values.size}: play it on classic/connect_four_v3"
+        )
+    board = values.reshape(ROWS, COLUMNS, 2)
     return board[..., 0].astype(int) - board[..., 1].astype(int)
 
 

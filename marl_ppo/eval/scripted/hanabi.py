@@ -158,6 +158,11 @@ class HanabiRules:
         """The action of the first rule that applies, among the allowed ones."""
         layout = self.layout
         legal = np.ones(layout.num_actions(), bool) if action_mask is None else np.asarray(action_mask, bool)
+        if legal.size != layout.num_actions():
+            raise EvalError(
+                f"scripted/hanabi plays classic/hanabi_v5's {layout.num_actions()} actions (discard, play, "
+                f"reveal a colour or a rank); this env has {legal.size}: play it on classic/hanabi_v5"
+            )
         view = decode(observation, layout)
         playable, useless, critical = self._card_classes(view)
         hand, colors = layout.hand_size, layout.colors
