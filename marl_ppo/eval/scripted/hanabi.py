@@ -171,9 +171,9 @@ class HanabiRules:
                 return hand + position
         hints = [a for a in range(2 * hand, 2 * hand + colors + layout.ranks) if legal[a]]
         if hints:
-            choice = self._hint_for_playable(view, playable, hints) or self._save(
-                view, useless, critical, hints
-            )
+            choice = self._hint_for_playable(view, playable, hints)
+            if choice is None:
+                choice = self._save(view, useless, critical, hints)
             if choice is not None:
                 return choice
         discards = [position for position in range(hand) if legal[position]]
@@ -236,8 +236,9 @@ class HanabiRules:
         if not critical[identity]:
             return None
         touching = [a for a in hints if self._revealed(a)[identity]]
-        ranked = sorted(touching, key=lambda a: -int(a >= 2 * self.layout.hand_size + self.layout.colors))
-        return ranked[0] if ranked else None
+        ranks = [a for a in touching if a >= 2 * self.layout.hand_size + self.layout.colors]
+        chosen = ranks or touching  # a rank hint first: it marks a 5 as one
+        return chosen[0] if chosen else None
 
     @staticmethod
     def _discard(possible: np.ndarray, hinted: np.ndarray, useless: np.ndarray, positions: list[int]) -> int:
