@@ -241,7 +241,7 @@ def register_hanabi() -> None:
     (5 colours, 5 ranks, hand of 5, 8 hint and 3 life tokens) unless env.kwargs say otherwise."""
     register_env(
         "classic/hanabi_v5",
-        functools.partial(pettingzoo_aec, "classic/hanabi-v5"),
+        "marl_ppo.envs.openspiel:hanabi",
         extra="classic",
         requires=("pettingzoo", "pyspiel", "shimmy"),
     )

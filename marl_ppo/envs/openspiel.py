@@ -15,6 +15,8 @@ policy whose NashConv OpenSpiel can compute:
 - a reset without a seed continues the env's own random stream (the next seed drawn from it) instead
   of drawing a fresh one from the operating system, so a seeded run deals the same cards again.
 
+`hanabi` is PettingZoo's Hanabi with the last change (`DealsFromSeed`).
+
 This module imports Shimmy and OpenSpiel (`pyspiel`); the catalog imports it only to build an env.
 """
 
@@ -25,6 +27,7 @@ from typing import Any
 import numpy as np
 import pyspiel
 from gymnasium import spaces
+from pettingzoo.utils import BaseWrapper
 from shimmy import OpenSpielCompatibilityV0
 
 from marl_ppo.envs.registry import EnvError
@@ -82,3 +85,23 @@ class InformationStateGame(OpenSpielCompatibilityV0):
         if seed is None and hasattr(self, "np_random"):
             seed = int(self.np_random.integers(2**63))
         super().reset(seed=seed, options=options)
+
+
+class DealsFromSeed(BaseWrapper):
+    """A PettingZoo env of an OpenSpiel game through Shimmy (PettingZoo's Hanabi) whose reset without a
+    seed continues the stream of the last seeded one, as `InformationStateGame.reset` does, instead of
+    dealing from the operating system's entropy: every game of a seeded run is dealt again."""
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> None:
+        if seed is not None:
+            self._deals = np.random.default_rng(seed)
+        elif getattr(self, "_deals", None) is not None:
+            seed = int(self._deals.integers(2**31))  # Hanabi takes its seed as a C++ int
+        self.env.reset(seed=seed, options=options)
+
+
+def hanabi(**kwargs: Any) -> Any:
+    """PettingZoo's Hanabi (OpenSpiel's game through Shimmy) with reproducible deals (`DealsFromSeed`)."""
+    import pettingzoo
+
+    return DealsFromSeed(pettingzoo.make("aec", "classic/hanabi-v5", **kwargs))

@@ -131,3 +131,28 @@ def test_the_poker_envs_pass_pettingzoo_api_test(env_id):
     from pettingzoo.test import api_test
 
     api_test(make_env(env_id), num_cycles=200)
+
+
+def test_hanabi_deals_every_game_of_a_seeded_run_again():
+    """PettingZoo's Hanabi deals an unseeded reset from the operating system's entropy; ours continues
+    the seeded stream: more games than env copies repeat exactly, and another seed deals others."""
+    import torch
+
+    from marl_ppo.config import load_config
+    from marl_ppo.eval.evaluate import run_episodes
+    from tests.helpers import ROOT, vector_env
+
+    config = load_config(
+        ROOT / "experiments/classic/hanabi_v5.yaml", ["rollout.num_envs=2", "rollout.vector=sync"]
+    )
+    venv = vector_env(config)
+    try:
+        cpu = torch.device("cpu")
+        played = [
+            run_episodes(venv, None, cpu, episodes=8, seed=seed, deterministic=False) for seed in (5, 5, 6)
+        ]
+    finally:
+        venv.close()
+    np.testing.assert_array_equal(played[0].agent_returns, played[1].agent_returns)
+    np.testing.assert_array_equal(played[0].lengths, played[1].lengths)
+    assert not np.array_equal(played[0].lengths, played[2].lengths)

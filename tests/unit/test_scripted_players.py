@@ -93,7 +93,7 @@ def test_connect_four_beats_random_on_both_seats(connect_four_env):
         venv, CPU, greedy, random_player(), sides=sides_of(venv.spec, "seats"), episodes_per_side=50, seed=3
     )
     assert len(games) == 200  # each on each of the two seats, 50 games
-    wins = {side: [] for side in ("player_0", "player_1")}
+    wins: dict[str, list[bool]] = {side: [] for side in ("player_0", "player_1")}
     for game in games:
         side = next(s for s, name in game.players.items() if name == "scripted/connect_four")
         wins[side].append(game.player_ranks()["scripted/connect_four"] < game.player_ranks()["random"])
@@ -107,8 +107,10 @@ def test_connect_four_beats_random_on_both_seats(connect_four_env):
 def _parse_state(text):
     """Fireworks, life and info tokens, hands and discards from OpenSpiel's Hanabi state string."""
     colours = "RYGWB"
-    life = int(re.search(r"Life tokens: (\d+)", text).group(1))
-    info = int(re.search(r"Info tokens: (\d+)", text).group(1))
+    life_match = re.search(r"Life tokens: (\d+)", text)
+    info_match = re.search(r"Info tokens: (\d+)", text)
+    assert life_match is not None and info_match is not None
+    life, info = int(life_match.group(1)), int(info_match.group(1))
     fireworks = [int(n) for n in re.findall(r"[RYGWB](\d)", text.split("Fireworks:")[1].split("\n")[0])]
     hands_text = text.split("Hands:")[1].split("Deck size:")[0]
     hands = [
