@@ -140,6 +140,9 @@ def _before_sections(config):
         old[top] = old[section].pop(name)
     # keys that came later than the sections: an old run never stored them
     old["eval"].pop("nash_conv")
+    old["eval"].pop("partners")
+    old["ppo"].pop("entropy_schedule")
+    old["ppo"].pop("entropy_final")
     old.pop("league")
     for name in [key for key in old["model"] if key.startswith("init_")]:
         old["model"].pop(name)
