@@ -10,7 +10,8 @@ actions, or modes with `--deterministic`). Every cell is played from the same se
 same env resets, so the cells differ only by who plays.
 
 The self-play/cross-play gap is the mean of the diagonal minus the mean of the off-diagonal cells
-between runs, with a 95% bootstrap interval (episodes resampled within each cell). Given per-partner
+between runs, with a 95% bootstrap interval (episodes resampled within each cell), and where both
+are positive their ratio. Given per-partner
 bounds (`--bounds FILE`: partner name -> [low, high], for example its return with a random partner
 and with a best response), each cell is also normalised by its column's bounds:
 (return - low) / (high - low).
@@ -113,7 +114,7 @@ class CrossPlayResult:
             "cross_play": cross,
             "gap": self_play - cross,
             "gap_ci95": [float(low), float(high)],
-            "ratio": cross / self_play if self_play else None,
+            "ratio": cross / self_play if self_play > 0 and cross >= 0 else None,  # of positive returns only
         }
 
     def to_dict(self) -> dict[str, Any]:
