@@ -15,7 +15,7 @@ Every other network (recurrent, CNN, Box or MultiDiscrete actions, bf16) is refu
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import gymnasium as gym
@@ -27,7 +27,10 @@ from marl_ppo.models.distributions import MASKED_LOGIT
 from marl_ppo.models.layers import AgentMLP
 from marl_ppo.models.team import TeamModel
 
-_ACTIVATION_NAMES = {torch.tanh: "tanh", torch.relu: "relu"}
+_ACTIVATION_NAMES: dict[Callable[[torch.Tensor], torch.Tensor], str] = {
+    torch.tanh: "tanh",
+    torch.relu: "relu",
+}
 """The JAX function of each activation `AgentMLP` takes, by name (see `_activate`)."""
 
 
@@ -80,7 +83,9 @@ def unsupported_reason(model: TeamModel) -> str | None:
         networks = model.group(name)
         actor, critic = networks.actor, networks.critic
         if not isinstance(actor.action_space, gym.spaces.Discrete):
-            return f"group '{name}' has {actor.action_space} actions; the compiled rollout covers Discrete ones"
+            return (
+                f"group '{name}' has {actor.action_space} actions; the compiled rollout covers Discrete ones"
+            )
         if actor.carry_size or critic.carry_size:
             return f"group '{name}' has a recurrent network; the compiled rollout covers feed-forward ones"
         if actor.features is not None or critic.images is not None:
@@ -146,7 +151,10 @@ class JaxPolicy:
     def _mlp_params(self, mlp: AgentMLP) -> MlpParams:
         acting = ActingMLP(mlp)
         weight, bias, agent_bias = acting.first
-        rest = tuple(layer.weight for layer in mlp.linears[1:]), tuple(layer.bias for layer in mlp.linears[1:])
+        rest = (
+            tuple(layer.weight for layer in mlp.linears[1:]),
+            tuple(layer.bias for layer in mlp.linears[1:]),
+        )
         return MlpParams(
             first=(self._array(weight), self._array(bias)),
             agent_bias=None if agent_bias is None else self._array(agent_bias),

@@ -31,7 +31,8 @@ def _assert_close(got, expected):
 def _config(env, *overrides):
     return settle_copies(
         load_config(
-            None, [f"env.id=jaxmarl/{env}", f"rollout.num_envs={COPIES}", "model.hidden_sizes=[32,32]", *overrides]
+            None,
+            [f"env.id=jaxmarl/{env}", f"rollout.num_envs={COPIES}", "model.hidden_sizes=[32,32]", *overrides],
         )
     )
 
@@ -48,7 +49,9 @@ def _batch(venv):
     obs and masks, and the team state."""
     generator = torch.Generator().manual_seed(0)
     arrays = venv.reset(3)
-    obs, masks, states = {g.name: [] for g in venv.spec.groups}, {g.name: [] for g in venv.spec.groups}, []
+    obs: dict[str, list[torch.Tensor]] = {g.name: [] for g in venv.spec.groups}
+    masks: dict[str, list[torch.Tensor]] = {g.name: [] for g in venv.spec.groups}
+    states = []
     for _ in range(STEPS):
         states.append(arrays.state.clone())
         actions = {}
@@ -116,8 +119,10 @@ def test_logits_log_probs_and_values_equal_acting_views(env, critic, share_actor
             dist, _ = view.actor(name, obs[name], masks[name], carry, flags, flags)
             values, _ = view.critic(name, state, obs[name], torch.zeros((copies, 0, 0)), flags, flags)
         mask = jnp.asarray(masks[name].numpy())
-        logits = np.asarray(jax.jit(policy.logits, static_argnums=0)(name, params, jnp.asarray(obs[name].numpy()), mask))
-        expected = dist.parts[0].logits.numpy()
+        logits = np.asarray(
+            jax.jit(policy.logits, static_argnums=0)(name, params, jnp.asarray(obs[name].numpy()), mask)
+        )
+        expected = dist.parts[0].logits.numpy()  # type: ignore[attr-defined]  # a TorchDistribution
         allowed = np.ones(expected.shape, bool) if g.mask_dim == 0 else masks[name].numpy()
         _assert_close(logits[allowed], expected[allowed])
         assert (np.exp(logits[~allowed]) == 0).all() and (logits[~allowed] < -1e8).all()
@@ -127,7 +132,9 @@ def test_logits_log_probs_and_values_equal_acting_views(env, critic, share_actor
         _assert_close(
             log_prob(jnp, jnp.asarray(logits), jnp.asarray(actions.numpy())), dist.log_prob(actions).numpy()
         )
-        got = np.asarray(policy.values(name, params, jnp.asarray(state.numpy()), jnp.asarray(obs[name].numpy())))
+        got = np.asarray(
+            policy.values(name, params, jnp.asarray(state.numpy()), jnp.asarray(obs[name].numpy()))
+        )
         assert got.shape == values.shape == (steps, copies, agents)
         _assert_close(got, values.numpy())
         assert np.abs(values.numpy()).max() > 0.1  # the values are not trivially 0
@@ -146,7 +153,12 @@ def test_sampled_actions_follow_the_logits_and_never_take_a_masked_action():
     obs, masks, state = _batch(venv)
     policy = JaxPolicy(model)
     (group,) = venv.spec.groups
-    logits = policy.logits(group.name, policy.params(), jnp.asarray(obs[group.name][2:3].numpy()), jnp.asarray(masks[group.name][2:3].numpy()))
+    logits = policy.logits(
+        group.name,
+        policy.params(),
+        jnp.asarray(obs[group.name][2:3].numpy()),
+        jnp.asarray(masks[group.name][2:3].numpy()),
+    )
     draws = 20_000
     keys = jax.random.split(jax.random.PRNGKey(0), draws)
     actions, logp = jax.vmap(policy.sample, in_axes=(0, None))(keys, logits)
@@ -155,7 +167,9 @@ def test_sampled_actions_follow_the_logits_and_never_take_a_masked_action():
     allowed = masks[group.name][2:3].numpy()[None]
     chosen = np.take_along_axis(allowed, actions[..., None], -1)[..., 0]
     assert chosen.all()
-    np.testing.assert_allclose(logp, np.log(np.take_along_axis(probs, actions[..., None], -1)[..., 0]), atol=1e-5)
+    np.testing.assert_allclose(
+        logp, np.log(np.take_along_axis(probs, actions[..., None], -1)[..., 0]), atol=1e-5
+    )
     frequency = (actions[..., None] == np.arange(probs.shape[-1])).mean(0)
     error = np.sqrt(probs[0] * (1 - probs[0]) / draws)
     assert (np.abs(frequency - probs[0]) <= 4 * error + 1e-9).all()
@@ -164,7 +178,10 @@ def test_sampled_actions_follow_the_logits_and_never_take_a_masked_action():
 @pytest.mark.parametrize(
     ("override", "reason"),
     [
-        ("model.recurrent=gru", "group 'agent' has a recurrent network; the compiled rollout covers feed-forward ones"),
+        (
+            "model.recurrent=gru",
+            "group 'agent' has a recurrent network; the compiled rollout covers feed-forward ones",
+        ),
         ("model.precision=bf16", "model.precision=bf16; the compiled rollout computes in fp32"),
     ],
 )
