@@ -144,6 +144,8 @@ def test_a_sampled_rollout_repeats_from_its_key_takes_allowed_actions_and_replay
         return jax.tree.map(lambda t: t.clone(), records)
 
     first, again, other = sampled(0), sampled(0), sampled(1)
+    # one program whether the copies come from a reset or from the last rollout (jit's cache size)
+    assert rollout._sampled._cache_size() == 1
     (group,) = venv.spec.groups
     actions, masks = first["groups"][group.name]["actions"], first["groups"][group.name]["action_mask"]
     assert torch.equal(actions, again["groups"][group.name]["actions"])

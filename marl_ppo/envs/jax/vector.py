@@ -251,7 +251,10 @@ class JaxVectorEnv:
         }
         if self.family.masks is not None:
             out["mask"] = per_group("action_mask")
-        return self._keys, self._states, out
+        # committed to the arrays' device, as the scan's own outputs are: one compiled program for both
+        device = next(iter(out["state"].devices()))
+        keys, states = self._jax.device_put((self._keys, self._states), device)
+        return keys, states, out
 
     def continue_from(self, keys: Any, states: Any, out: dict[str, Any]) -> None:
         """Take up the copies where a compiled rollout left them: its last keys, states and `out`."""
