@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from marl_ppo.config import load_config
-from marl_ppo.envs.jax.vector import JaxVectorEnv
 from marl_ppo.envs.factory import build_vector_env, probe_layout
+from marl_ppo.envs.jax.vector import JaxVectorEnv
 from marl_ppo.models.team import TeamModel
 from marl_ppo.plan.copies import settle_copies
 from marl_ppo.rollout.buffer import RolloutBuffer
