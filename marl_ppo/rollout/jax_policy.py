@@ -25,7 +25,7 @@ from marl_ppo.envs.jax.runtime import jax_modules
 from marl_ppo.models.acting import ActingMLP
 from marl_ppo.models.distributions import MASKED_LOGIT
 from marl_ppo.models.layers import AgentMLP
-from marl_ppo.models.team import TeamModel
+from marl_ppo.models.team import CRITIC_INPUTS, TeamModel
 
 _ACTIVATION_NAMES: dict[Callable[[torch.Tensor], torch.Tensor], str] = {
     torch.tanh: "tanh",
@@ -113,7 +113,7 @@ def _critic_input(model: TeamModel, name: str) -> str:
         return "team"
     if critic.common_input:
         return "state"
-    return "state+obs" if critic.build_input.__name__ == "_state_obs_input" else "obs"
+    return "state+obs" if critic.build_input is CRITIC_INPUTS["state+obs"][0] else "obs"
 
 
 class JaxPolicy:
