@@ -217,6 +217,50 @@ class JaxVectorEnv:
         self._episode_over = _to_torch(out["done"])
         self._episode_won = _to_torch(out["won"])
 
+    @property
+    def batched_step(self) -> Any:
+        """The jitted `step(keys, states, actions) -> (keys, states, out)` over every copy (see
+        `_batched_functions`), for a compiled rollout to call inside its own program."""
+        return self._step
+
+    def scan_start(self) -> tuple[Any, Any, dict[str, Any]]:
+        """`(keys, states, out)` where the next step starts: the copies' keys and states, and the last
+        step's `out` (as `_batched_functions` gives it) rebuilt from `arrays` as JAX arrays."""
+        groups = self.arrays.groups
+        jnp = self._jax.numpy
+
+        def jax_of(tensor: torch.Tensor) -> Any:
+            return jnp.array(
+                self._jax.dlpack.from_dlpack(tensor.contiguous()), copy=True
+            )  # torch may write it later
+
+        def per_group(field: str) -> dict[str, Any]:
+            return {g.name: jax_of(getattr(groups[g.name], field)) for g in self.spec.groups}
+
+        first = groups[self.spec.groups[0].name]
+        out = {
+            "obs": per_group("obs"),
+            "state": jax_of(self.arrays.state),
+            "final_obs": per_group("final_obs"),
+            "final_state": jax_of(self.arrays.final_state),
+            "reward": per_group("reward"),
+            "terminated": jax_of(first.terminated[:, 0]),
+            "truncated": jax_of(first.truncated[:, 0]),
+            "done": jax_of(self._episode_over),
+            "won": jax_of(self._episode_won),
+        }
+        if self.family.masks is not None:
+            out["mask"] = per_group("action_mask")
+        # committed to the arrays' device, as the scan's own outputs are: one compiled program for both
+        device = next(iter(out["state"].devices()))
+        keys, states = self._jax.device_put((self._keys, self._states), device)
+        return keys, states, out
+
+    def continue_from(self, keys: Any, states: Any, out: dict[str, Any]) -> None:
+        """Take up the copies where a compiled rollout left them: its last keys, states and `out`."""
+        self._keys, self._states = keys, states
+        self._publish(out)
+
     def env_states(self) -> list[bytes]:
         """Every copy's keys and state, as NumPy arrays, in one blob."""
         return [dump_env_state(self._jax.device_get((self._keys, self._states)))]

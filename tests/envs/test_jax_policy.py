@@ -1,0 +1,196 @@
+"""The JAX forward of the team's feed-forward networks (`rollout.jax_policy`) computes acting's numbers:
+on real observations of JaxMARL's MPE and SMAX, its logits, log-probabilities and critic values equal
+`ActingView`'s to 1e-6, masked actions get probability 0, and the networks it does not cover are
+refused in one line."""
+
+import numpy as np
+import pytest
+import torch
+
+from marl_ppo.config import load_config
+from marl_ppo.models.acting import ActingView
+from marl_ppo.models.team import TeamModel
+from marl_ppo.plan.copies import settle_copies
+from tests.helpers import vector_env
+
+pytestmark = pytest.mark.jax  # JAX is imported inside the tests, so that collecting them loads nothing
+
+COPIES = 4
+STEPS = 6
+TOLERANCE = 1e-6
+"""Of the outputs' scale (their largest magnitude, at least 1): XLA's float32 tanh on a CPU is up to
+about 2e-7 from torch's (a few units in the last place), which two layers carry into the logits."""
+
+
+def _assert_close(got, expected):
+    scale = max(1.0, float(np.abs(expected).max()))
+    worst = float(np.abs(np.asarray(got) - expected).max())
+    assert worst <= TOLERANCE * scale, f"max difference {worst:.3g} over {TOLERANCE:g} x scale {scale:.3g}"
+
+
+def _config(env, *overrides):
+    return settle_copies(
+        load_config(
+            None,
+            [f"env.id=jaxmarl/{env}", f"rollout.num_envs={COPIES}", "model.hidden_sizes=[32,32]", *overrides],
+        )
+    )
+
+
+def _random_allowed(mask, n, generator):
+    if mask.shape[-1] == 0:
+        mask = torch.ones((*mask.shape[:-1], n), dtype=torch.bool)
+    logits = torch.where(mask, 0.0, -1e9)
+    return torch.distributions.Categorical(logits=logits).sample()
+
+
+def _batch(venv):
+    """`STEPS` steps of every copy under random allowed actions, stacked `(STEPS, E, ...)`: per group
+    obs and masks, and the team state."""
+    generator = torch.Generator().manual_seed(0)
+    arrays = venv.reset(3)
+    obs: dict[str, list[torch.Tensor]] = {g.name: [] for g in venv.spec.groups}
+    masks: dict[str, list[torch.Tensor]] = {g.name: [] for g in venv.spec.groups}
+    states = []
+    for _ in range(STEPS):
+        states.append(arrays.state.clone())
+        actions = {}
+        for g in venv.spec.groups:
+            group = arrays.groups[g.name]
+            obs[g.name].append(group.obs.clone())
+            masks[g.name].append(group.action_mask.clone())
+            actions[g.name] = _random_allowed(group.action_mask, g.action_space.n, generator)
+        arrays = venv.step(actions)
+    stack = {name: torch.stack(v) for name, v in obs.items()}
+    return stack, {name: torch.stack(v) for name, v in masks.items()}, torch.stack(states)
+
+
+def _model(venv, config):
+    """A model with every weight moved off its initial values (biases, LayerNorm gains and value-norm
+    statistics included), so that every part of the forward shows in the outputs."""
+    torch.manual_seed(1)
+    model = TeamModel(venv.spec, config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    return model
+
+
+def _venvs():
+    cache = {}
+
+    def get(env):
+        if env not in cache:
+            cache[env] = vector_env(_config(env))
+        return cache[env]
+
+    return get
+
+
+_VENV = _venvs()
+
+
+@pytest.mark.parametrize("env", ["mpe_simple_spread_v3", "smax_2s3z"])
+@pytest.mark.parametrize("critic", ["state", "obs", "state+obs", "team"])
+@pytest.mark.parametrize("share_actor", [True, False])
+def test_logits_log_probs_and_values_equal_acting_views(env, critic, share_actor):
+    import jax
+    import jax.numpy as jnp
+
+    from marl_ppo.rollout.jax_policy import JaxPolicy, log_prob
+
+    config = _config(
+        env,
+        f"model.share_actor={str(share_actor).lower()}",
+        f"model.share_critic={str(share_actor or critic == 'team').lower()}",  # a team critic is shared
+        f"ppo.critic={critic}",
+    )
+    venv = _VENV(env)
+    model = _model(venv, config)
+    obs, masks, state = _batch(venv)
+    view, policy = ActingView(model), JaxPolicy(model)
+    params = policy.params()
+    steps, copies = state.shape[:2]
+    for g in venv.spec.groups:
+        name, agents = g.name, g.num_agents
+        flags = torch.ones((steps, copies, agents), dtype=torch.bool)
+        carry = torch.zeros((copies, agents, 0))
+        with torch.no_grad():
+            dist, _ = view.actor(name, obs[name], masks[name], carry, flags, flags)
+            values, _ = view.critic(name, state, obs[name], torch.zeros((copies, 0, 0)), flags, flags)
+        mask = jnp.asarray(masks[name].numpy())
+        logits = np.asarray(
+            jax.jit(policy.logits, static_argnums=0)(name, params, jnp.asarray(obs[name].numpy()), mask)
+        )
+        expected = dist.parts[0].logits.numpy()  # type: ignore[attr-defined]  # a TorchDistribution
+        allowed = np.ones(expected.shape, bool) if g.mask_dim == 0 else masks[name].numpy()
+        _assert_close(logits[allowed], expected[allowed])
+        assert (np.exp(logits[~allowed]) == 0).all() and (logits[~allowed] < -1e8).all()
+        if g.mask_dim:
+            assert (~allowed).any()  # SMAX: the test saw masked actions
+        actions = _random_allowed(masks[name], g.action_space.n, torch.Generator().manual_seed(5))
+        _assert_close(
+            log_prob(jnp, jnp.asarray(logits), jnp.asarray(actions.numpy())), dist.log_prob(actions).numpy()
+        )
+        got = np.asarray(
+            policy.values(name, params, jnp.asarray(state.numpy()), jnp.asarray(obs[name].numpy()))
+        )
+        assert got.shape == values.shape == (steps, copies, agents)
+        _assert_close(got, values.numpy())
+        assert np.abs(values.numpy()).max() > 0.1  # the values are not trivially 0
+
+
+def test_sampled_actions_follow_the_logits_and_never_take_a_masked_action():
+    """Draws from `sample` land on allowed actions only, with frequencies within 4 standard errors of
+    the probabilities, and carry their own log-probabilities."""
+    import jax
+    import jax.numpy as jnp
+
+    from marl_ppo.rollout.jax_policy import JaxPolicy
+
+    venv = _VENV("smax_2s3z")
+    model = _model(venv, _config("smax_2s3z"))
+    obs, masks, state = _batch(venv)
+    policy = JaxPolicy(model)
+    (group,) = venv.spec.groups
+    logits = policy.logits(
+        group.name,
+        policy.params(),
+        jnp.asarray(obs[group.name][2:3].numpy()),
+        jnp.asarray(masks[group.name][2:3].numpy()),
+    )
+    draws = 20_000
+    keys = jax.random.split(jax.random.PRNGKey(0), draws)
+    actions, logp = jax.vmap(policy.sample, in_axes=(0, None))(keys, logits)
+    actions, logp = np.asarray(actions), np.asarray(logp)
+    probs = np.exp(np.asarray(logits))[None]
+    allowed = masks[group.name][2:3].numpy()[None]
+    chosen = np.take_along_axis(allowed, actions[..., None], -1)[..., 0]
+    assert chosen.all()
+    np.testing.assert_allclose(
+        logp, np.log(np.take_along_axis(probs, actions[..., None], -1)[..., 0]), atol=1e-5
+    )
+    frequency = (actions[..., None] == np.arange(probs.shape[-1])).mean(0)
+    error = np.sqrt(probs[0] * (1 - probs[0]) / draws)
+    assert (np.abs(frequency - probs[0]) <= 4 * error + 1e-9).all()
+
+
+@pytest.mark.parametrize(
+    ("override", "reason"),
+    [
+        (
+            "model.recurrent=gru",
+            "group 'agent' has a recurrent network; the compiled rollout covers feed-forward ones",
+        ),
+        ("model.precision=bf16", "model.precision=bf16; the compiled rollout computes in fp32"),
+    ],
+)
+def test_networks_it_does_not_cover_are_refused_in_one_line(override, reason):
+    from marl_ppo.rollout.jax_policy import JaxPolicy, NotCompilable, unsupported_reason
+
+    venv = _VENV("mpe_simple_spread_v3")
+    model = TeamModel(venv.spec, _config("mpe_simple_spread_v3", override))
+    assert unsupported_reason(model) == reason
+    with pytest.raises(NotCompilable, match=reason):
+        JaxPolicy(model)
+    assert unsupported_reason(TeamModel(venv.spec, _config("mpe_simple_spread_v3"))) is None
