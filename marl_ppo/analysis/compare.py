@@ -178,7 +178,8 @@ def markdown_summary(comparison: Comparison, *, reps: int) -> str:
         "",
         f"{len(table.algorithms)} algorithm(s) x {len(table.tasks)} task(s) x {seeds} seed(s). Each run's score is its "
         "absolute metric (the best evaluated policy replayed with 10x the evaluation episodes; runs without one use "
-        "their last evaluation), min-max normalised per task over every algorithm, run, step and episode. "
+        "their last evaluation; a cross-play's runs, their episodes with themselves and with the other runs), "
+        "min-max normalised per task over every algorithm, run, step and episode. "
         f"Intervals are 95% stratified-bootstrap confidence intervals (rliable, {reps} resamples).",
         "",
         *([f"**Warning**: {comparison.warning}.", ""] if comparison.warning else []),
