@@ -195,9 +195,16 @@ def play_episodes(
             for episode in evaluation_step(stepper, acting):
                 finished[episode.copy].append(episode)
     kept = [episode for done, share in zip(finished, quota, strict=True) for episode in done[:share]]
+    return episodes_result(spec.agents, kept, seed=seed, deterministic=deterministic)
+
+
+def episodes_result(
+    agents: Sequence[str], kept: Sequence[Finished], *, seed: int, deterministic: bool
+) -> EvalResult:
+    """The EvalResult of finished episodes, in the order given."""
     agent_returns = np.stack([episode.agent_returns for episode in kept])
     return EvalResult(
-        agents=tuple(spec.agents),
+        agents=tuple(agents),
         team_returns=agent_returns.sum(axis=1),
         agent_returns=agent_returns,
         lengths=np.array([episode.length for episode in kept]),

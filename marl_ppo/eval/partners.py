@@ -12,14 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import numpy as np
 import torch
 
 from marl_ppo.config import ExperimentConfig
 from marl_ppo.envs.grouping import agents_named
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.envs.vector.base import VectorEnv
-from marl_ppo.eval.evaluate import EvalError, EvalResult, PolicyScore, eval_seed
+from marl_ppo.eval.evaluate import EvalError, EvalResult, PolicyScore, episodes_result, eval_seed
 from marl_ppo.eval.players import Player, partner_player, policy_player
 from marl_ppo.eval.seated import play_seated
 from marl_ppo.models.team import TeamModel
@@ -90,16 +89,7 @@ def play_seating(
     ended = play_seated(venv, actings, sides, schedule, device, seed=seed)
     # game g was copy g % E's (g // E)-th episode: the order play_episodes keeps
     kept = [episode for _, episode in sorted(ended, key=lambda game: (game[0] % copies, game[0] // copies))]
-    agent_returns = np.stack([episode.agent_returns for episode in kept])
-    return EvalResult(
-        agents=tuple(venv.spec.agents),
-        team_returns=agent_returns.sum(axis=1),
-        agent_returns=agent_returns,
-        lengths=np.array([episode.length for episode in kept]),
-        seed=seed,
-        deterministic=deterministic,
-        won=None if kept[0].won is None else np.array([bool(episode.won) for episode in kept]),
-    )
+    return episodes_result(venv.spec.agents, kept, seed=seed, deterministic=deterministic)
 
 
 def partner_score(config: ExperimentConfig, venv: VectorEnv, device: torch.device) -> PolicyScore:
