@@ -176,7 +176,10 @@ class RolloutSlice:
         and the games its copies finished against the league's snapshots."""
         collector = self._running()
         if (opponents is None) != (self.opponents is None):
-            raise RuntimeError("a rollout worker with a league's seats needs their plan with each rollout")
+            raise RuntimeError(
+                "a rollout worker plays a league's seats exactly when its rollouts bring their plan: "
+                "one came without the other"
+            )
         if opponents is not None and self.opponents is not None:
             self.snapshot_models.offer(opponents.sources)
             self.opponents.use_plan(opponents.plan)
