@@ -257,3 +257,25 @@ def test_auto_vector_picks_for_a_league_as_for_self_play(tiny_overrides, monkeyp
         resolved = factory.resolve_vector(config, batched=False, step_seconds=lambda: step_s)
         assert resolved.rollout.vector == expected, opponents
         assert resolved.rollout.policy_lag == 0
+
+
+def test_seats_of_a_checkpoint_from_before_each_copy_drew_apart_go_on_with_fresh_generators(
+    tiny_overrides, tmp_path
+):
+    from marl_ppo.league.sampling import copy_generator
+
+    config = load_config(RPS, _tiny(tiny_overrides, "rollout.num_envs=3", "league.opponents=uniform"))
+    plan = plan_run(config)
+    collector, model = build_collector(plan)
+    collector.close()
+    league = League(
+        plan.config, model.spec, tmp_path, lambda: TeamModel(model.spec, plan.config), plan.device
+    )
+    league.attach(collector)
+    assert league.seats is not None
+    old = {"side": torch.tensor([1, 0, 1]), "opponent": torch.tensor([-1, 0, 0]), "memories": {}}
+    league.seats.load_state_dict(old)
+    assert league.seats.side.tolist() == [1, 0, 1] and league.seats.opponent.tolist() == [-1, 0, 0]
+    assert league.seats.drawn  # the episodes under way keep their opponents
+    fresh = [copy_generator(plan.config.seed, copy).bit_generator.state for copy in range(3)]
+    assert [rng.bit_generator.state for rng in league.seats.rngs] == fresh
