@@ -54,6 +54,10 @@ class RunPlan:
     """torch threads while the networks are built and initialised: `threads` without the rule for CNN
     encoders (1 unless set or batched), since the orthogonal init of a CNN's weights varies with the
     thread count: a CNN model starts from the same weights on any number of cores."""
+    rollout_path: str | None = None
+    """How a JaxMARL env's rollouts run, for the start line: `compiled (lax.scan over T steps)` or
+    `per-step (the reason)`, once `rollout.compiled` is settled (`run.build.settle_rollout`); None for
+    other envs, whose rollouts always step per step."""
 
     @property
     def batched(self) -> bool:
@@ -94,7 +98,11 @@ class RunPlan:
                 f"; a league: {league.opponents} over snapshots taken every {league.snapshot_every} updates"
                 + (f", {league.self_play:.0%} self-play" if league.self_play else "")
             )
-        return f"{algorithm} on {config.env.id}{team}: {config.rollout.copies} env copies {where}, {threads}{encoder}"
+        rollout = "" if self.rollout_path is None else f"; rollout: {self.rollout_path}"
+        return (
+            f"{algorithm} on {config.env.id}{team}: {config.rollout.copies} env copies {where}, {threads}"
+            f"{encoder}{rollout}"
+        )
 
 
 def anchored_config(config: ExperimentConfig) -> ExperimentConfig:
