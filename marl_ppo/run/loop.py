@@ -40,7 +40,7 @@ from marl_ppo.plan.host import ActingWatch, cpu_seconds, peak_rss_mb, rss_mb
 from marl_ppo.plan.settle import RunPlan, plan_run
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.source import RolloutSource
-from marl_ppo.run.build import build_collector, settle_rollout
+from marl_ppo.run.build import build_collector
 from marl_ppo.run.code_record import write_code_record
 from marl_ppo.run.memory import check_memory
 from marl_ppo.run.protocol import BEST_CHECKPOINT, EvaluationRecord, absolute_metric, record_video
@@ -82,7 +82,7 @@ def train(
     called after each update (the memory benchmark samples RSS there).
     """
     run_dir = Path(run_dir)
-    plan = settle_rollout(plan_run(config))  # before seeding: the probe steps an env copy
+    plan = plan_run(config)  # before seeding: the probe steps an env copy
     config, device = plan.config, plan.device  # the settled choices are what config.yaml records
     saved = load_resumable(run_dir, config) if resume else None  # a bad checkpoint fails before any work
     if config.log.progress:

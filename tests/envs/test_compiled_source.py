@@ -2,7 +2,7 @@
 a compiled rollout drew, the per-step collector fills the same buffer from the same env copies and
 weights (equal bit for bit where no network computes, within 1e-5 of scale where JAX's forward
 stands in for torch's) and accounts the same episodes, across two rollouts; a compiled run repeats
-from its seed and resumes exactly; the switch settles once, says why in the start line and is recorded."""
+from its seed and resumes exactly; the plan settles the switch once, with the reason for the start line."""
 
 import numpy as np
 import pytest
@@ -18,7 +18,7 @@ from marl_ppo.plan.settle import plan_run
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.collector import Collector
 from marl_ppo.rollout.compiled import CompiledSource
-from marl_ppo.run.build import build_collector, settle_rollout
+from marl_ppo.run.build import build_collector
 from marl_ppo.run.loop import train
 from tests.helpers import K, Killed, assert_identical, crash_at_update, run_state_only, scalars, vector_env
 
@@ -158,9 +158,9 @@ def test_the_rollout_key_comes_from_the_seed_and_the_rollouts_number():
     assert np.array_equal(np.asarray(source.rollout_key()), first)
 
 
-def test_the_switch_settles_once_says_why_in_the_start_line_and_is_recorded(tmp_path):
+def test_the_plan_settles_the_switch_with_the_reason_for_its_start_line():
     def settled(*extra, env="mpe_simple_spread_v3"):
-        return settle_rollout(plan_run(_config(env, *extra)))
+        return plan_run(_config(env, *extra))
 
     plan = settled()
     assert plan.config.rollout.compiled is True
@@ -183,14 +183,16 @@ def test_the_switch_settles_once_says_why_in_the_start_line_and_is_recorded(tmp_
         "rollout.compiled=true: group 'agent' has a recurrent network; the compiled rollout covers "
         "feed-forward ones; set rollout.compiled: auto or false"
     )
-    other = settle_rollout(
-        plan_run(load_config(None, ["env.id=mpe2/simple_spread_v3", "rollout.vector=sync"]))
+    league = plan_run(_config("smax_3m", "league.opponents=uniform"))
+    assert league.config.rollout.compiled is False and league.describe().endswith(
+        "; rollout: per-step (league.opponents=uniform acts snapshots beside the learner at every step)"
     )
+    other = plan_run(load_config(None, ["env.id=mpe2/simple_spread_v3", "rollout.vector=sync"]))
     assert other.config.rollout.compiled is False and "rollout:" not in other.describe()
     with pytest.raises(
         ConfigError, match="rollout.compiled=true: env 'mpe2/simple_spread_v3' is not a JaxMARL env"
     ):
-        settle_rollout(plan_run(load_config(None, ["env.id=mpe2/simple_spread_v3", "rollout.compiled=true"])))
+        plan_run(load_config(None, ["env.id=mpe2/simple_spread_v3", "rollout.compiled=true"]))
 
 
 RUN_STEPS = STEPS * COPIES  # env steps per update
