@@ -10,17 +10,20 @@ medians and ranges over the repeats.
   `JaxVectorEnv.step` and the buffer's writes) against `CompiledSource.collect` (the weights read into
   JAX, the scan, the records written into the buffer, the episodes accounted), each on env copies
   of its own from the same seed.
-- `--train`: whole training runs (`train`, 4 epochs of 4 minibatches as JaxMARL's script runs them)
-  with `rollout.compiled` true and false in turn, `--pairs` times; each run's env steps per second
-  count from the end of its first update (which compiles, or loads from the cache) to its last.
+- `--train`: whole training runs (`train`) with `rollout.compiled` true and false in turn,
+  `--pairs` times, of the MPE settings with 4 epochs of 4 minibatches as JaxMARL's script runs them
+  (`--case mpe`) or of SMAX 2s3z's experiment file (`--case smax`: 64 copies, a 128-wide MLP, a
+  state critic; no evaluations); each run's env steps per second count from the end of its first
+  update (which compiles, or loads from the cache) to its last.
 
     python -m bench.compiled_rollout [--repeats N]
-    python -m bench.compiled_rollout --train [--pairs N] [--updates N]
+    python -m bench.compiled_rollout --train [--case mpe|smax] [--pairs N] [--updates N]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import tempfile
@@ -29,8 +32,9 @@ from pathlib import Path
 
 import torch
 
-from marl_ppo.config import load_config
+from marl_ppo.config import ExperimentConfig, load_config
 from marl_ppo.envs.factory import build_vector_env, probe_layout
+from marl_ppo.envs.jax.runtime import jax_modules
 from marl_ppo.envs.jax.vector import JaxVectorEnv
 from marl_ppo.models.team import TeamModel
 from marl_ppo.plan.copies import settle_copies
@@ -48,8 +52,13 @@ ISSUE_SETTINGS = [
     "model.share_actor=true",
     "model.hidden_sizes=[64,64]",
 ]
-TRAIN_SETTINGS = [*ISSUE_SETTINGS, "ppo.train_pi_iters=4", "ppo.num_minibatches=4", "log.progress=false"]
-"""The issue's training settings: JaxMARL's script runs 4 epochs of 4 minibatches."""
+TRAINING: dict[str, tuple[Path | None, list[str]]] = {
+    # the issue's settings: JaxMARL's IPPO-FF script runs 4 epochs of 4 minibatches
+    "mpe": (None, [*ISSUE_SETTINGS, "ppo.train_pi_iters=4", "ppo.num_minibatches=4"]),
+    # the experiment file's settings (64 copies x 128 steps, 4 epochs), without its evaluations
+    "smax": (Path(__file__).resolve().parents[1] / "experiments/jaxmarl/smax_2s3z.yaml", ["eval.every=null"]),
+}
+"""The training cases of `--train`: an experiment file (or none) and overrides."""
 
 
 def _spread(label: str, times: list[float], unit: str) -> str:
@@ -98,12 +107,24 @@ def _load() -> str:
     return ", ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
-def _timed_run(compiled: bool, updates: int, run_dir: Path) -> tuple[float, float, float]:
+def _case_config(case: str, compiled: bool, updates: int) -> ExperimentConfig:
+    """The training case's config for `updates` updates, its rollouts compiled or per step."""
+    experiment, overrides = TRAINING[case]
+    switch = f"rollout.compiled={str(compiled).lower()}"
+    config = settle_copies(load_config(experiment, [*overrides, switch, "log.progress=false"]))
+    return dataclasses.replace(config, total_steps=updates * _batch(config))
+
+
+def _batch(config: ExperimentConfig) -> int:
+    """Env steps per update of a settled config."""
+    return config.rollout.rollout_steps * config.rollout.copies
+
+
+def _timed_run(config: ExperimentConfig, run_dir: Path) -> tuple[float, float, float]:
     """One training run: its env steps/s after its first update, the seconds to the end of that
     update (the compile, or its load from the cache, included), and the learner's share of the run."""
-    per_update = 16 * 128
-    switch = f"rollout.compiled={str(compiled).lower()}"
-    config = load_config(None, [*TRAIN_SETTINGS, switch, f"total_steps={updates * per_update}"])
+    per_update = _batch(config)
+    updates = config.total_steps // per_update
     marks: list[float] = []
     start = time.perf_counter()
     result = train(config, run_dir, on_update=lambda _: marks.append(time.perf_counter()))
@@ -111,8 +132,9 @@ def _timed_run(compiled: bool, updates: int, run_dir: Path) -> tuple[float, floa
     return (updates - 1) * per_update / (marks[-1] - marks[0]), marks[0] - start, learn_share
 
 
-def training(pairs: int, updates: int) -> None:
+def training(case: str, pairs: int, updates: int) -> None:
     """Train `pairs` times each way in turn; print each path's env steps/s, their ratio and first updates."""
+    jax_modules()  # JAX and JaxMARL imported before the first run's clock starts
     load = _load()
     rates: dict[bool, list[float]] = {True: [], False: []}
     firsts: dict[bool, list[float]] = {True: [], False: []}
@@ -120,12 +142,15 @@ def training(pairs: int, updates: int) -> None:
     with tempfile.TemporaryDirectory() as folder:
         for pair in range(pairs):
             for compiled in (True, False):
-                sps, first, learn_share = _timed_run(compiled, updates, Path(folder) / f"{pair}_{compiled}")
+                config = _case_config(case, compiled, updates)
+                sps, first, learn_share = _timed_run(config, Path(folder) / f"{pair}_{compiled}")
                 rates[compiled].append(sps)
                 firsts[compiled].append(first)
                 learning[compiled].append(100 * learn_share)
+    batch = _batch(_case_config(case, True, updates))
     print(
-        f"training {updates} updates of {16 * 128} env steps, {pairs} alternated pairs; load {load} before, {_load()} after"
+        f"{case}: training {updates} updates of {batch} env steps, {pairs} alternated pairs; load {load} before, "
+        f"{_load()} after"
     )
     for compiled, label in ((True, "compiled"), (False, "per-step")):
         print(
@@ -143,9 +168,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train", action="store_true", help="time whole training runs instead")
     parser.add_argument("--pairs", type=int, default=3, help="training runs each way (--train)")
     parser.add_argument("--updates", type=int, default=8, help="updates per training run (--train)")
+    parser.add_argument("--case", choices=sorted(TRAINING), default="mpe", help="what --train trains")
     args = parser.parse_args(argv)
     if args.train:
-        training(args.pairs, args.updates)
+        training(args.case, args.pairs, args.updates)
     else:
         rollouts(args.repeats)
 
