@@ -8,7 +8,8 @@ the group's `ValueNorm`, every agent alive (a JaxMARL env's agents all act at ev
 feed-forward networks' empty carries, `is_first` where the copy's last episode ended. The episode
 accounting (each copy's running returns and length, the episodes that ended and whether they were
 won) is computed once per rollout from the recorded rewards and episode ends, as `Stepper` keeps it
-step by step, and is saved in checkpoints under the same names.
+step by step, and is saved in checkpoints under the same names. The scan's time is the rollout's
+env time (`env_s`): JAX steps the env and the policy's forward in one program.
 """
 
 from __future__ import annotations
@@ -177,7 +178,11 @@ class CompiledSource:
         )
         self.env_steps += buffer.steps * self.venv.num_envs
         copies = self.venv.num_envs
-        result = RolloutResult(env_steps=buffer.steps * copies, perf={"perf/scan_s": scan_s})
+        # JAX steps the env and the policy's forward together: the scan counts as the env's time, and
+        # acting's is what torch does (writing the buffer, the accounting)
+        result = RolloutResult(
+            env_steps=buffer.steps * copies, env_seconds=scan_s, perf={"perf/scan_s": scan_s}
+        )
         result.episodes = [
             _record(episode, before + (t + 1) * copies) for t, episode in self._finished(records)
         ]
