@@ -6,7 +6,7 @@ At JaxMARL's IPPO-FF settings on its MPE simple_spread (`ISSUE_SETTINGS`: 16 cop
 and the first compiled call (the compile, or its load from JAX's persistent cache) is timed apart;
 medians and ranges over the repeats.
 
-- Rollouts (the default): `Collector.collect` (a Python loop of the policy's torch forward,
+- Rollouts (the default; `--case smax` for SMAX 2s3z's experiment settings): `Collector.collect` (a Python loop of the policy's torch forward,
   `JaxVectorEnv.step` and the buffer's writes) against `CompiledSource.collect` (the weights read into
   JAX, the scan, the records written into the buffer, the episodes accounted), each on env copies
   of its own from the same seed.
@@ -16,7 +16,7 @@ medians and ranges over the repeats.
   state critic; no evaluations); each run's env steps per second count from the end of its first
   update (which compiles, or loads from the cache) to its last.
 
-    python -m bench.compiled_rollout [--repeats N]
+    python -m bench.compiled_rollout [--case mpe|smax] [--repeats N]
     python -m bench.compiled_rollout --train [--case mpe|smax] [--pairs N] [--updates N]
 """
 
@@ -66,10 +66,10 @@ def _spread(label: str, times: list[float], unit: str) -> str:
     return f"{label}: {statistics.median(times):,.1f}{unit} ({min(times):,.1f}-{max(times):,.1f})"
 
 
-def rollouts(repeats: int) -> None:
+def rollouts(case: str, repeats: int) -> None:
     """Time one rollout each way in turn, `repeats` times; print each path's line and their ratio."""
     torch.set_num_threads(1)  # the learner's one thread beside JAX
-    config = settle_copies(load_config(None, ISSUE_SETTINGS))
+    config = _case_config(case, True, 1)
     layout = probe_layout(config)
     per_step_env, compiled_env = build_vector_env(config, layout), build_vector_env(config, layout)
     assert isinstance(compiled_env, JaxVectorEnv)
@@ -168,12 +168,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train", action="store_true", help="time whole training runs instead")
     parser.add_argument("--pairs", type=int, default=3, help="training runs each way (--train)")
     parser.add_argument("--updates", type=int, default=8, help="updates per training run (--train)")
-    parser.add_argument("--case", choices=sorted(TRAINING), default="mpe", help="what --train trains")
+    parser.add_argument("--case", choices=sorted(TRAINING), default="mpe", help="the settings: mpe or smax")
     args = parser.parse_args(argv)
     if args.train:
         training(args.case, args.pairs, args.updates)
     else:
-        rollouts(args.repeats)
+        rollouts(args.case, args.repeats)
 
 
 if __name__ == "__main__":
