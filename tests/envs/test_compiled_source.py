@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import marl_ppo.rollout.memory as memory_module
-from marl_ppo.checkpoint import load_checkpoint
+from marl_ppo.checkpoint import load_checkpoint, save_checkpoint
 from marl_ppo.config import ConfigError, load_config
 from marl_ppo.envs.jax.vector import JaxVectorEnv
 from marl_ppo.models.team import TeamModel
@@ -20,6 +20,7 @@ from marl_ppo.rollout.collector import Collector
 from marl_ppo.rollout.compiled import CompiledSource
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.loop import train
+from marl_ppo.run.resume import resume_config
 from tests.helpers import K, Killed, assert_identical, crash_at_update, run_state_only, scalars, vector_env
 
 pytestmark = pytest.mark.jax  # JAX is imported inside the tests, so that collecting them loads nothing
@@ -237,3 +238,19 @@ def test_a_compiled_run_repeats_from_its_seed_and_resumes_exactly(tmp_path, monk
         run_state_only(recorded), run_state_only(load_checkpoint(tmp_path / "resumed/checkpoints/final.pt"))
     )
     assert scalars(tmp_path / "resumed") == scalars(tmp_path / "straight")
+
+
+def test_a_jax_run_stored_before_the_switch_resumes_per_step(tmp_path, monkeypatch):
+    crash_at_update(monkeypatch, K + 1)
+    with pytest.raises(Killed):
+        train(_run_config("rollout.compiled=false"), tmp_path / "old")
+    monkeypatch.undo()
+    for path in (tmp_path / "old/checkpoints").glob("*.pt"):  # as a run written before the key stored it
+        payload = torch.load(path, weights_only=True)
+        payload["config"]["rollout"].pop("compiled")
+        save_checkpoint(path, payload)
+    config = resume_config(tmp_path / "old")
+    assert config.rollout.compiled is False  # it stepped per step, and goes on so
+    resumed = train(config, tmp_path / "old", resume=True)
+    assert resumed.updates == 2 * K
+    assert load_checkpoint(tmp_path / "old/checkpoints/final.pt")["config"]["rollout"]["compiled"] is False
