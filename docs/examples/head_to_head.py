@@ -6,13 +6,19 @@ first group's score (a win 1, a draw 1/2) per pair and per seat, with a Wilson i
 rate over all games.
 
     python docs/examples/head_to_head.py EPISODES "runs/c4_league_s*" "runs/c4_naive_s*"
+
+For sides that are not alike (simple_tag's adversaries and runner), `--sides teams --score roles`
+plays duplicate games (`league.match.play_duplicate`): on each side, the first player's return
+against the second's from the same starts; a win is the higher return on the same side.
+
+    python docs/examples/head_to_head.py 50 "runs/tag_league_s*" "runs/tag_naive_s*" --sides teams --score roles
 """
 
 from __future__ import annotations
 
+import argparse
 import glob
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +28,9 @@ from marl_ppo.config import build_config
 from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.eval.evaluate import eval_config
 from marl_ppo.eval.from_checkpoint import load_policy
+from marl_ppo.eval.players import policy_player
 from marl_ppo.eval.versus import sides_of
-from marl_ppo.league.match import play_pair, policy_player
+from marl_ppo.league.match import play_duplicate, play_pair
 from marl_ppo.plan.settle import plan_eval
 
 
@@ -35,7 +42,7 @@ def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
     return centre - half, centre + half
 
 
-def main(episodes: int, first: str, second: str) -> None:
+def main(episodes: int, first: str, second: str, side_rule: str = "seats", score: str = "returns") -> None:
     pairs = list(zip(sorted(glob.glob(first)), sorted(glob.glob(second)), strict=True))
     wins = draws = games = 0
     by_seat: dict[str, list[float]] = {}
@@ -48,15 +55,16 @@ def main(episodes: int, first: str, second: str) -> None:
         venv = build_vector_env(plan.config, spec, device)
         model_a = load_policy(payload_a, spec, config, device)
         model_b = load_policy(payload_b, spec, build_config(payload_b["config"]), device)
-        sides = sides_of(spec, "seats")
-        played = play_pair(
+        sides = sides_of(spec, side_rule)
+        play = play_duplicate if score == "roles" else play_pair
+        played = play(
             venv, device, policy_player("A", model_a), policy_player("B", model_b),
             sides=sides, episodes_per_side=episodes, seed=12345,
         )  # fmt: skip
         venv.close()
         scores = []
         for game in played:
-            seat = next(s for s, p in game.players.items() if p == "A")
+            seat = next(s for s, p in game.players.items() if p == "A").partition("@")[0]
             rank = game.player_ranks()
             score = 1.0 if rank["A"] < rank["B"] else 0.5 if rank["A"] == rank["B"] else 0.0
             by_seat.setdefault(seat, []).append(score)
@@ -74,4 +82,11 @@ def main(episodes: int, first: str, second: str) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2], sys.argv[3])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("episodes", type=int)
+    parser.add_argument("first")
+    parser.add_argument("second")
+    parser.add_argument("--sides", choices=("seats", "teams"), default="seats")
+    parser.add_argument("--score", choices=("returns", "roles"), default="returns")
+    args = parser.parse_args()
+    main(args.episodes, args.first, args.second, args.sides, args.score)

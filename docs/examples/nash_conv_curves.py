@@ -27,7 +27,9 @@ def curves(run_dirs: list[Path], tag: str) -> tuple[np.ndarray, np.ndarray]:
     if not series:
         return np.zeros(0), np.zeros((0, 0))
     steps = sorted(set.intersection(*(set(s[0].tolist()) for s in series)))
-    values = np.array([[dict(zip(s[0].tolist(), s[1].tolist(), strict=True))[t] for t in steps] for s in series])
+    values = np.array(
+        [[dict(zip(s[0].tolist(), s[1].tolist(), strict=True))[t] for t in steps] for s in series]
+    )
     return np.array(steps), values
 
 

@@ -171,12 +171,6 @@ class ExperimentConfig:
                 "league.opponents trains one side against others, and ppo.critic: team values the sum of "
                 "every side's rewards (0 in a zero-sum game); use ppo.critic: obs or state"
             )
-        if league.opponents != "latest" and self.rollout.vector in ("workers", "ray"):
-            raise ValueError(
-                f"league.opponents: {league.opponents} plays snapshots in the learner's process, and "
-                f"rollout.vector: {self.rollout.vector} acts in worker processes; use rollout.vector: "
-                "subprocess (envs in processes, acting here) or sync, or league.opponents: latest"
-            )
 
     def _check_batch(self) -> None:
         """Refuse more minibatches than the rollout has sequence chunks or env steps."""

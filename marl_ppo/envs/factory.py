@@ -188,15 +188,9 @@ def resolve_vector(
         seconds = step_seconds()
     except EnvContractError:  # the run meets it too, and reports it where it happens, after its updates
         return _with_rollout(config, vector="sync", policy_lag=0)
-    # a league's snapshots act in this process: its envs step in processes, the acting stays here
-    in_process = config.league.opponents in ("uniform", "pfsp")
     if seconds >= AUTO_WORKERS_MIN_STEP_S and config.rollout.copies >= 2 * workers:
-        if in_process:
-            return _with_rollout(config, vector="subprocess", policy_lag=0)
         return _with_rollout(config, vector="workers")
     if seconds >= AUTO_SLOW_STEP_S:
-        if in_process:
-            return _with_rollout(config, vector="subprocess", policy_lag=0)
         return _with_rollout(config, vector="workers", num_workers=min(workers, config.rollout.copies))
     return _with_rollout(config, vector="sync", policy_lag=0)
 

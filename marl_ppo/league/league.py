@@ -3,7 +3,10 @@ the state a checkpoint keeps of them.
 
 With `league.opponents: latest` the run trains as plain self-play (the collector is not touched) and
 the league only takes and rates snapshots; with `uniform` or `pfsp` the collector's `Opponents` are
-the league's seats (`league.seats`). The first snapshot is the policy before any update.
+the league's seats (`league.seats`): in this process, or in each rollout worker over its slice of the
+env copies (`rollout.vector: workers` or `ray`). Either way the learner keeps the win table: each
+rollout draws by the plan it makes as the rollout starts, and the rollout's games come back to it.
+The first snapshot is the policy before any update.
 
 Ratings (`league.rating_episodes` > 0): each new snapshot plays the previous one, the random policy
 and `league.rating_opponents` snapshots drawn from the rest of the pool, on every side, on env copies
@@ -14,7 +17,7 @@ openskill ratings of every player are updated from those games (`league.ratings`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +33,15 @@ from marl_ppo.eval.exploitability import nash_conv_on, pool_nash_conv
 from marl_ppo.eval.players import RANDOM
 from marl_ppo.eval.versus import sides_of
 from marl_ppo.league.ladder import ladder_markdown
-from marl_ppo.league.pool import POOL_DIR, Pool, snapshot_name
+from marl_ppo.league.pool import POOL_DIR, Pool, snapshot_name, snapshot_path
 from marl_ppo.league.rate import rate_new
 from marl_ppo.league.ratings import Ratings
-from marl_ppo.league.sampling import OpponentSampler, latest_snapshots
-from marl_ppo.league.seats import LeagueSeats
+from marl_ppo.league.sampling import DrawPlan, OpponentSampler, latest_snapshots
+from marl_ppo.league.seats import LeagueSeats, WorkerSeats
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.collector import Collector
+from marl_ppo.rollout.opponents import OpponentGame
+from marl_ppo.rollout.slice import SlicedSource
 from marl_ppo.rollout.source import RolloutSource
 
 
@@ -66,6 +71,7 @@ class League:
         league = config.league
         if league.opponents is None:
             raise ValueError("League needs league.opponents")
+        self.spec = spec
         self.config, self.every, self.run_dir, self.device = config, league.snapshot_every, run_dir, device
         self.sides = league_sides(config, spec)
         self.pool = Pool(run_dir, make_model, device)
@@ -84,33 +90,71 @@ class League:
         if league.opponents != "latest":
             self.sampler = OpponentSampler(
                 league.opponents,
-                seed=config.seed,
                 pool_size=league.pool_size,
                 self_play=league.self_play,
                 pfsp=league.pfsp,
                 power=league.pfsp_power,
                 decay=league.score_decay,
             )
-            self.seats = LeagueSeats(spec, self.sides, self.pool, self.sampler, config.rollout.copies, device)
 
     def attach(self, collector: RolloutSource) -> None:
-        """Make the league's seats the collector's opponents (`uniform`, `pfsp`)."""
-        if self.seats is None:
+        """Make the league's seats the collector's opponents (`uniform`, `pfsp`): in this process, or in
+        each rollout worker."""
+        if self.sampler is None:
+            return
+        if isinstance(collector, SlicedSource):
+            collector.attach_opponents(self)
             return
         if not isinstance(collector, Collector):
             raise ConfigError(
-                f"league.opponents: {self.config.league.opponents} acts its snapshots in this process; set "
-                "rollout.vector: subprocess or sync"
+                f"league.opponents: {self.config.league.opponents} plays its snapshots through a collector "
+                f"of env copies or rollout workers, which {type(collector).__name__} is not"
             )
+        self.seats = LeagueSeats(
+            self.spec,
+            self.sides,
+            range(self.config.rollout.copies),
+            seed=self.config.seed,
+            models=self.pool.model,
+            plans=self.plan,
+            record=self._record_one,
+            device=self.device,
+        )
         collector.opponents = self.seats
+
+    # the learner's side of seats in rollout workers (`rollout.opponents.SlicedOpponents`)
+
+    def setup(self) -> WorkerSeats:
+        """What each rollout worker builds its seats from."""
+        return WorkerSeats(self.sides, self.config.seed)
+
+    def plan(self) -> DrawPlan:
+        """The plan a rollout starting now draws by: the pool and the win table as they are now."""
+        assert self.sampler is not None
+        return self.sampler.plan(self.pool.snapshots)
+
+    def snapshots(self) -> list[int]:
+        """Every snapshot of the pool (a copy may still play one that has left the draws' window)."""
+        return list(self.pool.snapshots)
+
+    def snapshot_file(self, snapshot: int) -> Path:
+        """The policy file of `snapshot`."""
+        return snapshot_path(self.run_dir, snapshot)
+
+    def record(self, games: Sequence[OpponentGame]) -> None:
+        """A rollout's games, in the order one process steps them, into the win table."""
+        for game in games:
+            self._record_one(game)
+
+    def _record_one(self, game: OpponentGame) -> None:
+        assert self.sampler is not None
+        self.sampler.record(game.opponent, game.score)
 
     def begin(self, saved: Mapping[str, Any] | None, payload: Callable[[], dict[str, Any]]) -> None:
         """A new run's first snapshot (the policy before any update) and first draws, or the league of
         the checkpoint `saved`."""
         if saved is None:
             self.pool.add(0, payload())
-            if self.seats is not None:
-                self.seats.start()
             self._rate(0)
             return
         if "league" not in saved:
@@ -193,13 +237,15 @@ class League:
             self._venv = None
 
     def state_dict(self) -> dict[str, Any]:
-        """The pool's snapshot ids, the sampler's generator and scores, and the seats (carries included)."""
+        """The pool's snapshot ids, the win table, and the seats acting in this process (carries
+        included; rollout workers save their seats with their own state)."""
         state: dict[str, Any] = {"pool": self.pool.state_dict()}
         if self.ratings is not None:
             state["ratings"] = self.ratings.state_dict()
             state["rating_rng"] = self.rating_rng.bit_generator.state
-        if self.sampler is not None and self.seats is not None:
+        if self.sampler is not None:
             state["sampler"] = self.sampler.state_dict()
+        if self.seats is not None:
             state["seats"] = self.seats.state_dict()
         return state
 
@@ -209,11 +255,12 @@ class League:
         if self.ratings is not None and "ratings" in state:
             self.ratings.load_state_dict(state["ratings"])
             self.rating_rng.bit_generator.state = dict(state["rating_rng"])
-        if self.sampler is not None and self.seats is not None:
+        if self.sampler is not None:
             if "sampler" not in state:
                 raise ConfigError(
                     "--resume: the checkpoint's league drew no snapshots (league.opponents: latest), so "
                     "it cannot go on with uniform or pfsp; resume with league.opponents=latest"
                 )
             self.sampler.load_state_dict(state["sampler"])
+        if self.seats is not None:
             self.seats.load_state_dict(state["seats"])

@@ -9,13 +9,18 @@ the learner improves; a snapshot not yet played scores 1/2. Where every weight i
 the whole pool), the draw is uniform. With `self_play` > 0 that share of episodes is played against
 the current policy instead (`CURRENT`).
 
-The sampler's random numbers are its own (a NumPy generator seeded from the run's seed), saved with
-its scores in the checkpoint, so a resumed run draws the same opponents.
+The sampler holds the learner's win table; a rollout draws from a `DrawPlan`, the pool and its
+weights as they were when the rollout started. Each env copy draws with a NumPy generator of its own
+(`copy_generator`, seeded from the run's seed and the copy's index), so a copy's opponents do not
+depend on which process acts it, nor on how the copies are split among rollout workers. The games of
+a rollout update the table in the order one process steps them (by step, then copy). The scores
+and the copies' generators are saved in the checkpoint, so a resumed run draws the same opponents.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,19 +29,41 @@ CURRENT = -1
 """The opponent id of the current policy (self-play: every side learns in that episode)."""
 
 
+def copy_generator(seed: int, copy: int) -> np.random.Generator:
+    """The generator env copy `copy` draws its learner sides and opponents with, in a run with `seed`
+    (a stream apart from the run's own generators: drawing opponents leaves training's numbers alone)."""
+    return np.random.default_rng([seed, 0x1EA6, copy])
+
+
+@dataclass(frozen=True)
+class DrawPlan:
+    """What a rollout's draws pick from: the eligible snapshots and their probabilities, fixed when the
+    rollout starts, and the share of self-play."""
+
+    snapshots: tuple[int, ...]
+    probabilities: tuple[float, ...]
+    self_play: float
+
+    def draw(self, rng: np.random.Generator, sides: int) -> tuple[int, int]:
+        """One episode's learner side (of `sides`) and opponent (a snapshot id, or CURRENT), with `rng`."""
+        side = int(rng.integers(sides))
+        if self.self_play > 0.0 and rng.random() < self.self_play:
+            return side, CURRENT
+        return side, self.snapshots[int(rng.choice(len(self.snapshots), p=np.array(self.probabilities)))]
+
+
 def latest_snapshots(snapshots: Sequence[int], pool_size: int) -> list[int]:
     """The snapshots opponents are drawn from: the latest `pool_size` (every one for 0)."""
     return list(snapshots[-pool_size:] if pool_size else snapshots)
 
 
 class OpponentSampler:
-    """Draws each episode's learner side and opponent; keeps the learner's score against each snapshot."""
+    """The learner's score against each snapshot, and the plans its opponents are drawn by."""
 
     def __init__(
         self,
         rule: str,
         *,
-        seed: int,
         pool_size: int = 0,
         self_play: float = 0.0,
         pfsp: str = "hard",
@@ -49,8 +76,6 @@ class OpponentSampler:
             raise ValueError(f"league.pfsp '{pfsp}' is not a weighting; use hard or variance")
         self.rule, self.pool_size, self.self_play = rule, pool_size, self_play
         self.pfsp, self.power, self.decay = pfsp, power, decay
-        # a stream apart from the run's own generators: drawing opponents leaves training's numbers alone
-        self.rng = np.random.default_rng([seed, 0x1EA6])
         self.games: dict[int, float] = {}
         """Per snapshot id, the discounted count of games the learner played against it."""
         self.points: dict[int, float] = {}
@@ -78,13 +103,11 @@ class OpponentSampler:
                 raw = np.ones(len(snapshots))
         return raw / raw.sum()
 
-    def draw(self, snapshots: Sequence[int], sides: int) -> tuple[int, int]:
-        """One episode's learner side (of `sides`) and opponent: a snapshot id, or CURRENT."""
-        side = int(self.rng.integers(sides))
-        if self.self_play > 0.0 and self.rng.random() < self.self_play:
-            return side, CURRENT
+    def plan(self, snapshots: Sequence[int]) -> DrawPlan:
+        """The draws' plan over the pool `snapshots` with the scores as they are now."""
         eligible = self.eligible(snapshots)
-        return side, eligible[int(self.rng.choice(len(eligible), p=self.weights(eligible)))]
+        probabilities = tuple(float(p) for p in self.weights(eligible))
+        return DrawPlan(tuple(int(s) for s in eligible), probabilities, self.self_play)
 
     def record(self, snapshot: int, score: float) -> None:
         """The learner scored `score` (1 a win, 1/2 a draw, 0 a loss) in a game against `snapshot`."""
@@ -92,15 +115,14 @@ class OpponentSampler:
         self.points[snapshot] = self.decay * self.points.get(snapshot, 0.0) + score
 
     def state_dict(self) -> dict[str, Any]:
-        """The generator's state and the scores, as plain Python values."""
+        """The scores, as plain Python values."""
         return {
-            "rng": self.rng.bit_generator.state,
             "games": dict(self.games),
             "points": dict(self.points),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore `state_dict()`."""
-        self.rng.bit_generator.state = dict(state["rng"])
+        """Restore `state_dict()` (a checkpoint written before the copies drew apart also holds the one
+        generator they shared, "rng", which nothing draws from now)."""
         self.games = {int(k): float(v) for k, v in state["games"].items()}
         self.points = {int(k): float(v) for k, v in state["points"].items()}

@@ -7,8 +7,7 @@ Each rollout acts through a `RolloutActing` (the stepper's `Acting`) of its own:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,6 +18,7 @@ from marl_ppo.models.acting import ActingView
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import GroupStep, RolloutBuffer
 from marl_ppo.rollout.memory import PolicyMemory, make_memory
+from marl_ppo.rollout.opponents import Opponents
 from marl_ppo.rollout.source import EpisodeRecord, RolloutResult
 from marl_ppo.rollout.stepper import Finished, Stepper, to_tensor
 
@@ -35,29 +35,6 @@ class _Acted:
     actions: dict[str, torch.Tensor]
     logp: dict[str, torch.Tensor]
     values: dict[str, torch.Tensor]
-
-
-class Opponents(Protocol):
-    """Who plays the agents the learner does not, per env copy (a league's snapshots, `marl_ppo.league`)."""
-
-    def act(
-        self,
-        obs: Mapping[str, torch.Tensor],
-        masks: Mapping[str, torch.Tensor],
-        alive: Mapping[str, torch.Tensor],
-        actions: dict[str, torch.Tensor],
-    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """For the step's arrays on the device, the learner's sampled `actions` with the opponents' in
-        place on their agents, and per group `(E, A_g)` whether each agent's step trains the learner."""
-        ...
-
-    def advance(self, arrays: TeamArrays, episode_over: np.ndarray | torch.Tensor) -> None:
-        """After the env step: the opponents carry their state on."""
-        ...
-
-    def episodes_ended(self, ended: Sequence[Finished]) -> None:
-        """The episodes that ended at the last step: score them, draw the copies' next opponents."""
-        ...
 
 
 class Collector:
@@ -119,6 +96,8 @@ class Collector:
         env_seconds = self.stepper.env_seconds
         policy = ActingView(self.model)  # no update runs during a rollout
         acting = RolloutActing(policy, self.memory, buffer, self.device, self.opponents)
+        if self.opponents is not None:
+            self.opponents.begin_rollout()
         while not buffer.full:
             ended = self.stepper.step(acting)
             self.env_steps += self.venv.num_envs

@@ -6,7 +6,9 @@ constructor arguments: the config as a plain dict, its slice of the env copies a
 Per update the learner puts its weights into Ray's object store once, with a version number, and
 asks every live actor for one rollout of its slice; a rollout comes back through the object store
 as the slice's buffer tensors. With one worker and `rollout.policy_lag: 0` a run is step for step the run
-of `rollout.vector: workers` with one worker.
+of `rollout.vector: workers` with one worker. With a league (`uniform` or `pfsp` opponents) each
+snapshot of the pool is put into the object store once, and every rollout command carries the
+references with the draws' plan: no actor reads the run directory, which may be on another node.
 
 A lost actor (its process or its node died, or it did not answer in time) is restarted by Ray where
 resources allow (`ray.max_worker_restarts`). Meanwhile the updates use the rollouts of the workers
@@ -32,6 +34,7 @@ from marl_ppo.envs.vector.pool import split_envs
 from marl_ppo.faults import WorkerError, WorkersLost, one_line
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import RolloutBuffer
+from marl_ppo.rollout.opponents import OpponentsRollout, read_snapshot_file
 from marl_ppo.rollout.slice import RolloutSlice, SlicedSource
 from marl_ppo.rollout.source import RolloutResult
 
@@ -99,18 +102,28 @@ class _ActorSlice(RolloutSlice):
         self.version = -1
         """Version of the weights the model holds."""
 
-    def rollout(self, weights: dict[str, torch.Tensor], version: int) -> dict[str, Any]:
-        """One rollout of the slice with `weights` (loaded when `version` is new): its tensors and report."""
+    def fetch_snapshot(self, source: Any) -> Any:
+        """A pool snapshot's weights from Ray's object store (`source`: its object reference)."""
+        import ray
+
+        return ray.get(source)
+
+    def rollout(
+        self, weights: dict[str, torch.Tensor], version: int, opponents: OpponentsRollout | None
+    ) -> dict[str, Any]:
+        """One rollout of the slice with `weights` (loaded when `version` is new) and `opponents`' plan:
+        its tensors and report."""
         started = time.perf_counter()
         if version != self.version:
             self.model.load_state_dict(weights)
             self.version = version
-        result, episodes = self._rollout()
+        result, episodes, games = self._rollout(opponents)
         return {
             "buffer": self.buffer.tensors(),
             "last_values": result.last_values,
             "last_alive": result.last_alive,
             "episodes": episodes,
+            "games": games,
             "env_s": result.env_seconds,
             "total_s": time.perf_counter() - started,
         }
@@ -128,9 +141,12 @@ class RolloutActor:
         """One command of the local workers' protocol ('reset', 'get_state', 'env_states', ...)."""
         return self.slice(command, argument)
 
-    def collect(self, weights: dict[str, torch.Tensor], version: int) -> dict[str, Any]:
-        """One rollout with the weights of `version` (Ray resolves `weights` from the object store)."""
-        return self.slice.rollout(weights, version)
+    def collect(
+        self, weights: dict[str, torch.Tensor], version: int, opponents: OpponentsRollout | None = None
+    ) -> dict[str, Any]:
+        """One rollout with the weights of `version` (Ray resolves `weights` from the object store) and
+        the league's plan and snapshot references, where the run has one."""
+        return self.slice.rollout(weights, version, opponents)
 
     def ping(self) -> bool:
         """Answers once the actor is up (again)."""
@@ -167,6 +183,8 @@ class RayRolloutWorkers(SlicedSource):
         self._lost: dict[int, Any] = {}
         """Per lost worker, the probe that answers once Ray has restarted its actor."""
         self._closed = False
+        self._snapshot_refs: dict[int, Any] = {}
+        """Per league snapshot, its weights in the object store (put there once)."""
         self._disconnect = connect_ray(config.ray.address)
         try:
             self._start_actors(config)
@@ -241,6 +259,7 @@ class RayRolloutWorkers(SlicedSource):
             last_values=last_values, last_alive=last_alive, env_steps=buffer.steps * live_envs
         )
         result.episodes = self._episodes(replies, live_envs)
+        self._hand_over_games(replies)
         result.env_seconds = max(replies[k]["env_s"] for k in answered)
         result.act_seconds = max(replies[k]["total_s"] - replies[k]["env_s"] for k in answered)
         result.perf = {
@@ -276,12 +295,21 @@ class RayRolloutWorkers(SlicedSource):
         with torch.no_grad():
             weights = {name: tensor.detach().cpu() for name, tensor in self.model.state_dict().items()}
         reference = self._ray.put(weights)
+        opponents = self._opponents_rollout(self._snapshot_ref)
         self._refs = {
-            k: actor.collect.remote(reference, self._version)
+            k: actor.collect.remote(reference, self._version, opponents)
             for k, actor in enumerate(self._actors)
             if k not in self._lost
         }
         self._in_flight = True
+
+    def _snapshot_ref(self, snapshot: int) -> Any:
+        """League snapshot `snapshot`'s weights in the object store, put there on first use."""
+        if snapshot not in self._snapshot_refs:
+            assert self.opponents is not None
+            weights = read_snapshot_file(self.opponents.snapshot_file(snapshot))
+            self._snapshot_refs[snapshot] = self._ray.put(dict(weights))
+        return self._snapshot_refs[snapshot]
 
     def _rejoin(self) -> None:
         """Take back the lost workers whose actors Ray has restarted, with fresh episodes."""
@@ -298,6 +326,10 @@ class RayRolloutWorkers(SlicedSource):
             self.rejoins += 1
             seed = self._seed + _REJOIN_SEED_STRIDE * self.rejoins
             self._actors[k].call.remote("reset", seed)  # runs before the next rollout (actor order)
+            if (
+                self.opponents is not None
+            ):  # its restarted slice plays fresh seats from its copies' first draws
+                self._actors[k].call.remote("opponents", self.opponents.setup())
             print(f"Ray rollout worker {k} is back and rejoins the run", file=sys.stderr, flush=True)
 
     def _receive(self) -> dict[str, Any]:

@@ -4,9 +4,14 @@
 `rollout.ray_workers`) split the E env copies into contiguous slices, one per worker. Every worker
 runs a `RolloutSlice`: its env copies, a CPU copy of the team's networks and its own sampling RNG,
 answering the same commands ('start', 'reset', 'collect', 'get_state', 'set_state', 'env_states',
-'load_env_states', 'close'). On the learner's side both sources are a `SlicedSource`, which saves
-and restores them alike: the step counter, every worker's collector state and sampling RNG, a
-rollout received ahead of its update (policy lag) and the env copies' states.
+'load_env_states', 'opponents', 'close'). On the learner's side both sources are a `SlicedSource`,
+which saves and restores them alike: the step counter, every worker's collector state and sampling
+RNG, a rollout received ahead of its update (policy lag) and the env copies' states.
+
+With a league's opponents (`SlicedSource.attach_opponents`) each worker also plays its copies' seats
+(`rollout.opponents`): every rollout command carries the plan the copies draw by and where the pool's
+snapshots are, and the reply the games the copies finished, which the learner's win table takes when
+the rollout is handed to the learner.
 """
 
 from __future__ import annotations
@@ -23,6 +28,16 @@ from marl_ppo.envs.vector.sync import SyncVectorEnv
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.collector import Collector
+from marl_ppo.rollout.opponents import (
+    OpponentGame,
+    OpponentsRollout,
+    OpponentsSetup,
+    SlicedOpponents,
+    SnapshotModels,
+    WorkerOpponents,
+    merge_games,
+    read_snapshot_file,
+)
 from marl_ppo.rollout.source import EpisodeRecord, RolloutResult
 
 
@@ -60,6 +75,10 @@ class RolloutSlice:
         self.shared_last_alive = shared_last_alive
         self.collector: Collector | None = None
         """The slice's collector, from 'start' on."""
+        self.opponents: WorkerOpponents | None = None
+        """The league's seats of the slice's copies, from 'opponents' on."""
+        self.snapshot_models = SnapshotModels(make_model, self.fetch_snapshot)
+        """The pool's snapshots this worker has played."""
 
     def __call__(self, command: str, argument: Any) -> Any:
         """Run `command`; the reply payload is what it reports ('collect': episodes and timings), or None."""
@@ -69,7 +88,9 @@ class RolloutSlice:
             if self.collector is not None:
                 self.collector.close()
         elif command == "collect":
-            return self._collect()
+            return self._collect(argument)
+        elif command == "opponents":
+            self._set_opponents(argument)
         else:
             return self._ask_collector(command, argument)
         return None
@@ -86,6 +107,18 @@ class RolloutSlice:
         self.collector = Collector(venv, self.model, cpu)
         self.targets = [t[:, envs.start : envs.stop] for t in self.shared_buffer.tensors()]
 
+    def fetch_snapshot(self, source: Any) -> Any:
+        """A pool snapshot's weights from where the learner said they are (here: its file)."""
+        return read_snapshot_file(source)
+
+    def _set_opponents(self, setup: OpponentsSetup) -> None:
+        """Play the league's seats of this slice's copies, built from the learner's `setup`."""
+        collector = self._running()
+        self.opponents = setup.build(
+            collector.venv.spec, self.envs, self.snapshot_models.model, torch.device("cpu")
+        )
+        collector.opponents = self.opponents
+
     def _ask_collector(self, command: str, argument: Any) -> Any:
         """The commands that read or set the collector's state and the sampling RNG."""
         collector = self._running()
@@ -93,10 +126,15 @@ class RolloutSlice:
             collector.start(argument + self.envs.start)
             torch.manual_seed(worker_seed(argument, self.worker))
         elif command == "get_state":
-            return {"collector": collector.state_dict(), "torch_rng": torch.get_rng_state()}
+            state = {"collector": collector.state_dict(), "torch_rng": torch.get_rng_state()}
+            if self.opponents is not None:
+                state["opponents"] = self.opponents.state_dict()
+            return state
         elif command == "set_state":
             collector.load_state_dict(argument["collector"])
             torch.set_rng_state(argument["torch_rng"])
+            if self.opponents is not None:
+                self.opponents.load_state_dict(argument["opponents"])
         elif command == "env_states":
             return states_or_reason(collector.env_states)
         elif command == "load_env_states":
@@ -110,29 +148,47 @@ class RolloutSlice:
             raise RuntimeError("a rollout slice answers commands only after 'start'")
         return self.collector
 
-    def _collect(self) -> dict[str, Any]:
-        """One rollout of this worker's slice with the shared weights; returns episodes and timings."""
+    def _collect(self, opponents: OpponentsRollout | None) -> dict[str, Any]:
+        """One rollout of this worker's slice with the shared weights (and `opponents`' plan); returns
+        episodes, games against snapshots and timings."""
         started = time.perf_counter()
         envs = self.envs
         self.model.load_state_dict(self.shared_weights)
-        result, episodes = self._rollout()
+        result, episodes, games = self._rollout(opponents)
         for target, local in zip(self.targets, self.buffer.tensors(), strict=True):
             target.copy_(local)
         for name, target in self.shared_last_values.items():
             target[envs.start : envs.stop] = result.last_values[name]
         for name, target in self.shared_last_alive.items():
             target[envs.start : envs.stop] = result.last_alive[name]
-        return {"episodes": episodes, "env_s": result.env_seconds, "total_s": time.perf_counter() - started}
+        return {
+            "episodes": episodes,
+            "games": games,
+            "env_s": result.env_seconds,
+            "total_s": time.perf_counter() - started,
+        }
 
-    def _rollout(self) -> tuple[RolloutResult, list[tuple[int, EpisodeRecord]]]:
-        """One rollout of the slice into the local buffer with the model's weights: its result, and each
-        finished episode with the rollout step (0-based) it ended at, for the learner's global step count."""
+    def _rollout(
+        self, opponents: OpponentsRollout | None
+    ) -> tuple[RolloutResult, list[tuple[int, EpisodeRecord]], list[OpponentGame]]:
+        """One rollout of the slice into the local buffer with the model's weights: its result, each
+        finished episode with the rollout step (0-based) it ended at, for the learner's global step count,
+        and the games its copies finished against the league's snapshots."""
         collector = self._running()
+        if (opponents is None) != (self.opponents is None):
+            raise RuntimeError(
+                "a rollout worker plays a league's seats exactly when its rollouts bring their plan: "
+                "one came without the other"
+            )
+        if opponents is not None and self.opponents is not None:
+            self.snapshot_models.offer(opponents.sources)
+            self.opponents.use_plan(opponents.plan)
         steps_before = collector.env_steps
         self.buffer.reset()
         result = collector.collect(self.buffer)
         episodes = [((e.end_step - steps_before) // len(self.envs) - 1, e) for e in result.episodes]
-        return result, episodes
+        games = [] if self.opponents is None else list(self.opponents.games)
+        return result, episodes, games
 
 
 class SlicedSource:
@@ -154,6 +210,30 @@ class SlicedSource:
     replies)."""
     _worker_name = "rollout worker"
     """What messages call one worker."""
+    opponents: SlicedOpponents | None = None
+    """The learner's side of the opponents the workers play (a league), where attached."""
+
+    def attach_opponents(self, opponents: SlicedOpponents) -> None:
+        """Every worker plays its copies' seats of `opponents` from the next rollout on (before the
+        run starts or resumes: a worker's saved state holds its seats)."""
+        self.opponents = opponents
+        self._ask("opponents", [opponents.setup()] * len(self._slices))
+
+    def _opponents_rollout(self, sources: Callable[[int], Any]) -> OpponentsRollout | None:
+        """What a rollout starting now carries for the opponents: the plan, and each snapshot's
+        `sources(id)` (where a worker reads its weights)."""
+        if self.opponents is None:
+            return None
+        return OpponentsRollout(
+            self.opponents.plan(), {snapshot: sources(snapshot) for snapshot in self.opponents.snapshots()}
+        )
+
+    def _hand_over_games(self, replies: list[dict[str, Any] | None]) -> None:
+        """The games of a rollout handed to the learner, into the opponents' win table."""
+        if self.opponents is None:
+            return
+        games = [game for reply in replies if reply is not None for game in reply["games"]]
+        self.opponents.record(merge_games(games))
 
     def state_dict(self) -> dict[str, Any]:
         """Step counter, each worker's collector state and sampling RNG, and a rollout already collected.
@@ -236,6 +316,7 @@ def _pending_state(pending: dict[str, Any]) -> dict[str, Any]:
         "last_values": pending["last_values"],
         "last_alive": pending["last_alive"],
         "episodes": [[_episode_state(t, e) for t, e in r["episodes"]] for r in pending["replies"]],
+        "games": [[list(game) for game in r["games"]] for r in pending["replies"]],
     }
 
 
@@ -243,9 +324,15 @@ def _pending_from_state(saved: dict[str, Any] | None) -> dict[str, Any] | None:
     """`_pending_state` read back from a checkpoint."""
     if saved is None:
         return None
+    games = saved.get("games", [[] for _ in saved["episodes"]])  # none before leagues ran in workers
     replies = [  # its timings were the stopped process's wall clock: not carried over
-        {"episodes": [_episode_from_state(e) for e in episodes], "env_s": 0.0, "total_s": 0.0}
-        for episodes in saved["episodes"]
+        {
+            "episodes": [_episode_from_state(e) for e in episodes],
+            "games": [OpponentGame(int(a), int(b), int(c), float(d)) for a, b, c, d in worker_games],
+            "env_s": 0.0,
+            "total_s": 0.0,
+        }
+        for episodes, worker_games in zip(saved["episodes"], games, strict=True)
     ]
     return {
         "buffer": saved["buffer"],

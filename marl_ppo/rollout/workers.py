@@ -9,6 +9,9 @@ buffer. Per rollout the pipes carry one command and one small reply per
 worker (finished episodes and timings); no array data is pickled. The processes are started,
 commanded and stopped by `marl_ppo.envs.vector.pool`, as `SubprocessVectorEnv`'s are.
 
+With a league (`uniform` or `pfsp` opponents) each worker also plays its copies' seats; the pool's
+snapshots reach it as their files in the run directory, which the workers share with the learner.
+
 `rollout.policy_lag = 1` overlaps collection with learning: as soon as rollout k is copied out, the workers
 start rollout k + 1 with the weights the learner had *before* update k. PPO then uses that behaviour
 policy's log-probabilities as `logp_old`, so the ratio and its clip are taken against the policy that
@@ -18,6 +21,7 @@ acted. With `rollout.policy_lag = 0` the workers wait for the update: exactly on
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -125,6 +129,7 @@ class RolloutWorkers(SlicedSource):
             last_values=last_values, last_alive=last_alive, env_steps=buffer.steps * self.num_envs
         )
         result.episodes = self._episodes(replies, self.num_envs)
+        self._hand_over_games(replies)
         result.env_seconds = max(r["env_s"] for r in replies)
         result.act_seconds = max(r["total_s"] - r["env_s"] for r in replies)
         self.env_steps += result.env_steps
@@ -154,8 +159,14 @@ class RolloutWorkers(SlicedSource):
         with torch.no_grad():
             for name, tensor in self.model.state_dict().items():
                 self._weights[name].copy_(tensor)
-        self._pool.send("collect", [None] * len(self._slices))
+        opponents = self._opponents_rollout(lambda snapshot: str(self._snapshot_file(snapshot)))
+        self._pool.send("collect", [opponents] * len(self._slices))
         self._in_flight = True
+
+    def _snapshot_file(self, snapshot: int) -> Path:
+        """A league snapshot's policy file: the workers run on this machine and read it there."""
+        assert self.opponents is not None
+        return self.opponents.snapshot_file(snapshot)
 
     def _command(self, command: str, argument: Any) -> list[Any]:
         """Send every worker the same command; their replies in worker order."""

@@ -193,7 +193,6 @@ def test_a_league_on_a_game_of_one_side_is_refused_in_one_line(tiny_overrides, t
     ("overrides", "message"),
     [
         (["league.opponents=naive"], "league.opponents"),
-        (["league.opponents=pfsp", "rollout.vector=workers"], "rollout.vector: subprocess"),
         (["league.opponents=pfsp", "ppo.critic=team"], "ppo.critic: team values the sum"),
         (["league.opponents=pfsp", "league.pfsp=soft"], "league.pfsp"),
     ],
@@ -244,16 +243,39 @@ def test_each_snapshot_logs_the_nash_conv_of_the_pools_average(tiny_overrides, t
     assert min(logged.values()) > 0.0 and max(logged.values()) < 0.917  # below the uniform policy's
 
 
-@pytest.mark.parametrize(("step_s", "expected"), [(1e-6, "sync"), (30e-3, "subprocess")])
-def test_auto_vector_keeps_a_leagues_acting_in_this_process(tiny_overrides, monkeypatch, step_s, expected):
+@pytest.mark.parametrize(("step_s", "expected"), [(1e-6, "sync"), (30e-3, "workers")])
+def test_auto_vector_picks_for_a_league_as_for_self_play(tiny_overrides, monkeypatch, step_s, expected):
+    """A league's seats act in rollout workers too, so `auto` weighs the same costs with or without one."""
     import marl_ppo.envs.factory as factory
 
     monkeypatch.setattr(factory, "usable_cores", lambda: 2)
-    for opponents, workers in (("pfsp", expected), ("latest", "workers" if step_s > 1e-3 else "sync")):
+    for opponents in ("pfsp", "latest"):
         config = load_config(
             TICTACTOE,
             [*tiny_overrides, "rollout.vector=auto", "rollout.num_envs=4", f"league.opponents={opponents}"],
         )
         resolved = factory.resolve_vector(config, batched=False, step_seconds=lambda: step_s)
-        assert resolved.rollout.vector == workers, opponents
+        assert resolved.rollout.vector == expected, opponents
         assert resolved.rollout.policy_lag == 0
+
+
+def test_seats_of_a_checkpoint_from_before_each_copy_drew_apart_go_on_with_fresh_generators(
+    tiny_overrides, tmp_path
+):
+    from marl_ppo.league.sampling import copy_generator
+
+    config = load_config(RPS, _tiny(tiny_overrides, "rollout.num_envs=3", "league.opponents=uniform"))
+    plan = plan_run(config)
+    collector, model = build_collector(plan)
+    collector.close()
+    league = League(
+        plan.config, model.spec, tmp_path, lambda: TeamModel(model.spec, plan.config), plan.device
+    )
+    league.attach(collector)
+    assert league.seats is not None
+    old = {"side": torch.tensor([1, 0, 1]), "opponent": torch.tensor([-1, 0, 0]), "memories": {}}
+    league.seats.load_state_dict(old)
+    assert league.seats.side.tolist() == [1, 0, 1] and league.seats.opponent.tolist() == [-1, 0, 0]
+    assert league.seats.drawn  # the episodes under way keep their opponents
+    fresh = [copy_generator(plan.config.seed, copy).bit_generator.state for copy in range(3)]
+    assert [rng.bit_generator.state for rng in league.seats.rngs] == fresh

@@ -420,3 +420,45 @@ def test_a_lost_worker_rejoins_with_the_current_weights_once_its_node_is_back(tw
         torch.testing.assert_close(logp, agents.logp, rtol=0, atol=1e-5)
     finally:
         source.close()
+
+
+def test_a_league_on_two_ray_workers_trains_as_on_two_local_workers(two_nodes, tiny_overrides, tmp_path):
+    """The pool's snapshots reach the actors through the object store with each rollout's draws' plan;
+    the run (weights, win table, each copy's seat) is the run of two local workers, which read the
+    snapshots' files, and every game was played against a snapshot of the pool."""
+    config = load_config(
+        ROOT / "experiments/classic/tictactoe_v3.yaml",
+        [
+            *tiny_overrides,
+            "rollout.num_envs=4",
+            "rollout.rollout_steps=12",
+            "rollout.num_workers=2",
+            "rollout.policy_lag=0",
+            "total_steps=240",
+            "eval.every=0",
+            "league.opponents=pfsp",
+            "league.snapshot_every=1",
+            "league.self_play=0.2",
+            "league.rating_episodes=0",
+        ],
+    )
+    final = {}
+    for vector in ("workers", "ray"):
+        train(
+            dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vector=vector)),
+            tmp_path / vector,
+        )
+        final[vector] = load_checkpoint(tmp_path / vector / "checkpoints/final.pt")
+    weights = final["workers"]["model"]
+    assert all(torch.equal(weights[k], final["ray"]["model"][k]) for k in weights)
+    assert final["ray"]["league"] == final["workers"]["league"]
+    seats = [w["opponents"] for w in final["ray"]["collector"]["workers"]]
+    for local, remote in zip(final["workers"]["collector"]["workers"], seats, strict=True):
+        assert torch.equal(local["opponents"]["opponent"], remote["opponent"])
+        assert local["opponents"]["rngs"] == remote["rngs"]
+    pool = final["ray"]["league"]["pool"]["snapshots"]
+    assert pool == [0, 1, 2, 3, 4, 5]
+    played = set(final["ray"]["league"]["sampler"]["games"])
+    assert len(played) >= 2 and played <= set(pool)
+    in_use = {int(s) for state in seats for s in state["opponent"] if s >= 0}
+    assert in_use <= set(pool)
