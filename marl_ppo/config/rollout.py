@@ -34,7 +34,7 @@ class RolloutConfig:
     """With `vector: workers|ray`, 1 collects the next rollout with the pre-update policy while the learner
     updates (collection overlaps learning; `ppo.lagged_ratio` says how the update treats such a batch); 0 waits.
     Other vector modes (and `auto` when it picks `sync`) run with 0, and record 0 in config.yaml."""
-    compiled: Literal["auto"] | bool = "auto"
+    compiled: Literal["auto", True, False] = "auto"
     """Whether a JaxMARL env's rollouts run as one compiled program (a `lax.scan` over the rollout's
     steps: the env's step, the policy's forward in JAX and its sampling) instead of a Python loop that
     steps the env and the torch policy once per step. `auto`: compiled where the run allows it (a
