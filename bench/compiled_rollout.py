@@ -1,33 +1,47 @@
-"""`python -m bench.compiled_rollout`: one rollout of a JaxMARL env compiled as a `lax.scan` against the
-collector's per-step path, in one process.
+"""`python -m bench.compiled_rollout`: a JaxMARL env's rollout compiled as one `lax.scan` against the
+collector's per-step path, one rollout at a time or whole training runs, in one process.
 
-The per-step path is `Collector.collect` into a `RolloutBuffer` (a Python loop: the policy's torch
-forward, `JaxVectorEnv.step`, the buffer's writes). The compiled path is `CompiledRollout.run` from
-the weights read into JAX (`JaxPolicy.params`), then its records denormalized and copied into a
-buffer of the same shape. Each path has its own copies of the env, from the same seed, and the two
-alternate; the compile (first call) is timed apart. Medians and ranges over the repeats.
+At JaxMARL's IPPO-FF settings on its MPE simple_spread (`ISSUE_SETTINGS`: 16 copies x 128 steps, a
+64-wide tanh MLP, a shared actor, an observation critic), on one torch thread, the two paths alternate
+and the first compiled call (the compile, or its load from JAX's persistent cache) is timed apart;
+medians and ranges over the repeats.
 
-    python -m bench.compiled_rollout [--repeats N]
+- Rollouts (the default; `--case smax` for SMAX 2s3z's experiment settings): `Collector.collect` (a Python loop of the policy's torch forward,
+  `JaxVectorEnv.step` and the buffer's writes) against `CompiledSource.collect` (the weights read into
+  JAX, the scan, the records written into the buffer, the episodes accounted), each on env copies
+  of its own from the same seed.
+- `--train`: whole training runs (`train`) with `rollout.compiled` true and false in turn,
+  `--pairs` times, of the MPE settings with 4 epochs of 4 minibatches as JaxMARL's script runs them
+  (`--case mpe`) or of SMAX 2s3z's experiment file (`--case smax`: 64 copies, a 128-wide MLP, a
+  state critic; no evaluations); each run's env steps per second count from the end of its first
+  update (which compiles, or loads from the cache) to its last.
+
+    python -m bench.compiled_rollout [--case mpe|smax] [--repeats N]
+    python -m bench.compiled_rollout --train [--case mpe|smax] [--pairs N] [--updates N]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import statistics
+import tempfile
 import time
-from typing import Any
+from pathlib import Path
 
 import torch
 
-from marl_ppo.config import load_config
+from marl_ppo.config import ExperimentConfig, load_config
 from marl_ppo.envs.factory import build_vector_env, probe_layout
+from marl_ppo.envs.jax.runtime import jax_modules
 from marl_ppo.envs.jax.vector import JaxVectorEnv
 from marl_ppo.models.team import TeamModel
 from marl_ppo.plan.copies import settle_copies
 from marl_ppo.rollout.buffer import RolloutBuffer
 from marl_ppo.rollout.collector import Collector
-from marl_ppo.rollout.jax_policy import JaxPolicy
-from marl_ppo.rollout.jax_scan import CompiledRollout
+from marl_ppo.rollout.compiled import CompiledSource
+from marl_ppo.run.loop import train
 
 ISSUE_SETTINGS = [
     # JaxMARL's IPPO-FF settings on its MPE simple_spread: 16 copies x 128 steps, a 64-wide tanh MLP
@@ -38,67 +52,128 @@ ISSUE_SETTINGS = [
     "model.share_actor=true",
     "model.hidden_sizes=[64,64]",
 ]
+TRAINING: dict[str, tuple[Path | None, list[str]]] = {
+    # the issue's settings: JaxMARL's IPPO-FF script runs 4 epochs of 4 minibatches
+    "mpe": (None, [*ISSUE_SETTINGS, "ppo.train_pi_iters=4", "ppo.num_minibatches=4"]),
+    # the experiment file's settings (64 copies x 128 steps, 4 epochs), without its evaluations
+    "smax": (Path(__file__).resolve().parents[1] / "experiments/jaxmarl/smax_2s3z.yaml", ["eval.every=null"]),
+}
+"""The training cases of `--train`: an experiment file (or none) and overrides."""
 
 
-def _store(records: dict[str, Any], model: TeamModel, buffer: RolloutBuffer) -> None:
-    """The compiled rollout's records written into `buffer` as the collector writes its steps."""
-    buffer.state.copy_(records["state"])
-    buffer.episode_over.copy_(records["episode_over"])
-    for name, storage in buffer.groups.items():
-        group, norm = records["groups"][name], model.group(name).value_norm
-        storage.values.copy_(norm.denormalize(group["values"]))
-        storage.final_values.copy_(norm.denormalize(group["final_values"]))
-        for field in ("obs", "actions", "logp", "rewards", "terminated", "truncated", "action_mask"):
-            getattr(storage, field).copy_(group[field])
-        storage.alive.fill_(True)
+def _spread(label: str, times: list[float], unit: str) -> str:
+    unit = f" {unit}" if unit else ""
+    return f"{label}: {statistics.median(times):,.1f}{unit} ({min(times):,.1f}-{max(times):,.1f})"
+
+
+def rollouts(case: str, repeats: int) -> None:
+    """Time one rollout each way in turn, `repeats` times; print each path's line and their ratio."""
+    torch.set_num_threads(1)  # the learner's one thread beside JAX
+    config = _case_config(case, True, 1)
+    layout = probe_layout(config)
+    per_step_env, compiled_env = build_vector_env(config, layout), build_vector_env(config, layout)
+    assert isinstance(compiled_env, JaxVectorEnv)
+    model = TeamModel(per_step_env.spec, config)
+    steps, copies, cpu = config.rollout.rollout_steps, config.rollout.copies, torch.device("cpu")
+    collector = Collector(per_step_env, model, cpu)
+    compiled = CompiledSource(compiled_env, model, cpu, steps=steps, seed=0)
+    collector.start(0)
+    compiled.start(0)
+    buffers = RolloutBuffer(per_step_env.spec, steps, copies), RolloutBuffer(per_step_env.spec, steps, copies)
+    start = time.perf_counter()
+    compiled.collect(buffers[1])
+    compile_s = time.perf_counter() - start
+    per_step: list[float] = []
+    scanned: list[float] = []
+    for _ in range(repeats):
+        for source, buffer, times in ((collector, buffers[0], per_step), (compiled, buffers[1], scanned)):
+            buffer.reset()
+            start = time.perf_counter()
+            source.collect(buffer)
+            times.append(time.perf_counter() - start)
+    env_steps = steps * copies
+    for label, times in (("per-step collector", per_step), ("compiled source", scanned)):
+        rates = [env_steps / t for t in times]
+        print(
+            f"{_spread(f'{label:>18}', [t * 1e3 for t in times], 'ms per rollout')}, "
+            f"{statistics.median(rates):,.0f} env steps/s"
+        )
+    ratios = [a / b for a, b in zip(per_step, scanned, strict=True)]
+    print(f"{_spread('ratio', ratios, '')}; first compiled call (compile or cache load) {compile_s:.2f} s")
+
+
+def _load() -> str:
+    """The 1-, 5- and 15-minute load averages, as `uptime` shows them."""
+    return ", ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def _case_config(case: str, compiled: bool, updates: int) -> ExperimentConfig:
+    """The training case's config for `updates` updates, its rollouts compiled or per step."""
+    experiment, overrides = TRAINING[case]
+    switch = f"rollout.compiled={str(compiled).lower()}"
+    config = settle_copies(load_config(experiment, [*overrides, switch, "log.progress=false"]))
+    return dataclasses.replace(config, total_steps=updates * _batch(config))
+
+
+def _batch(config: ExperimentConfig) -> int:
+    """Env steps per update of a settled config."""
+    return config.rollout.rollout_steps * config.rollout.copies
+
+
+def _timed_run(config: ExperimentConfig, run_dir: Path) -> tuple[float, float, float]:
+    """One training run: its env steps/s after its first update, the seconds to the end of that
+    update (the compile, or its load from the cache, included), and the learner's share of the run."""
+    per_update = _batch(config)
+    updates = config.total_steps // per_update
+    marks: list[float] = []
+    start = time.perf_counter()
+    result = train(config, run_dir, on_update=lambda _: marks.append(time.perf_counter()))
+    learn_share = result.timing["learn_s"] / (marks[-1] - start)
+    return (updates - 1) * per_update / (marks[-1] - marks[0]), marks[0] - start, learn_share
+
+
+def training(case: str, pairs: int, updates: int) -> None:
+    """Train `pairs` times each way in turn; print each path's env steps/s, their ratio and first updates."""
+    jax_modules()  # JAX and JaxMARL imported before the first run's clock starts
+    load = _load()
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    firsts: dict[bool, list[float]] = {True: [], False: []}
+    learning: dict[bool, list[float]] = {True: [], False: []}
+    with tempfile.TemporaryDirectory() as folder:
+        for pair in range(pairs):
+            for compiled in (True, False):
+                config = _case_config(case, compiled, updates)
+                sps, first, learn_share = _timed_run(config, Path(folder) / f"{pair}_{compiled}")
+                rates[compiled].append(sps)
+                firsts[compiled].append(first)
+                learning[compiled].append(100 * learn_share)
+    batch = _batch(_case_config(case, True, updates))
+    print(
+        f"{case}: training {updates} updates of {batch} env steps, {pairs} alternated pairs; load {load} before, "
+        f"{_load()} after"
+    )
+    for compiled, label in ((True, "compiled"), (False, "per-step")):
+        print(
+            f"{_spread(f'{label:>9}', rates[compiled], 'env steps/s')} after the first update; "
+            f"{_spread('first update', firsts[compiled], 's')}; {_spread('learner', learning[compiled], '%')}"
+        )
+    ratios = [a / b for a, b in zip(rates[True], rates[False], strict=True)]
+    print(_spread("ratio compiled/per-step", ratios, ""))
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Time both paths in turn and print one line each, and their ratio."""
+    """Rollouts, or with `--train` training runs, both ways in turn."""
     parser = argparse.ArgumentParser(prog="python -m bench.compiled_rollout")
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=7, help="rollouts each way")
+    parser.add_argument("--train", action="store_true", help="time whole training runs instead")
+    parser.add_argument("--pairs", type=int, default=3, help="training runs each way (--train)")
+    parser.add_argument("--updates", type=int, default=8, help="updates per training run (--train)")
+    parser.add_argument("--case", choices=sorted(TRAINING), default="mpe", help="the settings: mpe or smax")
     args = parser.parse_args(argv)
-    import jax
-
-    torch.set_num_threads(1)  # the learner's one thread beside JAX
-    config = settle_copies(load_config(None, ISSUE_SETTINGS))
-    layout = probe_layout(config)
-    per_step_env, compiled_env = build_vector_env(config, layout), build_vector_env(config, layout)
-    model = TeamModel(per_step_env.spec, config)
-    steps, copies = config.rollout.rollout_steps, config.rollout.copies
-    collector = Collector(per_step_env, model, torch.device("cpu"))
-    collector.start(0)
-    buffers = RolloutBuffer(per_step_env.spec, steps, copies), RolloutBuffer(per_step_env.spec, steps, copies)
-    policy = JaxPolicy(model)
-    assert isinstance(compiled_env, JaxVectorEnv)
-    rollout = CompiledRollout(compiled_env, policy, steps)
-    compiled_env.reset(0)
-    key = jax.random.PRNGKey(0)
-    start = time.perf_counter()
-    _store(rollout.run(policy.params(), key), model, buffers[1])
-    compile_s = time.perf_counter() - start
-    per_step, compiled = [], []
-    for _ in range(args.repeats):
-        buffers[0].reset()
-        start = time.perf_counter()
-        collector.collect(buffers[0])
-        per_step.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        key, draw = jax.random.split(key)
-        _store(rollout.run(policy.params(), draw), model, buffers[1])
-        compiled.append(time.perf_counter() - start)
-    env_steps = steps * copies
-    for label, times in (("per-step collector", per_step), ("compiled scan", compiled)):
-        median = statistics.median(times)
-        print(
-            f"{label:>19}: {median * 1e3:7.1f} ms per rollout ({min(times) * 1e3:.1f}-{max(times) * 1e3:.1f}), "
-            f"{env_steps / median:,.0f} env steps/s"
-        )
-    ratios = sorted(a / b for a, b in zip(per_step, compiled, strict=True))
-    print(
-        f"ratio {statistics.median(ratios):.1f} ({ratios[0]:.1f}-{ratios[-1]:.1f}); "
-        f"first compiled call (compile or cache load) {compile_s:.2f} s"
-    )
+    if args.train:
+        training(args.case, args.pairs, args.updates)
+    else:
+        rollouts(args.case, args.repeats)
 
 
 if __name__ == "__main__":

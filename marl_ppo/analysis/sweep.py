@@ -142,7 +142,7 @@ def plan_sweep(
     return runs, first
 
 
-AUTO_KEYS = ("rollout.vector", "model.precision", "host.torch_threads")
+AUTO_KEYS = ("rollout.vector", "rollout.compiled", "model.precision", "host.torch_threads")
 """Keys whose `auto` a run settles when it starts; a finished run's recorded choice matches `auto`
 (how it ran, not what it trained; `auto` epochs, which change training, are settled instead)."""
 

@@ -226,7 +226,8 @@ def refuse_moved(data: Mapping[str, Any]) -> None:
 def migrate_stored(data: Mapping[str, Any]) -> dict[str, Any]:
     """A config a run stored (its config.yaml, a checkpoint's), its moved keys (MOVED_KEYS) at their new
     place and the switches of removed `fast` pieces (REMOVED_FAST_KEYS, REMOVED_OPTIMIZERS) dropped or
-    renamed, the library piece with the same numbers taking their place; nothing else changes, and a key already at the new place wins."""
+    renamed, the library piece with the same numbers taking their place; `rollout.compiled` false where
+    it is missing (such a run stepped per step); nothing else changes, and a key already at the new place wins."""
     migrated = copy.deepcopy(dict(data))
     fast = migrated.get("fast")
     if isinstance(fast, Mapping):
@@ -250,6 +251,10 @@ def migrate_stored(data: Mapping[str, Any]) -> dict[str, Any]:
             target[section] = child = dict(child) if isinstance(child, Mapping) else {}
             target = child
         target.setdefault(new_name, value)
+    rollout = migrated.get("rollout")
+    rollout = dict(rollout) if isinstance(rollout, Mapping) else {}
+    rollout.setdefault("compiled", False)  # a run stored before the compiled rollout stepped per step
+    migrated["rollout"] = rollout
     return migrated
 
 

@@ -189,10 +189,15 @@ def describe_error(error: Mapping[str, Any]) -> str:
 def config_yaml(config: ExperimentConfig) -> str:
     """The config as the run's config.yaml holds it; `auto` choices are made when the run starts."""
     text = yaml.safe_dump(config_to_dict(config), sort_keys=False)
-    choices = (("rollout.vector", config.rollout.vector), ("model.precision", config.model.precision))
+    choices = (
+        ("rollout.vector", config.rollout.vector),
+        ("rollout.compiled", config.rollout.compiled),
+        ("model.precision", config.model.precision),
+    )
     auto = [key for key, value in choices if value == "auto"]
     if auto:
-        text += f"# {' and '.join(auto)}: auto is chosen when the run starts; its config.yaml records the choice\n"
+        listed = ", ".join(auto[:-1]) + f" and {auto[-1]}" if len(auto) > 1 else auto[0]
+        text += f"# {listed}: auto is chosen when the run starts; its config.yaml records the choice\n"
     return text
 
 

@@ -34,6 +34,16 @@ class RolloutConfig:
     """With `vector: workers|ray`, 1 collects the next rollout with the pre-update policy while the learner
     updates (collection overlaps learning; `ppo.lagged_ratio` says how the update treats such a batch); 0 waits.
     Other vector modes (and `auto` when it picks `sync`) run with 0, and record 0 in config.yaml."""
+    compiled: Literal["auto", True, False] = "auto"
+    """Whether a JaxMARL env's rollouts run as one compiled program (a `lax.scan` over the rollout's
+    steps: the env's step, the policy's forward in JAX and its sampling) instead of a Python loop that
+    steps the env and the torch policy once per step. `auto`: compiled where the run allows it (a
+    `jaxmarl/*` env; feed-forward MLPs over vector inputs with Discrete actions, in fp32; no league
+    opponents but `latest`), else per step, with the reason in the run's start line; `false`: per
+    step; `true`: compiled, or an error that says why it cannot be. The choice is written to the
+    run's config.yaml. Compiled rollouts draw their actions with JAX's random numbers (from the seed
+    and the update's number), so their runs differ from per-step ones in the actions drawn, not in
+    what is learned from them. Other envs always step per step."""
     worker_timeout_s: PositiveFloat = 60.0
     """Seconds a worker process (`vector: subprocess|workers|ray`) may take to answer (build, reset or
     step its envs; rollout workers get this per step of a rollout) before it is reported as hung and

@@ -24,6 +24,7 @@ from marl_ppo.envs.factory import (
 from marl_ppo.envs.registry import anchored
 from marl_ppo.envs.spec import BatchedLayout, EnvLayout, TeamSpec
 from marl_ppo.models.layers import resolve_device, resolve_precision
+from marl_ppo.plan.compiled import settle_compiled
 from marl_ppo.plan.copies import settle_copies
 from marl_ppo.plan.host import convolutional, learner_threads, update_threads
 
@@ -54,6 +55,9 @@ class RunPlan:
     """torch threads while the networks are built and initialised: `threads` without the rule for CNN
     encoders (1 unless set or batched), since the orthogonal init of a CNN's weights varies with the
     thread count: a CNN model starts from the same weights on any number of cores."""
+    rollout_path: str | None = None
+    """How a JaxMARL env's rollouts run, for the start line: `compiled (lax.scan over T steps)` or
+    `per-step (the reason)` (`plan.compiled`); None for other envs, and for an evaluation's plan."""
 
     @property
     def batched(self) -> bool:
@@ -94,7 +98,11 @@ class RunPlan:
                 f"; a league: {league.opponents} over snapshots taken every {league.snapshot_every} updates"
                 + (f", {league.self_play:.0%} self-play" if league.self_play else "")
             )
-        return f"{algorithm} on {config.env.id}{team}: {config.rollout.copies} env copies {where}, {threads}{encoder}"
+        rollout = "" if self.rollout_path is None else f"; rollout: {self.rollout_path}"
+        return (
+            f"{algorithm} on {config.env.id}{team}: {config.rollout.copies} env copies {where}, {threads}"
+            f"{encoder}{rollout}"
+        )
 
 
 def anchored_config(config: ExperimentConfig) -> ExperimentConfig:
@@ -110,22 +118,24 @@ def anchored_config(config: ExperimentConfig) -> ExperimentConfig:
 
 def plan_run(config: ExperimentConfig) -> RunPlan:
     """`config` settled for a run on this machine. Builds at most one env copy, the probe (none for a
-    batched simulator): its layout is the plan's, and `rollout.vector: auto` times its steps."""
+    batched simulator but a JaxMARL env's, built and not reset, for `rollout.compiled`): its layout is
+    the plan's, and `rollout.vector: auto` times its steps."""
     config = _with_precision(settle_copies(anchored_config(config)))
-    layout: EnvLayout
     batched = batched_layout(config)
-    if batched is not None:
-        layout = batched  # batched simulators run as one object: no probe
+    if batched is not None:  # one object holds every copy: no probe copy (a JaxMARL env's is built
+        # for `rollout.compiled`, not reset: nothing is compiled or stepped)
         config = resolve_vector(config, batched=True, step_seconds=_untimed)
-    else:
-        probe = make_team_env(config)
-        try:
-            layout = spec = team_spec(config, probe)
-            timing = functools.partial(probe_step_seconds, config, probe, spec)
-            config = resolve_vector(config, batched=False, step_seconds=timing)
-        finally:
-            probe.close()
-    return _settled(config, layout)
+        config, rollout_path = settle_compiled(config, batched)
+        return dataclasses.replace(_settled(config, batched), rollout_path=rollout_path)
+    probe = make_team_env(config)
+    try:
+        spec = team_spec(config, probe)
+        timing = functools.partial(probe_step_seconds, config, probe, spec)
+        config = resolve_vector(config, batched=False, step_seconds=timing)
+    finally:
+        probe.close()
+    config, _ = settle_compiled(config, spec)  # false: not a JaxMARL env
+    return _settled(config, spec)
 
 
 def plan_eval(config: ExperimentConfig) -> RunPlan:

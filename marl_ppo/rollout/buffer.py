@@ -186,6 +186,33 @@ class RolloutBuffer:
                 target[t].copy_(_tensor(value))
         self.pos += 1
 
+    def add_rollout(
+        self,
+        state: torch.Tensor,
+        groups: Mapping[str, GroupStorage],
+        memory: Mapping[str, GroupMemory],
+        *,
+        episode_over: torch.Tensor,
+    ) -> None:
+        """Write all `T` steps at once into the empty buffer: what `add` writes step by step, each
+        field stacked `(T, E, ...)` (a compiled rollout's records)."""
+        if self.pos:
+            raise BufferFull(
+                f"add_rollout writes all {self.steps} steps of an empty buffer, but {self.pos} are written; "
+                "call reset() first"
+            )
+        _write(self.state, state, "state")
+        _write(self.episode_over, episode_over, "episode_over")
+        for name, storage in self.groups.items():
+            for field in dataclasses.fields(storage):
+                _write(
+                    getattr(storage, field.name), getattr(groups[name], field.name), f"{name}.{field.name}"
+                )
+        for name, stored in self.memory.items():
+            for field in dataclasses.fields(stored):
+                _write(getattr(stored, field.name), getattr(memory[name], field.name), f"{name}.{field.name}")
+        self.pos = self.steps
+
     def tensors(self) -> list[torch.Tensor]:
         """Every `(T, E, ...)` tensor of the buffer, in a fixed order (the state, the episode ends, then
         group by group, then the recurrent memory group by group)."""
@@ -196,3 +223,12 @@ class RolloutBuffer:
 
 def _tensor(value: ArrayLike) -> torch.Tensor:
     return value if isinstance(value, torch.Tensor) else torch.from_numpy(np.asarray(value))
+
+
+def _write(target: torch.Tensor, value: torch.Tensor, name: str) -> None:
+    """Copy `value` into `target` of the same shape (no broadcasting: a wrong shape is an error)."""
+    if tuple(value.shape) != tuple(target.shape):
+        raise ValueError(
+            f"rollout field '{name}' has shape {tuple(value.shape)}, the buffer {tuple(target.shape)}"
+        )
+    target.copy_(value)

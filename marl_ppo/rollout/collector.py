@@ -75,7 +75,7 @@ class Collector:
         return {
             "env_steps": self.env_steps,
             **self.stepper.state_dict(),
-            "arrays": _arrays_state(self.venv.arrays),
+            "arrays": arrays_state(self.venv.arrays),
             "memory": self.memory.state_dict(),  # the carries the next step reads
         }
 
@@ -85,7 +85,7 @@ class Collector:
         if not episodes:
             return
         self.stepper.load_state_dict(state)
-        _load_arrays(self.venv.arrays, state["arrays"])
+        load_arrays(self.venv.arrays, state["arrays"])
         self.memory.load_state_dict(state["memory"])
 
     @torch.no_grad()
@@ -188,7 +188,7 @@ class RolloutActing:
             self.opponents.advance(arrays, episode_over)
 
 
-def _arrays_state(arrays: TeamArrays) -> dict[str, Any]:
+def arrays_state(arrays: TeamArrays) -> dict[str, Any]:
     """CPU tensor copies of every array of the vector env's arrays (numpy or torch), keyed by field."""
 
     def copy(value: np.ndarray | torch.Tensor) -> torch.Tensor:
@@ -205,7 +205,7 @@ def _arrays_state(arrays: TeamArrays) -> dict[str, Any]:
     }
 
 
-def _load_arrays(arrays: TeamArrays, state: dict[str, Any]) -> None:
+def load_arrays(arrays: TeamArrays, state: dict[str, Any]) -> None:
     """Write saved tensors into the vector env's arrays in place (they may be shared memory)."""
 
     def load(target: np.ndarray | torch.Tensor, saved: torch.Tensor) -> None:

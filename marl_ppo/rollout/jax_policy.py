@@ -9,16 +9,16 @@ MLPs with Discrete actions: per group the masked, normalised logits of a Categor
 values in its own units (`ValueNorm.denormalize` stays in torch, applied to the whole rollout at once).
 
 Every other network (recurrent, CNN, Box or MultiDiscrete actions, bf16) is refused:
-`unsupported_reason` gives the one-line reason, and `JaxPolicy` raises `NotCompilable` with it.
+`unsupported_reason` (`plan.compiled`, where the run's plan reads it) gives the one-line reason, and
+`JaxPolicy` raises `NotCompilable` with it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-import gymnasium as gym
 import torch
 
 from marl_ppo.envs.jax.runtime import jax_modules
@@ -26,12 +26,7 @@ from marl_ppo.models.acting import ActingMLP
 from marl_ppo.models.distributions import MASKED_LOGIT
 from marl_ppo.models.layers import AgentMLP
 from marl_ppo.models.team import CRITIC_INPUTS, TeamModel
-
-_ACTIVATION_NAMES: dict[Callable[[torch.Tensor], torch.Tensor], str] = {
-    torch.tanh: "tanh",
-    torch.relu: "relu",
-}
-"""The JAX function of each activation `AgentMLP` takes, by name (see `_activate`)."""
+from marl_ppo.plan.compiled import ACTIVATION_NAMES, unsupported_reason
 
 
 class NotCompilable(ValueError):
@@ -77,33 +72,12 @@ class GroupParams(NamedTuple):
     critic: MlpParams
 
 
-def unsupported_reason(model: TeamModel) -> str | None:
-    """Why `model`'s networks have no JAX forward here (one line), or None where they all have one."""
-    for name in model.group_names():
-        networks = model.group(name)
-        actor, critic = networks.actor, networks.critic
-        if not isinstance(actor.action_space, gym.spaces.Discrete):
-            return (
-                f"group '{name}' has {actor.action_space} actions; the compiled rollout covers Discrete ones"
-            )
-        if actor.carry_size or critic.carry_size:
-            return f"group '{name}' has a recurrent network; the compiled rollout covers feed-forward ones"
-        if actor.features is not None or critic.images is not None:
-            return f"group '{name}' reads images through a CNN; the compiled rollout covers vector inputs"
-        for net in (actor.net, critic.net):
-            if net.precision != "fp32":
-                return f"model.precision={net.precision}; the compiled rollout computes in fp32"
-            if net.activate_output or net.activation not in _ACTIVATION_NAMES:
-                return f"group '{name}' has an MLP the compiled rollout does not cover"
-    return None
-
-
 def _mlp_form(mlp: AgentMLP) -> MlpForm:
     return MlpForm(
         normalized=mlp.norm_weight is not None,
         common_input=mlp.common_input,
         agents=mlp.num_agents,
-        activation=_ACTIVATION_NAMES[mlp.activation],
+        activation=ACTIVATION_NAMES[mlp.activation],
     )
 
 

@@ -10,7 +10,9 @@ records what the rollout buffer stores, stacked `(T, E, ...)` and handed to torc
 - per group `(T, E, A_g, ...)`: `obs`, `action_mask` (mask_dim 0 without masks), `actions`, `logp`,
   `values` and `final_values` (the critic's units: `ValueNorm.denormalize` is torch's, once per
   rollout; `final_values` is V(final obs, final state) where any copy truncated at the step, else 0,
-  as the collector stores it), `rewards`, `terminated`, `truncated`, `final_obs`.
+  as the collector stores it), `rewards`, `terminated`, `truncated`, `final_obs`;
+- per group `last_values` `(E, A_g)`: the critic's values of the observations after the last step
+  (the bootstrap of the rollout's end, in the critic's units).
 
 `replay` runs the same scan on given actions instead of sampled ones (their log-probabilities
 computed): the same trajectories as stepping `JaxVectorEnv.step` in a Python loop.
@@ -75,8 +77,9 @@ class CompiledRollout:
             (keys, states, out), record = self._step(params, keys, states, out, choose)
             return (keys, states, out, key), record
 
-        scanned: tuple[Any, Any] = jax.lax.scan(body, (keys, states, out, key), None, length=self.steps)
-        return scanned
+        carry, records = jax.lax.scan(body, (keys, states, out, key), None, length=self.steps)
+        records["last_values"] = self._last_values(params, carry[2])
+        return carry, records
 
     def _scan_replayed(self, params: Any, keys: Any, states: Any, out: Any, forced: Any) -> tuple[Any, Any]:
         jax, jnp = self.policy.jax, self.policy.jnp
@@ -89,8 +92,16 @@ class CompiledRollout:
 
             return self._step(params, keys, states, out, choose)
 
-        scanned: tuple[Any, Any] = jax.lax.scan(body, (keys, states, out), forced, length=self.steps)
-        return scanned
+        carry, records = jax.lax.scan(body, (keys, states, out), forced, length=self.steps)
+        records["last_values"] = self._last_values(params, carry[2])
+        return carry, records
+
+    def _last_values(self, params: Any, out: Any) -> dict[str, Any]:
+        """Per group the critic's values `(E, A_g)` of the observations and state in `out`."""
+        return {
+            name: self.policy.values(name, params, out["state"], out["obs"][name])
+            for name in self.policy.forms
+        }
 
     def _step(self, params: Any, keys: Any, states: Any, out: Any, choose: Any) -> tuple[Any, Any]:
         """One step inside the scan: act with `choose(name, logits) -> (actions, logp)`, step the env,

@@ -5,22 +5,29 @@ from __future__ import annotations
 import functools
 
 from marl_ppo.envs.factory import build_vector_env, make_adapter
+from marl_ppo.envs.jax.vector import JaxVectorEnv
 from marl_ppo.envs.spec import TeamSpec
 from marl_ppo.models.team import TeamModel
 from marl_ppo.plan.settle import RunPlan
 from marl_ppo.rollout.collector import Collector
+from marl_ppo.rollout.compiled import CompiledSource
 from marl_ppo.rollout.ray_workers import RayRolloutWorkers
 from marl_ppo.rollout.source import RolloutSource
 from marl_ppo.rollout.workers import RolloutWorkers
 
 
 def build_collector(plan: RunPlan) -> tuple[RolloutSource, TeamModel]:
-    """The rollout collector and the team's networks: acting here, or in rollout workers (`rollout.vector: workers`,
-    or Ray actors: `ray`)."""
+    """The rollout source and the team's networks: acting here (per step, or in compiled rollouts of a
+    JaxMARL env where the plan settled `rollout.compiled` true), or in rollout workers
+    (`rollout.vector: workers`, or Ray actors: `ray`)."""
     config, device, layout = plan.config, plan.device, plan.layout
     if not isinstance(layout, TeamSpec) or config.rollout.vector not in ("workers", "ray"):
         venv = build_vector_env(config, layout, device)
         model = TeamModel(venv.spec, config).to(device)
+        if config.rollout.compiled is True:
+            assert isinstance(venv, JaxVectorEnv)  # as the plan found it
+            steps = config.rollout.rollout_steps
+            return CompiledSource(venv, model, device, steps=steps, seed=config.seed), model
         return Collector(venv, model, device), model
     model = TeamModel(layout, config).to(device)
     if config.rollout.vector == "ray":

@@ -147,7 +147,8 @@ def test_print_config_prints_the_resolved_config_and_writes_nothing(tmp_path, mo
     assert yaml.safe_load(bare) == config_to_dict(settle_copies(load_config(None, ["seed=3"])))
     assert yaml.safe_load(bare)["rollout"]["num_envs"] == 16
     assert bare.splitlines()[-1] == (
-        "# rollout.vector: auto is chosen when the run starts; its config.yaml records the choice"
+        "# rollout.vector and rollout.compiled: auto is chosen when the run starts; its config.yaml "
+        "records the choice"
     )
     assert list(tmp_path.iterdir()) == []
 

@@ -141,6 +141,7 @@ def _before_sections(config):
     # keys that came later than the sections: an old run never stored them
     old["eval"].pop("nash_conv")
     old["eval"].pop("partners")
+    old["rollout"].pop("compiled")
     old["ppo"].pop("entropy_schedule")
     old["ppo"].pop("entropy_final")
     old.pop("league")

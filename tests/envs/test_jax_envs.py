@@ -177,13 +177,22 @@ def test_the_learner_keeps_one_torch_thread_beside_jax():
 
 
 @pytest.mark.parametrize(
-    "name", ["smax_3m", "overcooked_cramped_room", "hanabi", "mpe_simple_spread_v3"], ids=lambda n: n
+    ("name", "compiled"),
+    [
+        ("smax_3m", "auto"),
+        ("overcooked_cramped_room", "auto"),
+        ("hanabi", "auto"),
+        ("mpe_simple_spread_v3", "auto"),
+        ("smax_3m", "false"),  # the per-step path, which recurrent policies take
+    ],
+    ids=lambda value: value if value != "auto" else "compiled",
 )
-def test_each_family_trains_4000_steps(name, tmp_path):
+def test_each_family_trains_4000_steps(name, compiled, tmp_path):
     config = load_config(
         None,
         [
             f"env.id=jaxmarl/{name}",
+            f"rollout.compiled={compiled}",
             "rollout.num_envs=8",
             "rollout.rollout_steps=50",
             "total_steps=4000",
@@ -194,6 +203,7 @@ def test_each_family_trains_4000_steps(name, tmp_path):
         ],
     )
     result = train(config, tmp_path)
+    assert plan_run(config).config.rollout.compiled is (compiled == "auto")  # every family's is covered
     assert result.env_steps == 4000 and result.updates == 10
     assert result.episodes > 0 and np.isfinite(result.team_return_mean)
     tags = EventAccumulator(str(tmp_path / "tensorboard")).Reload().Tags()["scalars"]

@@ -300,6 +300,7 @@ def test_a_stored_config_of_the_layout_before_sections_is_migrated_key_by_key(tm
             "seed=4",
             "total_steps=5000",
             "rollout={num_envs: 8, vector: workers, num_workers: 4, policy_lag: 1, worker_timeout_s: 30.0}",
+            "rollout.compiled=false",  # a run stored before the compiled rollout stepped per step
             "rollout.rollout_steps=25",
             "ppo={gamma: 0.95, gae_lambda: 0.9, critic: obs, team_reward: refuse, pi_lr: 0.001}",
             "model={share_actor: true, share_critic: false, hidden_sizes: [32]}",

@@ -1,0 +1,249 @@
+"""A JaxMARL env's rollouts, each one compiled program (`rollout.jax_scan`), behind the same
+`RolloutSource` interface as the collector: the loop, checkpoints and resume see no difference.
+
+`collect` reads the policy's weights into JAX once, runs the scan with a key derived from the run's
+seed and the rollout's number (a resumed run draws what the uninterrupted one drew, with no state of
+its own), and writes the records into the buffer as the collector writes its steps: values through
+the group's `ValueNorm`, every agent alive (a JaxMARL env's agents all act at every step), the
+feed-forward networks' empty carries, `is_first` where the copy's last episode ended. The episode
+accounting (each copy's running returns and length, the episodes that ended and whether they were
+won) is computed once per rollout from the recorded rewards and episode ends, as `Stepper` keeps it
+step by step, and is saved in checkpoints under the same names. The scan's time is the rollout's
+env time (`env_s`): JAX steps the env and the policy's forward in one program.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from marl_ppo.envs.jax.vector import JaxVectorEnv
+from marl_ppo.envs.spec import TeamSpec
+from marl_ppo.envs.vector.base import WinsEpisodes
+from marl_ppo.models.team import TeamModel
+from marl_ppo.rollout.buffer import GroupMemory, GroupStorage, RolloutBuffer
+from marl_ppo.rollout.collector import arrays_state, load_arrays
+from marl_ppo.rollout.jax_policy import JaxPolicy
+from marl_ppo.rollout.jax_scan import CompiledRollout, Records
+from marl_ppo.rollout.memory import make_memory
+from marl_ppo.rollout.source import EpisodeRecord, RolloutResult
+from marl_ppo.rollout.stepper import Finished
+
+ACTING_STREAM = 0x4A4158
+"""The spawn key's first word of the acting keys (`SeedSequence(seed, spawn_key=(ACTING_STREAM,
+rollout))`): a stream of its own beside the seed's other uses (env resets, torch, a resume's reseed)."""
+
+
+class EpisodeTally:
+    """Each env copy's running per-agent returns (team agent order) and episode length, carried across
+    rollouts; the episodes a rollout's records end, in step order and copy order within a step (as
+    `Stepper` hands them out, with the same sums: float32 rewards added into float64 totals)."""
+
+    def __init__(self, spec: TeamSpec, copies: int) -> None:
+        self.columns = {g.name: [spec.agents.index(agent) for agent in g.agents] for g in spec.groups}
+        self.returns = np.zeros((copies, spec.num_agents), dtype=np.float64)
+        self.lengths = np.zeros(copies, dtype=np.int64)
+
+    def reset(self) -> None:
+        """Every copy starts an episode."""
+        self.returns[:] = 0.0
+        self.lengths[:] = 0
+
+    def account(
+        self, rewards: Mapping[str, np.ndarray], over: np.ndarray, won: np.ndarray | None
+    ) -> list[tuple[int, Finished]]:
+        """Add a rollout's per-group `(T, E, A_g)` rewards; the episodes that ended (`over` `(T, E)`;
+        `won` `(T, E)` or None for an env whose episodes cannot be won), each with its step's index."""
+        steps = over.shape[0]
+        team = np.zeros((steps, *self.returns.shape), dtype=np.float64)
+        for name, columns in self.columns.items():
+            team[:, :, columns] = rewards[name]
+        ended: list[tuple[int, Finished]] = []
+        for t in range(steps):
+            self.returns += team[t]
+            self.lengths += 1
+            copies = np.flatnonzero(over[t])
+            if not copies.size:
+                continue
+            for copy in copies.tolist():
+                copy_won = None if won is None else bool(won[t, copy])
+                ended.append(
+                    (t, Finished(copy, self.returns[copy].copy(), int(self.lengths[copy]), copy_won))
+                )
+            self.returns[copies] = 0.0
+            self.lengths[copies] = 0
+        return ended
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The unfinished episodes' running returns and lengths, named as `Stepper.state_dict` names them."""
+        return {
+            "returns": torch.from_numpy(self.returns.copy()),
+            "lengths": torch.from_numpy(self.lengths.copy()),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore `state_dict()`."""
+        self.returns[...] = torch.as_tensor(state["returns"]).numpy()
+        self.lengths[...] = torch.as_tensor(state["lengths"]).numpy()
+
+
+class CompiledSource:
+    """Rollouts of a JaxMARL vector env under `model`'s feed-forward policy, each one compiled
+    `lax.scan` of `steps` steps (compiled at the first; new weights each update need no new compile)."""
+
+    def __init__(
+        self, venv: JaxVectorEnv, model: TeamModel, device: torch.device, *, steps: int, seed: int
+    ) -> None:
+        """Raises `jax_policy.NotCompilable` for a model the JAX forward does not cover."""
+        self.venv, self.model, self.device, self.seed = venv, model, device, seed
+        self.policy = JaxPolicy(model)
+        self.rollout = CompiledRollout(venv, self.policy, steps)
+        self.memory = make_memory(model, venv.num_envs, device)
+        """The `is_first` flags the next rollout starts with (the carries are empty)."""
+        self.tally = EpisodeTally(venv.spec, venv.num_envs)
+        self.env_steps = 0
+        """Env steps taken so far over all copies (one per copy per step)."""
+        self._wins = isinstance(venv, WinsEpisodes)
+
+    def start(self, seed: int) -> None:
+        """Reset every env copy (copy i from `seed + i`) and clear the episode accounting."""
+        self.venv.reset(seed)
+        self.tally.reset()
+        self.memory.start()
+
+    def close(self) -> None:
+        """Close the vector env."""
+        self.venv.close()
+
+    def env_states(self) -> list[bytes]:
+        """The copies' keys and states (`JaxVectorEnv.env_states`)."""
+        return self.venv.env_states()
+
+    def load_env_states(self, states: list[bytes]) -> None:
+        """Replace the env copies by saved ones (trusted bytes only: unpickling runs code)."""
+        self.venv.load_env_states(states)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters, the unfinished episodes' returns and lengths, and the env arrays the next step
+        reads, as the collector saves them."""
+        return {
+            "env_steps": self.env_steps,
+            **self.tally.state_dict(),
+            "arrays": arrays_state(self.venv.arrays),
+            "memory": self.memory.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any], *, episodes: bool = True) -> None:
+        """Restore `state_dict()`; `episodes=False` keeps only the step counter (the envs were reset instead)."""
+        self.env_steps = int(state["env_steps"])
+        if not episodes:
+            return
+        self.tally.load_state_dict(state)
+        load_arrays(self.venv.arrays, state["arrays"])
+        self.memory.load_state_dict(state["memory"])
+
+    def rollout_key(self) -> Any:
+        """The sampling key of the next rollout: from the run's seed and the rollouts handed out so far."""
+        rollouts = self.env_steps // (self.rollout.steps * self.venv.num_envs)
+        words = np.random.SeedSequence(self.seed, spawn_key=(ACTING_STREAM, rollouts)).generate_state(2)
+        return self.policy.jnp.asarray(words, dtype=self.policy.jnp.uint32)
+
+    @torch.no_grad()
+    def collect(self, buffer: RolloutBuffer, *, ahead: bool = True) -> RolloutResult:
+        """Fill `buffer` (empty, `steps` long) with one compiled rollout of every copy. `ahead` does not
+        matter here: nothing runs ahead of the learner."""
+        if buffer.steps != self.rollout.steps:
+            raise ValueError(
+                f"the compiled rollout has {self.rollout.steps} steps, the buffer {buffer.steps}"
+            )
+        started = time.perf_counter()
+        records = self.rollout.run(self.policy.params(), self.rollout_key())
+        scan_s = time.perf_counter() - started
+        return self._store(records, buffer, scan_s=scan_s)
+
+    def _store(self, records: Records, buffer: RolloutBuffer, *, scan_s: float = 0.0) -> RolloutResult:
+        """Write a rollout's records into `buffer` as the collector writes its steps, account its
+        episodes and count its steps; what the loop reads of it."""
+        before = self.env_steps
+        records = {key: _on(value, self.device) for key, value in records.items()}
+        buffer.add_rollout(
+            records["state"],
+            self._groups(records, buffer),
+            self._memory(records["episode_over"], buffer),
+            episode_over=records["episode_over"],
+        )
+        self.env_steps += buffer.steps * self.venv.num_envs
+        copies = self.venv.num_envs
+        # JAX steps the env and the policy's forward together: the scan counts as the env's time, and
+        # acting's is what torch does (writing the buffer, the accounting)
+        result = RolloutResult(
+            env_steps=buffer.steps * copies, env_seconds=scan_s, perf={"perf/scan_s": scan_s}
+        )
+        result.episodes = [
+            _record(episode, before + (t + 1) * copies) for t, episode in self._finished(records)
+        ]
+        for name in buffer.groups:
+            norm = self.model.group(name).value_norm
+            result.last_values[name] = norm.denormalize(records["last_values"][name])
+            result.last_alive[name] = torch.ones_like(result.last_values[name], dtype=torch.bool)
+        return result
+
+    def _groups(self, records: Records, buffer: RolloutBuffer) -> dict[str, GroupStorage]:
+        """Each group's records in return units, as the collector stores them: V(final obs) where any
+        copy truncated at the step, else 0."""
+        groups = records["groups"]
+        truncated = torch.stack([g["truncated"].flatten(1).any(1) for g in groups.values()]).any(0)
+        stored = {}
+        for name, storage in buffer.groups.items():
+            record, norm = groups[name], self.model.group(name).value_norm
+            final = torch.where(truncated[:, None, None], norm.denormalize(record["final_values"]), 0.0)
+            stored[name] = GroupStorage(
+                obs=record["obs"],
+                actions=record["actions"],
+                logp=record["logp"],
+                values=norm.denormalize(record["values"]),
+                final_values=final,
+                rewards=record["rewards"],
+                terminated=record["terminated"],
+                truncated=record["truncated"],
+                alive=torch.ones_like(storage.alive),
+                action_mask=record["action_mask"],
+            )
+        return stored
+
+    def _memory(self, over: torch.Tensor, buffer: RolloutBuffer) -> dict[str, GroupMemory]:
+        """Each group's `is_first` flags `(T, E, A_g)`: the live ones at the first step, then where the
+        copy's episode ended at the step before; the live flags move on to the rollout's last ends."""
+        memory = {}
+        for name, live in self.memory.live.items():
+            stored = buffer.memory[name]
+            later = over[:-1, :, None].expand(-1, -1, live.is_first.shape[-1])
+            memory[name] = GroupMemory(
+                is_first=torch.cat([live.is_first.unsqueeze(0), later]),
+                actor_state=torch.zeros_like(stored.actor_state),  # feed-forward: empty
+                critic_state=torch.zeros_like(stored.critic_state),
+            )
+            live.is_first.copy_(over[-1, :, None].expand_as(live.is_first))
+        return memory
+
+    def _finished(self, records: Records) -> list[tuple[int, Finished]]:
+        """The episodes the rollout ended, each with its step's index."""
+        rewards = {name: g["rewards"].cpu().numpy() for name, g in records["groups"].items()}
+        won = records["won"].cpu().numpy() if self._wins else None
+        return self.tally.account(rewards, records["episode_over"].cpu().numpy(), won)
+
+
+def _record(episode: Finished, end_step: int) -> EpisodeRecord:
+    returns = episode.agent_returns
+    return EpisodeRecord(float(returns.sum()), returns, episode.length, end_step, episode.won)
+
+
+def _on(value: Any, device: torch.device) -> Any:
+    """`value` (a tensor, or a dict of them) on `device`."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    return {key: _on(item, device) for key, item in value.items()}
