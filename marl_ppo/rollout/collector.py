@@ -19,7 +19,7 @@ from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import GroupStep, RolloutBuffer
 from marl_ppo.rollout.memory import PolicyMemory, make_memory
 from marl_ppo.rollout.opponents import Opponents
-from marl_ppo.rollout.source import EpisodeRecord, RolloutResult
+from marl_ppo.rollout.source import EpisodeRecord, InProcessSource, RolloutResult
 from marl_ppo.rollout.stepper import Finished, Stepper, to_tensor
 
 
@@ -37,7 +37,7 @@ class _Acted:
     values: dict[str, torch.Tensor]
 
 
-class Collector:
+class Collector(InProcessSource):
     """Runs the policy in the vector env, keeping per-episode return accounting across rollouts."""
 
     def __init__(self, venv: VectorEnv, model: TeamModel, device: torch.device) -> None:
@@ -57,18 +57,6 @@ class Collector:
         """Reset every env copy (env i gets `seed + i`) and clear episode accounting."""
         self.stepper.reset(seed)
         self.memory.start()
-
-    def close(self) -> None:
-        """Close the vector env."""
-        self.venv.close()
-
-    def env_states(self) -> list[bytes]:
-        """Every env copy's pickled state (see `marl_ppo.envs.vector.state`)."""
-        return self.venv.env_states()
-
-    def load_env_states(self, states: list[bytes]) -> None:
-        """Replace the env copies by saved ones (trusted bytes only: unpickling runs code)."""
-        self.venv.load_env_states(states)
 
     def state_dict(self) -> dict[str, Any]:
         """Counters, the unfinished episodes' returns and lengths, and the env arrays the next step reads."""

@@ -30,7 +30,7 @@ from marl_ppo.rollout.collector import arrays_state, load_arrays
 from marl_ppo.rollout.jax_policy import JaxPolicy
 from marl_ppo.rollout.jax_scan import CompiledRollout, Records
 from marl_ppo.rollout.memory import make_memory
-from marl_ppo.rollout.source import EpisodeRecord, RolloutResult
+from marl_ppo.rollout.source import EpisodeRecord, InProcessSource, RolloutResult
 from marl_ppo.rollout.stepper import Finished
 
 ACTING_STREAM = 0x4A4158
@@ -91,7 +91,7 @@ class EpisodeTally:
         self.lengths[...] = torch.as_tensor(state["lengths"]).numpy()
 
 
-class CompiledSource:
+class CompiledSource(InProcessSource):
     """Rollouts of a JaxMARL vector env under `model`'s feed-forward policy, each one compiled
     `lax.scan` of `steps` steps (compiled at the first; new weights each update need no new compile)."""
 
@@ -114,18 +114,6 @@ class CompiledSource:
         self.venv.reset(seed)
         self.tally.reset()
         self.memory.start()
-
-    def close(self) -> None:
-        """Close the vector env."""
-        self.venv.close()
-
-    def env_states(self) -> list[bytes]:
-        """The copies' keys and states (`JaxVectorEnv.env_states`)."""
-        return self.venv.env_states()
-
-    def load_env_states(self, states: list[bytes]) -> None:
-        """Replace the env copies by saved ones (trusted bytes only: unpickling runs code)."""
-        self.venv.load_env_states(states)
 
     def state_dict(self) -> dict[str, Any]:
         """Counters, the unfinished episodes' returns and lengths, and the env arrays the next step

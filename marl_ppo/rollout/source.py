@@ -1,6 +1,7 @@
 """The rollout source boundary: what the training loop calls to get rollouts, and what it gets back.
 
-`Collector` (acting in this process), `RolloutWorkers` (acting in worker processes) and
+`Collector` (acting in this process), `CompiledSource` (a JAX env's rollout as one compiled scan),
+`RolloutWorkers` (acting in worker processes) and
 `RayRolloutWorkers` (acting in Ray actors) are the rollout sources; the loop, checkpoints and resume see only this interface.
 """
 
@@ -12,6 +13,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from marl_ppo.envs.vector.base import VectorEnv
 from marl_ppo.rollout.buffer import RolloutBuffer
 
 
@@ -82,3 +84,22 @@ class RolloutSource(Protocol):
     def close(self) -> None:
         """Stop the env copies and any worker processes."""
         ...
+
+
+class InProcessSource:
+    """What a rollout source whose env copies are one vector env of this process (`Collector`,
+    `CompiledSource`) does with them the same way: saves, loads and closes them."""
+
+    venv: VectorEnv
+
+    def env_states(self) -> list[bytes]:
+        """Every env copy's pickled state (see `marl_ppo.envs.vector.state`)."""
+        return self.venv.env_states()
+
+    def load_env_states(self, states: list[bytes]) -> None:
+        """Replace the env copies by saved ones (trusted bytes only: unpickling runs code)."""
+        self.venv.load_env_states(states)
+
+    def close(self) -> None:
+        """Close the vector env."""
+        self.venv.close()
