@@ -18,7 +18,7 @@ Each repeat runs both sides once as processes of their own, marl_ppo first in ev
 count parallel env steps (every agent acts once). JaxMARL's side: env steps of the run over the
 compiled call's time, the compile timed apart. marl_ppo's side: env steps after its first update
 over the time from that update's end to the last's (the first update compiles the rollout's scan,
-or loads it from JAX's persistent cache), and the learner's share of the run.
+or loads it from JAX's persistent cache), and the learner's share of that time.
 
     python -m bench.jaxmarl_pairs --jaxmarl-repo PATH --jaxmarl-python PY [--pairs N] [--only NAME ...]
 """
@@ -182,9 +182,18 @@ def train_ours(name: str, updates: int) -> str:
     overrides = [*case.overrides, f"total_steps={updates * batch_of(case)}", "log.progress=false"]
     config = settle_copies(load_config(case.experiment, overrides))
     with tempfile.TemporaryDirectory() as folder:
-        sps, first, learn_share = timed_run(config, Path(folder) / "run")
+        sps, first, run_share = timed_run(config, Path(folder) / "run")
     env_steps = (updates - 1) * batch_of(case)
-    return our_record(env_steps, env_steps / sps, case.agents, first, learn_share)
+    seconds = env_steps / sps
+    return our_record(env_steps, seconds, case.agents, first, after_first(run_share, first, seconds, updates))
+
+
+def after_first(run_share: float, first: float, seconds: float, updates: int) -> float:
+    """The learner's share of the time after the first update, from its share of the whole run (the
+    first update's compile included): every update's learning counted as the same (torch compiles
+    nothing)."""
+    learn_s = run_share * (first + seconds)
+    return learn_s * (updates - 1) / updates / seconds
 
 
 def _run(command: list[str], what: str, env: dict[str, str] | None = None) -> str:
@@ -197,7 +206,7 @@ def _run(command: list[str], what: str, env: dict[str, str] | None = None) -> st
 
 
 def run_ours(case: JaxmarlCase) -> tuple[PeerResult, float]:
-    """marl_ppo's side in a process of its own: its result and the learner's share of its run."""
+    """marl_ppo's side in a process of its own: its result and the learner's share after its first update."""
     command = [
         sys.executable,
         "-m",
@@ -213,7 +222,7 @@ def run_ours(case: JaxmarlCase) -> tuple[PeerResult, float]:
 
 
 def learn_share(output: str) -> float:
-    """The learner's share of the run, from marl_ppo's side's result line."""
+    """The learner's share after the first update, from marl_ppo's side's result line."""
     line = [text for text in output.splitlines() if text.startswith(RESULT_PREFIX)][-1]
     return float(json.loads(line[len(RESULT_PREFIX) :])["learn_share"])
 

@@ -11,6 +11,7 @@ from bench import jaxmarl_pairs
 from bench.jaxmarl_pairs import (
     ENABLE,
     JaxmarlSource,
+    after_first,
     batch_of,
     cases,
     jaxmarl_source,
@@ -128,6 +129,14 @@ def test_our_result_line_counts_the_steps_after_the_first_update():
     result = parse_result(f"loading\n{line}\n")
     assert result.sps == pytest.approx(99 * 2048 / 20.0) and result.compile_seconds == 3.5
     assert learn_share(line) == 0.7
+
+
+def test_the_learners_share_leaves_the_first_updates_compile_out():
+    # 10 s of learning over a 20 s run whose first update took 10 s (compiling) and the other two 10 s:
+    # the first update learned for a third of the 10 s, so the last two for 6.67 s of their 10 s
+    assert after_first(0.5, 10.0, 10.0, 3) == pytest.approx(2 / 3)
+    # a first update as long as the others changes nothing
+    assert after_first(0.6, 2.0, 18.0, 10) == pytest.approx(0.6)
 
 
 def test_our_settings_are_the_scripts():
