@@ -14,11 +14,12 @@ print one line saying how to enable them and are skipped.
   128 steps, 4 epochs x 4 minibatches, a 128-wide layer and a GRU of 128) against marl_ppo's SMAX
   2s3z experiment at 128 copies x 128 steps, feed-forward (128x128 MLP): not the same network.
 
-Each repeat runs both sides once as processes of their own, marl_ppo first in even repeats. Both
-count parallel env steps (every agent acts once). JaxMARL's side: env steps of the run over the
-compiled call's time, the compile timed apart. marl_ppo's side: env steps after its first update
-over the time from that update's end to the last's (the first update compiles the rollout's scan,
-or loads it from JAX's persistent cache), and the learner's share of that time.
+Each repeat runs both sides once as processes of their own, marl_ppo first in odd repeats (the
+first, the third). Both count parallel env steps (every agent acts once). JaxMARL's side: env
+steps of the run over the compiled call's time, the compile timed apart. marl_ppo's side: env
+steps after its first update over the time from that update's end to the last's (the first update
+compiles the rollout's scan, or loads it from JAX's persistent cache), and the learner's share of
+that time.
 
     python -m bench.jaxmarl_pairs --jaxmarl-repo PATH --jaxmarl-python PY [--pairs N] [--only NAME ...]
 """
@@ -239,7 +240,7 @@ def run_theirs(case: JaxmarlCase, source: JaxmarlSource) -> PeerResult:
 
 
 def run_pair(case: JaxmarlCase, repeat: int, source: JaxmarlSource | str) -> str:
-    """Both sides once, marl_ppo first in even repeats; the pair's line (or why the case is skipped)."""
+    """Both sides once, marl_ppo first when `repeat` (from 0) is even; the pair's line, or why it skipped."""
     if isinstance(source, str):
         case.unavailable = source
     if case.unavailable is not None:
