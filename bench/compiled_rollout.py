@@ -120,7 +120,7 @@ def _batch(config: ExperimentConfig) -> int:
     return config.rollout.rollout_steps * config.rollout.copies
 
 
-def _timed_run(config: ExperimentConfig, run_dir: Path) -> tuple[float, float, float]:
+def timed_run(config: ExperimentConfig, run_dir: Path) -> tuple[float, float, float]:
     """One training run: its env steps/s after its first update, the seconds to the end of that
     update (the compile, or its load from the cache, included), and the learner's share of the run."""
     per_update = _batch(config)
@@ -143,7 +143,7 @@ def training(case: str, pairs: int, updates: int) -> None:
         for pair in range(pairs):
             for compiled in (True, False):
                 config = _case_config(case, compiled, updates)
-                sps, first, learn_share = _timed_run(config, Path(folder) / f"{pair}_{compiled}")
+                sps, first, learn_share = timed_run(config, Path(folder) / f"{pair}_{compiled}")
                 rates[compiled].append(sps)
                 firsts[compiled].append(first)
                 learning[compiled].append(100 * learn_share)

@@ -19,7 +19,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULT_PREFIX = "PEER_RESULT "
-"""A peer script's last line: this prefix, then a JSON object with env_steps, seconds and agents."""
+"""A peer script's last line: this prefix, then a JSON object with env_steps, seconds and agents
+(optionally team_return and compile_seconds)."""
 
 
 class PeerUnavailable(RuntimeError):
@@ -59,6 +60,8 @@ class PeerResult:
     agents: int
     team_return: float | None = None
     """The mean team return of the script's last episodes, where it reports one."""
+    compile_seconds: float | None = None
+    """Time spent compiling before the timed run, where the script compiles (JAX); not in `seconds`."""
 
     @property
     def sps(self) -> float:
@@ -133,12 +136,13 @@ def parse_result(output: str) -> PeerResult:
     if not lines:
         raise ValueError("no result line")
     record = json.loads(lines[-1][len(RESULT_PREFIX) :])
-    team_return = record.get("team_return")
+    team_return, compile_seconds = record.get("team_return"), record.get("compile_seconds")
     return PeerResult(
         int(record["env_steps"]),
         float(record["seconds"]),
         int(record["agents"]),
         None if team_return is None else float(team_return),
+        None if compile_seconds is None else float(compile_seconds),
     )
 
 

@@ -11,6 +11,8 @@ products' time, in this process.
 
 The peer cases (`bench/pairs.py`) run marl_ppo and another framework at the same settings
 in turn and print the ratio of their env steps/s; each peer runs in a venv of its own (`peers.py`).
+The JaxMARL cases (`bench/jaxmarl_pairs.py`) run JaxMARL's own training scripts from a checkout
+named by `--jaxmarl-repo` (skipped without one) against marl_ppo at their settings.
 
 On a machine with a GPU, `python -m bench.speed --only vmas --device cuda` is the GPU check: the
 VMAS simulator, the rollout buffer and the learner all on the GPU, with 8,192 and 32,768 copies too.
@@ -29,8 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bench import learner
+from bench import jaxmarl_pairs, learner
+from bench.jaxmarl_pairs import JaxmarlCase, JaxmarlSource, jaxmarl_source
 from bench.pairs import PeerCase, median, peer_cases, peer_report, run_pair
+from bench.peers import PeerUnavailable
 from marl_ppo.run.rundir import read_summary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -345,7 +349,7 @@ def paired_ratio(done: list[Case], case: str, reference: str) -> str | None:
     )
 
 
-CaseT = TypeVar("CaseT", Case, PeerCase)
+CaseT = TypeVar("CaseT", Case, PeerCase, JaxmarlCase)
 
 
 def _chosen(named: list[CaseT], only: list[str] | None) -> list[CaseT]:
@@ -375,9 +379,16 @@ def main(argv: list[str] | None = None) -> int:
         default=24_000,
         help="env steps of each spread_benchmarl run, both sides",
     )
+    parser.add_argument("--jaxmarl-repo", help="a JaxMARL checkout, for the jaxmarl_* cases")
+    parser.add_argument("--jaxmarl-python", help="the Python that runs JaxMARL's scripts (has jaxmarl[algs])")
     options = parser.parse_args(argv)
     selected = _chosen(cases(options.steps, options.device), options.only)
     pairs = _chosen(peer_cases(options.pistonball_steps, options.peer_spread_steps), options.only)
+    jax_pairs = _chosen(jaxmarl_pairs.cases(), options.only)
+    try:
+        source: JaxmarlSource | str = jaxmarl_source(options.jaxmarl_repo, options.jaxmarl_python)
+    except PeerUnavailable as error:  # the cases skip, each with this line
+        source = str(error)
     for repeat in range(options.repeats):
         for case in selected:
             before = case.raw()
@@ -391,11 +402,18 @@ def main(argv: list[str] | None = None) -> int:
             )
         for pair in pairs:  # marl_ppo and a peer in turn, in another order each repeat
             print(f"[{repeat + 1}/{options.repeats}] {run_pair(pair, repeat, training_run)}", flush=True)
+        for jax_pair in jax_pairs:  # JaxMARL's own scripts and marl_ppo in turn
+            print(
+                f"[{repeat + 1}/{options.repeats}] {jaxmarl_pairs.run_pair(jax_pair, repeat, source)}",
+                flush=True,
+            )
     print()
     if selected:
         print(report(selected))
     if pairs:
         print(peer_report(pairs))
+    if jax_pairs:
+        print(jaxmarl_pairs.report(jax_pairs))
     ray_line = paired_ratio(selected, "spread 2 ray workers", "spread 2 workers")
     if ray_line is not None:
         print(ray_line)
