@@ -42,7 +42,7 @@ def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
     return centre - half, centre + half
 
 
-def main(episodes: int, first: str, second: str, side_rule: str = "seats", score: str = "returns") -> None:
+def main(episodes: int, first: str, second: str, side_rule: str = "seats", scoring: str = "returns") -> None:
     pairs = list(zip(sorted(glob.glob(first)), sorted(glob.glob(second)), strict=True))
     wins = draws = games = 0
     by_seat: dict[str, list[float]] = {}
@@ -56,7 +56,7 @@ def main(episodes: int, first: str, second: str, side_rule: str = "seats", score
         model_a = load_policy(payload_a, spec, config, device)
         model_b = load_policy(payload_b, spec, build_config(payload_b["config"]), device)
         sides = sides_of(spec, side_rule)
-        play = play_duplicate if score == "roles" else play_pair
+        play = play_duplicate if scoring == "roles" else play_pair
         played = play(
             venv, device, policy_player("A", model_a), policy_player("B", model_b),
             sides=sides, episodes_per_side=episodes, seed=12345,
@@ -66,9 +66,9 @@ def main(episodes: int, first: str, second: str, side_rule: str = "seats", score
         for game in played:
             seat = next(s for s, p in game.players.items() if p == "A").partition("@")[0]
             rank = game.player_ranks()
-            score = 1.0 if rank["A"] < rank["B"] else 0.5 if rank["A"] == rank["B"] else 0.0
-            by_seat.setdefault(seat, []).append(score)
-            scores.append(score)
+            points = 1.0 if rank["A"] < rank["B"] else 0.5 if rank["A"] == rank["B"] else 0.0
+            by_seat.setdefault(seat, []).append(points)
+            scores.append(points)
         wins += sum(s == 1.0 for s in scores)
         draws += sum(s == 0.5 for s in scores)
         games += len(scores)

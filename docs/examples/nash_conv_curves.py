@@ -39,23 +39,27 @@ def main(out: str, groups: list[str]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, len(TAGS), figsize=(11, 4), sharey=True)
+    drawn: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = {tag: [] for tag in TAGS}
     for group in groups:
         label, pattern = group.split("=", 1)
         runs = [Path(p) for p in sorted(glob.glob(pattern))]
-        for axis, tag in zip(axes, TAGS, strict=True):
+        for tag in TAGS:
             steps, values = curves(runs, tag)
             if not len(steps):
                 continue
-            mean = values.mean(axis=0)
-            axis.plot(steps, mean, label=f"{label} ({len(values)} seeds)")
-            axis.fill_between(steps, values.min(axis=0), values.max(axis=0), alpha=0.2)
+            drawn[tag].append((label, steps, values))
             last = values[:, -1]
             print(
                 f"{label:>10} {tag:<24} at {int(steps[-1]):>8} steps: mean {last.mean():.3f} "
                 f"(seeds {', '.join(f'{v:.3f}' for v in last)})"
             )
-    for axis, tag in zip(axes, TAGS, strict=True):
+    tags = [tag for tag in TAGS if drawn[tag]] or list(TAGS[:1])  # a panel only for what was logged
+    figure, axes = plt.subplots(1, len(tags), figsize=(5.5 * len(tags), 4), sharey=True, squeeze=False)
+    axes = axes[0]
+    for axis, tag in zip(axes, tags, strict=True):
+        for label, steps, values in drawn[tag]:
+            axis.plot(steps, values.mean(axis=0), label=f"{label} ({len(values)} seeds)")
+            axis.fill_between(steps, values.min(axis=0), values.max(axis=0), alpha=0.2)
         axis.set_title(tag)
         axis.set_xlabel("env steps")
         axis.set_yscale("log")
