@@ -153,7 +153,12 @@ def test_configs_written_by_an_older_version_get_todays_defaults():
         {"seed": 3, "ppo": {"gamma": 0.9}, "eval": {"every": 5}}
     )
     foreign = {"seed": 3, "no_such_key": 1, "num_envs": 4}
-    assert with_defaults(foreign) == {"seed": 3, "no_such_key": 1, "rollout": {"num_envs": 4}}
+    # a config stored before rollout.compiled ran per step: the migration says so
+    assert with_defaults(foreign) == {
+        "seed": 3,
+        "no_such_key": 1,
+        "rollout": {"num_envs": 4, "compiled": False},
+    }
 
 
 def test_a_report_over_duplicated_runs_counts_each_seed_once(tmp_path, capsys):
