@@ -624,6 +624,16 @@ def _eval(options: argparse.Namespace) -> int:
         )
     if output.nash_conv is not None:
         print(f"exploitability: NashConv {output.nash_conv:.4f} (OpenSpiel; 0 at a Nash equilibrium)")
+    if output.pool is not None:
+        pool = output.pool
+        span = f"{len(pool.snapshots)} snapshots, {pool.snapshots[0]} to {pool.snapshots[-1]}"
+        if pool.nash_conv is not None:
+            print(f"the pool's average policy ({span}): NashConv {pool.nash_conv:.4f}")
+        else:
+            print(
+                f"the pool's average policy ({span}): not computed, snapshot files {pool.missing} are "
+                "missing from the run's league/pool/"
+            )
     return 0
 
 

@@ -2,7 +2,8 @@
 
 Writes `eval.json` (team, mean-agent and per-agent returns with 95% confidence intervals, and every
 episode's values; the scores against random opponents and the policy's NashConv where the config
-asks for them) and, on request, one rendered episode as GIF or MP4.
+asks for them, and for a league run the NashConv of its pool's average policy) and, on request, one
+rendered episode as GIF or MP4.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from marl_ppo.eval.evaluate import (
     make_out_dir,
     run_episodes,
 )
-from marl_ppo.eval.exploitability import nash_conv, nash_conv_on
+from marl_ppo.eval.exploitability import nash_conv, nash_conv_on, pool_nash_conv
 from marl_ppo.eval.loading import load_policy, resolve_checkpoint
 from marl_ppo.eval.partners import OWN, partner_sides, play_seating
 from marl_ppo.eval.players import partner_player, policy_player
 from marl_ppo.eval.versus import VersusResult, play_vs_random
 from marl_ppo.eval.video import check_video_format, record_episode, render_env, write_video
+from marl_ppo.league.pool import Pool, pool_files, snapshot_name
+from marl_ppo.league.sampling import latest_snapshots
 from marl_ppo.models.team import TeamModel
 from marl_ppo.plan.settle import RunPlan, plan_eval
 from marl_ppo.rollout.stepper import PolicyActing
@@ -47,6 +50,24 @@ class EvalOutput:
     """The scores against random opponents, where the config's `eval.vs_random` asks for them."""
     nash_conv: float | None = None
     """The policy's exploitability (NashConv, by OpenSpiel), where `eval.nash_conv` settles on."""
+    pool: PoolAverage | None = None
+    """The NashConv of the run's pool's average policy, for a league run where NashConv is on."""
+
+
+@dataclass(frozen=True)
+class PoolAverage:
+    """NashConv of a league run's pool's average policy: the snapshots its opponents were drawn from
+    when the checkpoint was written (the latest `league.pool_size`), each weighted alike, mixed by
+    reach, as training logs `league/pool_nash_conv`. `nash_conv` is None where a snapshot's file is
+    missing (`missing` names them)."""
+
+    snapshots: list[str]
+    nash_conv: float | None
+    missing: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        """As eval.json holds it."""
+        return {"snapshots": self.snapshots, "nash_conv": self.nash_conv, "missing": self.missing}
 
 
 def evaluate_checkpoint(
@@ -83,7 +104,7 @@ def evaluate_checkpoint(
     out_dir = Path(out) if out is not None else run_dir
     make_out_dir(out_dir)  # before playing: a folder that cannot be made wastes no episodes
     try:
-        played = _play(payload, plan, episodes, seed, deterministic, dict(partners or {}))
+        played = _play(payload, plan, episodes, seed, deterministic, dict(partners or {}), run_dir)
         summary = {
             "checkpoint": str(checkpoint),
             "trained_env_steps": payload.get("env_steps"),
@@ -92,6 +113,7 @@ def evaluate_checkpoint(
             **played.result.to_dict(),
             "vs_random": played.versus.to_dict() if played.versus is not None else None,
             "nash_conv": played.nash_conv,
+            "pool_nash_conv": played.pool.to_dict() if played.pool is not None else None,
             "partners": played.partners,
             "video": None,
         }
@@ -111,7 +133,7 @@ def evaluate_checkpoint(
     finally:
         if recorded is not None:
             recorded.close()
-    return EvalOutput(played.result, eval_json, video, played.versus, played.nash_conv)
+    return EvalOutput(played.result, eval_json, video, played.versus, played.nash_conv, played.pool)
 
 
 @dataclass(frozen=True)
@@ -125,6 +147,7 @@ class _Played:
     nash_conv: float | None = None
     partners: dict[str, dict[str, Any]] | None = None
     """Seat -> its partner and agents, where partners played some seats."""
+    pool: PoolAverage | None = None
 
 
 def _play(
@@ -134,9 +157,10 @@ def _play(
     seed: int,
     deterministic: bool,
     partners: dict[str, str],
+    run_dir: Path,
 ) -> _Played:
     """The evaluation episodes (with partners on their seats), those against random opponents and the
-    NashConv where configured."""
+    NashConv (the policy's and a league pool's average's) where configured."""
     config, device = plan.config, plan.device
     scores_nash_conv = nash_conv_on(config)  # NashConv asked where it cannot be computed stops here
     venv = build_vector_env(eval_config(config, episodes), plan.layout, device)
@@ -180,4 +204,33 @@ def _play(
     finally:
         venv.close()
     value = nash_conv(model, config.env.id, config.env.kwargs) if scores_nash_conv else None
-    return _Played(result, versus, model, spec, value, seated)
+    pool = _pool_average(payload, plan, spec, run_dir) if scores_nash_conv else None
+    return _Played(result, versus, model, spec, value, seated, pool)
+
+
+def _pool_average(
+    payload: dict[str, Any], plan: RunPlan, spec: TeamSpec, run_dir: Path
+) -> PoolAverage | None:
+    """The pool average's NashConv of a league run (None for a run without a pool): over the snapshots
+    the checkpoint lists, or for a policy-only file (`best.pt`, a pool snapshot) those in the run's
+    pool taken up to its update."""
+    config = plan.config
+    if config.league.opponents is None:
+        return None
+    league = payload.get("league")
+    if league is not None:
+        listed = [int(s) for s in league["pool"]["snapshots"]]
+    else:
+        listed = [s for s in pool_files(run_dir) if s <= int(payload.get("updates", 0))]
+    snapshots = latest_snapshots(listed, config.league.pool_size)
+    if not snapshots:
+        return None
+    pool = Pool(run_dir, lambda: TeamModel(spec, config), plan.device, cache=len(snapshots))
+    present = set(pool_files(run_dir))
+    names = [snapshot_name(s) for s in snapshots]
+    missing = [snapshot_name(s) for s in snapshots if s not in present]
+    if missing:
+        return PoolAverage(names, None, missing)
+    models = [pool.model(s) for s in snapshots]
+    value = pool_nash_conv(models, [1.0] * len(models), config.env.id, config.env.kwargs)
+    return PoolAverage(names, value, [])

@@ -1,6 +1,8 @@
 """Opponent pools: snapshots are the policy at their update, snapshots play the other side without
 training, a league run resumes exactly, `latest` leaves learning alone, bad settings are refused."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -241,6 +243,25 @@ def test_each_snapshot_logs_the_nash_conv_of_the_pools_average(tiny_overrides, t
         expected = exploitability.nash_conv(game, average)
         assert logged[50 * updates] == np.float32(expected)  # TensorBoard keeps float32
     assert min(logged.values()) > 0.0 and max(logged.values()) < 0.917  # below the uniform policy's
+
+    # `marl-ppo eval` reports the same pool average, over the snapshots the final checkpoint lists
+    from marl_ppo.eval.from_checkpoint import evaluate_checkpoint
+
+    output = evaluate_checkpoint(tmp_path / "run", episodes=2, out=tmp_path / "eval")
+    assert output.pool is not None
+    assert output.pool.snapshots == ["u0", "u1", "u2", "u3"]
+    assert output.pool.nash_conv == pytest.approx(expected, abs=1e-12)
+    stored = json.loads((tmp_path / "eval" / "eval.json").read_text())["pool_nash_conv"]
+    assert stored == {
+        "snapshots": ["u0", "u1", "u2", "u3"],
+        "nash_conv": output.pool.nash_conv,
+        "missing": [],
+    }
+    # a snapshot file lost: the policy's own NashConv is still reported, the pool's names the file
+    snapshot_path(tmp_path / "run", 2).unlink()
+    output = evaluate_checkpoint(tmp_path / "run", episodes=2, out=tmp_path / "eval")
+    assert output.nash_conv is not None and output.pool is not None
+    assert output.pool.nash_conv is None and output.pool.missing == ["u2"]
 
 
 @pytest.mark.parametrize(("step_s", "expected"), [(1e-6, "sync"), (30e-3, "workers")])
