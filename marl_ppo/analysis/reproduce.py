@@ -102,6 +102,11 @@ def reproduce(
             f"experiment file '{experiment}': expected.eval bands the last periodic evaluation, but "
             "eval.every is not set; set eval.every (env steps between evaluations) or drop expected.eval"
         )
+    if expected.league and config.league.opponents is None:
+        raise SweepError(
+            f"experiment file '{experiment}': expected.league bands what a league run logs, but "
+            "league.opponents is not set; set it (latest keeps self-play as it is) or drop expected.league"
+        )
     rliable()  # a missing extra fails before hours of training
     runs, config = plan_sweep(
         experiment, {"total_steps": [str(expected.steps)]}, seeds or expected.seeds, out
@@ -117,17 +122,26 @@ def reproduce(
     if expected.team_return is not None:
         returns = tuple(float(_finished_summary(run.run_dir)["team_return_mean"]) for run in runs)
         figures["team_return"] = (expected.team_return, returns)
-    if expected.eval:
-        per_run = [last_values(run.run_dir, [f"eval/{tag}" for tag in expected.eval]) for run in runs]
-        for tag, band in expected.eval.items():
-            values = [logged[f"eval/{tag}"] for logged in per_run]
+    for section, bands, example in (
+        (
+            "eval",
+            expected.eval,
+            "the periodic evaluation writes (see the run's TensorBoard), e.g. vs_random/win_rate",
+        ),
+        ("league", expected.league, "the league writes at each snapshot, e.g. pool_nash_conv"),
+    ):
+        if not bands:
+            continue
+        per_run = [last_values(run.run_dir, [f"{section}/{tag}" for tag in bands]) for run in runs]
+        for tag, band in bands.items():
+            values = [logged[f"{section}/{tag}"] for logged in per_run]
             missing = [run.name for run, value in zip(runs, values, strict=True) if value is None]
             if missing:
                 raise SweepError(
-                    f"expected.eval names 'eval/{tag}', which {', '.join(missing)} never logged; name a tag "
-                    "the periodic evaluation writes (see the run's TensorBoard), e.g. vs_random/win_rate"
+                    f"expected.{section} names '{section}/{tag}', which {', '.join(missing)} never logged; "
+                    f"name a tag {example}"
                 )
-            figures[f"eval/{tag}"] = (band, tuple(float(v) for v in values if v is not None))
+            figures[f"{section}/{tag}"] = (band, tuple(float(v) for v in values if v is not None))
     codes = [code_label(run.run_dir) for run in runs]
     if len(set(codes)) > 1:  # finished runs of older code were reused beside new ones
         echo(

@@ -40,21 +40,26 @@ class ExpectedConfig:
     """Bands for the last periodic evaluation (`eval.every`): a tag under `eval/` to the [low, high]
     band the IQM over seeds of its last value must fall in, e.g. `{vs_random/win_rate: [0.8, 1.0]}`
     for a game, where the team return says nothing."""
+    league: dict[str, tuple[float, float]] | None = None
+    """Bands for the last value of a tag under `league/` a league run logs at each snapshot, e.g.
+    `{pool_nash_conv: [0.2, 0.6]}`: the NashConv of the pool's average policy."""
 
     def __post_init__(self) -> None:
-        if self.team_return is None and not self.eval:
+        if self.team_return is None and not self.eval and not self.league:
             raise ValueError(
-                "config key 'expected' needs a band: team_return: [low, high], or eval: {TAG: [low, high]} "
-                "for a tag under eval/ (e.g. vs_random/win_rate)"
+                "config key 'expected' needs a band: team_return: [low, high], eval: {TAG: [low, high]} "
+                "for a tag under eval/ (e.g. vs_random/win_rate), or league: {TAG: [low, high]} for one "
+                "under league/ (e.g. pool_nash_conv)"
             )
         bands = {"expected.team_return": self.team_return} if self.team_return is not None else {}
-        for tag, band in (self.eval or {}).items():
-            if not tag or tag.startswith("eval/"):
-                raise ValueError(
-                    f"config key 'expected.eval' names tags under eval/ without the prefix "
-                    f"(vs_random/win_rate, not eval/vs_random/win_rate), got '{tag}'"
-                )
-            bands[f"expected.eval.{tag}"] = band
+        for section, example in (("eval", "vs_random/win_rate"), ("league", "pool_nash_conv")):
+            for tag, band in (getattr(self, section) or {}).items():
+                if not tag or tag.startswith(f"{section}/"):
+                    raise ValueError(
+                        f"config key 'expected.{section}' names tags under {section}/ without the prefix "
+                        f"({example}, not {section}/{example}), got '{tag}'"
+                    )
+                bands[f"expected.{section}.{tag}"] = band
         for key, (low, high) in bands.items():
             if not (math.isfinite(low) and math.isfinite(high) and low <= high):
                 raise ValueError(

@@ -64,7 +64,11 @@ def test_reproduce_without_an_expected_block_is_one_line_and_exit_2(tmp_path, ca
             "config key 'expected.team_return' must be [low, high] with finite low <= high",
         ),
         ("{steps: 8, seeds: 1, team_return: [1]}", "config key 'expected.team_return'"),
-        ("{steps: 8, seeds: 1}", "config key 'expected' needs a band: team_return: [low, high], or eval:"),
+        ("{steps: 8, seeds: 1}", "config key 'expected' needs a band: team_return: [low, high], eval:"),
+        (
+            "{steps: 8, seeds: 1, league: {league/pool_nash_conv: [0, 1]}}",
+            "names tags under league/ without the prefix",
+        ),
         (
             "{steps: 8, seeds: 1, eval: {eval/team_return: [0, 1]}}",
             "names tags under eval/ without the prefix",
@@ -152,6 +156,39 @@ def test_an_eval_band_without_evaluations_stops_reproduce_in_one_line_but_not_tr
     )  # train ignores it
 
 
+def test_a_league_band_checks_the_last_snapshots_pool_average(tmp_path, capsys):
+    """A naive self-play run with a pool (`league.opponents: latest`) is banded on the NashConv of its
+    pool's average policy, which training logs at each snapshot."""
+    from marl_ppo.analysis.runlogs import last_values
+
+    kuhn = {
+        "env": {"id": "classic/kuhn_poker"},
+        "ppo": {"critic": "obs", "num_minibatches": 1, "train_pi_iters": 1, "train_vf_iters": 1},
+        "model": {"share_actor": True, "hidden_sizes": [8]},
+        "rollout": {"num_envs": 2, "rollout_steps": 8, "vector": "sync"},
+        "eval": {"nash_conv": True},
+        "league": {"opponents": "latest", "snapshot_every": 1, "rating_episodes": 0},
+        "expected": {"steps": 32, "seeds": 1, "league": {"pool_nash_conv": [0.0, 0.917]}},
+    }
+    path = tmp_path / "kuhn.yaml"
+    path.write_text(yaml.safe_dump(kuhn))
+    out = tmp_path / "runs"
+    assert main(["reproduce", str(path), "--out", str(out)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("reproduce kuhn: league/pool_nash_conv IQM ") and last.endswith(": inside")
+    logged = last_values(out / "kuhn" / "seed0", ["league/pool_nash_conv"])["league/pool_nash_conv"]
+    assert logged is not None and float(last.split("IQM ")[1].split(" ")[0]) == pytest.approx(
+        logged, abs=0.005
+    )
+
+    # without a league there is nothing to band: one line, before any training
+    path.write_text(yaml.safe_dump({**kuhn, "league": {}}))
+    assert main(["reproduce", str(path), "--out", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert "expected.league bands what a league run logs, but league.opponents is not set" in err
+    assert err.count("\n") == 1 and not (tmp_path / "none").exists()
+
+
 def test_every_expected_block_in_the_experiments_is_valid():
     from marl_ppo.config import load_config
 
@@ -162,7 +199,8 @@ def test_every_expected_block_in_the_experiments_is_valid():
     for path in found:
         expected = load_config(path).expected
         assert expected is not None, path
-        for low, high in [expected.team_return or (0, 0), *(expected.eval or {}).values()]:
+        bands = [*(expected.eval or {}).values(), *(expected.league or {}).values()]
+        for low, high in [expected.team_return or (0, 0), *bands]:
             assert low <= high, path
 
 
