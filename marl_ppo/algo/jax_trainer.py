@@ -108,7 +108,7 @@ class JaxTrainer(Trainer):
             )
         self.pi_parts = self._parts(self.actor_optimizer, model.actors)
         self.v_parts = self._parts(self.critic_optimizer, model.critics)
-        self._programs: dict[tuple[bool, ...], Callable[..., Any]] = {}
+        self._programs: dict[tuple[tuple[bool, ...], tuple[tuple[bool, bool], ...]], Callable[..., Any]] = {}
 
     def _parts(self, optimizer: torch.optim.Optimizer, networks: nn.ModuleList) -> tuple[tuple[int, int], ...]:
         """The `[start, stop)` runs of the optimizer's parameters clipped apart (`ppo.grad_clip`)."""
@@ -138,10 +138,10 @@ class JaxTrainer(Trainer):
         start_state = self.generator.get_state()
         orders = [torch.randperm(chunks, generator=self.generator) for _ in range(epochs)]
         index, valid = _minibatch_index(orders, ppo.num_minibatches)
-        steps = epochs * ppo.num_minibatches
         epoch_of = np.repeat(np.arange(epochs), ppo.num_minibatches)
         masked = tuple(batch.inputs.action_mask.shape[-1] > 0 for batch in sequences.values())
-        program = self._program(masked)
+        phases, steps = _phases(ppo.train_pi_iters, ppo.train_vf_iters, ppo.num_minibatches, index, valid)
+        program = self._program(masked, phases)
         jnp = self.jnp
         result = program(
             [jnp.asarray(_numpy(p)) for p in self.pi_params],
@@ -155,12 +155,7 @@ class JaxTrainer(Trainer):
             },
             {name: _rows(batch) for name, batch in sequences.items()},
             {name: _rows(batch) for name, batch in probe.items()},
-            {
-                "index": index,
-                "valid": valid,
-                "pi_on": epoch_of < ppo.train_pi_iters,
-                "vf_on": epoch_of < ppo.train_vf_iters,
-            },
+            steps,
         )
         (pi_params, v_params, pi_adam, v_adam), trace, before, after = result
         trained_pi, stepped, nonfinite = (np.asarray(trace[key]) for key in ("trained_pi", "stepped", "nonfinite"))
@@ -185,7 +180,6 @@ class JaxTrainer(Trainer):
         self._write(self.pi_params, pi_params, self.actor_optimizer, pi_adam)
         self._write(self.v_params, v_params, self.critic_optimizer, v_adam)
         pi_epochs = len({int(epoch_of[k]) for k in np.flatnonzero(trained_pi)})
-        del steps
         before_eval, after_eval = _evaluation(before), _evaluation(after)
         return TrainStats(
             loss_pi=after_eval.loss_pi,
@@ -243,17 +237,17 @@ class JaxTrainer(Trainer):
             state["exp_avg"].copy_(torch.from_numpy(np.array(adam["m"][k])))
             state["exp_avg_sq"].copy_(torch.from_numpy(np.array(adam["v"][k])))
 
-    def _program(self, masked: tuple[bool, ...]) -> Callable[..., Any]:
-        """The jitted update for groups with (or without) action masks, built once."""
-        if masked not in self._programs:
+    def _program(self, masked: tuple[bool, ...], phases: tuple[tuple[bool, bool], ...]) -> Callable[..., Any]:
+        """The jitted update for groups with (or without) action masks and `phases`, built once."""
+        if (masked, phases) not in self._programs:
             groups = {
                 name: dataclasses.replace(group, masked=m)
                 for (name, group), m in zip(self.groups.items(), masked, strict=True)
             }
-            self._programs[masked] = self.jax.jit(
-                _update_program(self.jax, self.jnp, groups, self.ppo, self.pi_parts, self.v_parts)
+            self._programs[masked, phases] = self.jax.jit(
+                _update_program(self.jax, self.jnp, groups, self.ppo, self.pi_parts, self.v_parts, phases)
             )
-        return self._programs[masked]
+        return self._programs[masked, phases]
 
 
 def _update_program(
@@ -263,74 +257,95 @@ def _update_program(
     ppo: SettledPPO,
     pi_parts: Sequence[tuple[int, int]],
     v_parts: Sequence[tuple[int, int]],
+    phases: Sequence[tuple[bool, bool]],
 ) -> Callable[..., Any]:
-    """The update as a pure function of the weights, Adam states, rates, rows and minibatch orders."""
+    """The update as a pure function of the weights, Adam states, rates, rows and minibatch orders;
+    `phases`: whether the actors and whether the critic learn in each phase's steps.
+
+    The steps run in two phases, each a `lax.scan`: the epochs both the actors and the critic learn
+    in, then those only one of them does (the critic's beyond `train_pi_iters`, or the actors'
+    beyond `train_vf_iters`). A step computes the gradients of the networks that can step in it: a
+    critic-only step runs no actor forward, and once the KL stop has taken the actors out, the
+    steps left run the critic's alone (`lax.cond`)."""
     lax = jax.lax
 
-    def losses(pi: Sequence[Any], v: Sequence[Any], data: Mapping[str, Any], entropy_coef: Any) -> Any:
-        """Summed actor and critic losses over groups, and per group kl, entropy and clipfrac
+    def actor_terms(pi: Sequence[Any], data: Mapping[str, Any], entropy_coef: Any) -> Any:
+        """The actors' loss summed over groups, and per group kl, entropy and clipfrac
         (`Trainer._losses` with every agent learning)."""
-        loss_pi = jnp.float32(0.0)
-        loss_v = jnp.float32(0.0)
+        loss = jnp.float32(0.0)
         kls, entropies, clipfracs = [], [], []
         for name, group in groups.items():
             rows = data[name]
             alive = rows["alive"]
             count = jnp.maximum(alive.sum(), 1).astype(jnp.float32)
+
+            def mean(values: Any, alive: Any = alive, count: Any = count) -> Any:
+                return jnp.where(alive, values, 0.0).sum() / count
+
             raw = _mlp(jnp, group.actor, pi, rows["obs"])
             if group.masked:
                 raw = jnp.where(rows["action_mask"], raw, jnp.float32(MASKED_LOGIT))
             logits = raw - jax.nn.logsumexp(raw, axis=-1, keepdims=True)
             logp = jnp.take_along_axis(logits, rows["actions"][..., None], axis=-1)[..., 0]
-            entropy = -(logits * jnp.exp(logits)).sum(-1)
+            entropy = mean(-(logits * jnp.exp(logits)).sum(-1))
             log_ratio = logp - rows["logp_ref"]
             ratio = jnp.exp(log_ratio)
             advantages = rows["advantages"]
             clipped = jnp.clip(ratio, 1.0 - ppo.clip_ratio, 1.0 + ppo.clip_ratio)
-            surrogate = jnp.minimum(ratio * advantages, clipped * advantages)
+            loss = loss + (-mean(jnp.minimum(ratio * advantages, clipped * advantages)) - entropy_coef * entropy)
+            ratio, log_ratio = lax.stop_gradient(ratio), lax.stop_gradient(log_ratio)
+            kls.append(mean((ratio - 1.0) - log_ratio))
+            entropies.append(lax.stop_gradient(entropy))
+            clipfracs.append(mean((jnp.abs(ratio - 1.0) > ppo.clip_ratio).astype(jnp.float32)))
+        return loss, (jnp.stack(kls), jnp.stack(entropies), jnp.stack(clipfracs))
 
-            def mean(values: Any, alive: Any = alive, count: Any = count) -> Any:
-                return jnp.where(alive, values, 0.0).sum() / count
-
-            group_entropy = mean(entropy)
-            loss_pi = loss_pi + (-mean(surrogate) - entropy_coef * group_entropy)
-            stopped_ratio, stopped_log = lax.stop_gradient(ratio), lax.stop_gradient(log_ratio)
-            kls.append(mean((stopped_ratio - 1.0) - stopped_log))
-            entropies.append(lax.stop_gradient(group_entropy))
-            clipfracs.append(mean((jnp.abs(stopped_ratio - 1.0) > ppo.clip_ratio).astype(jnp.float32)))
+    def critic_loss(v: Sequence[Any], data: Mapping[str, Any]) -> Any:
+        """The critics' value loss summed over groups (`value_loss`)."""
+        loss = jnp.float32(0.0)
+        for name, group in groups.items():
+            rows = data[name]
+            alive = rows["alive"]
+            count = jnp.maximum(alive.sum(), 1).astype(jnp.float32)
             values = _critic(jnp, group, v, rows["state"], rows["obs"])
             error = _value_error(jnp, values, rows["returns"], ppo.huber_delta)
             if ppo.value_clip is not None:
                 ref = rows["value_ref"]
                 held = ref + jnp.clip(values - ref, -ppo.value_clip, ppo.value_clip)
                 error = jnp.maximum(error, _value_error(jnp, held, rows["returns"], ppo.huber_delta))
-            loss_v = loss_v + mean(error)
-        return loss_pi, loss_v, jnp.stack(kls), jnp.stack(entropies), jnp.stack(clipfracs)
+            loss = loss + jnp.where(alive, error, 0.0).sum() / count
+        return loss
 
     def evaluate(pi: Sequence[Any], v: Sequence[Any], data: Mapping[str, Any], entropy_coef: Any) -> Any:
-        loss_pi, loss_v, kls, entropies, clipfracs = losses(pi, v, data, entropy_coef)
+        loss_pi, (kls, entropies, clipfracs) = actor_terms(pi, data, entropy_coef)
+        loss_v = critic_loss(v, data)
         return jnp.stack([loss_pi, loss_v, kls.mean(), entropies.mean(), clipfracs.mean()])
 
-    def objective(pi: Sequence[Any], v: Sequence[Any], data: Mapping[str, Any], entropy_coef: Any) -> Any:
-        loss_pi, loss_v, kls, _, _ = losses(pi, v, data, entropy_coef)
-        return loss_pi + loss_v, (loss_pi, loss_v, kls)
+    actor_gradient = jax.value_and_grad(actor_terms, has_aux=True)
+    critic_gradient = jax.value_and_grad(critic_loss)
+    no_kl = jnp.zeros(len(groups), jnp.float32)
 
-    gradients = jax.grad(objective, argnums=(0, 1), has_aux=True)
+    def zeros(params: Sequence[Any]) -> list[Any]:
+        return [jnp.zeros_like(p) for p in params]
 
-    def update(
-        pi: list[Any],
-        v: list[Any],
-        pi_adam: dict[str, Any],
-        v_adam: dict[str, Any],
-        rates: Mapping[str, Any],
-        data: Mapping[str, Any],
-        probe: Mapping[str, Any],
-        plan: Mapping[str, Any],
-    ) -> Any:
-        entropy_coef = rates["entropy_coef"]
-        before = evaluate(pi, v, probe, entropy_coef)
+    def make_step(with_pi: bool, with_vf: bool) -> Callable[..., Any]:
+        """A scan step of a phase whose steps may train the actors (`with_pi`, until the KL stop) and
+        train the critic (`with_vf`)."""
 
-        def step(carry: Any, x: Any) -> Any:
+        def gradients(wants_pi: Any, pi: Any, v: Any, minibatch: Any, entropy_coef: Any) -> Any:
+            def both() -> Any:
+                (loss_pi, (kls, _, _)), pi_grads = actor_gradient(pi, minibatch, entropy_coef)
+                loss_v, v_grads = critic_gradient(v, minibatch) if with_vf else (jnp.float32(0.0), zeros(v))
+                return pi_grads, v_grads, loss_pi, loss_v, kls
+
+            def critic_only() -> Any:
+                loss_v, v_grads = critic_gradient(v, minibatch) if with_vf else (jnp.float32(0.0), zeros(v))
+                return zeros(pi), v_grads, jnp.float32(0.0), loss_v, no_kl
+
+            if not with_pi:
+                return critic_only()
+            return lax.cond(wants_pi, both, critic_only)
+
+        def step(carry: Any, x: Any, entropy_coef: Any, rates: Any, data: Any) -> Any:
             pi, v, pi_adam, v_adam, active, pi_steps = carry
             index, valid = x["index"], x["valid"]
             minibatch = {
@@ -340,39 +355,60 @@ def _update_program(
                 }
                 for name, rows in data.items()
             }
-            (pi_grads, v_grads), (loss_pi, loss_v, kls) = gradients(pi, v, minibatch, entropy_coef)
-            wants_pi = active & x["pi_on"]
-            train_vf = x["vf_on"]
+            wants_pi = active & with_pi
+            pi_grads, v_grads, loss_pi, loss_v, kls = gradients(wants_pi, pi, v, minibatch, entropy_coef)
+            train_vf = jnp.bool_(with_vf)
             exceeded = jnp.bool_(False)
             if ppo.target_kl is not None:
                 exceeded = (pi_steps > 0) & (kls.max() > 1.5 * ppo.target_kl)
             train_pi = wants_pi & ~exceeded
             total = jnp.where(train_pi, loss_pi, 0.0) + jnp.where(train_vf, loss_v, 0.0)
-            pi_grads, pi_norms = _clip(jnp, pi_grads, pi_parts, ppo.max_grad_norm)
-            v_grads, v_norms = _clip(jnp, v_grads, v_parts, ppo.max_grad_norm)
-            finite = (
-                jnp.isfinite(total)
-                & (~train_pi | jnp.isfinite(pi_norms).all())
-                & (~train_vf | jnp.isfinite(v_norms).all())
-            )
-            taken = (train_pi | train_vf) & finite
-            new_pi, new_pi_adam = _adam(jnp, pi, pi_grads, pi_adam, rates["pi_lr"])
-            new_v, new_v_adam = _adam(jnp, v, v_grads, v_adam, rates["v_lr"])
-            pi, pi_adam = _choose(jax, train_pi & finite, (new_pi, new_pi_adam), (pi, pi_adam))
-            v, v_adam = _choose(jax, train_vf & finite, (new_v, new_v_adam), (v, v_adam))
+            finite = jnp.isfinite(total)
+            if with_pi:
+                pi_grads, pi_norms = _clip(jnp, pi_grads, pi_parts, ppo.max_grad_norm)
+                finite = finite & (~train_pi | jnp.isfinite(pi_norms).all())
+            if with_vf:
+                v_grads, v_norms = _clip(jnp, v_grads, v_parts, ppo.max_grad_norm)
+                finite = finite & jnp.isfinite(v_norms).all()
+            if with_pi:
+                new_pi, new_pi_adam = _adam(jnp, pi, pi_grads, pi_adam, rates["pi_lr"])
+                pi, pi_adam = _choose(jax, train_pi & finite, (new_pi, new_pi_adam), (pi, pi_adam))
+            if with_vf:
+                new_v, new_v_adam = _adam(jnp, v, v_grads, v_adam, rates["v_lr"])
+                v, v_adam = _choose(jax, finite, (new_v, new_v_adam), (v, v_adam))
             trace = {
                 "trained_pi": train_pi,
-                "stepped": taken,
+                "stepped": (train_pi | train_vf) & finite,
                 "nonfinite": (train_pi | train_vf) & ~finite,
                 "stopped": wants_pi & exceeded,
             }
             carry = (pi, v, pi_adam, v_adam, active & ~(wants_pi & exceeded), pi_steps + (train_pi & finite))
             return carry, trace
 
-        start = (pi, v, pi_adam, v_adam, jnp.bool_(True), jnp.int32(0))
-        (pi, v, pi_adam, v_adam, _, _), trace = lax.scan(step, start, plan)
+        return step
+
+    def update(
+        pi: list[Any],
+        v: list[Any],
+        pi_adam: dict[str, Any],
+        v_adam: dict[str, Any],
+        rates: Mapping[str, Any],
+        data: Mapping[str, Any],
+        probe: Mapping[str, Any],
+        steps: Sequence[Mapping[str, Any]],
+    ) -> Any:
+        entropy_coef = rates["entropy_coef"]
+        before = evaluate(pi, v, probe, entropy_coef)
+        carry = (pi, v, pi_adam, v_adam, jnp.bool_(True), jnp.int32(0))
+        traces = []
+        for (with_pi, with_vf), xs in zip(phases, steps, strict=True):
+            step = make_step(with_pi, with_vf)
+            carry, trace = lax.scan(lambda c, x, step=step: step(c, x, entropy_coef, rates, data), carry, xs)
+            traces.append(trace)
+        pi, v, pi_adam, v_adam, _, _ = carry
         after = evaluate(pi, v, probe, entropy_coef)
-        return (pi, v, pi_adam, v_adam), trace, before, after
+        joined = {key: jnp.concatenate([trace[key] for trace in traces]) for key in traces[0]}
+        return (pi, v, pi_adam, v_adam), joined, before, after
 
     return update
 
@@ -543,6 +579,19 @@ def _minibatch_index(orders: Sequence[torch.Tensor], num_minibatches: int) -> tu
         index[k, : len(part)] = part
         valid[k, : len(part)] = True
     return index, valid
+
+
+def _phases(
+    pi_iters: int, vf_iters: int, num_minibatches: int, index: np.ndarray, valid: np.ndarray
+) -> tuple[tuple[tuple[bool, bool], ...], list[dict[str, np.ndarray]]]:
+    """The update's phases (whether the actors and whether the critic learn in its steps) and each
+    phase's steps: the epochs both learn in, then those of the one with more epochs."""
+    both = min(pi_iters, vf_iters) * num_minibatches
+    phases, steps = [(True, True)], [{"index": index[:both], "valid": valid[:both]}]
+    if pi_iters != vf_iters:
+        phases.append((pi_iters > vf_iters, vf_iters > pi_iters))
+        steps.append({"index": index[both:], "valid": valid[both:]})
+    return tuple(phases), steps
 
 
 def _evaluation(values: Any) -> Evaluation:

@@ -91,7 +91,7 @@ def _close(ours, theirs, tolerance):
 SETTINGS = {
     "ippo_shared": ["ppo.critic=obs", "model.share_actor=true", "ppo.huber_delta=null", "ppo.value_clip=null"],
     "mappo_per_agent": ["ppo.critic=state", "model.share_actor=false", "ppo.huber_delta=0.5", "ppo.max_grad_norm=0.5"],
-    "kl_stop": ["ppo.critic=obs", "model.share_actor=true", "ppo.target_kl=0.004", "ppo.pi_lr=0.003"],
+    "kl_stop": ["ppo.critic=obs", "ppo.target_kl=0.01", "ppo.pi_lr=0.002", "ppo.train_vf_iters=2"],
     "value_clip_huber": ["ppo.critic=state+obs", "ppo.huber_delta=0.3", "ppo.value_clip=0.05", "ppo.vf_lr=0.003"],
 }
 
@@ -116,7 +116,8 @@ def test_one_update_equals_torchs(setting):
         expected, got = reference.update(batches), learner.update(batches)
         assert (got.stop_iter, got.pi_steps) == (expected.stop_iter, expected.pi_steps)
         if setting == "kl_stop":
-            assert expected.pi_steps < 16  # the stop fired
+            assert expected.pi_steps < 16  # the stop fired (in the first update, in the third epoch: past
+            # the critic's two, so the generator drew three orders)
         else:
             assert expected.pi_steps == 16
         for key in ("loss_pi", "delta_loss_pi", "loss_v", "delta_loss_v", "kl", "entropy", "clipfrac"):
