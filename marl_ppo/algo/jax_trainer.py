@@ -47,9 +47,6 @@ from marl_ppo.models.layers import AgentMLP
 from marl_ppo.models.team import CRITIC_INPUTS, TeamModel
 from marl_ppo.plan.compiled import ACTIVATION_NAMES, unsupported_reason
 
-FIELDS = ("obs", "state", "action_mask", "actions", "alive", "advantages", "returns", "logp_ref", "value_ref")
-"""The prepared rows the losses read, per group (`Sequences` of one-step chunks, the step axis dropped)."""
-
 
 @dataclasses.dataclass(frozen=True)
 class MlpIndex:
@@ -110,7 +107,9 @@ class JaxTrainer(Trainer):
         self.v_parts = self._parts(self.critic_optimizer, model.critics)
         self._programs: dict[tuple[tuple[bool, ...], tuple[tuple[bool, bool], ...]], Callable[..., Any]] = {}
 
-    def _parts(self, optimizer: torch.optim.Optimizer, networks: nn.ModuleList) -> tuple[tuple[int, int], ...]:
+    def _parts(
+        self, optimizer: torch.optim.Optimizer, networks: nn.ModuleList
+    ) -> tuple[tuple[int, int], ...]:
         """The `[start, stop)` runs of the optimizer's parameters clipped apart (`ppo.grad_clip`)."""
         count = len(_params(optimizer))
         parts = group_parts(optimizer, networks) if self.ppo.grad_clip == "per_group" else []
@@ -158,7 +157,9 @@ class JaxTrainer(Trainer):
             steps,
         )
         (pi_params, v_params, pi_adam, v_adam), trace, before, after = result
-        trained_pi, stepped, nonfinite = (np.asarray(trace[key]) for key in ("trained_pi", "stepped", "nonfinite"))
+        trained_pi, stepped, nonfinite = (
+            np.asarray(trace[key]) for key in ("trained_pi", "stepped", "nonfinite")
+        )
         # the epochs `Trainer._epochs` begins, each drawing its order: every critic epoch, and the
         # actors' until the KL stop (an epoch past the critic's is begun while the actors still learn)
         stopped = np.asarray(trace["stopped"])
@@ -210,7 +211,11 @@ class JaxTrainer(Trainer):
                 for p, state in zip(params, states, strict=True)
             ]
 
-        return {"m": moment("exp_avg"), "v": moment("exp_avg_sq"), "step": np.float32(steps.pop() if steps else 0.0)}
+        return {
+            "m": moment("exp_avg"),
+            "v": moment("exp_avg_sq"),
+            "step": np.float32(steps.pop() if steps else 0.0),
+        }
 
     @torch.no_grad()
     def _write(
@@ -292,7 +297,9 @@ def _update_program(
             ratio = jnp.exp(log_ratio)
             advantages = rows["advantages"]
             clipped = jnp.clip(ratio, 1.0 - ppo.clip_ratio, 1.0 + ppo.clip_ratio)
-            loss = loss + (-mean(jnp.minimum(ratio * advantages, clipped * advantages)) - entropy_coef * entropy)
+            loss = loss + (
+                -mean(jnp.minimum(ratio * advantages, clipped * advantages)) - entropy_coef * entropy
+            )
             ratio, log_ratio = lax.stop_gradient(ratio), lax.stop_gradient(log_ratio)
             kls.append(mean((ratio - 1.0) - log_ratio))
             entropies.append(lax.stop_gradient(entropy))
@@ -431,7 +438,11 @@ def _mlp(jnp: Any, index: MlpIndex, params: Sequence[Any], x: Any) -> Any:
     if index.common_input:
         if copies == 1:
             h = (x @ weight[0].T + bias[0])[..., None, :]
-            h = h + agent_bias if agent_bias is not None else jnp.broadcast_to(h, (*h.shape[:-2], index.agents, out_dim))
+            h = (
+                h + agent_bias
+                if agent_bias is not None
+                else jnp.broadcast_to(h, (*h.shape[:-2], index.agents, out_dim))
+            )
         else:
             flat = x @ weight.reshape(copies * out_dim, -1).T + bias.reshape(-1)
             h = flat.reshape(*flat.shape[:-1], copies, out_dim)
@@ -459,7 +470,9 @@ def _critic(jnp: Any, group: GroupIndex, params: Sequence[Any], state: Any, obs:
     elif group.critic_input == "obs":
         x = obs
     else:
-        x = jnp.concatenate([jnp.broadcast_to(state[:, None, :], (*obs.shape[:-1], state.shape[-1])), obs], -1)
+        x = jnp.concatenate(
+            [jnp.broadcast_to(state[:, None, :], (*obs.shape[:-1], state.shape[-1])), obs], -1
+        )
     out = _mlp(jnp, group.critic, params, x)[..., 0]
     return jnp.broadcast_to(out, (out.shape[0], group.agents))
 
@@ -543,7 +556,7 @@ def _numpy(tensor: torch.Tensor) -> np.ndarray:
 
 
 def _rows(batch: Sequences) -> dict[str, np.ndarray]:
-    """A prepared group's rows as numpy arrays, the one-step axis dropped (`FIELDS`)."""
+    """What the losses read of a prepared group's rows, as numpy arrays, the one-step axis dropped."""
     inputs = batch.inputs
     fields = {
         "obs": inputs.obs,

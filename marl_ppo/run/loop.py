@@ -16,8 +16,8 @@ import torch
 import yaml
 
 from marl_ppo.algo.batch import refuse_unshared_rewards, rollout_batches
-from marl_ppo.algo.schedule import LrSchedule
 from marl_ppo.algo.jax_trainer import JaxTrainer
+from marl_ppo.algo.schedule import LrSchedule
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.checkpoint import FORMAT, periodic_path, prune_checkpoints, save_checkpoint
 from marl_ppo.config import ExperimentConfig, config_to_dict
