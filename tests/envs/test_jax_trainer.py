@@ -31,14 +31,15 @@ MPE = [
 """The issue's MPE case: JaxMARL's IPPO-FF settings (16 copies x 128 steps, 4 epochs x 4 minibatches of
 512 env rows, 1,536 agent rows, through 64-wide tanh MLPs)."""
 
-WEIGHTS = 2e-4
-"""A whole update's weights against torch's: the largest difference within 2e-4 of the tensor's largest
-entry. One step's gradients agree to about 1e-6 of their scale (the products and sums in another
-order); over 16 Adam steps the differences grow: a sample whose ratio sits at the clip's edge falls on
-either side with the rounding, and Adam divides each coordinate by its own small second moment."""
-MOMENTS = 1e-2
-"""The Adam moments after the update against torch's, of the tensor's largest entry (as for WEIGHTS: the
-last steps' gradients carry the grown differences undamped)."""
+WEIGHTS = 2e-5
+"""Two whole updates' weights against torch's: the largest difference within 2e-5 of the tensor's
+largest entry (the settings below stay within a fifth of this and of MOMENTS). One step's gradients agree to about 1e-6 of their scale (the
+products and sums in another order); over the update's steps the differences grow where a sample's
+ratio or value sits at its clip's edge and falls on either side with the rounding, and Adam divides
+each coordinate by its own small second moment."""
+MOMENTS = 1e-3
+"""The Adam moments after each update against torch's, of the tensor's largest entry (as for WEIGHTS;
+the last steps' gradients carry the grown differences undamped)."""
 
 
 def _config(*extra):
