@@ -86,7 +86,8 @@ class JaxTrainer(Trainer):
         if reason is None and ppo.actor_update != "simultaneous":
             reason = f"ppo.actor_update={ppo.actor_update}; the JAX learner updates every actor at once"
         if reason is not None:
-            raise ConfigError(f"fast.learner=jax: {reason.replace('compiled rollout', 'JAX learner')}")
+            reason = reason.replace("compiled rollout", "JAX learner")
+            raise ConfigError(f"fast.learner=jax: {reason}; set fast.learner=torch")
         super().__init__(model, ppo, generator=generator, optimizer=optimizer)
         self.jax, self.jnp = jax_modules()
         self.pi_params = _params(self.actor_optimizer)
@@ -492,7 +493,8 @@ def _clip(jnp: Any, grads: Sequence[Any], parts: Sequence[tuple[int, int]], max_
     grads = list(grads)
     norms = []
     for start, stop in parts:
-        norm = jnp.sqrt(sum(jnp.sum(jnp.square(jnp.sqrt(jnp.sum(jnp.square(g))))) for g in grads[start:stop]))
+        # torch's `get_total_norm`: each tensor's norm, then the norm of those
+        norm = jnp.linalg.norm(jnp.stack([jnp.linalg.norm(g.ravel()) for g in grads[start:stop]]))
         norms.append(norm)
         if max_norm is not None:
             scale = jnp.minimum(max_norm / (norm + 1e-6), 1.0)
