@@ -16,6 +16,7 @@ from marl_ppo.config import ConfigError, load_config
 from marl_ppo.models.team import TeamModel
 from marl_ppo.plan.settle import plan_run
 from marl_ppo.run.loop import train
+from marl_ppo.run.resume import resume_config
 from tests.helpers import K, Killed, assert_identical, crash_at_update, run_state_only, scalars, vector_env
 
 pytestmark = pytest.mark.jax  # JAX is imported inside the tests, so that collecting them loads nothing
@@ -254,6 +255,19 @@ def test_a_run_with_the_jax_learner_repeats_and_resumes_exactly(tmp_path, monkey
         run_state_only(recorded), run_state_only(load_checkpoint(tmp_path / "resumed/checkpoints/final.pt"))
     )
     assert scalars(tmp_path / "resumed") == scalars(tmp_path / "straight")
+
+    # the learner may change when resuming: torch's learns on from the JAX learner's weights and Adam state
+    crash_at_update(monkeypatch, K + 1)
+    with pytest.raises(Killed):
+        train(config, tmp_path / "switched")
+    monkeypatch.undo()
+    switched = resume_config(tmp_path / "switched", ["fast.learner=torch"])
+    assert plan_run(switched).learner_path is None
+    assert train(switched, tmp_path / "switched", resume=True).updates == 2 * K
+    final = load_checkpoint(tmp_path / "switched/checkpoints/final.pt")
+    assert final["config"]["fast"]["learner"] == "torch"
+    for group in final["trainer"]["critic_optimizer"]["state"].values():
+        assert float(group["step"]) == float(recorded["trainer"]["critic_optimizer"]["state"][0]["step"])
 
 
 @pytest.mark.parametrize(
