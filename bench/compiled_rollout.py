@@ -15,9 +15,11 @@ medians and ranges over the repeats.
   (`--case mpe`) or of SMAX 2s3z's experiment file (`--case smax`: 64 copies, a 128-wide MLP, a
   state critic; no evaluations); each run's env steps per second count from the end of its first
   update (which compiles, or loads from the cache) to its last.
+- `--train --learners`: the same training runs, every one on the compiled rollout, with
+  `fast.learner` torch and jax in turn (the JAX learner's first update compiles its program too).
 
     python -m bench.compiled_rollout [--case mpe|smax] [--repeats N]
-    python -m bench.compiled_rollout --train [--case mpe|smax] [--pairs N] [--updates N]
+    python -m bench.compiled_rollout --train [--learners] [--case mpe|smax] [--pairs N] [--updates N]
 """
 
 from __future__ import annotations
@@ -107,11 +109,12 @@ def _load() -> str:
     return ", ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
-def _case_config(case: str, compiled: bool, updates: int) -> ExperimentConfig:
-    """The training case's config for `updates` updates, its rollouts compiled or per step."""
+def _case_config(case: str, compiled: bool, updates: int, learner: str = "torch") -> ExperimentConfig:
+    """The training case's config for `updates` updates, its rollouts compiled or per step, updated by
+    `learner` (`fast.learner`)."""
     experiment, overrides = TRAINING[case]
-    switch = f"rollout.compiled={str(compiled).lower()}"
-    config = settle_copies(load_config(experiment, [*overrides, switch, "log.progress=false"]))
+    switches = [f"rollout.compiled={str(compiled).lower()}", f"fast.learner={learner}"]
+    config = settle_copies(load_config(experiment, [*overrides, *switches, "log.progress=false"]))
     return dataclasses.replace(config, total_steps=updates * _batch(config))
 
 
@@ -132,33 +135,45 @@ def timed_run(config: ExperimentConfig, run_dir: Path) -> tuple[float, float, fl
     return (updates - 1) * per_update / (marks[-1] - marks[0]), marks[0] - start, learn_share
 
 
-def training(case: str, pairs: int, updates: int) -> None:
-    """Train `pairs` times each way in turn; print each path's env steps/s, their ratio and first updates."""
+SIDES: dict[bool, tuple[tuple[str, bool, str], ...]] = {
+    False: (("compiled", True, "torch"), ("per-step", False, "torch")),
+    True: (("jax learner", True, "jax"), ("torch learner", True, "torch")),
+}
+"""`--train`'s two sides, by `--learners`: a label, `rollout.compiled` and `fast.learner`."""
+
+
+def training(case: str, pairs: int, updates: int, *, learners: bool = False) -> None:
+    """Train `pairs` times each way in turn; print each side's env steps/s, their ratio and first
+    updates. The sides: compiled rollouts against per-step ones, or with `learners` the JAX learner
+    against torch's (both on compiled rollouts)."""
     jax_modules()  # JAX and JaxMARL imported before the first run's clock starts
     load = _load()
-    rates: dict[bool, list[float]] = {True: [], False: []}
-    firsts: dict[bool, list[float]] = {True: [], False: []}
-    learning: dict[bool, list[float]] = {True: [], False: []}
+    sides = SIDES[learners]
+    rates: dict[str, list[float]] = {label: [] for label, _, _ in sides}
+    firsts: dict[str, list[float]] = {label: [] for label, _, _ in sides}
+    learning: dict[str, list[float]] = {label: [] for label, _, _ in sides}
     with tempfile.TemporaryDirectory() as folder:
         for pair in range(pairs):
-            for compiled in (True, False):
-                config = _case_config(case, compiled, updates)
-                sps, first, learn_share = timed_run(config, Path(folder) / f"{pair}_{compiled}")
-                rates[compiled].append(sps)
-                firsts[compiled].append(first)
-                learning[compiled].append(100 * learn_share)
+            for label, compiled, learner in sides:
+                config = _case_config(case, compiled, updates, learner)
+                run_dir = Path(folder) / f"{pair}_{label.replace(' ', '_')}"
+                sps, first, learn_share = timed_run(config, run_dir)
+                rates[label].append(sps)
+                firsts[label].append(first)
+                learning[label].append(100 * learn_share)
     batch = _batch(_case_config(case, True, updates))
     print(
         f"{case}: training {updates} updates of {batch} env steps, {pairs} alternated pairs; load {load} before, "
         f"{_load()} after"
     )
-    for compiled, label in ((True, "compiled"), (False, "per-step")):
+    for label, _, _ in sides:
         print(
-            f"{_spread(f'{label:>9}', rates[compiled], 'env steps/s')} after the first update; "
-            f"{_spread('first update', firsts[compiled], 's')}; {_spread('learner', learning[compiled], '%')}"
+            f"{_spread(f'{label:>13}', rates[label], 'env steps/s')} after the first update; "
+            f"{_spread('first update', firsts[label], 's')}; {_spread('learner', learning[label], '%')}"
         )
-    ratios = [a / b for a, b in zip(rates[True], rates[False], strict=True)]
-    print(_spread("ratio compiled/per-step", ratios, ""))
+    (one, _, _), (other, _, _) = sides
+    ratios = [a / b for a, b in zip(rates[one], rates[other], strict=True)]
+    print(_spread(f"ratio {one}/{other}", ratios, ""))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -168,10 +183,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train", action="store_true", help="time whole training runs instead")
     parser.add_argument("--pairs", type=int, default=3, help="training runs each way (--train)")
     parser.add_argument("--updates", type=int, default=8, help="updates per training run (--train)")
+    parser.add_argument(
+        "--learners", action="store_true", help="--train: fast.learner jax against torch, both compiled"
+    )
     parser.add_argument("--case", choices=sorted(TRAINING), default="mpe", help="the settings: mpe or smax")
     args = parser.parse_args(argv)
     if args.train:
-        training(args.case, args.pairs, args.updates)
+        training(args.case, args.pairs, args.updates, learners=args.learners)
     else:
         rollouts(args.case, args.repeats)
 

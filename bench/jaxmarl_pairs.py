@@ -21,7 +21,11 @@ steps after its first update over the time from that update's end to the last's 
 compiles the rollout's scan, or loads it from JAX's persistent cache), and the learner's share of
 that time.
 
+`--learner jax` trains marl_ppo's side with `fast.learner=jax` (the update compiled too; torch's
+learner by default).
+
     python -m bench.jaxmarl_pairs --jaxmarl-repo PATH --jaxmarl-python PY [--pairs N] [--only NAME ...]
+        [--learner torch|jax]
 """
 
 from __future__ import annotations
@@ -82,6 +86,8 @@ class JaxmarlCase:
     agents: int
     updates: int
     """Updates of a run, both sides; marl_ppo's rate counts all but its first."""
+    learner: str = "torch"
+    """marl_ppo's `fast.learner`."""
     ours: list[PeerResult] = field(default_factory=list)
     """marl_ppo's runs: env steps after the first update, their seconds, the first update's seconds."""
     learn_shares: list[float] = field(default_factory=list)
@@ -169,7 +175,7 @@ def our_record(env_steps: int, seconds: float, agents: int, first: float, learn_
     return RESULT_PREFIX + json.dumps(record)
 
 
-def train_ours(name: str, updates: int) -> str:
+def train_ours(name: str, updates: int, learner: str = "torch") -> str:
     """Train marl_ppo on the case's settings in this process; its result line."""
     from bench.compiled_rollout import timed_run
     from marl_ppo.config import load_config
@@ -181,6 +187,7 @@ def train_ours(name: str, updates: int) -> str:
         raise SystemExit(f"--updates {updates}: marl_ppo's side needs at least 2 (its rate skips the first)")
     jax_modules()  # JAX and JaxMARL imported before the clock starts, as the peer's wrapper does
     overrides = [*case.overrides, f"total_steps={updates * batch_of(case)}", "log.progress=false"]
+    overrides.append(f"fast.learner={learner}")
     config = settle_copies(load_config(case.experiment, overrides))
     with tempfile.TemporaryDirectory() as folder:
         sps, first, run_share = timed_run(config, Path(folder) / "run")
@@ -216,6 +223,8 @@ def run_ours(case: JaxmarlCase) -> tuple[PeerResult, float]:
         case.name,
         "--updates",
         str(case.updates),
+        "--learner",
+        case.learner,
     ]
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     output = _run(command, f"marl_ppo's side of {case.name}", {"PYTHONPATH": path})
@@ -312,14 +321,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mpe-updates", type=int, default=100, help="updates of each MPE run, both sides")
     parser.add_argument("--smax-updates", type=int, default=3, help="updates of each SMAX run, both sides")
     parser.add_argument("--only", nargs="*", help="cases whose name contains one of these words")
+    parser.add_argument(
+        "--learner", choices=("torch", "jax"), default="torch", help="marl_ppo's fast.learner"
+    )
     parser.add_argument("--ours", help=argparse.SUPPRESS)  # marl_ppo's side of a case, in its own process
     parser.add_argument("--updates", type=int, default=2, help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     if options.ours:
-        print(train_ours(options.ours, options.updates), flush=True)
+        print(train_ours(options.ours, options.updates, options.learner), flush=True)
         return 0
     chosen = [
-        case
+        dataclasses.replace(case, learner=options.learner)
         for case in cases(options.mpe_updates, options.smax_updates)
         if not options.only or any(word in case.name for word in options.only)
     ]

@@ -14,7 +14,7 @@ from marl_ppo.config.base import STRICT
 @dataclass(frozen=True, config=STRICT)
 class FastConfig:
     """Hand-written replacements of library pieces (`marl_ppo/fast/`), each with a switch back to the
-    library, and which of torch's Adam implementations the trainer steps."""
+    library, which of torch's Adam implementations the trainer steps, and which learner updates."""
 
     optimizer: Literal["adam", "adam_foreach", "adam_fused"] = "adam"
     """torch.optim.Adam with its single-tensor (`adam`), multi-tensor (`adam_foreach`) or fused
@@ -31,6 +31,13 @@ class FastConfig:
     """With `model.recurrent`: our agent-stacked GRU/LSTM step (batched products over the agents'
     weights, each sequence's input product taken at once); false: torch's nn.GRUCell / nn.LSTMCell
     on the same weights, called once per agent (per-agent weights) or once (shared)."""
+    learner: Literal["torch", "jax"] = "torch"
+    """The PPO update's implementation: torch (`algo.trainer.Trainer`, every run), or `jax`: the whole
+    update (every epoch's minibatch steps, the KL stop, gradient clipping, Adam, the before/after
+    diagnostics) as one compiled JAX program per update (`algo.jax_trainer.JaxTrainer`), with the
+    weights and Adam moments written back into torch after it. `jax` covers the runs whose rollout is
+    compiled (`rollout.compiled`: feed-forward MLPs, Discrete actions, fp32) with a simultaneous actor
+    update and no policy lag; any other run is refused with the reason (`plan.compiled`)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -50,6 +50,41 @@ def unsupported_reason(model: TeamModel) -> str | None:
     return None
 
 
+def learner_unsupported_reason(config: ExperimentConfig, rollout_path: str | None) -> str | None:
+    """Why `fast.learner: jax` cannot update the run of `config` (one line), or None where it can: the
+    compiled learner (`algo.jax_trainer`) covers the runs whose rollout is compiled (`rollout.compiled`
+    settled true: feed-forward MLPs over vectors, Discrete actions, fp32; `rollout_path` is
+    `settle_compiled`'s line, None for an env that is not JaxMARL's), with a simultaneous actor update
+    and no policy lag."""
+    ppo = config.ppo
+    if config.rollout.compiled is not True:
+        if rollout_path is None:
+            return f"env '{config.env.id}' is not a JaxMARL env, and the JAX learner needs a compiled rollout"
+        return f"the rollout is {rollout_path}, and the JAX learner needs a compiled rollout"
+    if ppo.actor_update != "simultaneous":
+        return f"ppo.actor_update={ppo.actor_update} (HAPPO's turns); the JAX learner updates every actor at once"
+    if config.rollout.policy_lag:
+        return (
+            f"rollout.policy_lag={config.rollout.policy_lag} (ppo.lagged_ratio); "
+            "the JAX learner takes on-policy batches only"
+        )
+    if config.model.precision != "fp32":
+        return f"model.precision={config.model.precision}; the JAX learner computes in fp32"
+    return None
+
+
+def settle_learner(config: ExperimentConfig, rollout_path: str | None) -> str | None:
+    """How the run's updates run, for the start line: `compiled (one JAX program per update)` where
+    `fast.learner: jax`, else None (torch's learner). `jax` where the run is not covered is a
+    ConfigError with the reason (`learner_unsupported_reason`)."""
+    if config.fast.learner != "jax":
+        return None
+    reason = learner_unsupported_reason(config, rollout_path)
+    if reason is not None:
+        raise ConfigError(f"fast.learner=jax: {reason}; set fast.learner=torch")
+    return "compiled (one JAX program per update)"
+
+
 def settle_compiled(config: ExperimentConfig, layout: EnvLayout) -> tuple[ExperimentConfig, str | None]:
     """`config` with `rollout.compiled` settled to true or false, and for a JaxMARL env how its
     rollouts run, for the start line (`compiled (lax.scan over T steps)` or `per-step (reason)`; None

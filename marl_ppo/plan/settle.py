@@ -24,7 +24,7 @@ from marl_ppo.envs.factory import (
 from marl_ppo.envs.registry import anchored
 from marl_ppo.envs.spec import BatchedLayout, EnvLayout, TeamSpec
 from marl_ppo.models.layers import resolve_device, resolve_precision
-from marl_ppo.plan.compiled import settle_compiled
+from marl_ppo.plan.compiled import settle_compiled, settle_learner
 from marl_ppo.plan.copies import settle_copies
 from marl_ppo.plan.host import convolutional, learner_threads, update_threads
 
@@ -58,6 +58,9 @@ class RunPlan:
     rollout_path: str | None = None
     """How a JaxMARL env's rollouts run, for the start line: `compiled (lax.scan over T steps)` or
     `per-step (the reason)` (`plan.compiled`); None for other envs, and for an evaluation's plan."""
+    learner_path: str | None = None
+    """How the updates run where `fast.learner: jax`, for the start line (`plan.compiled.settle_learner`);
+    None for torch's learner, and for an evaluation's plan."""
 
     @property
     def batched(self) -> bool:
@@ -99,6 +102,8 @@ class RunPlan:
                 + (f", {league.self_play:.0%} self-play" if league.self_play else "")
             )
         rollout = "" if self.rollout_path is None else f"; rollout: {self.rollout_path}"
+        if self.learner_path is not None:
+            rollout += f"; learner: {self.learner_path}"
         return (
             f"{algorithm} on {config.env.id}{team}: {config.rollout.copies} env copies {where}, {threads}"
             f"{encoder}{rollout}"
@@ -126,7 +131,9 @@ def plan_run(config: ExperimentConfig) -> RunPlan:
         # for `rollout.compiled`, not reset: nothing is compiled or stepped)
         config = resolve_vector(config, batched=True, step_seconds=_untimed)
         config, rollout_path = settle_compiled(config, batched)
-        return dataclasses.replace(_settled(config, batched), rollout_path=rollout_path)
+        learner_path = settle_learner(config, rollout_path)
+        plan = _settled(config, batched)
+        return dataclasses.replace(plan, rollout_path=rollout_path, learner_path=learner_path)
     probe = make_team_env(config)
     try:
         spec = team_spec(config, probe)
@@ -135,6 +142,7 @@ def plan_run(config: ExperimentConfig) -> RunPlan:
     finally:
         probe.close()
     config, _ = settle_compiled(config, spec)  # false: not a JaxMARL env
+    settle_learner(config, None)  # fast.learner=jax is refused here
     return _settled(config, spec)
 
 

@@ -16,6 +16,7 @@ import torch
 import yaml
 
 from marl_ppo.algo.batch import refuse_unshared_rewards, rollout_batches
+from marl_ppo.algo.jax_trainer import JaxTrainer
 from marl_ppo.algo.schedule import LrSchedule
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.checkpoint import FORMAT, periodic_path, prune_checkpoints, save_checkpoint
@@ -119,7 +120,8 @@ def train(
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
             write_code_record(run_dir, resume=resume, env_id=config.env.id)
-            trainer = Trainer(model, plan.ppo, generator=generator, optimizer=config.fast.optimizer)
+            learner = JaxTrainer if config.fast.learner == "jax" else Trainer
+            trainer = learner(model, plan.ppo, generator=generator, optimizer=config.fast.optimizer)
             if start is not None:
                 start.carry_optimizer(trainer, config.model)
             if config.eval.every:  # deterministic episodes on env copies of their own, logged under eval/

@@ -41,6 +41,7 @@ RESUMABLE_KEYS = (  # and env.id, where it points to the run's env file at anoth
     "rollout.vector",
     "rollout.num_workers",
     "host.torch_threads",
+    "fast.learner",
     "log.progress",
     "log.checkpoint_every",
     "log.keep_last",
@@ -56,7 +57,8 @@ RESUMABLE_KEYS = (  # and env.id, where it points to the run's env file at anoth
 )
 """Config keys that `--resume` may change: none of them changes what the run computes up to the
 resume point (`total_steps` shortens or extends the run; with `ppo.lr_schedule: linear` the learning
-rate goes on from the value it had reached, decaying linearly to zero at the new total)."""
+rate goes on from the value it had reached, decaying linearly to zero at the new total; `fast.learner`
+learns on from the same weights and optimizer state, computed by the other implementation)."""
 
 
 class Stateful(Protocol):
