@@ -48,6 +48,15 @@ CASES: dict[str, tuple[Path, list[str]]] = {
     "learner_update_default": (SPREAD_YAML, []),
 }
 """Name -> experiment file and overrides."""
+CASES["learner_update_64_jax"] = CASES["learner_update_64"]
+
+JAX_CASES = {"learner_update_64_jax"}
+"""Cases whose update runs in the JAX learner (`fast.learner: jax`, `algo.jax_trainer`); their products
+are those torch's update of the same batch runs (the profiler does not see inside XLA's program), the
+same arithmetic. XLA runs on one thread for them, as the products and torch's update do."""
+
+ONE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+"""XLA_FLAGS that keep XLA's CPU programs on one thread (read when JAX starts its CPU backend)."""
 
 PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 """The profiler's names of the matrix products an update runs."""
@@ -94,12 +103,18 @@ class Setup:
         return self.trainer.update(self.batches)
 
 
-def setup(experiment: Path, overrides: list[str], seed: int = 0) -> Setup:
-    """The experiment's trainer (settled as a run settles it, feed-forward networks) and a batch of its
-    rollout's size."""
+def setup(experiment: Path, overrides: list[str], seed: int = 0, *, learner: str = "torch") -> Setup:
+    """The experiment's trainer (settled as a run settles it, feed-forward networks; `learner` jax: the
+    JAX learner on the same networks) and a batch of its rollout's size."""
     import copy
 
     from marl_ppo.algo.trainer import Trainer
+
+    trainer_class = Trainer
+    if learner == "jax":
+        from marl_ppo.algo.jax_trainer import JaxTrainer
+
+        trainer_class = JaxTrainer
     from marl_ppo.config import load_config
     from marl_ppo.envs.spec import TeamSpec
     from marl_ppo.models.team import TeamModel
@@ -113,7 +128,7 @@ def setup(experiment: Path, overrides: list[str], seed: int = 0) -> Setup:
     if model.recurrent:
         raise ValueError("bench.learner makes batches for feed-forward networks; drop model.recurrent")
     generator = torch.Generator().manual_seed(seed)
-    trainer = Trainer(model, plan.ppo, generator=generator, optimizer=config.fast.optimizer)
+    trainer = trainer_class(model, plan.ppo, generator=generator, optimizer=config.fast.optimizer)
     steps = config.rollout.rollout_steps
     state = torch.randn(steps * config.rollout.copies, spec.state_dim)
     batches = {group.name: _group_batch(model, group, state, steps) for group in spec.groups}
@@ -232,11 +247,13 @@ def measure(name: str, repeats: int = REPEATS) -> Measured:
 
 def _measure(name: str, repeats: int) -> Measured:
     experiment, overrides = CASES[name]
-    case = setup(experiment, overrides)
+    if name in JAX_CASES:
+        _one_thread_xla()
+    case = setup(experiment, overrides, learner="jax" if name in JAX_CASES else "torch")
     case.reset()
-    steps = case.update().pi_steps  # warm-up; every repeat takes the same steps from the same start
+    steps = case.update().pi_steps  # warm-up (the JAX learner compiles here); the same steps every repeat
     case.reset()
-    products = recorded_products(case.update)
+    products = recorded_products(setup(experiment, overrides).update if name in JAX_CASES else case.update)
     run_products = products_body(products)
     run_products()
     update_ms: list[float] = []
@@ -249,6 +266,23 @@ def _measure(name: str, repeats: int) -> Measured:
             elapsed = (time.perf_counter() - started) * 1e3 / steps
             (update_ms if which == "update" else products_ms).append(elapsed)
     return Measured(name, steps, sum(p.flops for p in products), update_ms, products_ms)
+
+
+def _one_thread_xla() -> None:
+    """Keep XLA's CPU programs on one thread (ONE_THREAD_XLA), or say why they are not: the flags are
+    read once, when JAX starts its backend."""
+    import os
+
+    if ONE_THREAD_XLA in os.environ.get("XLA_FLAGS", ""):
+        return
+    if "jax" in sys.modules:
+        print(
+            "note: JAX started before the JAX learner's case, so XLA may use every core; run "
+            "`python -m bench.learner --only learner_update_64_jax` for its one-thread figure",
+            flush=True,
+        )
+        return
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {ONE_THREAD_XLA}".strip()
 
 
 def main(argv: list[str] | None = None) -> int:

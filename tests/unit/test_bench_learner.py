@@ -1,5 +1,7 @@
 """The learner benchmark counts the update's matrix products as the networks' shapes say they are."""
 
+import pytest
+
 from bench.learner import SPREAD_YAML, Product, _product, recorded_products, setup
 
 TINY = [
@@ -43,3 +45,20 @@ def test_an_updates_recorded_products_add_up_to_the_hand_count():
     # in every forward (4 with gradients, 4 without), and its two gradients in the 4 with
     fold = 8 * (8 * 18) + 4 * 2 * (8 * 18)
     assert sum(p.flops for p in products) == 2 * (steps + evaluations + fold)
+
+
+@pytest.mark.jax
+def test_the_jax_learners_case_times_the_same_steps_against_torchs_products(monkeypatch):
+    """The JAX learner's case counts the products of torch's update of the same batch (the profiler
+    cannot see inside XLA's program) and takes the same minibatch steps."""
+    pytest.importorskip("jax")
+    import bench.learner as learner
+
+    monkeypatch.setitem(learner.CASES, "tiny", (SPREAD_YAML, TINY))
+    monkeypatch.setitem(learner.CASES, "tiny_jax", (SPREAD_YAML, TINY))
+    monkeypatch.setattr(learner, "JAX_CASES", {"tiny_jax"})
+    monkeypatch.setattr(learner, "_one_thread_xla", lambda: None)  # leaves XLA_FLAGS of this process alone
+    torch_case, jax_case = learner._measure("tiny", 1), learner._measure("tiny_jax", 1)
+    assert jax_case.steps == torch_case.steps == 2
+    assert jax_case.flops == torch_case.flops > 0
+    assert len(jax_case.update_ms) == len(jax_case.products_ms) == 1 and jax_case.update_ms[0] > 0
