@@ -86,6 +86,7 @@ def evaluate(
     `.result` (team, agent and per-episode returns; `.to_dict()` adds 95% CIs), `.eval_json`, `.video`.
     """
     from marl_ppo.eval.from_checkpoint import evaluate_checkpoint  # torch and the envs
+    from marl_ppo.league.average import pool_average
 
     return evaluate_checkpoint(
         target,
@@ -95,4 +96,5 @@ def evaluate(
         render=render,
         out=out,
         seed=seed,
+        pool_score=pool_average,
     )

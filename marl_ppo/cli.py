@@ -591,6 +591,7 @@ def _eval(options: argparse.Namespace) -> int:
     from marl_ppo.eval.evaluate import side_returns, zero_sum
     from marl_ppo.eval.from_checkpoint import evaluate_checkpoint  # heavy imports (torch, envs)
     from marl_ppo.eval.partners import parse_partners
+    from marl_ppo.league.average import pool_average
 
     if options.random:
         return _eval_random(options)
@@ -605,6 +606,7 @@ def _eval(options: argparse.Namespace) -> int:
         out=options.out,
         seed=options.seed,
         partners=partners,
+        pool_score=pool_average,
     )
     team = output.result.to_dict()["team_return"]
     low, high = team["ci95"]

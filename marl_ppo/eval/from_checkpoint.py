@@ -9,7 +9,7 @@ rendered episode as GIF or MP4.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,14 +26,12 @@ from marl_ppo.eval.evaluate import (
     make_out_dir,
     run_episodes,
 )
-from marl_ppo.eval.exploitability import nash_conv, nash_conv_on, pool_nash_conv
+from marl_ppo.eval.exploitability import nash_conv, nash_conv_on
 from marl_ppo.eval.loading import load_policy, resolve_checkpoint
 from marl_ppo.eval.partners import OWN, partner_sides, play_seating
 from marl_ppo.eval.players import partner_player, policy_player
 from marl_ppo.eval.versus import VersusResult, play_vs_random
 from marl_ppo.eval.video import check_video_format, record_episode, render_env, write_video
-from marl_ppo.league.pool import Pool, pool_files, snapshot_name
-from marl_ppo.league.sampling import latest_snapshots
 from marl_ppo.models.team import TeamModel
 from marl_ppo.plan.settle import RunPlan, plan_eval
 from marl_ppo.rollout.stepper import PolicyActing
@@ -70,6 +68,12 @@ class PoolAverage:
         return {"snapshots": self.snapshots, "nash_conv": self.nash_conv, "missing": self.missing}
 
 
+PoolScore = Callable[[dict[str, Any], RunPlan, TeamSpec, Path], "PoolAverage | None"]
+"""How `evaluate_checkpoint` scores a league run's pool: (checkpoint payload, plan, team, run
+directory) -> its PoolAverage, or None for a run without a pool (`league.average.pool_average`; the
+league's pools live above evaluation, so the caller hands it in)."""
+
+
 def evaluate_checkpoint(
     target: Path | str,
     *,
@@ -80,11 +84,13 @@ def evaluate_checkpoint(
     out: Path | str | None = None,
     seed: int | None = None,
     partners: Mapping[str, str] | None = None,
+    pool_score: PoolScore | None = None,
 ) -> EvalOutput:
     """Evaluate a run's checkpoint (with key=value overrides, e.g. `env.kwargs.*`), write eval.json and a video.
 
     `partners`: seat -> partner (`eval.partners`' forms): those seats played by the partners, the
-    rest by the run's policy."""
+    rest by the run's policy. `pool_score`: where NashConv is on, the score of a league run's pool
+    (`marl-ppo eval` passes `league.average.pool_average`)."""
     if episodes < 1:
         raise EvalError(f"--episodes {episodes} must be at least 1")
     if render is not None:
@@ -104,7 +110,9 @@ def evaluate_checkpoint(
     out_dir = Path(out) if out is not None else run_dir
     make_out_dir(out_dir)  # before playing: a folder that cannot be made wastes no episodes
     try:
-        played = _play(payload, plan, episodes, seed, deterministic, dict(partners or {}), run_dir)
+        played = _play(
+            payload, plan, episodes, seed, deterministic, dict(partners or {}), run_dir, pool_score
+        )
         summary = {
             "checkpoint": str(checkpoint),
             "trained_env_steps": payload.get("env_steps"),
@@ -158,6 +166,7 @@ def _play(
     deterministic: bool,
     partners: dict[str, str],
     run_dir: Path,
+    pool_score: PoolScore | None,
 ) -> _Played:
     """The evaluation episodes (with partners on their seats), those against random opponents and the
     NashConv (the policy's and a league pool's average's) where configured."""
@@ -204,33 +213,5 @@ def _play(
     finally:
         venv.close()
     value = nash_conv(model, config.env.id, config.env.kwargs) if scores_nash_conv else None
-    pool = _pool_average(payload, plan, spec, run_dir) if scores_nash_conv else None
+    pool = pool_score(payload, plan, spec, run_dir) if scores_nash_conv and pool_score is not None else None
     return _Played(result, versus, model, spec, value, seated, pool)
-
-
-def _pool_average(
-    payload: dict[str, Any], plan: RunPlan, spec: TeamSpec, run_dir: Path
-) -> PoolAverage | None:
-    """The pool average's NashConv of a league run (None for a run without a pool): over the snapshots
-    the checkpoint lists, or for a policy-only file (`best.pt`, a pool snapshot) those in the run's
-    pool taken up to its update."""
-    config = plan.config
-    if config.league.opponents is None:
-        return None
-    league = payload.get("league")
-    if league is not None:
-        listed = [int(s) for s in league["pool"]["snapshots"]]
-    else:
-        listed = [s for s in pool_files(run_dir) if s <= int(payload.get("updates", 0))]
-    snapshots = latest_snapshots(listed, config.league.pool_size)
-    if not snapshots:
-        return None
-    pool = Pool(run_dir, lambda: TeamModel(spec, config), plan.device, cache=len(snapshots))
-    present = set(pool_files(run_dir))
-    names = [snapshot_name(s) for s in snapshots]
-    missing = [snapshot_name(s) for s in snapshots if s not in present]
-    if missing:
-        return PoolAverage(names, None, missing)
-    models = [pool.model(s) for s in snapshots]
-    value = pool_nash_conv(models, [1.0] * len(models), config.env.id, config.env.kwargs)
-    return PoolAverage(names, value, [])

@@ -245,9 +245,9 @@ def test_each_snapshot_logs_the_nash_conv_of_the_pools_average(tiny_overrides, t
     assert min(logged.values()) > 0.0 and max(logged.values()) < 0.917  # below the uniform policy's
 
     # `marl-ppo eval` reports the same pool average, over the snapshots the final checkpoint lists
-    from marl_ppo.eval.from_checkpoint import evaluate_checkpoint
+    from marl_ppo.api import evaluate
 
-    output = evaluate_checkpoint(tmp_path / "run", episodes=2, out=tmp_path / "eval")
+    output = evaluate(tmp_path / "run", episodes=2, out=tmp_path / "eval")
     assert output.pool is not None
     assert output.pool.snapshots == ["u0", "u1", "u2", "u3"]
     assert output.pool.nash_conv == pytest.approx(expected, abs=1e-12)
@@ -259,7 +259,7 @@ def test_each_snapshot_logs_the_nash_conv_of_the_pools_average(tiny_overrides, t
     }
     # a snapshot file lost: the policy's own NashConv is still reported, the pool's names the file
     snapshot_path(tmp_path / "run", 2).unlink()
-    output = evaluate_checkpoint(tmp_path / "run", episodes=2, out=tmp_path / "eval")
+    output = evaluate(tmp_path / "run", episodes=2, out=tmp_path / "eval")
     assert output.nash_conv is not None and output.pool is not None
     assert output.pool.nash_conv is None and output.pool.missing == ["u2"]
 
