@@ -37,7 +37,7 @@ from torch import nn
 from marl_ppo.algo.batch import AgentBatch
 from marl_ppo.algo.optim import ADAM_EPS, group_parts, part_bounds
 from marl_ppo.algo.sequences import Sequences
-from marl_ppo.algo.stats import Evaluation, TrainStats, batch_statistics, diagnostic_rows
+from marl_ppo.algo.stats import Evaluation, TrainStats, batch_statistics, diagnostic_rows, update_stats
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import ConfigError, SettledPPO
 from marl_ppo.envs.jax.runtime import jax_modules
@@ -182,20 +182,13 @@ class JaxTrainer(Trainer):
         self._write(self.pi_params, pi_params, self.actor_optimizer, pi_adam)
         self._write(self.v_params, v_params, self.critic_optimizer, v_adam)
         pi_epochs = len({int(epoch_of[k]) for k in np.flatnonzero(trained_pi)})
-        before_eval, after_eval = _evaluation(before), _evaluation(after)
-        return TrainStats(
-            loss_pi=after_eval.loss_pi,
-            delta_loss_pi=after_eval.loss_pi - before_eval.loss_pi,
-            loss_v=after_eval.loss_v,
-            delta_loss_v=after_eval.loss_v - before_eval.loss_v,
-            kl=after_eval.kl,
-            entropy=after_eval.entropy,
-            clipfrac=after_eval.clipfrac,
+        return update_stats(
+            _evaluation(before),
+            _evaluation(after),
             stop_iter=pi_epochs,
             pi_steps=int((trained_pi & stepped).sum()),
             nonfinite_skips=self._skips,
-            agents={},
-            **stats_in,
+            batch=stats_in,
         )
 
     def _adam_state(self, optimizer: torch.optim.Optimizer, params: Sequence[nn.Parameter]) -> dict[str, Any]:

@@ -81,6 +81,36 @@ class Evaluation:
     clipfrac: float
 
 
+def update_stats(
+    before: Evaluation,
+    after: Evaluation,
+    *,
+    stop_iter: int,
+    pi_steps: int,
+    nonfinite_skips: int,
+    batch: Mapping[str, float],
+    lag: Mapping[str, float] | None = None,
+    agents: Mapping[str, float] | None = None,
+) -> TrainStats:
+    """An update's statistics from the diagnostics before and after it, as every learner reports them:
+    the after-update values, their change over the update, the step counts, the batch's and the lag's."""
+    return TrainStats(
+        loss_pi=after.loss_pi,
+        delta_loss_pi=after.loss_pi - before.loss_pi,
+        loss_v=after.loss_v,
+        delta_loss_v=after.loss_v - before.loss_v,
+        kl=after.kl,
+        entropy=after.entropy,
+        clipfrac=after.clipfrac,
+        stop_iter=stop_iter,
+        pi_steps=pi_steps,
+        nonfinite_skips=nonfinite_skips,
+        agents=dict(agents or {}),
+        **batch,
+        **(lag or {}),
+    )
+
+
 def lag_statistics(
     probe: Mapping[str, Sequences], before: Evaluation, *, decoupled: bool
 ) -> dict[str, float]:

@@ -21,7 +21,14 @@ from marl_ppo.algo.losses import (
 )
 from marl_ppo.algo.optim import clip_grad_norms, group_parts, make_optimizer
 from marl_ppo.algo.sequences import Sequences, chunk_minibatches, critic_values, cut_batch, policy
-from marl_ppo.algo.stats import Evaluation, TrainStats, batch_statistics, diagnostic_rows, lag_statistics
+from marl_ppo.algo.stats import (
+    Evaluation,
+    TrainStats,
+    batch_statistics,
+    diagnostic_rows,
+    lag_statistics,
+    update_stats,
+)
 from marl_ppo.algo.turns import Turn, everyone, make_actor_update
 from marl_ppo.config import SettledPPO
 from marl_ppo.faults import NonFiniteError
@@ -161,20 +168,15 @@ class Trainer:
             epochs, steps = self._epochs(turn)
             pi_epochs, pi_steps = max(pi_epochs, epochs), pi_steps + steps
         after = self._evaluate(probe)
-        return TrainStats(
-            loss_pi=after.loss_pi,
-            delta_loss_pi=after.loss_pi - before.loss_pi,
-            loss_v=after.loss_v,
-            delta_loss_v=after.loss_v - before.loss_v,
-            kl=after.kl,
-            entropy=after.entropy,
-            clipfrac=after.clipfrac,
+        return update_stats(
+            before,
+            after,
             stop_iter=pi_epochs,
             pi_steps=pi_steps,
             nonfinite_skips=self._skips,
+            batch=stats_in,
+            lag=lag,
             agents=self.actor_update.scalars(),
-            **stats_in,
-            **lag,
         )
 
     def _epochs(self, turn: Turn) -> tuple[int, int]:
