@@ -170,7 +170,9 @@ class JaxPolicy:
             input=(self._array(core.weight_ih), self._array(core.bias_ih)),
             carried=(self._array(core.weight_hh), self._array(core.bias_hh)),
         )
-        return NetParams(self._mlp_params(network.net), cell, (self._array(head.weight), self._array(head.bias)))
+        return NetParams(
+            self._mlp_params(network.net), cell, (self._array(head.weight), self._array(head.bias))
+        )
 
     def _mlp_params(self, mlp: AgentMLP) -> MlpParams:
         acting = ActingMLP(mlp)
@@ -232,7 +234,13 @@ class JaxPolicy:
         return (1.0 - update) * candidate + update * h
 
     def logits(
-        self, name: str, params: Mapping[str, GroupParams], obs: Any, mask: Any | None, carry: Any, is_first: Any
+        self,
+        name: str,
+        params: Mapping[str, GroupParams],
+        obs: Any,
+        mask: Any | None,
+        carry: Any,
+        is_first: Any,
     ) -> tuple[Any, Any]:
         """Group `name`'s Categorical logits `(..., A, n)`, normalised (log-probabilities, as
         `Categorical.logits`), masked actions at `MASKED_LOGIT` before normalising: probability 0; and

@@ -149,7 +149,9 @@ def test_the_collector_fills_the_same_buffer_for_a_compiled_rollouts_actions(env
     saved, expected = source.state_dict(), collector.state_dict()
     for name, memory in expected["memory"].items():
         for field in ("actor", "critic"):
-            torch.testing.assert_close(saved["memory"][name].pop(field), memory.pop(field), rtol=0, atol=TOLERANCE)
+            torch.testing.assert_close(
+                saved["memory"][name].pop(field), memory.pop(field), rtol=0, atol=TOLERANCE
+            )
     assert_identical(saved, expected)
     assert len(episodes) >= COPIES and truncated
     assert all((e.won is None) == env.startswith("mpe") for e in episodes)

@@ -156,7 +156,9 @@ def _episode_starts(steps, copies, agents):
 @pytest.mark.parametrize("critic", ["state", "obs", "state+obs", "team"])
 @pytest.mark.parametrize("share_actor", [True, False])
 @pytest.mark.parametrize("library_cell", [False, True], ids=["stacked_cell", "torch_cell"])
-def test_a_gru_policy_steps_its_carries_as_acting_does_through_episode_starts(critic, share_actor, library_cell):
+def test_a_gru_policy_steps_its_carries_as_acting_does_through_episode_starts(
+    critic, share_actor, library_cell
+):
     """Step by step from zero carries, with episodes starting mid-sequence: the JAX GRU actor's logits
     and carries and the critic's values and carries equal `ActingView`'s (either of torch's cell paths)
     to 1e-6, and the resets matter (without them the outputs differ)."""
@@ -186,7 +188,10 @@ def test_a_gru_policy_steps_its_carries_as_acting_does_through_episode_starts(cr
     steps, copies = state.shape[:2]
     for g in venv.spec.groups:
         name, agents = g.name, g.num_agents
-        starts, acted = _episode_starts(steps, copies, agents), torch.ones((1, copies, agents), dtype=torch.bool)
+        starts, acted = (
+            _episode_starts(steps, copies, agents),
+            torch.ones((1, copies, agents), dtype=torch.bool),
+        )
         actor_carry = torch.zeros((copies, agents, layout[name].actor_size))
         critic_carry = torch.zeros((copies, layout[name].critic_rows, layout[name].critic_size))
         jax_actor, jax_critic = jnp.asarray(actor_carry.numpy()), jnp.asarray(critic_carry.numpy())
@@ -194,12 +199,18 @@ def test_a_gru_policy_steps_its_carries_as_acting_does_through_episode_starts(cr
         for t in range(steps):
             step = slice(t, t + 1)
             with torch.no_grad():
-                dist, actor_carry = view.actor(name, obs[name][step], masks[name][step], actor_carry, starts[step], acted)
-                values, critic_carry = view.critic(name, state[step], obs[name][step], critic_carry, starts[step], acted)
+                dist, actor_carry = view.actor(
+                    name, obs[name][step], masks[name][step], actor_carry, starts[step], acted
+                )
+                values, critic_carry = view.critic(
+                    name, state[step], obs[name][step], critic_carry, starts[step], acted
+                )
             inputs = jnp.asarray(obs[name][t].numpy()), jnp.asarray(masks[name][t].numpy())
             first = jnp.asarray(starts[t].numpy())
             logits, next_actor = logits_of(name, params, *inputs, jax_actor, first)
-            got, next_critic = values_of(name, params, jnp.asarray(state[t].numpy()), inputs[0], jax_critic, first)
+            got, next_critic = values_of(
+                name, params, jnp.asarray(state[t].numpy()), inputs[0], jax_critic, first
+            )
             expected = dist.parts[0].logits[0].numpy()  # type: ignore[attr-defined]  # a TorchDistribution
             allowed = masks[name][t].numpy()
             _assert_close(np.asarray(logits)[allowed], expected[allowed])

@@ -141,7 +141,9 @@ def test_the_scan_on_given_actions_takes_the_per_step_paths_trajectories_exactly
                 values, critic = view.critic(
                     g.name, expected["state"][step], want["obs"][step], critic, is_first[step], acted
                 )
-            torch.testing.assert_close(got["logp"][step], dist.log_prob(want["actions"][step]), rtol=0, atol=1e-6)
+            torch.testing.assert_close(
+                got["logp"][step], dist.log_prob(want["actions"][step]), rtol=0, atol=1e-6
+            )
             torch.testing.assert_close(got["values"][step], values, rtol=0, atol=1e-6)
         after = records["memory"][g.name]
         assert torch.equal(after.is_first, expected["episode_over"][-1, :, None].expand(-1, g.num_agents))
@@ -188,5 +190,7 @@ def test_a_sampled_rollout_repeats_from_its_key_takes_allowed_actions_and_replay
     for key, value in first["groups"][group.name].items():
         assert torch.equal(replayed["groups"][group.name][key], value), key
     assert torch.equal(replayed["state"], first["state"])
-    for carried, again_carried in zip(first["memory"][group.name], replayed["memory"][group.name], strict=True):
+    for carried, again_carried in zip(
+        first["memory"][group.name], replayed["memory"][group.name], strict=True
+    ):
         assert torch.equal(carried, again_carried)
