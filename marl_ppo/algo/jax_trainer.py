@@ -45,7 +45,7 @@ from marl_ppo.faults import NonFiniteError
 from marl_ppo.models.distributions import MASKED_LOGIT
 from marl_ppo.models.layers import AgentMLP
 from marl_ppo.models.team import CRITIC_INPUTS, TeamModel
-from marl_ppo.plan.compiled import ACTIVATION_NAMES, unsupported_reason
+from marl_ppo.plan.compiled import ACTIVATION_NAMES, recurrent_reason, unsupported_reason
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +82,7 @@ class JaxTrainer(Trainer):
     def __init__(
         self, model: TeamModel, ppo: SettledPPO, *, generator: torch.Generator, optimizer: str = "adam"
     ) -> None:
-        reason = unsupported_reason(model)
+        reason = unsupported_reason(model) or recurrent_reason(model)
         if reason is None and ppo.actor_update != "simultaneous":
             reason = f"ppo.actor_update={ppo.actor_update}; the JAX learner updates every actor at once"
         if reason is not None:

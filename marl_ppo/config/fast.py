@@ -36,8 +36,8 @@ class FastConfig:
     update (every epoch's minibatch steps, the KL stop, gradient clipping, Adam, the before/after
     diagnostics) as one compiled JAX program per update (`algo.jax_trainer.JaxTrainer`), with the
     weights and Adam moments written back into torch after it. `jax` covers the runs whose rollout is
-    compiled (`rollout.compiled`: feed-forward MLPs, Discrete actions, fp32) with a simultaneous actor
-    update and no policy lag; any other run is refused with the reason (`plan.compiled`)."""
+    compiled (`rollout.compiled`: Discrete actions, fp32) with feed-forward networks, a simultaneous
+    actor update and no policy lag; any other run is refused with the reason (`plan.compiled`)."""
 
     @model_validator(mode="before")
     @classmethod

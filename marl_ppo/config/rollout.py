@@ -38,7 +38,7 @@ class RolloutConfig:
     """Whether a JaxMARL env's rollouts run as one compiled program (a `lax.scan` over the rollout's
     steps: the env's step, the policy's forward in JAX and its sampling) instead of a Python loop that
     steps the env and the torch policy once per step. `auto`: compiled where the run allows it (a
-    `jaxmarl/*` env; feed-forward MLPs over vector inputs with Discrete actions, in fp32; no league
+    `jaxmarl/*` env; feed-forward or GRU networks over vector inputs with Discrete actions, in fp32; no league
     opponents but `latest`), else per step, with the reason in the run's start line; `false`: per
     step; `true`: compiled, or an error that says why it cannot be. The choice is written to the
     run's config.yaml. Compiled rollouts draw their actions with JAX's random numbers (from the seed

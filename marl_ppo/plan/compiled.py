@@ -19,6 +19,7 @@ from marl_ppo.config import ConfigError, ExperimentConfig
 from marl_ppo.envs.factory import build_vector_env
 from marl_ppo.envs.jax.vector import JaxVectorEnv
 from marl_ppo.envs.spec import BatchedLayout, EnvLayout
+from marl_ppo.models.recurrent import StackedRecurrent
 from marl_ppo.models.team import TeamModel
 
 ACTIVATION_NAMES: dict[Callable[[torch.Tensor], torch.Tensor], str] = {
@@ -30,7 +31,7 @@ ACTIVATION_NAMES: dict[Callable[[torch.Tensor], torch.Tensor], str] = {
 
 def unsupported_reason(model: TeamModel) -> str | None:
     """Why `model`'s networks have no JAX forward (one line), or None where they all have one: the
-    JAX forward covers feed-forward MLPs over vector inputs with Discrete actions, in fp32."""
+    JAX forward covers feed-forward and GRU networks over vector inputs with Discrete actions, in fp32."""
     for name in model.group_names():
         networks = model.group(name)
         actor, critic = networks.actor, networks.critic
@@ -38,24 +39,38 @@ def unsupported_reason(model: TeamModel) -> str | None:
             return (
                 f"group '{name}' has {actor.action_space} actions; the compiled rollout covers Discrete ones"
             )
-        if actor.carry_size or critic.carry_size:
-            return f"group '{name}' has a recurrent network; the compiled rollout covers feed-forward ones"
+        for core in (actor.core, critic.core):
+            if isinstance(core, StackedRecurrent) and core.kind != "gru":
+                return (
+                    f"group '{name}' has an {core.kind.upper()} network; the compiled rollout covers GRU "
+                    "and feed-forward ones"
+                )
         if actor.features is not None or critic.images is not None:
             return f"group '{name}' reads images through a CNN; the compiled rollout covers vector inputs"
         for net in (actor.net, critic.net):
             if net.precision != "fp32":
                 return f"model.precision={net.precision}; the compiled rollout computes in fp32"
-            if net.activate_output or net.activation not in ACTIVATION_NAMES:
+            if net.activation not in ACTIVATION_NAMES:
                 return f"group '{name}' has an MLP the compiled rollout does not cover"
+    return None
+
+
+def recurrent_reason(model: TeamModel) -> str | None:
+    """Why the JAX learner cannot update `model` (one line) where its rollout is compiled, or None:
+    the learner's forward covers feed-forward networks only."""
+    for name in model.group_names():
+        networks = model.group(name)
+        if networks.actor.carry_size or networks.critic.carry_size:
+            return f"group '{name}' has a recurrent network; the JAX learner covers feed-forward ones"
     return None
 
 
 def learner_unsupported_reason(config: ExperimentConfig, rollout_path: str | None) -> str | None:
     """Why `fast.learner: jax` cannot update the run of `config` (one line), or None where it can: the
     compiled learner (`algo.jax_trainer`) covers the runs whose rollout is compiled (`rollout.compiled`
-    settled true: feed-forward MLPs over vectors, Discrete actions, fp32; `rollout_path` is
-    `settle_compiled`'s line, None for an env that is not JaxMARL's), with a simultaneous actor update
-    and no policy lag."""
+    settled true: feed-forward or GRU networks over vectors, Discrete actions, fp32; `rollout_path` is
+    `settle_compiled`'s line, None for an env that is not JaxMARL's), with feed-forward networks, a
+    simultaneous actor update and no policy lag."""
     ppo = config.ppo
     if config.rollout.compiled is not True:
         if rollout_path is None:
@@ -70,6 +85,8 @@ def learner_unsupported_reason(config: ExperimentConfig, rollout_path: str | Non
         )
     if config.model.precision != "fp32":
         return f"model.precision={config.model.precision}; the JAX learner computes in fp32"
+    if config.model.recurrent is not None:
+        return f"model.recurrent={config.model.recurrent}; the JAX learner covers feed-forward networks"
     return None
 
 

@@ -5,7 +5,9 @@
 seed and the rollout's number (a resumed run draws what the uninterrupted one drew, with no state of
 its own), and writes the records into the buffer as the collector writes its steps: values through
 the group's `ValueNorm`, every agent alive (a JaxMARL env's agents all act at every step), the
-feed-forward networks' empty carries, `is_first` where the copy's last episode ended. The episode
+flags and carries each step read (a feed-forward network's are empty). The policy's live memory
+(`PolicyMemory`, saved in checkpoints as the collector saves it) goes into the scan and takes up the
+memory after its last step, so a rollout's carries continue the last one's. The episode
 accounting (each copy's running returns and length, the episodes that ended and whether they were
 won) is computed once per rollout from the recorded rewards and episode ends, as `Stepper` keeps it
 step by step, and is saved in checkpoints under the same names. The scan's time is the rollout's
@@ -28,7 +30,7 @@ from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import GroupMemory, GroupStorage, RolloutBuffer
 from marl_ppo.rollout.collector import arrays_state, load_arrays
 from marl_ppo.rollout.jax_policy import JaxPolicy
-from marl_ppo.rollout.jax_scan import CompiledRollout, Records
+from marl_ppo.rollout.jax_scan import CompiledRollout, GroupCarry, Records
 from marl_ppo.rollout.memory import make_memory
 from marl_ppo.rollout.source import EpisodeRecord, InProcessSource, RolloutResult
 from marl_ppo.rollout.stepper import Finished
@@ -92,7 +94,7 @@ class EpisodeTally:
 
 
 class CompiledSource(InProcessSource):
-    """Rollouts of a JaxMARL vector env under `model`'s feed-forward policy, each one compiled
+    """Rollouts of a JaxMARL vector env under `model`'s policy, each one compiled
     `lax.scan` of `steps` steps (compiled at the first; new weights each update need no new compile)."""
 
     def __init__(
@@ -103,7 +105,7 @@ class CompiledSource(InProcessSource):
         self.policy = JaxPolicy(model)
         self.rollout = CompiledRollout(venv, self.policy, steps)
         self.memory = make_memory(model, venv.num_envs, device)
-        """The `is_first` flags the next rollout starts with (the carries are empty)."""
+        """The `is_first` flags and carries the next rollout starts with (saved in checkpoints)."""
         self.tally = EpisodeTally(venv.spec, venv.num_envs)
         self.env_steps = 0
         """Env steps taken so far over all copies (one per copy per step)."""
@@ -149,7 +151,7 @@ class CompiledSource(InProcessSource):
                 f"the compiled rollout has {self.rollout.steps} steps, the buffer {buffer.steps}"
             )
         started = time.perf_counter()
-        records = self.rollout.run(self.policy.params(), self.rollout_key())
+        records = self.rollout.run(self.policy.params(), self.rollout_key(), self._live_memory())
         scan_s = time.perf_counter() - started
         return self._store(records, buffer, scan_s=scan_s)
 
@@ -161,7 +163,7 @@ class CompiledSource(InProcessSource):
         buffer.add_rollout(
             records["state"],
             self._groups(records, buffer),
-            self._memory(records["episode_over"], buffer),
+            self._memory(records),
             episode_over=records["episode_over"],
         )
         self.env_steps += buffer.steps * self.venv.num_envs
@@ -203,19 +205,32 @@ class CompiledSource(InProcessSource):
             )
         return stored
 
-    def _memory(self, over: torch.Tensor, buffer: RolloutBuffer) -> dict[str, GroupMemory]:
-        """Each group's `is_first` flags `(T, E, A_g)`: the live ones at the first step, then where the
-        copy's episode ended at the step before; the live flags move on to the rollout's last ends."""
+    def _live_memory(self) -> dict[str, GroupCarry]:
+        """The live flags and carries (`PolicyMemory.live`) as the JAX arrays the scan starts from."""
+        jnp = self.policy.jnp
+
+        def jax_of(tensor: torch.Tensor) -> Any:
+            return jnp.array(tensor.detach().cpu().numpy(), copy=True)
+
+        return {
+            name: GroupCarry(jax_of(live.is_first), jax_of(live.actor_state), jax_of(live.critic_state))
+            for name, live in self.memory.live.items()
+        }
+
+    def _memory(self, records: Records) -> dict[str, GroupMemory]:
+        """Each group's `(T, E, ...)` memory records (the flags and carries each step read); the live
+        ones move on to the memory after the rollout's last step."""
         memory = {}
         for name, live in self.memory.live.items():
-            stored = buffer.memory[name]
-            later = over[:-1, :, None].expand(-1, -1, live.is_first.shape[-1])
+            record, after = records["groups"][name], records["memory"][name]
             memory[name] = GroupMemory(
-                is_first=torch.cat([live.is_first.unsqueeze(0), later]),
-                actor_state=torch.zeros_like(stored.actor_state),  # feed-forward: empty
-                critic_state=torch.zeros_like(stored.critic_state),
+                is_first=record["is_first"],
+                actor_state=record["actor_state"],
+                critic_state=record["critic_state"],
             )
-            live.is_first.copy_(over[-1, :, None].expand_as(live.is_first))
+            live.is_first.copy_(after.is_first)
+            live.actor_state.copy_(after.actor)
+            live.critic_state.copy_(after.critic)
         return memory
 
     def _finished(self, records: Records) -> list[tuple[int, Finished]]:
@@ -231,7 +246,9 @@ def _record(episode: Finished, end_step: int) -> EpisodeRecord:
 
 
 def _on(value: Any, device: torch.device) -> Any:
-    """`value` (a tensor, or a dict of them) on `device`."""
+    """`value` (a tensor, or a dict or named tuple of them) on `device`."""
     if isinstance(value, torch.Tensor):
         return value.to(device)
+    if isinstance(value, GroupCarry):
+        return GroupCarry(*(_on(item, device) for item in value))
     return {key: _on(item, device) for key, item in value.items()}

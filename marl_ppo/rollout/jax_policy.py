@@ -1,16 +1,23 @@
-"""A team's feed-forward actors and critics computed in JAX, on weights read from torch once per update.
+"""A team's actors and critics computed in JAX, on weights read from torch once per update.
 
 A compiled rollout (`rollout.jax_scan`) steps a JaxMARL env and the policy inside one XLA program, so
 the policy's forward has to be JAX too. `JaxPolicy` reads the same numbers acting reads
 (`models.acting.ActingMLP`: the first layer folded with the input normalisation and the agent id) into
 JAX arrays (`params`, a pytree handed to the compiled function as an argument, so new weights need no
-new compile) and computes what `ActingView.actor` and `ActingView.critic` compute for feed-forward
-MLPs with Discrete actions: per group the masked, normalised logits of a Categorical and the critic's
-values in its own units (`ValueNorm.denormalize` stays in torch, applied to the whole rollout at once).
+new compile) and computes one step of what `ActingView.actor` and `ActingView.critic` compute, with
+Discrete actions: per group the masked, normalised logits of a Categorical and the critic's values in
+its own units (`ValueNorm.denormalize` stays in torch, applied to the whole rollout at once).
 
-Every other network (recurrent, CNN, Box or MultiDiscrete actions, bf16) is refused:
-`unsupported_reason` (`plan.compiled`, where the run's plan reads it) gives the one-line reason, and
-`JaxPolicy` raises `NotCompilable` with it.
+Each network is `mlp -> core -> head` as `models.team.NetworkParts` builds it. A feed-forward network is
+its MLP alone and its carry `(..., rows, 0)` passes through unchanged; a GRU network's MLP is its trunk
+(the last layer activated), then torch's GRU cell equations (`StackedRecurrent.cell`, gate order r, z,
+n) on the carry, zeroed first where `is_first` (an episode starts there), then the linear head. Every
+agent of a JaxMARL env acts at every step, so the carry always advances. A team critic's one row starts
+afresh where every agent's episode starts, as `GroupCritic` resets it.
+
+Every other network (LSTM, CNN, Box or MultiDiscrete actions, bf16) is refused: `unsupported_reason`
+(`plan.compiled`, where the run's plan reads it) gives the one-line reason, and `JaxPolicy` raises
+`NotCompilable` with it.
 """
 
 from __future__ import annotations
@@ -24,8 +31,9 @@ import torch
 from marl_ppo.envs.jax.runtime import jax_modules
 from marl_ppo.models.acting import ActingMLP
 from marl_ppo.models.distributions import MASKED_LOGIT
-from marl_ppo.models.layers import AgentMLP
-from marl_ppo.models.team import CRITIC_INPUTS, TeamModel
+from marl_ppo.models.layers import AgentMLP, StackedLinear
+from marl_ppo.models.recurrent import StackedRecurrent
+from marl_ppo.models.team import CRITIC_INPUTS, GroupActor, GroupCritic, TeamModel
 from marl_ppo.plan.compiled import ACTIVATION_NAMES, unsupported_reason
 
 
@@ -43,6 +51,8 @@ class MlpForm:
     """The input is one row every agent sees, `(..., in)`, rather than one per agent."""
     agents: int
     activation: str
+    activate_output: bool
+    """The last layer is a hidden layer (a recurrent network's trunk): activated like the others."""
 
 
 class MlpParams(NamedTuple):
@@ -55,11 +65,35 @@ class MlpParams(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
+class NetForm:
+    """A network's static form: its MLP's, and whether a GRU core and a linear head follow it."""
+
+    mlp: MlpForm
+    recurrent: bool
+
+
+class GruParams(NamedTuple):
+    """A GRU cell's weights as `StackedRecurrent` holds them: `(copies, 3 * hidden, in)` and
+    `(copies, 3 * hidden)` for the input's product, the same with `hidden` inputs for the carry's."""
+
+    input: tuple[Any, Any]
+    carried: tuple[Any, Any]
+
+
+class NetParams(NamedTuple):
+    """A network's weights: its MLP, and for a recurrent network its cell and head (None without)."""
+
+    mlp: MlpParams
+    cell: GruParams | None
+    head: tuple[Any, Any] | None
+
+
+@dataclasses.dataclass(frozen=True)
 class GroupForm:
     """One group's actor and critic forms and how its critic reads its input."""
 
-    actor: MlpForm
-    critic: MlpForm
+    actor: NetForm
+    critic: NetForm
     critic_input: str
     """`ppo.critic`: `state`, `state+obs`, `obs` or `team`."""
     agents: int
@@ -68,8 +102,8 @@ class GroupForm:
 class GroupParams(NamedTuple):
     """One group's actor and critic weights."""
 
-    actor: MlpParams
-    critic: MlpParams
+    actor: NetParams
+    critic: NetParams
 
 
 def _mlp_form(mlp: AgentMLP) -> MlpForm:
@@ -78,7 +112,12 @@ def _mlp_form(mlp: AgentMLP) -> MlpForm:
         common_input=mlp.common_input,
         agents=mlp.num_agents,
         activation=ACTIVATION_NAMES[mlp.activation],
+        activate_output=mlp.activate_output,
     )
+
+
+def _net_form(network: GroupActor | GroupCritic) -> NetForm:
+    return NetForm(_mlp_form(network.net), recurrent=isinstance(network.core, StackedRecurrent))
 
 
 def _critic_input(model: TeamModel, name: str) -> str:
@@ -103,8 +142,8 @@ class JaxPolicy:
         self.model = model
         self.forms = {
             name: GroupForm(
-                actor=_mlp_form(model.group(name).actor.net),
-                critic=_mlp_form(model.group(name).critic.net),
+                actor=_net_form(model.group(name).actor),
+                critic=_net_form(model.group(name).critic),
                 critic_input=_critic_input(model, name),
                 agents=model.group(name).actor.net.num_agents,
             )
@@ -116,11 +155,24 @@ class JaxPolicy:
         to the torch parameters do not reach them)."""
         return {
             name: GroupParams(
-                self._mlp_params(self.model.group(name).actor.net),
-                self._mlp_params(self.model.group(name).critic.net),
+                self._net_params(self.model.group(name).actor),
+                self._net_params(self.model.group(name).critic),
             )
             for name in self.model.group_names()
         }
+
+    def _net_params(self, network: GroupActor | GroupCritic) -> NetParams:
+        core, head = network.core, network.head
+        if not isinstance(core, StackedRecurrent):
+            return NetParams(self._mlp_params(network.net), None, None)
+        assert isinstance(head, StackedLinear)  # a recurrent network's head (`models.team._network`)
+        cell = GruParams(
+            input=(self._array(core.weight_ih), self._array(core.bias_ih)),
+            carried=(self._array(core.weight_hh), self._array(core.bias_hh)),
+        )
+        return NetParams(
+            self._mlp_params(network.net), cell, (self._array(head.weight), self._array(head.bias))
+        )
 
     def _mlp_params(self, mlp: AgentMLP) -> MlpParams:
         acting = ActingMLP(mlp)
@@ -156,20 +208,56 @@ class JaxPolicy:
             h = h + params.agent_bias
         for layer_weight, layer_bias in params.rest:
             h = _linear(jnp, _activate(jnp, form.activation, h), layer_weight, layer_bias, common=False)
-        return h
+        return _activate(jnp, form.activation, h) if form.activate_output else h
 
-    def logits(self, name: str, params: Mapping[str, GroupParams], obs: Any, mask: Any | None) -> Any:
+    def net(self, form: NetForm, params: NetParams, x: Any, carry: Any, is_first: Any) -> tuple[Any, Any]:
+        """One step of a network: its output `(..., rows, out)` and the carry after the step. `carry`
+        `(..., rows, S)` is the carry into the step, `is_first` `(..., rows)` where it resets first (a
+        feed-forward network's carry, `S = 0`, is returned as it came)."""
+        h = self.mlp(form.mlp, params.mlp, x)
+        if not form.recurrent:
+            return h, carry
+        assert params.cell is not None and params.head is not None
+        state = self.gru(params.cell, h, self.jnp.where(is_first[..., None], 0.0, carry))
+        weight, bias = params.head
+        return _linear(self.jnp, state, weight, bias, common=False), state
+
+    def gru(self, cell: GruParams, x: Any, h: Any) -> Any:
+        """`StackedRecurrent.cell`'s GRU step: the next carry `(..., A, hidden)` from the input `x`
+        `(..., A, in)` and the carry `h`."""
+        jax, jnp = self.jax, self.jnp
+        in_r, in_z, in_n = jnp.split(_linear(jnp, x, *cell.input, common=False), 3, axis=-1)
+        h_r, h_z, h_n = jnp.split(_linear(jnp, h, *cell.carried, common=False), 3, axis=-1)
+        reset = jax.nn.sigmoid(in_r + h_r)
+        update = jax.nn.sigmoid(in_z + h_z)
+        candidate = jnp.tanh(in_n + reset * h_n)
+        return (1.0 - update) * candidate + update * h
+
+    def logits(
+        self,
+        name: str,
+        params: Mapping[str, GroupParams],
+        obs: Any,
+        mask: Any | None,
+        carry: Any,
+        is_first: Any,
+    ) -> tuple[Any, Any]:
         """Group `name`'s Categorical logits `(..., A, n)`, normalised (log-probabilities, as
-        `Categorical.logits`), masked actions at `MASKED_LOGIT` before normalising: probability 0."""
+        `Categorical.logits`), masked actions at `MASKED_LOGIT` before normalising: probability 0; and
+        the actor's carry after the step (`carry` `(..., A, S)`, reset where `is_first` `(..., A)`)."""
         jnp, jax = self.jnp, self.jax
-        raw = self.mlp(self.forms[name].actor, params[name].actor, obs)
+        raw, carry = self.net(self.forms[name].actor, params[name].actor, obs, carry, is_first)
         if mask is not None and mask.shape[-1]:
             raw = jnp.where(mask, raw, jnp.float32(MASKED_LOGIT))
-        return raw - jax.nn.logsumexp(raw, axis=-1, keepdims=True)
+        return raw - jax.nn.logsumexp(raw, axis=-1, keepdims=True), carry
 
-    def values(self, name: str, params: Mapping[str, GroupParams], state: Any, obs: Any) -> Any:
+    def values(
+        self, name: str, params: Mapping[str, GroupParams], state: Any, obs: Any, carry: Any, is_first: Any
+    ) -> tuple[Any, Any]:
         """Group `name`'s critic values `(..., A)` in the critic's units (before `ValueNorm.denormalize`),
-        from the team state `(..., S)` and the group's observations `(..., A, D)`."""
+        from the team state `(..., S)` and the group's observations `(..., A, D)`, and the critic's carry
+        after the step (`carry` `(..., rows, S_c)`, reset where `is_first` `(..., A)`: for a team
+        critic's one row, where every agent's is)."""
         jnp, form = self.jnp, self.forms[name]
         if form.critic_input in ("state", "team"):
             x = state
@@ -178,8 +266,11 @@ class JaxPolicy:
         else:
             shared = jnp.broadcast_to(state[..., None, :], (*obs.shape[:-1], state.shape[-1]))
             x = jnp.concatenate([shared, obs], axis=-1)
-        out = self.mlp(form.critic, params[name].critic, x)[..., 0]
-        return jnp.broadcast_to(out, (*out.shape[:-1], form.agents))
+        if form.critic_input == "team":
+            is_first = is_first.all(-1, keepdims=True)
+        out, carry = self.net(form.critic, params[name].critic, x, carry, is_first)
+        out = out[..., 0]
+        return jnp.broadcast_to(out, (*out.shape[:-1], form.agents)), carry
 
     def sample(self, key: Any, logits: Any) -> tuple[Any, Any]:
         """Actions `(..., A)` drawn from normalised `logits` with `key`, and their log-probabilities."""

@@ -10,19 +10,26 @@ records what the rollout buffer stores, stacked `(T, E, ...)` and handed to torc
 - per group `(T, E, A_g, ...)`: `obs`, `action_mask` (mask_dim 0 without masks), `actions`, `logp`,
   `values` and `final_values` (the critic's units: `ValueNorm.denormalize` is torch's, once per
   rollout; `final_values` is V(final obs, final state) where any copy truncated at the step, else 0,
-  as the collector stores it), `rewards`, `terminated`, `truncated`, `final_obs`;
+  as the collector stores it, from the critic's carry after the step), `rewards`, `terminated`,
+  `truncated`, `final_obs`, and the policy's memory as the step read it (`GroupCarry`): `is_first`,
+  `actor_state` and `critic_state` (`(T, E, rows, S_c)`), the carries before the step's reset;
 - per group `last_values` `(E, A_g)`: the critic's values of the observations after the last step
-  (the bootstrap of the rollout's end, in the critic's units).
+  (the bootstrap of the rollout's end, in the critic's units, from the critic's carry then).
+
+The scan carries each group's memory (`GroupCarry`) from step to step as `PolicyMemory` carries it
+on the per-step path: the networks reset a carry where `is_first`, every agent of a JaxMARL env acts
+at every step (so every carry advances), and an agent's next step is first where its copy's episode
+ended. A rollout starts from the memory the caller hands it (the last rollout's) and returns the
+memory after its last step beside the records.
 
 `replay` runs the same scan on given actions instead of sampled ones (their log-probabilities
 computed): the same trajectories as stepping `JaxVectorEnv.step` in a Python loop.
-Feed-forward policies only (`JaxPolicy`): every agent of a JaxMARL env is alive at every step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -31,6 +38,16 @@ from marl_ppo.rollout.jax_policy import GroupParams, JaxPolicy, log_prob
 
 Records = dict[str, Any]
 """The rollout's records (see the module), nested per group under `groups`."""
+
+
+class GroupCarry(NamedTuple):
+    """One group's policy memory between two steps, as JAX arrays: `is_first` `(E, A_g)` (the agent's
+    episode starts at the next step), the actor's carry `(E, A_g, S_a)` and the critic's
+    `(E, rows, S_c)` (sizes 0 for feed-forward networks)."""
+
+    is_first: Any
+    actor: Any
+    critic: Any
 
 
 class CompiledRollout:
@@ -44,91 +61,141 @@ class CompiledRollout:
         self._sampled = jax.jit(self._scan_sampled)
         self._replayed = jax.jit(self._scan_replayed)
 
-    def run(self, params: Mapping[str, GroupParams], key: Any) -> dict[str, Any]:
-        """One rollout from where the env copies are, actions drawn with `key`; the copies continue
-        from its end. The records as torch tensors (DLPack views of JAX's arrays)."""
+    def fresh_memory(self) -> dict[str, GroupCarry]:
+        """Every copy about to start an episode: every `is_first` set, the carries zero."""
+        jnp, copies = self.policy.jnp, self.venv.num_envs
+        layout = self.policy.model.memory_layout()
+        return {
+            group.name: GroupCarry(
+                is_first=jnp.ones((copies, group.num_agents), bool),
+                actor=jnp.zeros((copies, group.num_agents, layout[group.name].actor_size), jnp.float32),
+                critic=jnp.zeros(
+                    (copies, layout[group.name].critic_rows, layout[group.name].critic_size), jnp.float32
+                ),
+            )
+            for group in self.venv.spec.groups
+        }
+
+    def run(
+        self, params: Mapping[str, GroupParams], key: Any, memory: Mapping[str, GroupCarry] | None = None
+    ) -> dict[str, Any]:
+        """One rollout from where the env copies and the policy's `memory` are (None: `fresh_memory`),
+        actions drawn with `key`; the copies continue from its end. The records as torch tensors (DLPack
+        views of JAX's arrays), with the memory after the last step under `memory`."""
         keys, states, out = self.venv.scan_start()
-        (keys, states, out, _), records = self._sampled(params, keys, states, out, key)
+        memory = self.fresh_memory() if memory is None else memory
+        (keys, states, out, memory, _), records = self._sampled(params, keys, states, out, memory, key)
         self.venv.continue_from(keys, states, out)
-        return _to_torch(self.policy.jax, records)
+        return _to_torch(self.policy.jax, {**records, "memory": memory})
 
     def replay(
-        self, params: Mapping[str, GroupParams], actions: Mapping[str, torch.Tensor]
+        self,
+        params: Mapping[str, GroupParams],
+        actions: Mapping[str, torch.Tensor],
+        memory: Mapping[str, GroupCarry] | None = None,
     ) -> dict[str, Any]:
         """`run` with the given per-group `(T, E, A_g)` actions instead of sampled ones."""
         jax = self.policy.jax
         forced = {name: jax.dlpack.from_dlpack(a.to(torch.int32).contiguous()) for name, a in actions.items()}
         keys, states, out = self.venv.scan_start()
-        (keys, states, out), records = self._replayed(params, keys, states, out, forced)
+        memory = self.fresh_memory() if memory is None else memory
+        (keys, states, out, memory), records = self._replayed(params, keys, states, out, memory, forced)
         self.venv.continue_from(keys, states, out)
-        return _to_torch(jax, records)
+        return _to_torch(jax, {**records, "memory": memory})
 
-    def _scan_sampled(self, params: Any, keys: Any, states: Any, out: Any, key: Any) -> tuple[Any, Any]:
+    def _scan_sampled(
+        self, params: Any, keys: Any, states: Any, out: Any, memory: Any, key: Any
+    ) -> tuple[Any, Any]:
         jax = self.policy.jax
 
         def body(carry: Any, _: Any) -> tuple[Any, Any]:
-            keys, states, out, key = carry
+            keys, states, out, memory, key = carry
             key, draw = jax.random.split(key)
             draws = dict(zip(self.policy.forms, jax.random.split(draw, len(self.policy.forms)), strict=True))
 
             def choose(name: str, logits: Any) -> tuple[Any, Any]:
                 return self.policy.sample(draws[name], logits)
 
-            (keys, states, out), record = self._step(params, keys, states, out, choose)
-            return (keys, states, out, key), record
+            (keys, states, out, memory), record = self._step(params, keys, states, out, memory, choose)
+            return (keys, states, out, memory, key), record
 
-        carry, records = jax.lax.scan(body, (keys, states, out, key), None, length=self.steps)
-        records["last_values"] = self._last_values(params, carry[2])
+        carry, records = jax.lax.scan(body, (keys, states, out, memory, key), None, length=self.steps)
+        records["last_values"] = self._last_values(params, carry[2], carry[3])
         return carry, records
 
-    def _scan_replayed(self, params: Any, keys: Any, states: Any, out: Any, forced: Any) -> tuple[Any, Any]:
+    def _scan_replayed(
+        self, params: Any, keys: Any, states: Any, out: Any, memory: Any, forced: Any
+    ) -> tuple[Any, Any]:
         jax, jnp = self.policy.jax, self.policy.jnp
 
         def body(carry: Any, actions: Any) -> tuple[Any, Any]:
-            keys, states, out = carry
+            keys, states, out, memory = carry
 
             def choose(name: str, logits: Any) -> tuple[Any, Any]:
                 return actions[name], log_prob(jnp, logits, actions[name])
 
-            return self._step(params, keys, states, out, choose)
+            return self._step(params, keys, states, out, memory, choose)
 
-        carry, records = jax.lax.scan(body, (keys, states, out), forced, length=self.steps)
-        records["last_values"] = self._last_values(params, carry[2])
+        carry, records = jax.lax.scan(body, (keys, states, out, memory), forced, length=self.steps)
+        records["last_values"] = self._last_values(params, carry[2], carry[3])
         return carry, records
 
-    def _last_values(self, params: Any, out: Any) -> dict[str, Any]:
-        """Per group the critic's values `(E, A_g)` of the observations and state in `out`."""
-        return {
-            name: self.policy.values(name, params, out["state"], out["obs"][name])
-            for name in self.policy.forms
-        }
+    def _last_values(self, params: Any, out: Any, memory: Mapping[str, GroupCarry]) -> dict[str, Any]:
+        """Per group the critic's values `(E, A_g)` of the observations and state in `out`, from the
+        critic's carry in `memory` (reset where an episode starts)."""
+        values = {}
+        for name in self.policy.forms:
+            carry = memory[name]
+            values[name], _ = self.policy.values(
+                name, params, out["state"], out["obs"][name], carry.critic, carry.is_first
+            )
+        return values
 
-    def _step(self, params: Any, keys: Any, states: Any, out: Any, choose: Any) -> tuple[Any, Any]:
+    def _step(
+        self, params: Any, keys: Any, states: Any, out: Any, memory: Mapping[str, GroupCarry], choose: Any
+    ) -> tuple[Any, Any]:
         """One step inside the scan: act with `choose(name, logits) -> (actions, logp)`, step the env,
-        and the step's record."""
+        carry the policy's memory on, and the step's record."""
         policy, jnp = self.policy, self.policy.jnp
         masks = out.get("mask", {})
         groups: dict[str, dict[str, Any]] = {}
+        stepped: dict[str, tuple[Any, Any]] = {}
         for name in policy.forms:
-            obs = out["obs"][name]
+            obs, carry = out["obs"][name], memory[name]
             mask = masks.get(name)
-            actions, logp = choose(name, policy.logits(name, params, obs, mask))
+            logits, actor_next = policy.logits(name, params, obs, mask, carry.actor, carry.is_first)
+            actions, logp = choose(name, logits)
             mask_record = mask if mask is not None else jnp.zeros((*obs.shape[:-1], 0), bool)
-            values = policy.values(name, params, out["state"], obs)
+            values, critic_next = policy.values(name, params, out["state"], obs, carry.critic, carry.is_first)
+            stepped[name] = (actor_next, critic_next)
             groups[name] = {"obs": obs, "action_mask": mask_record, "actions": actions, "logp": logp}
-            groups[name]["values"] = values
+            groups[name] |= {"values": values, "is_first": carry.is_first}
+            groups[name] |= {"actor_state": carry.actor, "critic_state": carry.critic}
         copies = out["state"].shape[0]
         flat = jnp.concatenate([groups[name]["actions"].reshape(copies, -1) for name in groups], axis=1)
         keys, states, after = self.venv.batched_step(keys, states, flat.astype(jnp.int32))
         truncated_anywhere = after["truncated"].any()
+        following = {}
         for name, record in groups.items():
             agents = record["obs"].shape[-2]
-            final = policy.values(name, params, after["final_state"], after["final_obs"][name])
+            actor_next, critic_next = stepped[name]
+            # from the critic's carry after the step, with no reset: the episode's next step
+            final, _ = policy.values(
+                name,
+                params,
+                after["final_state"],
+                after["final_obs"][name],
+                critic_next,
+                jnp.zeros_like(record["is_first"]),
+            )
             record["final_values"] = jnp.where(truncated_anywhere, final, jnp.zeros_like(final))
             record["rewards"] = after["reward"][name]
             record["final_obs"] = after["final_obs"][name]
             for flag in ("terminated", "truncated"):
                 record[flag] = jnp.broadcast_to(after[flag][:, None], (after[flag].shape[0], agents))
+            # every agent acts at every step, and each one's episode ends where its copy's does
+            is_first = jnp.broadcast_to(after["done"][:, None], (copies, agents))
+            following[name] = GroupCarry(is_first, actor_next, critic_next)
         record_team = {
             "state": out["state"],
             "final_state": after["final_state"],
@@ -136,7 +203,7 @@ class CompiledRollout:
             "won": after["won"],
             "groups": groups,
         }
-        return (keys, states, after), record_team
+        return (keys, states, after, following), record_team
 
 
 def _to_torch(jax: Any, records: Records) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """Compiled rollouts in training (`rollout.compiled`, `rollout.compiled.CompiledSource`): for the actions
 a compiled rollout drew, the per-step collector fills the same buffer from the same env copies and
 weights (equal bit for bit where no network computes, within 1e-5 of scale where JAX's forward
-stands in for torch's) and accounts the same episodes, across two rollouts; a compiled run repeats
-from its seed and resumes exactly; the plan settles the switch once, with the reason for the start line."""
+stands in for torch's: a GRU's carries too) and accounts the same episodes, across two rollouts; a
+compiled run, feed-forward or GRU, repeats from its seed and resumes exactly; the plan settles the
+switch once, with the reason for the start line."""
 
 import numpy as np
 import pytest
@@ -35,6 +36,8 @@ ENVS = {
 }
 """Episodes of at most 5 steps: a 12-step rollout crosses resets and truncations, and episodes run on
 from one rollout into the next."""
+NETWORKS = {"mlp": (), "gru": ("model.recurrent=gru", "model.recurrent_size=8")}
+"""Feed-forward networks (empty carries), and GRU ones (actor and critic) carrying 8 numbers a row."""
 TOLERANCE = 1e-5
 """JAX's float32 forward against torch's: equal to 1e-5 of the values' scale (XLA's tanh and LayerNorm
 round a few units in the last place away from torch's)."""
@@ -88,9 +91,10 @@ EXACT = ("obs", "actions", "rewards", "terminated", "truncated", "alive", "actio
 COMPUTED = ("logp", "values", "final_values")
 
 
+@pytest.mark.parametrize("network", sorted(NETWORKS))
 @pytest.mark.parametrize("env", sorted(ENVS))
-def test_the_collector_fills_the_same_buffer_for_a_compiled_rollouts_actions(env, monkeypatch):
-    config = _config(env)
+def test_the_collector_fills_the_same_buffer_for_a_compiled_rollouts_actions(env, network, monkeypatch):
+    config = _config(env, *NETWORKS[network])
     compiled_env, per_step_env = _jax_env(config), _jax_env(config)
     model = _model(compiled_env.spec, config)
     source = CompiledSource(compiled_env, model, CPU, steps=STEPS, seed=SEED)
@@ -99,8 +103,8 @@ def test_the_collector_fills_the_same_buffer_for_a_compiled_rollouts_actions(env
     collector.start(SEED)
     episodes, truncated = [], False
     for _ in range(2):  # the second rollout starts where the first left the episodes and flags
-        compiled = RolloutBuffer(compiled_env.spec, STEPS, COPIES)
-        per_step = RolloutBuffer(compiled_env.spec, STEPS, COPIES)
+        compiled = RolloutBuffer(compiled_env.spec, STEPS, COPIES, memory=model.memory_layout())
+        per_step = RolloutBuffer(compiled_env.spec, STEPS, COPIES, memory=model.memory_layout())
         got = source.collect(compiled)
         queue = _replaying(monkeypatch, compiled)
         want = collector.collect(per_step)
@@ -118,10 +122,18 @@ def test_the_collector_fills_the_same_buffer_for_a_compiled_rollouts_actions(env
                     atol=TOLERANCE,
                     msg=field,
                 )
-            for field in ("is_first", "actor_state", "critic_state"):
-                assert torch.equal(
-                    getattr(compiled.memory[name], field), getattr(per_step.memory[name], field)
+            assert torch.equal(compiled.memory[name].is_first, per_step.memory[name].is_first)
+            for field in ("actor_state", "critic_state"):  # JAX's carries against torch's
+                torch.testing.assert_close(
+                    getattr(compiled.memory[name], field),
+                    getattr(per_step.memory[name], field),
+                    rtol=TOLERANCE,
+                    atol=TOLERANCE,
+                    msg=field,
                 )
+                carried = getattr(per_step.memory[name], field)
+                assert carried.shape[-1] == (8 if network == "gru" else 0)
+                assert network == "mlp" or carried[1:].abs().max() > 0.1
             torch.testing.assert_close(
                 got.last_values[name], want.last_values[name], rtol=TOLERANCE, atol=TOLERANCE
             )
@@ -133,8 +145,14 @@ def test_the_collector_fills_the_same_buffer_for_a_compiled_rollouts_actions(env
         assert got.env_steps == want.env_steps == STEPS * COPIES
         assert source.env_steps == collector.env_steps
         episodes += got.episodes
-    # running returns and lengths, the arrays and flags the next step reads
-    assert_identical(source.state_dict(), collector.state_dict())
+    # running returns and lengths, the arrays, flags and carries the next step reads
+    saved, expected = source.state_dict(), collector.state_dict()
+    for name, memory in expected["memory"].items():
+        for field in ("actor", "critic"):
+            torch.testing.assert_close(
+                saved["memory"][name].pop(field), memory.pop(field), rtol=0, atol=TOLERANCE
+            )
+    assert_identical(saved, expected)
     assert len(episodes) >= COPIES and truncated
     assert all((e.won is None) == env.startswith("mpe") for e in episodes)
 
@@ -173,15 +191,20 @@ def test_the_plan_settles_the_switch_with_the_reason_for_its_start_line():
         "; rollout: per-step (rollout.compiled=false)"
     )
     assert isinstance(build_collector(off)[0], Collector)
-    recurrent = settled("model.recurrent=gru")
-    assert recurrent.config.rollout.compiled is False
-    assert recurrent.describe().endswith(
-        "; rollout: per-step (group 'agent' has a recurrent network; the compiled rollout covers feed-forward ones)"
+    gru = settled("model.recurrent=gru")
+    assert gru.config.rollout.compiled is True
+    assert gru.describe().endswith("; rollout: compiled (lax.scan over 12 steps)")
+    assert isinstance(build_collector(gru)[0], CompiledSource)
+    lstm = settled("model.recurrent=lstm")
+    assert lstm.config.rollout.compiled is False
+    assert lstm.describe().endswith(
+        "; rollout: per-step (group 'agent' has an LSTM network; the compiled rollout covers GRU and "
+        "feed-forward ones)"
     )
     with pytest.raises(ConfigError) as refused:
-        settled("model.recurrent=gru", "rollout.compiled=true")
+        settled("model.recurrent=lstm", "rollout.compiled=true")
     assert str(refused.value) == (
-        "rollout.compiled=true: group 'agent' has a recurrent network; the compiled rollout covers "
+        "rollout.compiled=true: group 'agent' has an LSTM network; the compiled rollout covers GRU and "
         "feed-forward ones; set rollout.compiled: auto or false"
     )
     league = plan_run(_config("smax_3m", "league.opponents=uniform"))
@@ -212,8 +235,9 @@ def _run_config(*extra):
     )
 
 
-def test_a_compiled_run_repeats_from_its_seed_and_resumes_exactly(tmp_path, monkeypatch):
-    config = _run_config()
+@pytest.mark.parametrize("network", sorted(NETWORKS))
+def test_a_compiled_run_repeats_from_its_seed_and_resumes_exactly(network, tmp_path, monkeypatch):
+    config = _run_config(*NETWORKS[network])
     straight = train(config, tmp_path / "straight")
     again = train(config, tmp_path / "again")
     recorded = load_checkpoint(tmp_path / "straight/checkpoints/final.pt")
@@ -227,7 +251,12 @@ def test_a_compiled_run_repeats_from_its_seed_and_resumes_exactly(tmp_path, monk
     with pytest.raises(Killed):
         train(config, tmp_path / "resumed")
     monkeypatch.undo()
-    assert load_checkpoint(tmp_path / "resumed/checkpoints/latest.pt")["updates"] == K
+    saved = load_checkpoint(tmp_path / "resumed/checkpoints/latest.pt")
+    assert saved["updates"] == K
+    for carry in ("actor", "critic"):  # the carries the next rollout starts from are saved with it
+        carried = saved["collector"]["memory"]["agent"][carry]
+        assert carried.shape[-1] == (8 if network == "gru" else 0)
+        assert network == "mlp" or carried.abs().max() > 0.1
     resumed = train(config, tmp_path / "resumed", resume=True)
     assert (resumed.updates, resumed.env_steps, resumed.episodes) == (
         2 * K,

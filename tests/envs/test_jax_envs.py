@@ -183,7 +183,7 @@ def test_the_learner_keeps_one_torch_thread_beside_jax():
         ("overcooked_cramped_room", "auto"),
         ("hanabi", "auto"),
         ("mpe_simple_spread_v3", "auto"),
-        ("smax_3m", "false"),  # the per-step path, which recurrent policies take
+        ("smax_3m", "false"),  # the per-step path, which LSTM policies and league opponents take
     ],
     ids=lambda value: value if value != "auto" else "compiled",
 )

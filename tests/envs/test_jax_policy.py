@@ -1,7 +1,8 @@
-"""The JAX forward of the team's feed-forward networks (`rollout.jax_policy`) computes acting's numbers:
-on real observations of JaxMARL's MPE and SMAX, its logits, log-probabilities and critic values equal
-`ActingView`'s to 1e-6, masked actions get probability 0, and the networks it does not cover are
-refused in one line."""
+"""The JAX forward of the team's networks (`rollout.jax_policy`) computes acting's numbers: on real
+observations of JaxMARL's MPE and SMAX, its logits, log-probabilities and critic values equal
+`ActingView`'s to 1e-6, for feed-forward networks and for GRU ones stepped through episode starts
+(their carries too), masked actions get probability 0, and the networks it does not cover are refused
+in one line."""
 
 import numpy as np
 import pytest
@@ -119,9 +120,11 @@ def test_logits_log_probs_and_values_equal_acting_views(env, critic, share_actor
             dist, _ = view.actor(name, obs[name], masks[name], carry, flags, flags)
             values, _ = view.critic(name, state, obs[name], torch.zeros((copies, 0, 0)), flags, flags)
         mask = jnp.asarray(masks[name].numpy())
-        logits = np.asarray(
-            jax.jit(policy.logits, static_argnums=0)(name, params, jnp.asarray(obs[name].numpy()), mask)
+        empty, first = jnp.zeros((steps, copies, agents, 0)), jnp.asarray(flags.numpy())
+        logits, _ = jax.jit(policy.logits, static_argnums=0)(
+            name, params, jnp.asarray(obs[name].numpy()), mask, empty, first
         )
+        logits = np.asarray(logits)
         expected = dist.parts[0].logits.numpy()  # type: ignore[attr-defined]  # a TorchDistribution
         allowed = np.ones(expected.shape, bool) if g.mask_dim == 0 else masks[name].numpy()
         _assert_close(logits[allowed], expected[allowed])
@@ -132,12 +135,97 @@ def test_logits_log_probs_and_values_equal_acting_views(env, critic, share_actor
         _assert_close(
             log_prob(jnp, jnp.asarray(logits), jnp.asarray(actions.numpy())), dist.log_prob(actions).numpy()
         )
-        got = np.asarray(
-            policy.values(name, params, jnp.asarray(state.numpy()), jnp.asarray(obs[name].numpy()))
+        got, _ = policy.values(
+            name, params, jnp.asarray(state.numpy()), jnp.asarray(obs[name].numpy()), empty, first
         )
+        got = np.asarray(got)
         assert got.shape == values.shape == (steps, copies, agents)
         _assert_close(got, values.numpy())
         assert np.abs(values.numpy()).max() > 0.1  # the values are not trivially 0
+
+
+def _episode_starts(steps, copies, agents):
+    """`(steps, E, A)` flags: every agent starts at step 0, then copies start afresh mid-sequence (the
+    same step for every agent of a copy, as a JaxMARL copy's episode ends for all its agents)."""
+    starts = torch.zeros((steps, copies), dtype=torch.bool)
+    starts[0] = True
+    starts[2, 1] = starts[3, 0] = starts[3, 2] = starts[5, 1] = True
+    return starts[..., None].expand(steps, copies, agents).contiguous()
+
+
+@pytest.mark.parametrize("critic", ["state", "obs", "state+obs", "team"])
+@pytest.mark.parametrize("share_actor", [True, False])
+@pytest.mark.parametrize("library_cell", [False, True], ids=["stacked_cell", "torch_cell"])
+def test_a_gru_policy_steps_its_carries_as_acting_does_through_episode_starts(
+    critic, share_actor, library_cell
+):
+    """Step by step from zero carries, with episodes starting mid-sequence: the JAX GRU actor's logits
+    and carries and the critic's values and carries equal `ActingView`'s (either of torch's cell paths)
+    to 1e-6, and the resets matter (without them the outputs differ)."""
+    import jax
+    import jax.numpy as jnp
+
+    from marl_ppo.rollout.jax_policy import JaxPolicy
+
+    env = "smax_2s3z"
+    config = _config(
+        env,
+        "model.recurrent=gru",
+        "model.recurrent_size=16",
+        f"fast.recurrent_cell={str(not library_cell).lower()}",
+        f"model.share_actor={str(share_actor).lower()}",
+        f"model.share_critic={str(share_actor or critic == 'team').lower()}",
+        f"ppo.critic={critic}",
+    )
+    venv = _VENV(env)
+    model = _model(venv, config)
+    obs, masks, state = _batch(venv)
+    view, policy = ActingView(model), JaxPolicy(model)
+    params = policy.params()
+    logits_of = jax.jit(policy.logits, static_argnums=0)
+    values_of = jax.jit(policy.values, static_argnums=0)
+    layout = model.memory_layout()
+    steps, copies = state.shape[:2]
+    for g in venv.spec.groups:
+        name, agents = g.name, g.num_agents
+        starts, acted = (
+            _episode_starts(steps, copies, agents),
+            torch.ones((1, copies, agents), dtype=torch.bool),
+        )
+        actor_carry = torch.zeros((copies, agents, layout[name].actor_size))
+        critic_carry = torch.zeros((copies, layout[name].critic_rows, layout[name].critic_size))
+        jax_actor, jax_critic = jnp.asarray(actor_carry.numpy()), jnp.asarray(critic_carry.numpy())
+        assert actor_carry.shape[-1] == critic_carry.shape[-1] == 16
+        for t in range(steps):
+            step = slice(t, t + 1)
+            with torch.no_grad():
+                dist, actor_carry = view.actor(
+                    name, obs[name][step], masks[name][step], actor_carry, starts[step], acted
+                )
+                values, critic_carry = view.critic(
+                    name, state[step], obs[name][step], critic_carry, starts[step], acted
+                )
+            inputs = jnp.asarray(obs[name][t].numpy()), jnp.asarray(masks[name][t].numpy())
+            first = jnp.asarray(starts[t].numpy())
+            logits, next_actor = logits_of(name, params, *inputs, jax_actor, first)
+            got, next_critic = values_of(
+                name, params, jnp.asarray(state[t].numpy()), inputs[0], jax_critic, first
+            )
+            expected = dist.parts[0].logits[0].numpy()  # type: ignore[attr-defined]  # a TorchDistribution
+            allowed = masks[name][t].numpy()
+            _assert_close(np.asarray(logits)[allowed], expected[allowed])
+            _assert_close(np.asarray(next_actor), actor_carry.numpy())
+            _assert_close(np.asarray(got), values[0].numpy())
+            _assert_close(np.asarray(next_critic), critic_carry.numpy())
+            if t and starts[t].any():  # the carries reset there: without the reset, other numbers
+                unreset, _ = logits_of(name, params, *inputs, jax_actor, jnp.zeros_like(first))
+                unreset_values, _ = values_of(
+                    name, params, jnp.asarray(state[t].numpy()), inputs[0], jax_critic, jnp.zeros_like(first)
+                )
+                assert np.abs(np.asarray(unreset)[allowed] - expected[allowed]).max() > 1e-3
+                assert np.abs(np.asarray(unreset_values) - values[0].numpy()).max() > 1e-3
+            jax_actor, jax_critic = next_actor, next_critic
+        assert np.abs(actor_carry.numpy()).max() > 0.1 and np.abs(critic_carry.numpy()).max() > 0.1
 
 
 def test_sampled_actions_follow_the_logits_and_never_take_a_masked_action():
@@ -153,11 +241,13 @@ def test_sampled_actions_follow_the_logits_and_never_take_a_masked_action():
     obs, masks, state = _batch(venv)
     policy = JaxPolicy(model)
     (group,) = venv.spec.groups
-    logits = policy.logits(
+    logits, _ = policy.logits(
         group.name,
         policy.params(),
         jnp.asarray(obs[group.name][2:3].numpy()),
         jnp.asarray(masks[group.name][2:3].numpy()),
+        jnp.zeros((1, COPIES, group.num_agents, 0)),
+        jnp.ones((1, COPIES, group.num_agents), bool),
     )
     draws = 20_000
     keys = jax.random.split(jax.random.PRNGKey(0), draws)
@@ -179,8 +269,8 @@ def test_sampled_actions_follow_the_logits_and_never_take_a_masked_action():
     ("override", "reason"),
     [
         (
-            "model.recurrent=gru",
-            "group 'agent' has a recurrent network; the compiled rollout covers feed-forward ones",
+            "model.recurrent=lstm",
+            "group 'agent' has an LSTM network; the compiled rollout covers GRU and feed-forward ones",
         ),
         ("model.precision=bf16", "model.precision=bf16; the compiled rollout computes in fp32"),
     ],

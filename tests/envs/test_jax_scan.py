@@ -1,7 +1,9 @@
 """A rollout compiled as one `lax.scan` (`rollout.jax_scan`) takes the per-step path's trajectories: for
 the same actions, every record equals what `JaxVectorEnv.step` in a Python loop gives, bit for bit,
-through resets and truncations, and the env copies continue from the same place; sampled rollouts
-repeat from their key, take only allowed actions, and replay to themselves."""
+through resets and truncations, the policy's records (log-probs, values, and a GRU's flags and carries
+as it steps them through episode starts) equal acting's, and the env copies and the carries continue
+from the same place; sampled rollouts repeat from their key, take only allowed actions, and replay to
+themselves."""
 
 from typing import Any
 
@@ -26,11 +28,26 @@ ENVS = {
 """Episodes of at most 5 steps: a 12-step rollout crosses resets and truncations."""
 
 
-def _setup(env):
+NETWORKS = {
+    "mlp": (),
+    "gru": ("model.recurrent=gru", "model.recurrent_size=8"),
+    "gru_actor": ("model.recurrent=gru", "model.recurrent_size=8", "model.recurrent_critic=false"),
+}
+"""Feed-forward networks (empty carries), GRU ones (actor and critic) carrying 8 numbers a row, and a
+GRU actor beside a feed-forward critic."""
+
+
+def _setup(env, network="mlp"):
     config = settle_copies(
         load_config(
             None,
-            [f"env.id=jaxmarl/{env}", f"rollout.num_envs={COPIES}", "model.hidden_sizes=[16,16]", ENVS[env]],
+            [
+                f"env.id=jaxmarl/{env}",
+                f"rollout.num_envs={COPIES}",
+                "model.hidden_sizes=[16,16]",
+                ENVS[env],
+                *NETWORKS[network],
+            ],
         )
     )
     venv = vector_env(config)
@@ -76,12 +93,13 @@ def _per_step(venv, actions_of):
     return stacked, arrays
 
 
+@pytest.mark.parametrize("network", sorted(NETWORKS))
 @pytest.mark.parametrize("env", sorted(ENVS))
-def test_the_scan_on_given_actions_takes_the_per_step_paths_trajectories_exactly(env):
+def test_the_scan_on_given_actions_takes_the_per_step_paths_trajectories_exactly(env, network):
     from marl_ppo.rollout.jax_policy import JaxPolicy
     from marl_ppo.rollout.jax_scan import CompiledRollout
 
-    venv, model = _setup(env)
+    venv, model = _setup(env, network)
     generator = torch.Generator().manual_seed(4)
 
     def actions_of(t, arrays):
@@ -102,23 +120,43 @@ def test_the_scan_on_given_actions_takes_the_per_step_paths_trajectories_exactly
     records = rollout.replay(policy.params(), {g.name: expected[g.name]["actions"] for g in venv.spec.groups})
     for key in ("state", "final_state", "episode_over"):
         torch.testing.assert_close(records[key], expected[key], rtol=0, atol=0)
-    view = ActingView(model)
+    view, layout = ActingView(model), model.memory_layout()
+    # an agent's episode starts at the first step and after each step where its copy's ended
+    starts = torch.cat([torch.ones(1, COPIES, dtype=torch.bool), expected["episode_over"][:-1]])
     for g in venv.spec.groups:
         got, want = records["groups"][g.name], expected[g.name]
         for key, value in want.items():
             assert got[key].shape == value.shape, key
             torch.testing.assert_close(got[key].to(value.dtype), value, rtol=0, atol=0, msg=key)
-        # the recorded log-probs and values are the policy's at the recorded observations
-        flags = torch.ones(got["actions"].shape, dtype=torch.bool)
-        with torch.no_grad():
-            dist, _ = view.actor(
-                g.name, want["obs"], want["action_mask"], torch.zeros(COPIES, g.num_agents, 0), flags, flags
+        # the recorded flags, carries, log-probs and values are the policy's stepped along the
+        # recorded observations from zero carries, as the per-step path steps it
+        is_first = starts[..., None].expand(-1, -1, g.num_agents)
+        assert torch.equal(got["is_first"], is_first)
+        acted = torch.ones((1, COPIES, g.num_agents), dtype=torch.bool)
+        actor = torch.zeros(COPIES, g.num_agents, layout[g.name].actor_size)
+        critic = torch.zeros(COPIES, layout[g.name].critic_rows, layout[g.name].critic_size)
+        for t in range(STEPS):
+            step = slice(t, t + 1)
+            torch.testing.assert_close(got["actor_state"][t], actor, rtol=0, atol=1e-6)
+            torch.testing.assert_close(got["critic_state"][t], critic, rtol=0, atol=1e-6)
+            with torch.no_grad():
+                dist, actor = view.actor(
+                    g.name, want["obs"][step], want["action_mask"][step], actor, is_first[step], acted
+                )
+                values, critic = view.critic(
+                    g.name, expected["state"][step], want["obs"][step], critic, is_first[step], acted
+                )
+            torch.testing.assert_close(
+                got["logp"][step], dist.log_prob(want["actions"][step]), rtol=0, atol=1e-6
             )
-            values, _ = view.critic(
-                g.name, expected["state"], want["obs"], torch.zeros(COPIES, 0, 0), flags, flags
-            )
-        torch.testing.assert_close(got["logp"], dist.log_prob(want["actions"]), rtol=0, atol=1e-6)
-        torch.testing.assert_close(got["values"], values, rtol=0, atol=1e-6)
+            torch.testing.assert_close(got["values"][step], values, rtol=0, atol=1e-6)
+        after = records["memory"][g.name]
+        assert torch.equal(after.is_first, expected["episode_over"][-1, :, None].expand(-1, g.num_agents))
+        torch.testing.assert_close(after.actor, actor, rtol=0, atol=1e-6)
+        torch.testing.assert_close(after.critic, critic, rtol=0, atol=1e-6)
+        if network != "mlp":
+            assert actor.shape[-1] == 8 and actor.abs().max() > 0.1
+            assert critic.shape[-1] == (8 if network == "gru" else 0)
         truncated = want["truncated"].flatten(1).any(1)
         assert (got["final_values"][~truncated] == 0).all() and (got["final_values"][truncated] != 0).any()
     # the copies continue where the per-step path's did
@@ -127,13 +165,14 @@ def test_the_scan_on_given_actions_takes_the_per_step_paths_trajectories_exactly
         torch.testing.assert_close(venv.arrays.groups[g.name].obs, end[g.name], rtol=0, atol=0)
 
 
-def test_a_sampled_rollout_repeats_from_its_key_takes_allowed_actions_and_replays_to_itself():
+@pytest.mark.parametrize("network", ["gru", "mlp"])
+def test_a_sampled_rollout_repeats_from_its_key_takes_allowed_actions_and_replays_to_itself(network):
     import jax
 
     from marl_ppo.rollout.jax_policy import JaxPolicy
     from marl_ppo.rollout.jax_scan import CompiledRollout
 
-    venv, model = _setup("smax_3m")
+    venv, model = _setup("smax_3m", network)
     policy = JaxPolicy(model)
     rollout = CompiledRollout(venv, policy, STEPS)
     params = policy.params()
@@ -144,6 +183,7 @@ def test_a_sampled_rollout_repeats_from_its_key_takes_allowed_actions_and_replay
         return jax.tree.map(lambda t: t.clone(), records)
 
     first, again, other = sampled(0), sampled(0), sampled(1)
+    rollout.run(params, jax.random.PRNGKey(2))  # the copies continue from the last rollout's end
     # one program whether the copies come from a reset or from the last rollout (jit's cache size)
     assert rollout._sampled._cache_size() == 1
     (group,) = venv.spec.groups
@@ -156,3 +196,7 @@ def test_a_sampled_rollout_repeats_from_its_key_takes_allowed_actions_and_replay
     for key, value in first["groups"][group.name].items():
         assert torch.equal(replayed["groups"][group.name][key], value), key
     assert torch.equal(replayed["state"], first["state"])
+    for carried, again_carried in zip(
+        first["memory"][group.name], replayed["memory"][group.name], strict=True
+    ):
+        assert torch.equal(carried, again_carried)

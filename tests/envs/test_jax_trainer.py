@@ -280,8 +280,14 @@ def test_a_run_with_the_jax_learner_repeats_and_resumes_exactly(tmp_path, monkey
         ),
         (
             [*RUN[:5], "model.recurrent=gru"],
-            "fast.learner=jax: the rollout is per-step (group 'agent' has a recurrent network; the compiled "
-            "rollout covers feed-forward ones), and the JAX learner needs a compiled rollout; set fast.learner=torch",
+            "fast.learner=jax: model.recurrent=gru; the JAX learner covers feed-forward networks; "
+            "set fast.learner=torch",
+        ),
+        (
+            [*RUN[:5], "model.recurrent=lstm"],
+            "fast.learner=jax: the rollout is per-step (group 'agent' has an LSTM network; the compiled "
+            "rollout covers GRU and feed-forward ones), and the JAX learner needs a compiled rollout; "
+            "set fast.learner=torch",
         ),
         (
             [*RUN[:5], "rollout.compiled=false"],
@@ -299,6 +305,22 @@ def test_the_runs_the_jax_learner_does_not_cover_are_refused_in_one_line(overrid
     with pytest.raises(ConfigError) as refused:
         plan_run(load_config(None, [*overrides, "fast.learner=jax"]))
     assert str(refused.value) == line
+
+
+def test_the_jax_learner_refuses_a_recurrent_model_itself():
+    """A GRU model's rollout may be compiled, but the learner's forward is feed-forward: built on one
+    directly, it names the group and the fix."""
+    from marl_ppo.algo.jax_trainer import JaxTrainer
+
+    plan = plan_run(_config("ppo.critic=obs"))
+    gru = _config("ppo.critic=obs", "model.recurrent=gru", "model.recurrent_size=8")
+    model = TeamModel(vector_env(gru).spec, gru)
+    with pytest.raises(ConfigError) as refused:
+        JaxTrainer(model, plan.ppo, generator=torch.Generator().manual_seed(3))
+    assert str(refused.value) == (
+        "fast.learner=jax: group 'agent' has a recurrent network; the JAX learner covers feed-forward "
+        "ones; set fast.learner=torch"
+    )
 
 
 def test_non_finite_steps_are_skipped_as_torch_skips_them_or_raise_with_no_weight_changed():

@@ -107,6 +107,9 @@ def _batched_functions(env: Any, family: JaxFamily, spec: TeamSpec) -> tuple[Any
     def reset_one(key: Any) -> tuple[Any, Any, dict[str, Any]]:
         key, reset_key = jax.random.split(key)
         obs, state = env.reset(reset_key)
+        # a reset may leave weakly typed leaves (a Python constant's type) where a step leaves strongly
+        # typed ones: made strong, a reset's state and a step's compile one program, not two
+        state = jax.tree.map(lambda leaf: jax.lax.convert_element_type(leaf, leaf.dtype), state)
         out = pack(obs, state)
         out["final_obs"], out["final_state"] = out["obs"], out["state"]
         out["reward"] = {g.name: jnp.zeros(g.num_agents, jnp.float32) for g in spec.groups}
