@@ -13,6 +13,10 @@ print one line saying how to enable them and are skipped.
 - `jaxmarl_mappo_smax`: `baselines/MAPPO/mappo_rnn_smax.py` with its config (SMAX 2s3z, 128 copies x
   128 steps, 4 epochs x 4 minibatches, a 128-wide layer and a GRU of 128) against marl_ppo's SMAX
   2s3z experiment at 128 copies x 128 steps, feed-forward (128x128 MLP): not the same network.
+- `jaxmarl_mappo_smax_gru`: the same script against marl_ppo's SMAX 2s3z with the script's network
+  family: a 128-wide layer, a GRU of 128 and a linear head for actor and critic (the script has one
+  more 128-wide layer after its GRU), trained on whole 128-step sequences as the script trains, on the
+  compiled rollout.
 
 Each repeat runs both sides once as processes of their own, marl_ppo first in odd repeats (the
 first, the third). Both count parallel env steps (every agent acts once). JaxMARL's side: env
@@ -125,9 +129,18 @@ SMAX_SETTINGS = [
 ]
 """mappo_homogenous_rnn_smax.yaml's batch and epochs over the SMAX 2s3z experiment (state critic)."""
 
+SMAX_GRU_SETTINGS = [
+    *SMAX_SETTINGS,
+    "model.hidden_sizes=[128]",
+    "model.recurrent=gru",
+    "model.recurrent_size=128",
+    "ppo.chunk_length=null",
+]
+"""The same with the script's network family: FC_DIM_SIZE 128, GRU_HIDDEN_DIM 128, whole sequences."""
+
 
 def cases(mpe_updates: int = 100, smax_updates: int = 3) -> list[JaxmarlCase]:
-    """The two cases; `*_updates` sizes their runs."""
+    """The cases; `*_updates` sizes their runs."""
     return [
         JaxmarlCase(
             "jaxmarl_ippo_mpe",
@@ -144,6 +157,15 @@ def cases(mpe_updates: int = 100, smax_updates: int = 3) -> list[JaxmarlCase]:
             "baselines/MAPPO/config/mappo_homogenous_rnn_smax.yaml",
             ROOT / "experiments" / "jaxmarl" / "smax_2s3z.yaml",
             SMAX_SETTINGS,
+            5,
+            smax_updates,
+        ),
+        JaxmarlCase(
+            "jaxmarl_mappo_smax_gru",
+            "baselines/MAPPO/mappo_rnn_smax.py",
+            "baselines/MAPPO/config/mappo_homogenous_rnn_smax.yaml",
+            ROOT / "experiments" / "jaxmarl" / "smax_2s3z.yaml",
+            SMAX_GRU_SETTINGS,
             5,
             smax_updates,
         ),

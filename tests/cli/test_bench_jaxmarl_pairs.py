@@ -140,7 +140,7 @@ def test_the_learners_share_leaves_the_first_updates_compile_out():
 
 
 def test_our_settings_are_the_scripts():
-    mpe, smax = cases()
+    mpe, smax, smax_gru = cases()
     config = load_config(mpe.experiment, mpe.overrides)
     assert config.env.id == "jaxmarl/mpe_simple_spread_v3"
     assert (config.rollout.num_envs, config.rollout.rollout_steps) == (16, 128) and batch_of(mpe) == 2048
@@ -151,6 +151,14 @@ def test_our_settings_are_the_scripts():
     assert config.env.id == "jaxmarl/smax_2s3z" and batch_of(smax) == 128 * 128
     assert (config.ppo.train_pi_iters, config.ppo.train_vf_iters, config.ppo.num_minibatches) == (4, 4, 4)
     assert config.eval.every is None
+    config = load_config(smax_gru.experiment, smax_gru.overrides)
+    assert batch_of(smax_gru) == 128 * 128 and config.eval.every is None
+    assert (config.model.recurrent, config.model.recurrent_size, config.model.hidden_sizes) == (
+        "gru",
+        128,
+        (128,),
+    )
+    assert config.ppo.chunk_length is None and config.model.critic_recurrent
 
 
 def test_the_wrapper_imports_a_script_beside_its_neighbours(tmp_path):
