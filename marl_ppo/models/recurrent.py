@@ -140,10 +140,13 @@ class StackedRecurrent(nn.Module):
         resets = is_first.flatten(1).any(1).tolist()
         holds = (~acted).flatten(1).any(1).tolist()
         outputs = []
-        for t in range(x.shape[0]):
+        # one view per step from unbind, whose backward stacks the steps' gradients once; indexing
+        # `inputs[t]` would add each step's gradient into a zero tensor of the whole sequence's size,
+        # a backward that grows with the square of the sequence's length
+        for t, step_input in enumerate(inputs.unbind(0)):
             if resets[t]:
                 state = torch.where(is_first[t].unsqueeze(-1), 0.0, state)
-            stepped = step(inputs[t], state)
+            stepped = step(step_input, state)
             outputs.append(stepped[..., : self.hidden])
             state = torch.where(acted[t].unsqueeze(-1), stepped, state) if holds[t] else stepped
         return torch.stack(outputs), state
