@@ -91,17 +91,14 @@ def _venvs():
 _VENV = _venvs()
 
 
-@pytest.mark.parametrize("env", ["mpe_simple_spread_v3", "smax_2s3z"])
-@pytest.mark.parametrize("critic", ["state", "obs", "state+obs", "team"])
-@pytest.mark.parametrize("share_actor", [True, False])
-def test_logits_log_probs_and_values_equal_acting_views(env, critic, share_actor):
-    import jax
-    import jax.numpy as jnp
-
-    from marl_ppo.rollout.jax_policy import JaxPolicy, log_prob
+def _setup(env, share_actor, critic, *overrides):
+    """The vector env and a model on `env` with the sharing and critic input named, one batch of
+    its inputs, torch's acting view of the model and the JAX policy with its parameters."""
+    from marl_ppo.rollout.jax_policy import JaxPolicy
 
     config = _config(
         env,
+        *overrides,
         f"model.share_actor={str(share_actor).lower()}",
         f"model.share_critic={str(share_actor or critic == 'team').lower()}",  # a team critic is shared
         f"ppo.critic={critic}",
@@ -109,8 +106,20 @@ def test_logits_log_probs_and_values_equal_acting_views(env, critic, share_actor
     venv = _VENV(env)
     model = _model(venv, config)
     obs, masks, state = _batch(venv)
-    view, policy = ActingView(model), JaxPolicy(model)
-    params = policy.params()
+    policy = JaxPolicy(model)
+    return venv, model, obs, masks, state, ActingView(model), policy, policy.params()
+
+
+@pytest.mark.parametrize("env", ["mpe_simple_spread_v3", "smax_2s3z"])
+@pytest.mark.parametrize("critic", ["state", "obs", "state+obs", "team"])
+@pytest.mark.parametrize("share_actor", [True, False])
+def test_logits_log_probs_and_values_equal_acting_views(env, critic, share_actor):
+    import jax
+    import jax.numpy as jnp
+
+    from marl_ppo.rollout.jax_policy import log_prob
+
+    venv, model, obs, masks, state, view, policy, params = _setup(env, share_actor, critic)
     steps, copies = state.shape[:2]
     for g in venv.spec.groups:
         name, agents = g.name, g.num_agents
@@ -165,23 +174,15 @@ def test_a_gru_policy_steps_its_carries_as_acting_does_through_episode_starts(
     import jax
     import jax.numpy as jnp
 
-    from marl_ppo.rollout.jax_policy import JaxPolicy
-
     env = "smax_2s3z"
-    config = _config(
+    venv, model, obs, masks, state, view, policy, params = _setup(
         env,
+        share_actor,
+        critic,
         "model.recurrent=gru",
         "model.recurrent_size=16",
         f"fast.recurrent_cell={str(not library_cell).lower()}",
-        f"model.share_actor={str(share_actor).lower()}",
-        f"model.share_critic={str(share_actor or critic == 'team').lower()}",
-        f"ppo.critic={critic}",
     )
-    venv = _VENV(env)
-    model = _model(venv, config)
-    obs, masks, state = _batch(venv)
-    view, policy = ActingView(model), JaxPolicy(model)
-    params = policy.params()
     logits_of = jax.jit(policy.logits, static_argnums=0)
     values_of = jax.jit(policy.values, static_argnums=0)
     layout = model.memory_layout()
