@@ -134,7 +134,7 @@ def test_logits_log_probs_and_values_equal_acting_views(env, critic, share_actor
             name, params, jnp.asarray(obs[name].numpy()), mask, empty, first
         )
         logits = np.asarray(logits)
-        expected = dist.parts[0].logits.numpy()  # type: ignore[attr-defined]  # a TorchDistribution
+        expected = dist.parts[0].logits.numpy()
         allowed = np.ones(expected.shape, bool) if g.mask_dim == 0 else masks[name].numpy()
         _assert_close(logits[allowed], expected[allowed])
         assert (np.exp(logits[~allowed]) == 0).all() and (logits[~allowed] < -1e8).all()
@@ -212,7 +212,7 @@ def test_a_gru_policy_steps_its_carries_as_acting_does_through_episode_starts(
             got, next_critic = values_of(
                 name, params, jnp.asarray(state[t].numpy()), inputs[0], jax_critic, first
             )
-            expected = dist.parts[0].logits[0].numpy()  # type: ignore[attr-defined]  # a TorchDistribution
+            expected = dist.parts[0].logits[0].numpy()
             allowed = masks[name][t].numpy()
             _assert_close(np.asarray(logits)[allowed], expected[allowed])
             _assert_close(np.asarray(next_actor), actor_carry.numpy())
