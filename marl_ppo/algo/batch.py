@@ -186,7 +186,7 @@ def _folded_gae(
         steps.done,
         gamma=gamma,
         lam=lam,
-        alive=steps.alive,
+        alive=None if bool(steps.alive.all()) else steps.alive,  # None: no step to pass over
     )
     return adv, ret, steps.alive
 

@@ -96,6 +96,34 @@ def fold_turns(
     this reduces to the usual one-step transitions. All inputs are `(T, ...)` except `last_values`
     and `last_alive` `(...)`.
     """
+    if bool(alive.all()) and bool(last_alive.all()) and (final_alive is None or bool(final_alive.all())):
+        return _every_step(rewards, values, last_values, final_values, terminated, truncated, alive)
+    return _walk_back(
+        rewards,
+        values,
+        last_values,
+        final_values,
+        terminated,
+        truncated,
+        alive,
+        last_alive=last_alive,
+        final_alive=final_alive,
+    )
+
+
+def _walk_back(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    last_values: torch.Tensor,
+    final_values: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    alive: torch.Tensor,
+    *,
+    last_alive: torch.Tensor,
+    final_alive: torch.Tensor | None,
+) -> Transitions:
+    """`fold_turns` step by step from the rollout's end, for any acting pattern."""
     steps = rewards.shape[0]
     out_rewards, out_next = torch.empty_like(rewards), torch.empty_like(rewards)
     out_terminated, out_done = torch.empty_like(alive), torch.empty_like(alive)
@@ -138,6 +166,23 @@ def fold_turns(
         cut = torch.where(alive[t], dropped, cut)
         before_last = before_last & ~alive[t]
     return Transitions(out_rewards, out_next, out_terminated, out_done, out_alive)
+
+
+def _every_step(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    last_values: torch.Tensor,
+    final_values: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    alive: torch.Tensor,
+) -> Transitions:
+    """`fold_turns` where every agent acts at every step, at the end of the rollout and at its final
+    observations: each transition is one step long, so the walk back reduces to whole-tensor
+    operations with the same numbers (`rewards + 0.0` as the walk adds its empty pending reward)."""
+    following = torch.cat([values[1:], last_values.unsqueeze(0)])
+    next_values = torch.where(truncated, final_values, torch.where(terminated, 0.0, following))
+    return Transitions(rewards + 0.0, next_values, terminated.clone(), terminated | truncated, alive.clone())
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from marl_ppo.algo.batch import rollout_batches
+from marl_ppo.algo import gae as gae_module
 from marl_ppo.algo.gae import compute_gae, copy_episodes, fold_turns, team_steps
 
 
@@ -89,6 +90,29 @@ def test_fold_turns_is_the_one_step_transition_when_everyone_always_acts():
     torch.testing.assert_close(folded.next_values, expected_next)
     assert torch.equal(folded.terminated, terminated) and torch.equal(folded.done, terminated | truncated)
     assert torch.equal(folded.alive, alive)
+
+
+def test_fold_turns_whole_tensor_path_is_bitwise_the_walk_back():
+    # fold_turns takes whole-tensor operations when everyone acts everywhere; the step-by-step walk on
+    # the same inputs gives the same bits, signed zero rewards included
+    generator = torch.Generator().manual_seed(11)
+    steps, copies, agents = 33, 6, 3
+    shape = (steps, copies, agents)
+    rewards, values, finals = (torch.randn(shape, generator=generator) for _ in range(3))
+    rewards[0, 0] = -0.0
+    last = torch.randn(shape[1:], generator=generator)
+    terminated = torch.rand(shape, generator=generator) < 0.1
+    truncated = ~terminated & (torch.rand(shape, generator=generator) < 0.1)
+    alive, last_alive = torch.ones(shape, dtype=torch.bool), torch.ones(shape[1:], dtype=torch.bool)
+    inputs = (rewards, values, last, finals, terminated, truncated, alive)
+    fast = fold_turns(*inputs, last_alive=last_alive, final_alive=torch.ones(shape, dtype=torch.bool))
+    walked = gae_module._walk_back(*inputs, last_alive=last_alive, final_alive=None)
+    for field in ("rewards", "next_values", "terminated", "done", "alive"):
+        a, b = getattr(fast, field), getattr(walked, field)
+        assert a.dtype == b.dtype and torch.equal(a, b), field
+        if a.is_floating_point():
+            assert torch.equal(torch.signbit(a), torch.signbit(b)), field
+    assert bool(torch.signbit(fast.rewards[0, 0]).logical_not().all())  # -0.0 + 0.0 as the walk adds
 
 
 def test_turn_based_game_by_hand():
