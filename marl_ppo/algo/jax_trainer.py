@@ -142,10 +142,10 @@ class JaxTrainer(Trainer):
         masked = tuple(batch.inputs.action_mask.shape[-1] > 0 for batch in sequences.values())
         phases, steps = _phases(ppo.train_pi_iters, ppo.train_vf_iters, ppo.num_minibatches, index, valid)
         program = self._program(masked, phases)
-        jnp = self.jnp
+        # the weights and moments go in as NumPy copies: jit transfers them in one batch
         result = program(
-            [jnp.asarray(_numpy(p)) for p in self.pi_params],
-            [jnp.asarray(_numpy(p)) for p in self.v_params],
+            [_numpy(p).copy() for p in self.pi_params],
+            [_numpy(p).copy() for p in self.v_params],
             self._adam_state(self.actor_optimizer, self.pi_params),
             self._adam_state(self.critic_optimizer, self.v_params),
             {
@@ -192,8 +192,7 @@ class JaxTrainer(Trainer):
         )
 
     def _adam_state(self, optimizer: torch.optim.Optimizer, params: Sequence[nn.Parameter]) -> dict[str, Any]:
-        """The optimizer's moments and step count as JAX arrays (zeros before its first step)."""
-        jnp = self.jnp
+        """The optimizer's moments and step count as NumPy arrays (zeros before its first step)."""
         states = [optimizer.state.get(p, {}) for p in params]
         steps = {float(state["step"]) for state in states if state}
         if len(steps) > 1 or (steps and not all(states)):
@@ -201,7 +200,7 @@ class JaxTrainer(Trainer):
 
         def moment(key: str) -> list[Any]:
             return [
-                jnp.asarray(_numpy(state[key])) if state else jnp.zeros(tuple(p.shape), jnp.float32)
+                _numpy(state[key]).copy() if state else np.zeros(tuple(p.shape), np.float32)
                 for p, state in zip(params, states, strict=True)
             ]
 

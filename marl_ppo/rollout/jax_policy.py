@@ -152,14 +152,15 @@ class JaxPolicy:
 
     def params(self) -> dict[str, GroupParams]:
         """The weights as they are now, copied into JAX arrays (read once per update: later changes
-        to the torch parameters do not reach them)."""
-        return {
+        to the torch parameters do not reach them), moved over in one batch."""
+        copies = {
             name: GroupParams(
                 self._net_params(self.model.group(name).actor),
                 self._net_params(self.model.group(name).critic),
             )
             for name in self.model.group_names()
         }
+        return self.jax.device_put(copies)  # type: ignore[no-any-return]
 
     def _net_params(self, network: GroupActor | GroupCritic) -> NetParams:
         core, head = network.core, network.head
@@ -189,7 +190,7 @@ class JaxPolicy:
 
     def _array(self, tensor: torch.Tensor) -> Any:
         # a copy: JAX arrays are immutable, while the optimizer updates the parameters in place
-        return self.jnp.array(tensor.detach().to("cpu", torch.float32).numpy(), copy=True)
+        return tensor.detach().to("cpu", torch.float32).numpy().copy()
 
     def mlp(self, form: MlpForm, params: MlpParams, x: Any) -> Any:
         """`ActingMLP`'s output `(..., A, out)` for `x` `(..., A, in)`, or `(..., in)` with `common_input`."""

@@ -179,16 +179,22 @@ class CompiledRollout:
         for name, record in groups.items():
             agents = record["obs"].shape[-2]
             actor_next, critic_next = stepped[name]
-            # from the critic's carry after the step, with no reset: the episode's next step
-            final, _ = policy.values(
-                name,
-                params,
-                after["final_state"],
-                after["final_obs"][name],
-                critic_next,
-                jnp.zeros_like(record["is_first"]),
+            # from the critic's carry after the step, with no reset: the episode's next step; only
+            # read where a copy truncated, so the critic runs at those steps alone
+            def final_values(name: str = name, record: Any = record, critic_next: Any = critic_next) -> Any:
+                final, _ = policy.values(
+                    name,
+                    params,
+                    after["final_state"],
+                    after["final_obs"][name],
+                    critic_next,
+                    jnp.zeros_like(record["is_first"]),
+                )
+                return final
+
+            record["final_values"] = self.policy.jax.lax.cond(
+                truncated_anywhere, final_values, lambda record=record: jnp.zeros_like(record["values"])
             )
-            record["final_values"] = jnp.where(truncated_anywhere, final, jnp.zeros_like(final))
             record["rewards"] = after["reward"][name]
             record["final_obs"] = after["final_obs"][name]
             for flag in ("terminated", "truncated"):
