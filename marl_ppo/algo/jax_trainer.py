@@ -107,6 +107,9 @@ class JaxTrainer(Trainer):
         self.pi_parts = self._parts(self.actor_optimizer, model.actors)
         self.v_parts = self._parts(self.critic_optimizer, model.critics)
         self._programs: dict[tuple[tuple[bool, ...], tuple[tuple[bool, bool], ...]], Callable[..., Any]] = {}
+        self._kept: tuple[tuple[Any, ...], list[tuple[torch.Tensor, int]]] | None = None
+        """The last update's new weights and Adam states as JAX arrays, and the marks of the torch
+        tensors they were written into (`_inputs`)."""
 
     def _parts(
         self, optimizer: torch.optim.Optimizer, networks: nn.ModuleList
@@ -142,12 +145,8 @@ class JaxTrainer(Trainer):
         masked = tuple(batch.inputs.action_mask.shape[-1] > 0 for batch in sequences.values())
         phases, steps = _phases(ppo.train_pi_iters, ppo.train_vf_iters, ppo.num_minibatches, index, valid)
         program = self._program(masked, phases)
-        # the weights and moments go in as NumPy copies: jit transfers them in one batch
         result = program(
-            [_numpy(p).copy() for p in self.pi_params],
-            [_numpy(p).copy() for p in self.v_params],
-            self._adam_state(self.actor_optimizer, self.pi_params),
-            self._adam_state(self.critic_optimizer, self.v_params),
+            *self._inputs(),
             {
                 "pi_lr": np.float32(self.actor_optimizer.param_groups[0]["lr"]),
                 "v_lr": np.float32(self.critic_optimizer.param_groups[0]["lr"]),
@@ -181,6 +180,7 @@ class JaxTrainer(Trainer):
             self._skips = int(nonfinite.sum())
         self._write(self.pi_params, pi_params, self.actor_optimizer, pi_adam)
         self._write(self.v_params, v_params, self.critic_optimizer, v_adam)
+        self._kept = ((pi_params, v_params, pi_adam, v_adam), self._marks())
         pi_epochs = len({int(epoch_of[k]) for k in np.flatnonzero(trained_pi)})
         return update_stats(
             _evaluation(before),
@@ -190,6 +190,33 @@ class JaxTrainer(Trainer):
             nonfinite_skips=self._skips,
             batch=stats_in,
         )
+
+    def _inputs(self) -> tuple[Any, ...]:
+        """The weights and Adam states the program starts from: the JAX arrays the last update wrote
+        back while no torch tensor they came into has changed since (a resume, a warm start or any
+        in-place write changes a tensor's version), else NumPy copies of the torch tensors."""
+        if self._kept is not None and _same_marks(self._kept[1], self._marks()):
+            return self._kept[0]
+        self._kept = None
+        return (
+            [_numpy(p).copy() for p in self.pi_params],
+            [_numpy(p).copy() for p in self.v_params],
+            self._adam_state(self.actor_optimizer, self.pi_params),
+            self._adam_state(self.critic_optimizer, self.v_params),
+        )
+
+    def _marks(self) -> list[tuple[torch.Tensor, int]]:
+        """Every parameter and optimizer state tensor with its in-place version counter."""
+        tensors: list[torch.Tensor] = [*self.pi_params, *self.v_params]
+        for optimizer, params in (
+            (self.actor_optimizer, self.pi_params),
+            (self.critic_optimizer, self.v_params),
+        ):
+            for p in params:
+                tensors.extend(
+                    value for value in optimizer.state.get(p, {}).values() if torch.is_tensor(value)
+                )
+        return [(tensor, tensor._version) for tensor in tensors]
 
     def _adam_state(self, optimizer: torch.optim.Optimizer, params: Sequence[nn.Parameter]) -> dict[str, Any]:
         """The optimizer's moments and step count as NumPy arrays (zeros before its first step)."""
@@ -514,6 +541,13 @@ def _adam(jnp: Any, params: Sequence[Any], grads: Sequence[Any], state: Mapping[
 
 def _choose(jax: Any, condition: Any, taken: Any, kept: Any) -> Any:
     return jax.tree_util.tree_map(lambda a, b: jax.numpy.where(condition, a, b), taken, kept)
+
+
+def _same_marks(kept: Sequence[tuple[torch.Tensor, int]], now: Sequence[tuple[torch.Tensor, int]]) -> bool:
+    """The same tensors (not equal ones: the same objects) at the same versions."""
+    return len(kept) == len(now) and all(
+        a is b and version == current for (a, version), (b, current) in zip(kept, now, strict=True)
+    )
 
 
 def _params(optimizer: torch.optim.Optimizer) -> list[nn.Parameter]:

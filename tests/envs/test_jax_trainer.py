@@ -174,6 +174,42 @@ def test_one_update_equals_torchs(setting):
         )
 
 
+def test_weights_kept_in_jax_between_updates_are_bitwise_reading_them_back_and_torchs_changes_are_seen():
+    # the update starts from the arrays the last one wrote back while no torch tensor has changed; a
+    # trainer that reads the torch tensors every time ends bit for bit where it does, through a
+    # checkpoint's load (new optimizer state tensors) and an in-place change of one weight
+    from marl_ppo.algo.jax_trainer import JaxTrainer
+
+    plan = plan_run(_config("ppo.critic=obs", "fast.learner=jax"))
+    spec = vector_env(plan.config).spec
+    torch.manual_seed(0)
+    model = TeamModel(spec, plan.config)
+    kept, read = copy.deepcopy(model), copy.deepcopy(model)
+    keeping = JaxTrainer(kept, plan.ppo, generator=torch.Generator().manual_seed(3))
+    reading = JaxTrainer(read, plan.ppo, generator=torch.Generator().manual_seed(3))
+    saved_model, saved_trainer = None, None
+    for update in range(5):
+        batches = _batches(model, spec, seed=5 + update)
+        if update in (1, 3):  # untouched since the last update: its arrays are taken as they are
+            assert keeping._kept is not None and keeping._inputs() is keeping._kept[0]
+        if update == 2:
+            saved_model, saved_trainer = copy.deepcopy(kept.state_dict()), copy.deepcopy(keeping.state_dict())
+        if update == 4:  # back to update 2's state as a resume loads it, and one weight nudged in place
+            for network, trainer in ((kept, keeping), (read, reading)):
+                network.load_state_dict(saved_model)
+                trainer.load_state_dict(copy.deepcopy(saved_trainer))  # torch's load keeps its tensors
+                with torch.no_grad():
+                    next(network.parameters())[0].add_(0.01)
+            assert keeping._kept is not None
+            before = keeping._kept[0]
+            assert keeping._inputs() is not before and keeping._kept is None
+        reading._kept = None
+        stats = keeping.update(batches), reading.update(batches)
+        assert stats[0] == stats[1]
+        assert_identical(kept.state_dict(), read.state_dict())
+        assert_identical(keeping.state_dict(), reading.state_dict())
+
+
 def test_one_step_equals_torchs_to_float_rounding():
     """One minibatch step of the whole batch: the Adam moments are 0.1 and 0.001 times the gradient and
     its square, equal to torch's to 2e-6 and 4e-6 of their scale (the sums in another order). The
