@@ -179,6 +179,7 @@ class CompiledRollout:
         for name, record in groups.items():
             agents = record["obs"].shape[-2]
             actor_next, critic_next = stepped[name]
+
             # from the critic's carry after the step, with no reset: the episode's next step; only
             # read where a copy truncated, so the critic runs at those steps alone
             def final_values(name: str = name, record: Any = record, critic_next: Any = critic_next) -> Any:

@@ -187,7 +187,7 @@ def test_weights_kept_in_jax_between_updates_are_bitwise_reading_them_back_and_t
     kept, read = copy.deepcopy(model), copy.deepcopy(model)
     keeping = JaxTrainer(kept, plan.ppo, generator=torch.Generator().manual_seed(3))
     reading = JaxTrainer(read, plan.ppo, generator=torch.Generator().manual_seed(3))
-    saved_model, saved_trainer = None, None
+    saved_model, saved_trainer = {}, {}
     for update in range(5):
         batches = _batches(model, spec, seed=5 + update)
         if update in (1, 3):  # untouched since the last update: its arrays are taken as they are

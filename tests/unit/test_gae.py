@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo import gae as gae_module
+from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.gae import compute_gae, copy_episodes, fold_turns, team_steps
 
 
