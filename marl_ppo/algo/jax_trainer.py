@@ -40,7 +40,7 @@ from marl_ppo.algo.sequences import Sequences
 from marl_ppo.algo.stats import Evaluation, TrainStats, batch_statistics, diagnostic_rows, update_stats
 from marl_ppo.algo.trainer import Trainer
 from marl_ppo.config import ConfigError, SettledPPO
-from marl_ppo.envs.jax.runtime import jax_modules
+from marl_ppo.envs.jax.runtime import TensorMarks, jax_modules, marks_hold, tensor_marks
 from marl_ppo.faults import NonFiniteError
 from marl_ppo.models.distributions import MASKED_LOGIT
 from marl_ppo.models.layers import AgentMLP
@@ -107,7 +107,7 @@ class JaxTrainer(Trainer):
         self.pi_parts = self._parts(self.actor_optimizer, model.actors)
         self.v_parts = self._parts(self.critic_optimizer, model.critics)
         self._programs: dict[tuple[tuple[bool, ...], tuple[tuple[bool, bool], ...]], Callable[..., Any]] = {}
-        self._kept: tuple[tuple[Any, ...], list[tuple[torch.Tensor, int]]] | None = None
+        self._kept: tuple[tuple[Any, ...], TensorMarks] | None = None
         """The last update's new weights and Adam states as JAX arrays, and the marks of the torch
         tensors they were written into (`_inputs`)."""
 
@@ -180,7 +180,7 @@ class JaxTrainer(Trainer):
             self._skips = int(nonfinite.sum())
         self._write(self.pi_params, pi_params, self.actor_optimizer, pi_adam)
         self._write(self.v_params, v_params, self.critic_optimizer, v_adam)
-        self._kept = ((pi_params, v_params, pi_adam, v_adam), self._marks())
+        self._kept = ((pi_params, v_params, pi_adam, v_adam), tensor_marks(self._tensors()))
         pi_epochs = len({int(epoch_of[k]) for k in np.flatnonzero(trained_pi)})
         return update_stats(
             _evaluation(before),
@@ -195,7 +195,7 @@ class JaxTrainer(Trainer):
         """The weights and Adam states the program starts from: the JAX arrays the last update wrote
         back while no torch tensor they came into has changed since (a resume, a warm start or any
         in-place write changes a tensor's version), else NumPy copies of the torch tensors."""
-        if self._kept is not None and _same_marks(self._kept[1], self._marks()):
+        if self._kept is not None and marks_hold(self._kept[1], self._tensors()):
             return self._kept[0]
         self._kept = None
         return (
@@ -205,8 +205,8 @@ class JaxTrainer(Trainer):
             self._adam_state(self.critic_optimizer, self.v_params),
         )
 
-    def _marks(self) -> list[tuple[torch.Tensor, int]]:
-        """Every parameter and optimizer state tensor with its in-place version counter."""
+    def _tensors(self) -> list[torch.Tensor]:
+        """Every parameter and optimizer state tensor."""
         tensors: list[torch.Tensor] = [*self.pi_params, *self.v_params]
         for optimizer, params in (
             (self.actor_optimizer, self.pi_params),
@@ -216,7 +216,7 @@ class JaxTrainer(Trainer):
                 tensors.extend(
                     value for value in optimizer.state.get(p, {}).values() if torch.is_tensor(value)
                 )
-        return [(tensor, tensor._version) for tensor in tensors]
+        return tensors
 
     def _adam_state(self, optimizer: torch.optim.Optimizer, params: Sequence[nn.Parameter]) -> dict[str, Any]:
         """The optimizer's moments and step count as NumPy arrays (zeros before its first step)."""
@@ -541,13 +541,6 @@ def _adam(jnp: Any, params: Sequence[Any], grads: Sequence[Any], state: Mapping[
 
 def _choose(jax: Any, condition: Any, taken: Any, kept: Any) -> Any:
     return jax.tree_util.tree_map(lambda a, b: jax.numpy.where(condition, a, b), taken, kept)
-
-
-def _same_marks(kept: Sequence[tuple[torch.Tensor, int]], now: Sequence[tuple[torch.Tensor, int]]) -> bool:
-    """The same tensors (not equal ones: the same objects) at the same versions."""
-    return len(kept) == len(now) and all(
-        a is b and version == current for (a, version), (b, current) in zip(kept, now, strict=True)
-    )
 
 
 def _params(optimizer: torch.optim.Optimizer) -> list[nn.Parameter]:

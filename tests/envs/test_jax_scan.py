@@ -200,3 +200,29 @@ def test_a_sampled_rollout_repeats_from_its_key_takes_allowed_actions_and_replay
         first["memory"][group.name], replayed["memory"][group.name], strict=True
     ):
         assert torch.equal(carried, again_carried)
+
+
+def test_the_next_rollout_starts_from_the_last_ones_outputs_unless_torch_wrote_into_the_arrays():
+    # scan_start takes up the last scan's own outputs while the published arrays are untouched; after an
+    # in-place write (as a resume's load writes them) it rebuilds them from the arrays, write included
+    from marl_ppo.rollout.jax_policy import JaxPolicy
+    from marl_ppo.rollout.jax_scan import CompiledRollout
+
+    venv, model = _setup("mpe_simple_spread_v3")
+    policy = JaxPolicy(model)
+    rollout = CompiledRollout(venv, policy, STEPS)
+    venv.reset(SEED)
+    key = policy.jax.random.PRNGKey(0)
+    rollout.run(policy.params(), key)
+    assert venv._scan_out is not None
+    _, _, out = venv.scan_start()
+    assert out is venv._scan_out[0]
+    group = venv.spec.groups[0].name
+    venv.arrays.groups[group].obs[0, 0, 0] = 123.0
+    _, _, rebuilt = venv.scan_start()
+    assert rebuilt is not venv._scan_out[0]
+    assert float(rebuilt["obs"][group][0, 0, 0]) == 123.0
+    for name in ("state", "done", "won"):
+        torch.testing.assert_close(
+            torch.from_dlpack(rebuilt[name]), torch.from_dlpack(out[name]), rtol=0, atol=0
+        )

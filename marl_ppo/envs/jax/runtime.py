@@ -1,5 +1,6 @@
 """JAX imported on first use, with its persistent compilation cache on, so a second run of an env skips
-most of the compile (SMAX's batched step takes tens of seconds to compile on a CPU)."""
+most of the compile (SMAX's batched step takes tens of seconds to compile on a CPU); and the marks by
+which the compiled paths tell that torch tensors they mirror in JAX are untouched."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import contextlib
 import importlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from marl_ppo.envs.registry import EnvError
 
@@ -66,3 +69,20 @@ def jax_modules() -> tuple[Any, Any]:
             jax.config.update("jax_compilation_cache_dir", str(folder))
             jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     return jax, jnp
+
+
+TensorMarks = list[tuple[torch.Tensor, int]]
+"""Tensors, each with its version counter (which every in-place write moves on) when marked."""
+
+
+def tensor_marks(tensors: Iterable[torch.Tensor]) -> TensorMarks:
+    """Mark `tensors` as they are now."""
+    return [(tensor, tensor._version) for tensor in tensors]
+
+
+def marks_hold(marks: Sequence[tuple[torch.Tensor, int]], tensors: Sequence[torch.Tensor]) -> bool:
+    """`tensors` are the marked ones (the same objects, in order) with nothing written into them since."""
+    return len(marks) == len(tensors) and all(
+        marked is tensor and version == tensor._version
+        for (marked, version), tensor in zip(marks, tensors, strict=True)
+    )

@@ -22,7 +22,7 @@ import torch
 from marl_ppo.envs.adapters.contract import EnvContractError
 from marl_ppo.envs.grouping import group_members
 from marl_ppo.envs.jax.families import JaxFamily
-from marl_ppo.envs.jax.runtime import jax_modules
+from marl_ppo.envs.jax.runtime import TensorMarks, jax_modules, marks_hold, tensor_marks
 from marl_ppo.envs.spec import GroupArrays, GroupSpec, TeamArrays, TeamSpec
 from marl_ppo.envs.vector.state import dump_env_state, load_env_state
 
@@ -175,6 +175,9 @@ class JaxVectorEnv:
         }
         self._episode_over = torch.zeros(num_envs, dtype=torch.bool)
         self._episode_won = torch.zeros(num_envs, dtype=torch.bool)
+        self._scan_out: tuple[dict[str, Any], TeamArrays[torch.Tensor], TensorMarks] | None = None
+        """The last compiled rollout's `out`, the arrays published from it and their tensors' versions
+        (`scan_start` takes it up again while they are untouched)."""
 
     @property
     def episode_over(self) -> torch.Tensor:
@@ -228,7 +231,14 @@ class JaxVectorEnv:
 
     def scan_start(self) -> tuple[Any, Any, dict[str, Any]]:
         """`(keys, states, out)` where the next step starts: the copies' keys and states, and the last
-        step's `out` (as `_batched_functions` gives it) rebuilt from `arrays` as JAX arrays."""
+        step's `out` (as `_batched_functions` gives it): the last compiled rollout's own while nothing
+        has replaced or written into `arrays` since, else rebuilt from `arrays` as JAX arrays."""
+        kept = self._scan_out
+        if kept is not None and kept[1] is self.arrays and marks_hold(kept[2], self._tensors()):
+            out = kept[0]
+            device = next(iter(out["state"].devices()))
+            keys, states = self._jax.device_put((self._keys, self._states), device)
+            return keys, states, out
         groups = self.arrays.groups
         jnp = self._jax.numpy
 
@@ -263,6 +273,14 @@ class JaxVectorEnv:
         """Take up the copies where a compiled rollout left them: its last keys, states and `out`."""
         self._keys, self._states = keys, states
         self._publish(out)
+        self._scan_out = (out, self.arrays, tensor_marks(self._tensors()))
+
+    def _tensors(self) -> list[torch.Tensor]:
+        """Every tensor `arrays` and the episode flags hold."""
+        tensors = [self.arrays.state, self.arrays.final_state, self._episode_over, self._episode_won]
+        for group in self.arrays.groups.values():
+            tensors.extend(getattr(group, field.name) for field in dataclasses.fields(group))
+        return tensors
 
     def env_states(self) -> list[bytes]:
         """Every copy's keys and state, as NumPy arrays, in one blob."""
