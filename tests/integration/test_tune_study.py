@@ -55,7 +55,9 @@ def test_a_trials_score_is_the_iqm_of_its_seeds_evaluation_files(tmp_path):
 
 def test_the_median_rule_stops_a_trial_scoring_below_the_completed_trials_median(tmp_path):
     setup = tune_toy.setup(tmp_path, trials=3, pruner="median", seeds=2, jobs=2)
-    os.environ["TUNE_TOY_DELAY"] = "0.4"  # slow enough that pruning comes before the end
+    os.environ["TUNE_TOY_DELAY"] = "0.4"
+    os.environ["TUNE_TOY_HOLD_BELOW"] = "0.15"  # the low trial waits after its second evaluation: pruning
+    # comes before its end on a loaded machine too
     try:
         study = open_study(setup)
         for clip in (0.2, 0.22, 0.1):  # scores about 10.4, 10.36 and 9.4
@@ -63,7 +65,7 @@ def test_the_median_rule_stops_a_trial_scoring_below_the_completed_trials_median
         lines: list[str] = []
         study = _run(setup, lines)
     finally:
-        del os.environ["TUNE_TOY_DELAY"]
+        del os.environ["TUNE_TOY_DELAY"], os.environ["TUNE_TOY_HOLD_BELOW"]
     states = [t.state for t in study.trials]
     assert states == [
         optuna.trial.TrialState.COMPLETE,

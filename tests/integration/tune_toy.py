@@ -17,6 +17,9 @@ from pathlib import Path
 EVALUATIONS = int(os.environ.get("TUNE_TOY_EVALUATIONS", "4"))
 DELAY_S = float(os.environ.get("TUNE_TOY_DELAY", "0.05"))
 """Seconds before each evaluation."""
+HOLD_BELOW = float(os.environ.get("TUNE_TOY_HOLD_BELOW", "0"))
+"""A run whose `ppo.clip_ratio` is below this waits a minute before each evaluation after its second:
+one the tuner should stop then is still running when it does, however loaded the machine."""
 
 
 def toy_return(clip_ratio: float, seed: int, index: int) -> float:
@@ -32,7 +35,7 @@ def train(run_dir: Path, overrides: list[str]) -> None:
     path = run_dir / "evaluations.jsonl"
     done = len(path.read_text().splitlines()) if path.is_file() else 0
     for index in range(done, EVALUATIONS):
-        time.sleep(DELAY_S)
+        time.sleep(60.0 if index >= 2 and clip_ratio < HOLD_BELOW else DELAY_S)
         value = scale * toy_return(clip_ratio, seed, index)
         with path.open("a") as handle:
             handle.write(
