@@ -20,9 +20,19 @@ from marl_ppo.analysis.runlogs import scalar_series
 TAGS = ("eval/nash_conv", "league/pool_nash_conv")
 
 
+_READ: dict[Path, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+
+
+def _series(run: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Both tags of a run, its event files read once (a long run's are hundreds of MB)."""
+    if run not in _READ:
+        _READ[run] = scalar_series(run, TAGS)
+    return _READ[run]
+
+
 def curves(run_dirs: list[Path], tag: str) -> tuple[np.ndarray, np.ndarray]:
     """The steps every run logged `tag` at, and the values `(runs, steps)` there."""
-    series = [scalar_series(run, [tag]).get(tag) for run in run_dirs]
+    series = [_series(run).get(tag) for run in run_dirs]
     series = [s for s in series if s is not None and len(s[0])]
     if not series:
         return np.zeros(0), np.zeros((0, 0))
