@@ -75,6 +75,7 @@ def fold_turns(
     *,
     last_alive: torch.Tensor,
     final_alive: torch.Tensor | None = None,
+    whole_tensors: bool = True,
 ) -> Transitions:
     """Transitions for agents that act at some steps only (turn-based games, agents that leave or join).
 
@@ -93,37 +94,13 @@ def fold_turns(
     the one before it cut, exactly as the unfinished last one: its targets stay on positions where the
     agent acts, at the cost of one sample per truncated episode, where training the critic on waiting
     positions too would change every turn-based game's value loss. When every agent acts at every step
-    this reduces to the usual one-step transitions. All inputs are `(T, ...)` except `last_values`
-    and `last_alive` `(...)`.
+    this reduces to the usual one-step transitions, computed with whole-tensor operations unless
+    `whole_tensors` is False (the walk back, with the same numbers). All inputs are `(T, ...)` except
+    `last_values` and `last_alive` `(...)`.
     """
-    if bool(alive.all()) and bool(last_alive.all()) and (final_alive is None or bool(final_alive.all())):
+    every_step = bool(alive.all()) and bool(last_alive.all())
+    if whole_tensors and every_step and (final_alive is None or bool(final_alive.all())):
         return _every_step(rewards, values, last_values, final_values, terminated, truncated, alive)
-    return _walk_back(
-        rewards,
-        values,
-        last_values,
-        final_values,
-        terminated,
-        truncated,
-        alive,
-        last_alive=last_alive,
-        final_alive=final_alive,
-    )
-
-
-def _walk_back(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    last_values: torch.Tensor,
-    final_values: torch.Tensor,
-    terminated: torch.Tensor,
-    truncated: torch.Tensor,
-    alive: torch.Tensor,
-    *,
-    last_alive: torch.Tensor,
-    final_alive: torch.Tensor | None,
-) -> Transitions:
-    """`fold_turns` step by step from the rollout's end, for any acting pattern."""
     steps = rewards.shape[0]
     out_rewards, out_next = torch.empty_like(rewards), torch.empty_like(rewards)
     out_terminated, out_done = torch.empty_like(alive), torch.empty_like(alive)

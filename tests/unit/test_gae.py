@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-from marl_ppo.algo import gae as gae_module
 from marl_ppo.algo.batch import rollout_batches
 from marl_ppo.algo.gae import compute_gae, copy_episodes, fold_turns, team_steps
 
@@ -106,7 +105,7 @@ def test_fold_turns_whole_tensor_path_is_bitwise_the_walk_back():
     alive, last_alive = torch.ones(shape, dtype=torch.bool), torch.ones(shape[1:], dtype=torch.bool)
     inputs = (rewards, values, last, finals, terminated, truncated, alive)
     fast = fold_turns(*inputs, last_alive=last_alive, final_alive=torch.ones(shape, dtype=torch.bool))
-    walked = gae_module._walk_back(*inputs, last_alive=last_alive, final_alive=None)
+    walked = fold_turns(*inputs, last_alive=last_alive, whole_tensors=False)
     for field in ("rewards", "next_values", "terminated", "done", "alive"):
         a, b = getattr(fast, field), getattr(walked, field)
         assert a.dtype == b.dtype and torch.equal(a, b), field
