@@ -20,12 +20,16 @@ def curve_tag(configurations: Sequence[Configuration]) -> str:
     return "eval/team_return" if all(run.has("eval/team_return") for run in runs) else "rollout/team_return"
 
 
-def binned_curve(steps: np.ndarray, values: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Mean of the values in each span `(edges[k], edges[k+1]]`; empty spans interpolated from their neighbours."""
+def binned_curve(
+    steps: np.ndarray, values: np.ndarray, edges: np.ndarray, weights: np.ndarray | None = None
+) -> np.ndarray:
+    """Mean of the values in each span `(edges[k], edges[k+1]]`, each value counted `weights` times
+    (the episodes behind an update's mean; once without); empty spans interpolated from their neighbours."""
     index = np.searchsorted(edges, steps, side="left") - 1
     inside = (index >= 0) & (index < len(edges) - 1)
-    sums = np.bincount(index[inside], weights=values[inside], minlength=len(edges) - 1)
-    counts = np.bincount(index[inside], minlength=len(edges) - 1)
+    weight = np.ones(len(values)) if weights is None else np.asarray(weights, dtype=np.float64)
+    sums = np.bincount(index[inside], weights=values[inside] * weight[inside], minlength=len(edges) - 1)
+    counts = np.bincount(index[inside], weights=weight[inside], minlength=len(edges) - 1)
     centers = (edges[:-1] + edges[1:]) / 2
     filled = counts > 0
     curve: np.ndarray = np.interp(centers, centers[filled], sums[filled] / counts[filled])
@@ -43,7 +47,7 @@ def configuration_curves(config: Configuration, tag: str) -> tuple[np.ndarray, n
         grid = grid[grid <= end]
         return grid, np.stack([np.interp(grid, *run.series[tag]) for run in usable])
     edges = np.linspace(0.0, end, CURVE_BINS + 1)
-    curves = np.stack([binned_curve(*run.series[tag], edges) for run in usable])
+    curves = np.stack([binned_curve(*run.series[tag], edges, run.episode_counts(tag)) for run in usable])
     return (edges[:-1] + edges[1:]) / 2, curves
 
 

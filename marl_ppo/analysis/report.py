@@ -73,7 +73,7 @@ def run_metrics(run: RunLog) -> dict[str, float]:
     metrics = {}
     if run.has("rollout/team_return"):
         window = int((run.config.get("log") or {}).get("return_window", 100))
-        metrics["final_return"] = float(run.series["rollout/team_return"][1][-window:].mean())
+        metrics["final_return"] = run.last_episodes_mean("rollout/team_return", window)
     if run.has("eval/team_return"):
         values = run.series["eval/team_return"][1]
         metrics["final_eval"], metrics["max_eval"] = float(values[-1]), float(values.max())

@@ -28,7 +28,9 @@ CHECK_KEYS = ("expected",)
 """Top-level config keys that say what a run should reach (the band `reproduce` checks), not what it
 trained: runs that differ only there are one configuration, and `sweep` reuses them."""
 
-RETURN_TAGS = ("rollout/team_return", "eval/team_return")
+RETURN_TAGS = ("rollout/team_return", "eval/team_return", "rollout/episodes")
+"""The tags a run is read for; `rollout/episodes` is the count behind each update's mean under
+`log.episodes: update`."""
 
 
 class ReportError(UserError, ValueError):
@@ -55,6 +57,33 @@ class RunLog:
     def has(self, tag: str) -> bool:
         """True when the run logged at least one point of `tag`."""
         return tag in self.series and len(self.series[tag][0]) > 0
+
+    def episode_counts(self, tag: str) -> np.ndarray | None:
+        """For a `rollout/` tag the run logged as each update's mean (`log.episodes: update`), the
+        episodes behind each point; None when each point is one episode (or an evaluation's mean)."""
+        if not tag.startswith("rollout/") or not self.has("rollout/episodes"):
+            return None
+        counts = self.series["rollout/episodes"][1]
+        if len(counts) != len(self.series[tag][1]):
+            raise ReportError(
+                f"{self.run_dir}: {len(self.series[tag][1])} points of {tag} against {len(counts)} of "
+                "rollout/episodes, so its update means cannot be weighted; report on runs that kept one "
+                "log.episodes setting from start to end"
+            )
+        return counts
+
+    def last_episodes_mean(self, tag: str, episodes: int) -> float:
+        """The mean of `tag` over the run's last `episodes` training episodes: the last points, or
+        under `log.episodes: update` the last updates' means weighted by their episodes (the oldest
+        update counted for the episodes the window still needs)."""
+        values = self.series[tag][1]
+        counts = self.episode_counts(tag)
+        if counts is None:
+            return float(values[-episodes:].mean())
+        newest_first = counts[::-1]
+        later = np.cumsum(newest_first) - newest_first  # the episodes of the updates after each one
+        taken = np.clip(episodes - later, 0, newest_first)
+        return float((values[::-1] * taken).sum() / taken.sum())
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,12 @@ class LogConfig:
     """Also log per-agent returns under `agents/<agent_id>/`."""
     return_window: PositiveInt = 100
     """Episodes averaged for `team_return_mean` in the progress bar and summary.json."""
+    episodes: Literal["each", "update"] = "each"
+    """How finished episodes reach the backends (`rollout/`, `groups/`, `agents/`): `each` logs every
+    episode at the env step it ended; `update` logs once per update, at its env step, each tag's
+    mean over the episodes that ended in it, and their count as `rollout/episodes` (which `report`
+    weights by). For games of a few moves over millions of steps (Kuhn poker: about 1.7M episodes in
+    4M steps), `update` keeps the event files small; training is the same either way."""
 
     def __post_init__(self) -> None:
         if len(set(self.backends)) != len(self.backends):

@@ -7,7 +7,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 import numpy as np
 import torch
@@ -87,13 +87,15 @@ class RunLogger:
         return_window: int,
         per_agent: bool,
         progress: bool,
+        episodes: Literal["each", "update"] = "each",
         resume_step: int | None = None,
         stream: TextIO | None = None,
         headline: Headline = team_return_headline,
         backends: Sequence[LogBackend] | None = None,
     ) -> None:
         """`resume_step`: continue a run checkpointed at this env step, dropping what it logged after.
-        `headline`: what a progress line says of the run.
+        `headline`: what a progress line says of the run. `episodes`: `log.episodes`, whether each
+        finished episode is written or each update's means.
 
         `progress` writes to `stream` (default stderr): a redrawn bar on a terminal, else `ProgressLines`.
         `backends` receive the scalars (default: TensorBoard in `run_dir/tensorboard`).
@@ -109,6 +111,7 @@ class RunLogger:
             else {}
         )
         self.per_agent = per_agent
+        self.each_episode = episodes == "each"
         self.team_returns: deque[float] = deque(maxlen=return_window)
         self.episode_lengths: deque[int] = deque(maxlen=return_window)
         self.latest: dict[str, float] = {}
@@ -148,8 +151,9 @@ class RunLogger:
         """Mean over agents and recent episodes of each agent's return; nan before the first."""
         return float(np.mean(np.stack(self.agent_returns))) if self.agent_returns else float("nan")
 
-    def episodes_done(self, episodes: Sequence[EpisodeRecord]) -> None:
-        """Log each finished episode at the env step it ended and add it to the return window."""
+    def episodes_done(self, episodes: Sequence[EpisodeRecord], step: int | None = None) -> None:
+        """Add the finished episodes to the return window and log them: each at the env step it ended,
+        or (`episodes="update"`) each tag's mean over them and their count at `step`, the update's."""
         if not episodes:
             return
         self.episodes += len(episodes)
@@ -169,6 +173,12 @@ class RunLogger:
             columns[f"groups/{name}/return"] = agents[:, members].sum(axis=1)
         if self.per_agent:
             columns.update((f"agents/{agent}/return", agents[:, i]) for i, agent in enumerate(self.agents))
+        if not self.each_episode:
+            if step is None:
+                raise ValueError("episodes_done: logging each update's means needs the update's step")
+            means = [(tag, float(column.mean())) for tag, column in columns.items()]
+            self._write(step, [*means, ("rollout/episodes", len(episodes))])
+            return
         by_step: dict[int, list[tuple[str, Any]]] = {}  # episodes of many copies end at the same step
         for row, episode in enumerate(episodes):
             by_step.setdefault(episode.end_step, []).extend(

@@ -189,6 +189,7 @@ def _make_logger(
         return_window=config.log.return_window,
         per_agent=config.log.per_agent,
         progress=config.log.progress,
+        episodes=config.log.episodes,
         resume_step=resume_step,
         headline=_headline(config),
         backends=open_backends(config, run_dir, resume_step=resume_step),
@@ -541,7 +542,7 @@ def _one_update(
         with torch_threads(update_threads):
             stats = trainer.update(batches, lagged=config.rollout.policy_lag > 0)
         t2 = time.perf_counter()
-    logger.episodes_done(rollout.episodes)
+    logger.episodes_done(rollout.episodes, collector.env_steps)
     act_s = rollout.act_seconds if rollout.act_seconds is not None else (t1 - t0) - rollout.env_seconds
     extra = {
         "perf/sps": collector.env_steps / (t2 - start),
