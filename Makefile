@@ -23,7 +23,7 @@ run: install
 	$(BIN)/marl-ppo train $(EXPERIMENT) $(ARGS)
 
 test: install
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" --durations=20
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow
