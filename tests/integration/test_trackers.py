@@ -259,7 +259,9 @@ def test_report_and_compare_read_a_run_that_logged_csv_alone(tmp_path, tiny_over
     from marl_ppo.analysis.runlogs import RETURN_TAGS, find_run_dirs, last_values, read_run
 
     run_dir = tmp_path / "run"
-    train(_config(tiny_overrides, "log.backends=[tensorboard,csv]", "eval.every=50"), run_dir)
+    # each update's episode means, so that every tag a run is read for is logged (rollout/episodes too)
+    config = _config(tiny_overrides, "log.backends=[tensorboard,csv]", "eval.every=50", "log.episodes=update")
+    train(config, run_dir)
     from_tensorboard = read_run(run_dir).series
     last = last_values(run_dir, RETURN_TAGS)
     shutil.rmtree(run_dir / "tensorboard")
