@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 from marl_ppo.config.base import STRICT, PositiveInt
@@ -41,3 +42,11 @@ class EnvConfig:
     only assert what the adapter already guarantees, and without the observations the parallel
     wrapper computes before each agent's move and discards (same trajectories while the env's
     `observe()` only reads it; faster steps). false steps the env exactly as its factory built it."""
+    shaped_reward: Annotated[float, Field(ge=0)] = 0.0
+    """Weight of the env's shaped reward (JaxMARL's Overcooked: 3 for an onion put in a pot or a dish
+    picked up, 5 for a soup picked up) added to the reward the policy learns from, at the run's start;
+    0: off. Episode returns, evaluations and `report` stay on the env's own reward. Only envs that
+    report a shaped reward take it."""
+    shaped_reward_steps: PositiveInt | None = None
+    """The shaped reward's weight falls linearly from `shaped_reward` to 0 over this many env steps
+    (read at each rollout's start, as JaxMARL's IPPO anneals it); null: it stays at `shaped_reward`."""

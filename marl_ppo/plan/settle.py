@@ -12,7 +12,7 @@ from typing import Literal, cast
 
 import torch
 
-from marl_ppo.config import ExperimentConfig, SettledPPO
+from marl_ppo.config import ConfigError, ExperimentConfig, SettledPPO
 from marl_ppo.envs.factory import (
     batched_layout,
     make_team_env,
@@ -21,6 +21,7 @@ from marl_ppo.envs.factory import (
     resolve_vector,
     team_spec,
 )
+from marl_ppo.envs.jax.catalog import reports_shaped_reward
 from marl_ppo.envs.registry import anchored
 from marl_ppo.envs.spec import BatchedLayout, EnvLayout, TeamSpec
 from marl_ppo.models.layers import resolve_device, resolve_precision
@@ -126,6 +127,7 @@ def plan_run(config: ExperimentConfig) -> RunPlan:
     batched simulator but a JaxMARL env's, built and not reset, for `rollout.compiled`): its layout is
     the plan's, and `rollout.vector: auto` times its steps."""
     config = _with_precision(settle_copies(anchored_config(config)))
+    _check_shaping(config)
     batched = batched_layout(config)
     if batched is not None:  # one object holds every copy: no probe copy (a JaxMARL env's is built
         # for `rollout.compiled`, not reset: nothing is compiled or stepped)
@@ -144,6 +146,15 @@ def plan_run(config: ExperimentConfig) -> RunPlan:
     config, _ = settle_compiled(config, spec)  # false: not a JaxMARL env
     settle_learner(config, None)  # fast.learner=jax is refused here
     return _settled(config, spec)
+
+
+def _check_shaping(config: ExperimentConfig) -> None:
+    """Refuse `env.shaped_reward` for an env that reports no shaped reward."""
+    if config.env.shaped_reward and not reports_shaped_reward(config.env.id):
+        raise ConfigError(
+            f"env.shaped_reward={config.env.shaped_reward}: env '{config.env.id}' reports no shaped reward "
+            "(JaxMARL's Overcooked layouts do); set env.shaped_reward: 0"
+        )
 
 
 def plan_eval(config: ExperimentConfig) -> RunPlan:

@@ -19,6 +19,7 @@ from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import GroupStep, RolloutBuffer
 from marl_ppo.rollout.memory import PolicyMemory, make_memory
 from marl_ppo.rollout.opponents import Opponents
+from marl_ppo.rollout.shaping import WEIGHT_TAG, RewardShaping
 from marl_ppo.rollout.source import EpisodeRecord, InProcessSource, RolloutResult
 from marl_ppo.rollout.stepper import Finished, Stepper, to_tensor
 
@@ -52,6 +53,8 @@ class Collector(InProcessSource):
         """Env steps taken so far over all copies (one per copy per step)."""
         self.opponents: Opponents | None = None
         """Where set, they play the agents the learner does not in each copy (a league)."""
+        self.shaping: RewardShaping | None = None
+        """Where set, the env's shaped reward is added to the rewards stored (the venv reports one)."""
 
     def start(self, seed: int) -> None:
         """Reset every env copy (env i gets `seed + i`) and clear episode accounting."""
@@ -84,6 +87,10 @@ class Collector(InProcessSource):
         env_seconds = self.stepper.env_seconds
         policy = ActingView(self.model)  # no update runs during a rollout
         acting = RolloutActing(policy, self.memory, buffer, self.device, self.opponents)
+        if self.shaping is not None:
+            weight = self.shaping.weight_at(self.env_steps)
+            acting.shaped = (weight, self.venv)
+            result.perf[WEIGHT_TAG] = weight
         if self.opponents is not None:
             self.opponents.begin_rollout()
         while not buffer.full:
@@ -123,6 +130,8 @@ class RolloutActing:
     ) -> None:
         self.policy, self.memory, self.buffer, self.device = policy, memory, buffer, device
         self.opponents = opponents
+        self.shaped: tuple[float, Any] | None = None
+        """`(weight, venv)`: store `reward + weight * venv.shaped_reward` (`rollout.shaping`)."""
 
     def act(self, arrays: TeamArrays) -> dict[str, torch.Tensor]:
         """Sample every agent's action; keep what the buffer will store."""
@@ -153,6 +162,10 @@ class RolloutActing:
             final_values = self.memory.final_values(self.policy, final_state, final_obs)
         else:
             final_values = {name: torch.zeros_like(v) for name, v in acted.values.items()}
+        rewards = {name: group.reward for name, group in groups.items()}
+        if self.shaped is not None:
+            weight, venv = self.shaped
+            rewards = {name: reward + weight * venv.shaped_reward[name] for name, reward in rewards.items()}
         steps = {
             name: GroupStep(
                 obs=acted.obs[name],
@@ -161,7 +174,7 @@ class RolloutActing:
                 actions=acted.actions[name],
                 logp=acted.logp[name],
                 values=acted.values[name],
-                rewards=group.reward,
+                rewards=rewards[name],
                 terminated=group.terminated,
                 truncated=group.truncated,
                 final_values=final_values[name],

@@ -32,6 +32,7 @@ from marl_ppo.rollout.collector import arrays_state, load_arrays
 from marl_ppo.rollout.jax_policy import JaxPolicy
 from marl_ppo.rollout.jax_scan import CompiledRollout, GroupCarry, Records
 from marl_ppo.rollout.memory import make_memory
+from marl_ppo.rollout.shaping import WEIGHT_TAG, RewardShaping
 from marl_ppo.rollout.source import EpisodeRecord, InProcessSource, RolloutResult
 from marl_ppo.rollout.stepper import Finished
 
@@ -110,6 +111,8 @@ class CompiledSource(InProcessSource):
         self.env_steps = 0
         """Env steps taken so far over all copies (one per copy per step)."""
         self._wins = isinstance(venv, WinsEpisodes)
+        self.shaping: RewardShaping | None = None
+        """Where set, the env's shaped reward is added to the rewards stored (the venv reports one)."""
 
     def start(self, seed: int) -> None:
         """Reset every env copy (copy i from `seed + i`) and clear the episode accounting."""
@@ -160,9 +163,10 @@ class CompiledSource(InProcessSource):
         episodes and count its steps; what the loop reads of it."""
         before = self.env_steps
         records = {key: _on(value, self.device) for key, value in records.items()}
+        weight = None if self.shaping is None else self.shaping.weight_at(before)
         buffer.add_rollout(
             records["state"],
-            self._groups(records, buffer),
+            self._groups(records, buffer, weight),
             self._memory(records),
             episode_over=records["episode_over"],
         )
@@ -173,6 +177,8 @@ class CompiledSource(InProcessSource):
         result = RolloutResult(
             env_steps=buffer.steps * copies, env_seconds=scan_s, perf={"perf/scan_s": scan_s}
         )
+        if weight is not None:
+            result.perf[WEIGHT_TAG] = weight
         result.episodes = [
             _record(episode, before + (t + 1) * copies) for t, episode in self._finished(records)
         ]
@@ -182,9 +188,12 @@ class CompiledSource(InProcessSource):
             result.last_alive[name] = torch.ones_like(result.last_values[name], dtype=torch.bool)
         return result
 
-    def _groups(self, records: Records, buffer: RolloutBuffer) -> dict[str, GroupStorage]:
+    def _groups(
+        self, records: Records, buffer: RolloutBuffer, weight: float | None
+    ) -> dict[str, GroupStorage]:
         """Each group's records in return units, as the collector stores them: V(final obs) where any
-        copy truncated at the step, else 0."""
+        copy truncated at the step, else 0; the env's reward plus `weight` times its shaped reward
+        where `weight` is set."""
         groups = records["groups"]
         truncated = torch.stack([g["truncated"].flatten(1).any(1) for g in groups.values()]).any(0)
         stored = {}
@@ -197,7 +206,9 @@ class CompiledSource(InProcessSource):
                 logp=record["logp"],
                 values=norm.denormalize(record["values"]),
                 final_values=final,
-                rewards=record["rewards"],
+                rewards=record["rewards"]
+                if weight is None
+                else record["rewards"] + weight * record["shaped"],
                 terminated=record["terminated"],
                 truncated=record["truncated"],
                 alive=torch.ones_like(storage.alive),

@@ -11,7 +11,8 @@ records what the rollout buffer stores, stacked `(T, E, ...)` and handed to torc
   `values` and `final_values` (the critic's units: `ValueNorm.denormalize` is torch's, once per
   rollout; `final_values` is V(final obs, final state) where any copy truncated at the step, else 0,
   as the collector stores it, from the critic's carry after the step), `rewards`, `terminated`,
-  `truncated`, `final_obs`, and the policy's memory as the step read it (`GroupCarry`): `is_first`,
+  `truncated`, `final_obs`, `shaped` (the env's shaped reward, for an env that reports one), and
+  the policy's memory as the step read it (`GroupCarry`): `is_first`,
   `actor_state` and `critic_state` (`(T, E, rows, S_c)`), the carries before the step's reset;
 - per group `last_values` `(E, A_g)`: the critic's values of the observations after the last step
   (the bootstrap of the rollout's end, in the critic's units, from the critic's carry then).
@@ -197,6 +198,8 @@ class CompiledRollout:
                 truncated_anywhere, final_values, lambda record=record: jnp.zeros_like(record["values"])
             )
             record["rewards"] = after["reward"][name]
+            if "shaped" in after:
+                record["shaped"] = after["shaped"][name]
             record["final_obs"] = after["final_obs"][name]
             for flag in ("terminated", "truncated"):
                 record[flag] = jnp.broadcast_to(after[flag][:, None], (after[flag].shape[0], agents))

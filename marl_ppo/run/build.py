@@ -12,6 +12,7 @@ from marl_ppo.plan.settle import RunPlan
 from marl_ppo.rollout.collector import Collector
 from marl_ppo.rollout.compiled import CompiledSource
 from marl_ppo.rollout.ray_workers import RayRolloutWorkers
+from marl_ppo.rollout.shaping import reward_shaping
 from marl_ppo.rollout.source import RolloutSource
 from marl_ppo.rollout.workers import RolloutWorkers
 
@@ -24,11 +25,15 @@ def build_collector(plan: RunPlan) -> tuple[RolloutSource, TeamModel]:
     if not isinstance(layout, TeamSpec) or config.rollout.vector not in ("workers", "ray"):
         venv = build_vector_env(config, layout, device)
         model = TeamModel(venv.spec, config).to(device)
+        source: CompiledSource | Collector
         if config.rollout.compiled is True:
             assert isinstance(venv, JaxVectorEnv)  # as the plan found it
             steps = config.rollout.rollout_steps
-            return CompiledSource(venv, model, device, steps=steps, seed=config.seed), model
-        return Collector(venv, model, device), model
+            source = CompiledSource(venv, model, device, steps=steps, seed=config.seed)
+        else:
+            source = Collector(venv, model, device)
+        source.shaping = reward_shaping(config)  # the plan refused it for an env without a shaped reward
+        return source, model
     model = TeamModel(layout, config).to(device)
     if config.rollout.vector == "ray":
         return RayRolloutWorkers(config, model, layout), model

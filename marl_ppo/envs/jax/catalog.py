@@ -38,6 +38,15 @@ def make_jaxmarl(
     return jax_vector_env(env, family, f"jaxmarl/{name}", num_envs)
 
 
+def reports_shaped_reward(env_id: str) -> bool:
+    """The env of `env_id` reports a shaped reward (a JaxMARL family with one: Overcooked)."""
+    from marl_ppo.envs.jax.families import jaxmarl_families
+
+    prefix, _, name = env_id.partition("/")
+    family = jaxmarl_families().get(name) if prefix == "jaxmarl" else None
+    return family is not None and family.shaped_reward
+
+
 def family_names() -> list[str]:
     """Every name after `jaxmarl/` (SMAX maps, Overcooked layouts, Hanabi, MPE scenarios)."""
     from marl_ppo.envs.jax.families import jaxmarl_families

@@ -76,6 +76,9 @@ class JaxFamily:
     world_state: bool = False
     """The env puts the global state in its observations under `world_state`; else the critic's state
     is every agent's observation, concatenated."""
+    shaped_reward: bool = False
+    """The env's step reports a shaped reward per agent in its info under `shaped_reward` (learned
+    from with `env.shaped_reward`)."""
 
 
 def make_smax(map_name: str, **kwargs: Any) -> Any:
@@ -152,7 +155,12 @@ def smax(map_name: str) -> JaxFamily:
 
 def overcooked(layout: str) -> JaxFamily:
     """The family record of Overcooked on `layout`."""
-    return JaxFamily("overcooked", lambda **kwargs: make_overcooked(layout, **kwargs), time_limit=_step_limit)
+    return JaxFamily(
+        "overcooked",
+        lambda **kwargs: make_overcooked(layout, **kwargs),
+        time_limit=_step_limit,
+        shaped_reward=True,
+    )
 
 
 def hanabi() -> JaxFamily:

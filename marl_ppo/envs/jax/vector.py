@@ -114,11 +114,15 @@ def _batched_functions(env: Any, family: JaxFamily, spec: TeamSpec) -> tuple[Any
         out["final_obs"], out["final_state"] = out["obs"], out["state"]
         out["reward"] = {g.name: jnp.zeros(g.num_agents, jnp.float32) for g in spec.groups}
         out["terminated"] = out["truncated"] = out["done"] = out["won"] = jnp.zeros((), bool)
+        if family.shaped_reward:
+            out["shaped"] = {g.name: jnp.zeros(g.num_agents, jnp.float32) for g in spec.groups}
         return key, state, out
 
     def step_one(key: Any, state: Any, actions: Any) -> tuple[Any, Any, dict[str, Any]]:
         key, step_key, reset_key = jax.random.split(key, 3)
-        obs, after, rewards, dones, _ = env.step_env(step_key, state, dict(zip(order, actions, strict=True)))
+        obs, after, rewards, dones, info = env.step_env(
+            step_key, state, dict(zip(order, actions, strict=True))
+        )
         done = dones["__all__"]
         truncated = done & family.time_limit(env, after)
         won = done & family.won(env, after) if family.won is not None else jnp.zeros((), bool)
@@ -133,6 +137,11 @@ def _batched_functions(env: Any, family: JaxFamily, spec: TeamSpec) -> tuple[Any
         }
         out["terminated"], out["truncated"] = done & ~truncated, truncated
         out["done"], out["won"] = done, won
+        if family.shaped_reward:
+            shaped = info["shaped_reward"]
+            out["shaped"] = {
+                g.name: jnp.stack([shaped[a] for a in g.agents]).astype(jnp.float32) for g in spec.groups
+            }
         return key, chosen, out
 
     return jax.jit(jax.vmap(reset_one)), jax.jit(jax.vmap(step_one))
@@ -175,6 +184,11 @@ class JaxVectorEnv:
         }
         self._episode_over = torch.zeros(num_envs, dtype=torch.bool)
         self._episode_won = torch.zeros(num_envs, dtype=torch.bool)
+        self._shaped: dict[str, torch.Tensor] | None = (
+            {g.name: torch.zeros((num_envs, g.num_agents)) for g in self.spec.groups}
+            if family.shaped_reward
+            else None
+        )
         self._scan_out: tuple[dict[str, Any], TeamArrays[torch.Tensor], TensorMarks] | None = None
         """The last compiled rollout's `out`, the arrays published from it and their tensors' versions
         (`scan_start` takes it up again while they are untouched)."""
@@ -183,6 +197,12 @@ class JaxVectorEnv:
     def episode_over(self) -> torch.Tensor:
         """`(E,)` bools: the copy's episode ended at the last step (and it was reset)."""
         return self._episode_over
+
+    @property
+    def shaped_reward(self) -> dict[str, torch.Tensor] | None:
+        """Per group `(E, A_g)`: the shaped reward of the last step (0 after a reset), beside the env's own
+        reward in `arrays`; None for an env that reports none (`JaxFamily.shaped_reward`)."""
+        return self._shaped
 
     def reset(self, seed: int) -> TeamArrays[torch.Tensor]:
         """Reset copy i from the key of `seed + i`."""
@@ -222,6 +242,8 @@ class JaxVectorEnv:
         self.arrays = TeamArrays(groups=groups, state=state, final_state=final_state)
         self._episode_over = _to_torch(out["done"])
         self._episode_won = _to_torch(out["won"])
+        if self._shaped is not None:
+            self._shaped = {name: _to_torch(reward) for name, reward in out["shaped"].items()}
 
     @property
     def batched_step(self) -> Any:
@@ -264,6 +286,8 @@ class JaxVectorEnv:
         }
         if self.family.masks is not None:
             out["mask"] = per_group("action_mask")
+        if self._shaped is not None:
+            out["shaped"] = {name: jax_of(reward) for name, reward in self._shaped.items()}
         # committed to the arrays' device, as the scan's own outputs are: one compiled program for both
         device = next(iter(out["state"].devices()))
         keys, states = self._jax.device_put((self._keys, self._states), device)
@@ -278,6 +302,7 @@ class JaxVectorEnv:
     def _tensors(self) -> list[torch.Tensor]:
         """Every tensor `arrays` and the episode flags hold."""
         tensors = [self.arrays.state, self.arrays.final_state, self._episode_over, self._episode_won]
+        tensors.extend((self._shaped or {}).values())
         for group in self.arrays.groups.values():
             tensors.extend(getattr(group, field.name) for field in dataclasses.fields(group))
         return tensors
