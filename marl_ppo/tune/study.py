@@ -18,7 +18,7 @@ from __future__ import annotations
 import fcntl
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from marl_ppo.analysis.runlogs import with_defaults
 from marl_ppo.analysis.sweep import SweepRun
 from marl_ppo.config import ConfigError, config_to_dict, load_config
 from marl_ppo.run.rundir import is_finished
@@ -98,6 +99,22 @@ def _search_record(setup: TuneSetup) -> dict[str, str]:
     }
 
 
+def _differing(recorded: Mapping[str, str], wanted: Mapping[str, str]) -> list[str]:
+    """The parts of the search record in which the recorded search differs from the wanted one, its
+    config read by this version of marl_ppo: a key added since (at its default) or moved is no
+    difference."""
+    differ = [key for key in wanted if key != "config" and recorded.get(key) != wanted[key]]
+    config = recorded.get("config", "")
+    if config != wanted["config"]:
+        try:
+            same = json.dumps(with_defaults(json.loads(config)), sort_keys=True) == wanted["config"]
+        except ValueError:
+            same = False
+        if not same:
+            differ.insert(0, "config")
+    return differ
+
+
 def open_study(setup: TuneSetup) -> Any:
     """The study in the tuning directory, created or reopened; one of another search is refused."""
     optuna = import_optuna()
@@ -113,14 +130,14 @@ def open_study(setup: TuneSetup) -> Any:
     recorded = study.user_attrs.get("search")
     if recorded is None:
         study.set_user_attr("search", wanted)
-    elif recorded != wanted:
+    elif recorded != wanted and (differing := _differing(recorded, wanted)):
         names = {
             "config": "experiment config",
             "space": "search space",
             "seeds": "--seeds",
             "score": "--score",
         }
-        differ = [names[key] for key in wanted if recorded.get(key) != wanted[key]]
+        differ = [names[key] for key in differing]
         raise TuneError(
             f"tuning directory '{setup.directory}' holds a study of another search ({', '.join(differ)} "
             "differ); pass another --out, or remove the directory to start over"

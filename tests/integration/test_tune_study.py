@@ -150,3 +150,27 @@ def test_outputs_a_best_experiment_train_accepts_and_a_trial_table(tmp_path):
     weights = json.loads(importances.read_text())
     assert set(weights) <= {"ppo.clip_ratio", "ppo.gamma"} and weights
     assert f"| {study.best_trial.number} | complete | {study.best_value:.4g} |" in summary.read_text()
+
+
+def test_a_study_of_another_search_is_refused_but_not_one_an_older_version_recorded(tmp_path):
+    import dataclasses
+
+    from marl_ppo.tune.space import TuneError
+
+    setup = tune_toy.setup(tmp_path, trials=1)
+    study = open_study(setup)
+    search = dict(study.user_attrs["search"])
+    # as a version without the `env.shaped_reward` keys recorded it: they take their defaults
+    older = json.loads(search["config"])
+    del older["env"]["shaped_reward"], older["env"]["shaped_reward_steps"]
+    study.set_user_attr("search", {**search, "config": json.dumps(older, sort_keys=True)})
+    assert open_study(setup).user_attrs["search"]["config"] == json.dumps(older, sort_keys=True)
+    other = dataclasses.replace(setup, fixed=("ppo.gamma=0.5",))
+    with pytest.raises(TuneError) as refused:
+        open_study(other)
+    assert str(refused.value) == (
+        f"tuning directory '{setup.directory}' holds a study of another search (experiment config differ); "
+        "pass another --out, or remove the directory to start over"
+    )
+    with pytest.raises(TuneError, match=r"\(--seeds differ\)"):
+        open_study(dataclasses.replace(setup, seeds=3))
