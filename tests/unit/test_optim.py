@@ -86,10 +86,8 @@ def test_an_agents_adam_steps_its_rows_as_a_plain_adam_of_its_own(kind):
     clones = {i: [optimizer.rows(p).detach().clone() for p in stacked] for i, optimizer in agents.items()}
     # the same implementation over the clones: the fused kernel rounds a unit in the last place away
     # from the single-tensor one on some CPUs (seen on an AMD EPYC), so each is compared with its own
-    path = {"adam": {"foreach": False}, "adam_foreach": {"foreach": True}, "adam_fused": {"fused": True}}[
-        kind
-    ]
-    plain = {i: torch.optim.Adam(clones[i], lr=1e-2, eps=1e-5, **path) for i in agents}
+    foreach, fused = kind == "adam_foreach", kind == "adam_fused"
+    plain = {i: torch.optim.Adam(clones[i], lr=1e-2, eps=1e-5, foreach=foreach, fused=fused) for i in agents}
     for step in range(6):
         agent = 1 + step % 2
         optimizer = agents[agent]
