@@ -149,11 +149,16 @@ def plan_run(config: ExperimentConfig) -> RunPlan:
 
 
 def _check_shaping(config: ExperimentConfig) -> None:
-    """Refuse `env.shaped_reward` for an env that reports no shaped reward."""
+    """Refuse `env.shaped_reward` for an env that reports no shaped reward, and an anneal of no shaped reward."""
     if config.env.shaped_reward and not reports_shaped_reward(config.env.id):
         raise ConfigError(
             f"env.shaped_reward={config.env.shaped_reward}: env '{config.env.id}' reports no shaped reward "
             "(JaxMARL's Overcooked layouts do); set env.shaped_reward: 0"
+        )
+    if config.env.shaped_reward_steps is not None and not config.env.shaped_reward:
+        raise ConfigError(
+            f"env.shaped_reward_steps={config.env.shaped_reward_steps} anneals a shaped reward that is off "
+            "(env.shaped_reward: 0); set env.shaped_reward to its starting weight, or env.shaped_reward_steps: null"
         )
 
 

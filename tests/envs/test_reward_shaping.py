@@ -2,7 +2,7 @@
 steps, read at each rollout's start; JaxMARL's Overcooked reports its shaped reward beside its own;
 the per-step collector and the compiled rollout store `reward + weight * shaped` bit for bit alike, on
 a hand-played onion put in the pot (3 x the weight), while the episodes' returns keep the env's own
-reward; an env without a shaped reward is refused in one line."""
+reward; an env without a shaped reward, and an anneal without one, are refused in one line."""
 
 import numpy as np
 import pytest
@@ -43,7 +43,7 @@ def test_the_weight_falls_linearly_from_its_start_to_zero_at_its_steps_and_stays
     assert reward_shaping(load_config(None, [])) is None
 
 
-def test_an_env_without_a_shaped_reward_is_refused_in_one_line():
+def test_an_env_without_a_shaped_reward_and_an_anneal_of_none_are_refused_in_one_line():
     assert reports_shaped_reward("jaxmarl/overcooked_coord_ring")
     assert not reports_shaped_reward("jaxmarl/smax_3m") and not reports_shaped_reward("mpe2/simple_spread_v3")
     with pytest.raises(ConfigError) as refused:
@@ -54,6 +54,12 @@ def test_an_env_without_a_shaped_reward_is_refused_in_one_line():
     )
     with pytest.raises(ConfigError, match="env.shaped_reward"):
         load_config(None, ["env.shaped_reward=-1"])
+    with pytest.raises(ConfigError) as unshaped:
+        plan_run(load_config(None, ["env.id=jaxmarl/overcooked_coord_ring", "env.shaped_reward_steps=100"]))
+    assert str(unshaped.value) == (
+        "env.shaped_reward_steps=100 anneals a shaped reward that is off (env.shaped_reward: 0); set "
+        "env.shaped_reward to its starting weight, or env.shaped_reward_steps: null"
+    )
 
 
 @pytest.mark.jax
