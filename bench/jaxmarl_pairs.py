@@ -9,7 +9,8 @@ print one line saying how to enable them and are skipped.
 
 - `jaxmarl_ippo_mpe`: `baselines/IPPO/ippo_ff_mpe.py` with its config (MPE simple_spread, 16 copies
   x 128 steps, 4 epochs x 4 minibatches, 64-wide tanh MLP) against marl_ppo's
-  `jaxmarl/mpe_simple_spread_v3` at the same settings on the compiled rollout.
+  `jaxmarl/mpe_simple_spread_v3` at the same settings, network and logging on the compiled rollout
+  and the JAX learner (`fast.learner=jax`).
 - `jaxmarl_mappo_smax`: `baselines/MAPPO/mappo_rnn_smax.py` with its config (SMAX 2s3z, 128 copies x
   128 steps, 4 epochs x 4 minibatches, a 128-wide layer and a GRU of 128) against marl_ppo's SMAX
   2s3z experiment at 128 copies x 128 steps, feed-forward (128x128 MLP): not the same network.
@@ -25,8 +26,9 @@ steps after its first update over the time from that update's end to the last's 
 compiles the rollout's scan, or loads it from JAX's persistent cache), and the learner's share of
 that time.
 
-`--learner jax` trains marl_ppo's side with `fast.learner=jax` (the update compiled too; torch's
-learner by default).
+`--learner torch|jax` trains marl_ppo's side of every case with that `fast.learner` (by default the
+MPE case's is jax, the update compiled too; the SMAX cases', whose GRU the JAX learner does not
+cover, torch).
 
     python -m bench.jaxmarl_pairs --jaxmarl-repo PATH --jaxmarl-python PY [--pairs N] [--only NAME ...]
         [--learner torch|jax]
@@ -114,9 +116,15 @@ MPE_SETTINGS = [
     "ppo.train_vf_iters=4",
     "ppo.num_minibatches=4",
     "ppo.target_kl=null",
+    "model.input_layer_norm=false",
+    "ppo.update_stats=minibatches",
+    "log.episodes=update",
 ]
 """ippo_ff_mpe.yaml's settings as marl_ppo's overrides: its critic sees each agent's observation, and
-actor and critic take 4 epochs of 4 minibatches with no early stop (one loss, as the script's)."""
+actor and critic take 4 epochs of 4 minibatches with no early stop (one loss, as the script's). The
+script's networks read the observation as it is (no input LayerNorm), and it logs the update's means:
+the losses, KL, entropy and clip fraction of its minibatch steps (`ppo.update_stats: minibatches`)
+and the episodes' returns (`log.episodes: update`)."""
 
 SMAX_SETTINGS = [
     "rollout.num_envs=128",
@@ -150,6 +158,7 @@ def cases(mpe_updates: int = 100, smax_updates: int = 3) -> list[JaxmarlCase]:
             MPE_SETTINGS,
             3,
             mpe_updates,
+            learner="jax",
         ),
         JaxmarlCase(
             "jaxmarl_mappo_smax",
@@ -344,16 +353,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smax-updates", type=int, default=3, help="updates of each SMAX run, both sides")
     parser.add_argument("--only", nargs="*", help="cases whose name contains one of these words")
     parser.add_argument(
-        "--learner", choices=("torch", "jax"), default="torch", help="marl_ppo's fast.learner"
+        "--learner",
+        choices=("torch", "jax"),
+        help="marl_ppo's fast.learner in every case (default: the MPE case's jax, the SMAX cases' torch)",
     )
     parser.add_argument("--ours", help=argparse.SUPPRESS)  # marl_ppo's side of a case, in its own process
     parser.add_argument("--updates", type=int, default=2, help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     if options.ours:
-        print(train_ours(options.ours, options.updates, options.learner), flush=True)
+        print(train_ours(options.ours, options.updates, options.learner or "torch"), flush=True)
         return 0
     chosen = [
-        dataclasses.replace(case, learner=options.learner)
+        dataclasses.replace(case, learner=options.learner or case.learner)
         for case in cases(options.mpe_updates, options.smax_updates)
         if not options.only or any(word in case.name for word in options.only)
     ]

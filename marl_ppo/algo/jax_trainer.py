@@ -153,7 +153,7 @@ class JaxTrainer(Trainer):
                 "entropy_coef": np.float32(self.entropy_coef),
             },
             {name: _rows(batch) for name, batch in sequences.items()},
-            {name: _rows(batch) for name, batch in probe.items()},
+            {name: _rows(batch) for name, batch in probe.items()} if ppo.update_stats == "batch" else {},
             steps,
         )
         (pi_params, v_params, pi_adam, v_adam), trace, before, after = result
@@ -182,9 +182,10 @@ class JaxTrainer(Trainer):
         self._write(self.v_params, v_params, self.critic_optimizer, v_adam)
         self._kept = ((pi_params, v_params, pi_adam, v_adam), tensor_marks(self._tensors()))
         pi_epochs = len({int(epoch_of[k]) for k in np.flatnonzero(trained_pi)})
+        by_batch = ppo.update_stats == "batch"
         return update_stats(
-            _evaluation(before),
-            _evaluation(after),
+            _evaluation(before) if by_batch else None,
+            _evaluation(after) if by_batch else _minibatch_means(trace, trained_pi & stepped),
             stop_iter=pi_epochs,
             pi_steps=int((trained_pi & stepped).sum()),
             nonfinite_skips=self._skips,
@@ -360,13 +361,13 @@ def _update_program(
 
         def gradients(wants_pi: Any, pi: Any, v: Any, minibatch: Any, entropy_coef: Any) -> Any:
             def both() -> Any:
-                (loss_pi, (kls, _, _)), pi_grads = actor_gradient(pi, minibatch, entropy_coef)
+                (loss_pi, terms), pi_grads = actor_gradient(pi, minibatch, entropy_coef)
                 loss_v, v_grads = critic_gradient(v, minibatch) if with_vf else (jnp.float32(0.0), zeros(v))
-                return pi_grads, v_grads, loss_pi, loss_v, kls
+                return pi_grads, v_grads, loss_pi, loss_v, terms
 
             def critic_only() -> Any:
                 loss_v, v_grads = critic_gradient(v, minibatch) if with_vf else (jnp.float32(0.0), zeros(v))
-                return zeros(pi), v_grads, jnp.float32(0.0), loss_v, no_kl
+                return zeros(pi), v_grads, jnp.float32(0.0), loss_v, (no_kl, no_kl, no_kl)
 
             if not with_pi:
                 return critic_only()
@@ -383,7 +384,8 @@ def _update_program(
                 for name, rows in data.items()
             }
             wants_pi = active & with_pi
-            pi_grads, v_grads, loss_pi, loss_v, kls = gradients(wants_pi, pi, v, minibatch, entropy_coef)
+            pi_grads, v_grads, loss_pi, loss_v, terms = gradients(wants_pi, pi, v, minibatch, entropy_coef)
+            kls = terms[0]
             train_vf = jnp.bool_(with_vf)
             exceeded = jnp.bool_(False)
             if ppo.target_kl is not None:
@@ -408,6 +410,9 @@ def _update_program(
                 "stepped": (train_pi | train_vf) & finite,
                 "nonfinite": (train_pi | train_vf) & ~finite,
                 "stopped": wants_pi & exceeded,
+                "trained_vf": train_vf & finite,
+                # what the step's forward measured, for `ppo.update_stats: minibatches`
+                "terms": jnp.stack([loss_pi, loss_v, *(values.mean() for values in terms)]),
             }
             carry = (pi, v, pi_adam, v_adam, active & ~(wants_pi & exceeded), pi_steps + (train_pi & finite))
             return carry, trace
@@ -425,7 +430,8 @@ def _update_program(
         steps: Sequence[Mapping[str, Any]],
     ) -> Any:
         entropy_coef = rates["entropy_coef"]
-        before = evaluate(pi, v, probe, entropy_coef)
+        by_batch = ppo.update_stats == "batch"
+        before = evaluate(pi, v, probe, entropy_coef) if by_batch else jnp.zeros(5, jnp.float32)
         carry = (pi, v, pi_adam, v_adam, jnp.bool_(True), jnp.int32(0))
         traces = []
         for (with_pi, with_vf), xs in zip(phases, steps, strict=True):
@@ -433,7 +439,7 @@ def _update_program(
             carry, trace = lax.scan(lambda c, x, step=step: step(c, x, entropy_coef, rates, data), carry, xs)
             traces.append(trace)
         pi, v, pi_adam, v_adam, _, _ = carry
-        after = evaluate(pi, v, probe, entropy_coef)
+        after = evaluate(pi, v, probe, entropy_coef) if by_batch else jnp.zeros(5, jnp.float32)
         joined = {key: jnp.concatenate([trace[key] for trace in traces]) for key in traces[0]}
         return (pi, v, pi_adam, v_adam), joined, before, after
 
@@ -631,3 +637,14 @@ def _phases(
 def _evaluation(values: Any) -> Evaluation:
     loss_pi, loss_v, kl, entropy, clipfrac = (float(x) for x in np.asarray(values))
     return Evaluation(loss_pi, loss_v, kl, entropy, clipfrac)
+
+
+def _minibatch_means(trace: Mapping[str, Any], actor_stepped: np.ndarray) -> Evaluation:
+    """`MinibatchMeans.evaluation` from the steps' traced terms (loss_pi, loss_v, kl, entropy,
+    clipfrac): the actors' over the steps they took, loss_v over the critic's (NaN over none)."""
+    terms = np.asarray(trace["terms"], dtype=np.float64)
+    critic_stepped = np.asarray(trace["trained_vf"])
+    nan = float("nan")
+    actor = terms[actor_stepped].mean(0) if actor_stepped.any() else np.full(5, nan)
+    loss_v = float(terms[critic_stepped, 1].mean()) if critic_stepped.any() else nan
+    return Evaluation(float(actor[0]), loss_v, float(actor[2]), float(actor[3]), float(actor[4]))

@@ -21,13 +21,15 @@ class TrainStats:
     loss_pi: float
     """Actor loss over the batch after the update (clipped surrogate minus entropy bonus). This and the
     other after-update diagnostics use the whole batch up to DIAGNOSTIC_ROWS agent-steps, else an even
-    stride of env steps holding about that many."""
-    delta_loss_pi: float
-    """loss_pi after minus before the update."""
+    stride of env steps holding about that many. With `ppo.update_stats: minibatches`, this, loss_v,
+    kl, entropy and clipfrac are instead the means over the update's steps of each minibatch's forward
+    (the actors' terms over the steps the actors took, loss_v over the critic's)."""
+    delta_loss_pi: float | None
+    """loss_pi after minus before the update; None (not logged) with `ppo.update_stats: minibatches`."""
     loss_v: float
     """Value loss over the batch after the update (critic units)."""
-    delta_loss_v: float
-    """loss_v after minus before the update."""
+    delta_loss_v: float | None
+    """loss_v after minus before the update; None as delta_loss_pi."""
     kl: float
     """Approximate KL(old || new) over the batch after the update, from the policy the ratio is taken
     against: the acting policy, or with decoupled policy lag the policy at the start of the update (the
@@ -81,8 +83,47 @@ class Evaluation:
     clipfrac: float
 
 
+class MinibatchMeans:
+    """The means over an update's minibatch steps of what each step's forward computed
+    (`ppo.update_stats: minibatches`): the actors' loss, KL, entropy and clip fraction over the steps
+    the actors took, the critic's loss over the critic's. Kept as tensors, read once at the end."""
+
+    def __init__(self) -> None:
+        self.actor: list[torch.Tensor] = []
+        self.critic: list[torch.Tensor] = []
+
+    def add(
+        self, diagnostics: Mapping[str, Mapping[str, torch.Tensor]], *, actor: bool, critic: bool
+    ) -> None:
+        """One step taken: `diagnostics` per group as `Trainer._losses` returns them (the actors' terms
+        in the groups whose actors were in the step); `actor` / `critic`, which of them stepped."""
+        if actor:
+            groups = [terms for terms in diagnostics.values() if "kl" in terms]
+            self.actor.append(
+                torch.stack(
+                    [
+                        torch.stack([terms["loss_pi"] for terms in groups]).sum(),
+                        *(torch.stack([terms[key] for terms in groups]).mean() for key in _ACTOR_MEANS),
+                    ]
+                )
+            )
+        if critic:
+            self.critic.append(torch.stack([terms["loss_v"] for terms in diagnostics.values()]).sum())
+
+    def evaluation(self) -> Evaluation:
+        """The means (NaN for a network that took no step)."""
+        nan = float("nan")
+        actor = torch.stack(self.actor).mean(0).tolist() if self.actor else [nan] * 4
+        loss_v = float(torch.stack(self.critic).mean()) if self.critic else nan
+        return Evaluation(actor[0], loss_v, *actor[1:])
+
+
+_ACTOR_MEANS = ("kl", "entropy", "clipfrac")
+"""The actors' terms averaged over groups (the loss is summed), in `Evaluation`'s order."""
+
+
 def update_stats(
-    before: Evaluation,
+    before: Evaluation | None,
     after: Evaluation,
     *,
     stop_iter: int,
@@ -93,12 +134,13 @@ def update_stats(
     agents: Mapping[str, float] | None = None,
 ) -> TrainStats:
     """An update's statistics from the diagnostics before and after it, as every learner reports them:
-    the after-update values, their change over the update, the step counts, the batch's and the lag's."""
+    the after-update values, their change over the update (None without `before`: `after` holds the
+    minibatch means), the step counts, the batch's and the lag's."""
     return TrainStats(
         loss_pi=after.loss_pi,
-        delta_loss_pi=after.loss_pi - before.loss_pi,
+        delta_loss_pi=None if before is None else after.loss_pi - before.loss_pi,
         loss_v=after.loss_v,
-        delta_loss_v=after.loss_v - before.loss_v,
+        delta_loss_v=None if before is None else after.loss_v - before.loss_v,
         kl=after.kl,
         entropy=after.entropy,
         clipfrac=after.clipfrac,

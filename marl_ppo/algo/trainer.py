@@ -23,6 +23,7 @@ from marl_ppo.algo.optim import clip_grad_norms, group_parts, make_optimizer
 from marl_ppo.algo.sequences import Sequences, chunk_minibatches, critic_values, cut_batch, policy
 from marl_ppo.algo.stats import (
     Evaluation,
+    MinibatchMeans,
     TrainStats,
     batch_statistics,
     diagnostic_rows,
@@ -60,6 +61,8 @@ class Trainer:
         self.updates = 0
         """Updates started by this trainer (named in non-finite errors)."""
         self._skips = 0
+        self._means: MinibatchMeans | None = None
+        """The update's minibatch means being gathered (`ppo.update_stats: minibatches`), else None."""
 
     @property
     def actor_optimizer(self) -> torch.optim.Optimizer:
@@ -161,15 +164,17 @@ class Trainer:
         decoupled = lagged and self.ppo.lagged_ratio == "decoupled"
         sequences = self.prepare(batches, decoupled=decoupled)
         probe = diagnostic_rows(sequences)  # the same rows before and after, so the deltas compare
-        before = self._evaluate(probe)
-        lag = lag_statistics(probe, before, decoupled=decoupled) if lagged else {}
+        by_batch = self.ppo.update_stats == "batch"
+        before = self._evaluate(probe) if by_batch or lagged else None
+        lag = lag_statistics(probe, before, decoupled=decoupled) if before is not None and lagged else {}
+        self._means = None if by_batch else MinibatchMeans()
         pi_epochs, pi_steps = 0, 0
         for turn in self.actor_update.turns(sequences):
             epochs, steps = self._epochs(turn)
             pi_epochs, pi_steps = max(pi_epochs, epochs), pi_steps + steps
-        after = self._evaluate(probe)
+        after = self._evaluate(probe) if self._means is None else self._means.evaluation()
         return update_stats(
-            before,
+            before if by_batch else None,
             after,
             stop_iter=pi_epochs,
             pi_steps=pi_steps,
@@ -315,6 +320,8 @@ class Trainer:
             turn.optimizer.step()
         if train_vf:
             self.critic_optimizer.step()
+        if self._means is not None:
+            self._means.add(diagnostics, actor=train_pi, critic=train_vf)
         return train_pi, True
 
     def _zero_grad(self) -> None:

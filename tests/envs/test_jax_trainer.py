@@ -174,6 +174,47 @@ def test_one_update_equals_torchs(setting):
         )
 
 
+@pytest.mark.parametrize("setting", ["ippo_shared", "kl_stop"])
+def test_minibatch_stats_equal_torchs_and_leave_the_jax_learners_update_as_it_was(setting):
+    # `ppo.update_stats: minibatches`: the means over the steps the actors (and the critic) took,
+    # gathered by torch step by step and by the JAX program's trace, agree; the JAX learner's weights
+    # and moments are bit for bit those of its batch mode
+    from marl_ppo.algo.jax_trainer import JaxTrainer
+
+    torch.set_num_threads(1)
+    plans = {
+        mode: plan_run(_config(*SETTINGS[setting], "fast.learner=jax", f"ppo.update_stats={mode}"))
+        for mode in ("batch", "minibatches")
+    }
+    spec = vector_env(plans["batch"].config).spec
+    torch.manual_seed(0)
+    model = TeamModel(spec, plans["batch"].config)
+    with torch.no_grad():  # weights away from their initialisation, as above
+        for parameter in model.parameters():
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    ours, theirs, by_batch = copy.deepcopy(model), copy.deepcopy(model), copy.deepcopy(model)
+    reference = Trainer(theirs, plans["minibatches"].ppo, generator=torch.Generator().manual_seed(3))
+    learner = JaxTrainer(ours, plans["minibatches"].ppo, generator=torch.Generator().manual_seed(3))
+    batch_learner = JaxTrainer(by_batch, plans["batch"].ppo, generator=torch.Generator().manual_seed(3))
+    for update in range(2):
+        batches = _batches(model, spec, seed=5 + update)
+        expected, got, batch_stats = (
+            reference.update(batches),
+            learner.update(batches),
+            batch_learner.update(batches),
+        )
+        assert got.delta_loss_pi is None and got.delta_loss_v is None and expected.delta_loss_v is None
+        assert (got.pi_steps, got.stop_iter) == (expected.pi_steps, expected.stop_iter)
+        assert (got.pi_steps, got.stop_iter) == (batch_stats.pi_steps, batch_stats.stop_iter)
+        if setting == "kl_stop":
+            assert got.pi_steps < 16  # the stopping step's terms are left out of the actors' means
+        for key in ("loss_pi", "loss_v", "kl", "entropy", "clipfrac"):
+            assert getattr(got, key) == pytest.approx(getattr(expected, key), rel=2e-3, abs=1e-4), key
+        assert got.loss_v != pytest.approx(batch_stats.loss_v, rel=1e-3)  # not the batch's after value
+        assert_identical(ours.state_dict(), by_batch.state_dict())
+        assert_identical(learner.state_dict(), batch_learner.state_dict())
+
+
 def test_weights_kept_in_jax_between_updates_are_bitwise_reading_them_back_and_torchs_changes_are_seen():
     # the update starts from the arrays the last one wrote back while no torch tensor has changed; a
     # trainer that reads the torch tensors every time ends bit for bit where it does, through a
