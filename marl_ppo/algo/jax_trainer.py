@@ -125,7 +125,6 @@ class JaxTrainer(Trainer):
             raise ConfigError("fast.learner=jax: a lagged batch (rollout.policy_lag); set fast.learner=torch")
         self.updates += 1
         self._skips = 0
-        stats_in = batch_statistics(batches)
         sequences = self.prepare(batches)
         probe = diagnostic_rows(sequences)
         first = next(iter(sequences.values()))
@@ -157,6 +156,7 @@ class JaxTrainer(Trainer):
             steps,
         )
         (pi_params, v_params, pi_adam, v_adam), trace, before, after = result
+        stats_in = batch_statistics(batches)  # while the program runs (JAX dispatches it and returns)
         trained_pi, stepped, nonfinite = (
             np.asarray(trace[key]) for key in ("trained_pi", "stepped", "nonfinite")
         )

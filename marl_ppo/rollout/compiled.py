@@ -66,12 +66,17 @@ class EpisodeTally:
         for name, columns in self.columns.items():
             team[:, :, columns] = rewards[name]
         ended: list[tuple[int, Finished]] = []
-        for t in range(steps):
-            self.returns += team[t]
-            self.lengths += 1
-            copies = np.flatnonzero(over[t])
-            if not copies.size:
+        start = 0
+        # from one step where an episode ends to the next, the running returns of every copy as
+        # `np.add.accumulate` sums them: one addition per step in step order, the loop's own sums
+        for t in [*np.flatnonzero(over.any(1)).tolist(), steps - 1]:
+            if t < start:  # the last step ended episodes too: nothing left after it
                 continue
+            running = np.add.accumulate(np.concatenate([self.returns[None], team[start : t + 1]]), axis=0)
+            self.returns[...] = running[-1]
+            self.lengths += t + 1 - start
+            start = t + 1
+            copies = np.flatnonzero(over[t])
             for copy in copies.tolist():
                 copy_won = None if won is None else bool(won[t, copy])
                 ended.append(

@@ -65,6 +65,28 @@ def test_gae_matches_scalar_loop_on_random_batches():
     torch.testing.assert_close(ret, adv + values)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("with_alive", [False, True])
+def test_the_numpy_trace_on_cpu_is_bitwise_the_torch_one(dtype, with_alive):
+    # compute_gae runs the lambda-trace's loop in NumPy on the CPU (cheaper per step); torch's loop
+    # (other devices, tensors that need gradients) gives the same bits
+    from marl_ppo.algo.gae import _trace_numpy, _trace_torch
+
+    generator = torch.Generator().manual_seed(1)
+    deltas = torch.randn(128, 16, 3, generator=generator, dtype=dtype) * 10
+    decay = 0.99 * 0.95 * (torch.rand(128, 16, 3, generator=generator) > 0.04).to(dtype)
+    alive = torch.rand(128, 16, 3, generator=generator) > 0.2 if with_alive else None
+    expected = _trace_torch(deltas, decay, alive)
+    got = torch.from_numpy(
+        _trace_numpy(deltas.numpy(), decay.numpy(), None if alive is None else alive.numpy())
+    )
+    assert got.dtype == expected.dtype and torch.equal(got, expected)
+    rewards = torch.randn(128, 16, 3, generator=generator, dtype=dtype, requires_grad=True)
+    done = torch.zeros(128, 16, 3, dtype=torch.bool)
+    traced, _ = compute_gae(rewards, rewards.detach(), rewards.detach(), done, done, gamma=0.9, lam=0.8)
+    assert traced.requires_grad  # the torch loop, gradients kept
+
+
 def test_fold_turns_is_the_one_step_transition_when_everyone_always_acts():
     generator = torch.Generator().manual_seed(3)
     steps, width = 9, 5
