@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,34 +45,24 @@ def compute_gae(
     deltas = rewards + gamma * not_terminated * next_values - values
     decay = gamma * lam * not_done
     if rewards.device.type == "cpu" and not rewards.requires_grad:
+        # the same float32 operations in the same order as torch's, so the same bits, at a fraction
+        # of a torch call's cost per step (the trace is a Python loop over the rollout's steps)
         advantages = torch.from_numpy(
-            _trace_numpy(deltas.numpy(), decay.numpy(), None if alive is None else alive.numpy())
+            _trace(np, deltas.numpy(), decay.numpy(), None if alive is None else alive.numpy())
         )
     else:
-        advantages = _trace_torch(deltas, decay, alive)
+        advantages = _trace(torch, deltas, decay, alive)
     return advantages, advantages + values
 
 
-def _trace_torch(deltas: torch.Tensor, decay: torch.Tensor, alive: torch.Tensor | None) -> torch.Tensor:
-    """The lambda-trace backwards over time: `A[t] = deltas[t] + decay[t] * A[t+1]`, passing the
-    steps where not `alive`."""
-    advantages = torch.empty_like(deltas)
-    running = torch.zeros_like(deltas[0])
+def _trace(xp: Any, deltas: Any, decay: Any, alive: Any | None) -> Any:
+    """The lambda-trace backwards over time, `A[t] = deltas[t] + decay[t] * A[t+1]`, passing the steps
+    where not `alive`; `xp` is `numpy` (CPU arrays) or `torch` (tensors on any device)."""
+    advantages = xp.empty_like(deltas)
+    running = xp.zeros_like(deltas[0])
     for t in range(deltas.shape[0] - 1, -1, -1):
         step = deltas[t] + decay[t] * running
-        running = step if alive is None else torch.where(alive[t], step, running)
-        advantages[t] = running
-    return advantages
-
-
-def _trace_numpy(deltas: np.ndarray, decay: np.ndarray, alive: np.ndarray | None) -> np.ndarray:
-    """`_trace_torch` on CPU arrays: the same float32 products and sums in the same order, so the same
-    bits, at a fraction of a torch call's cost per step (a rollout is a Python loop over its steps)."""
-    advantages = np.empty_like(deltas)
-    running = np.zeros_like(deltas[0])
-    for t in range(deltas.shape[0] - 1, -1, -1):
-        step = deltas[t] + decay[t] * running
-        running = step if alive is None else np.where(alive[t], step, running)
+        running = step if alive is None else xp.where(alive[t], step, running)
         advantages[t] = running
     return advantages
 

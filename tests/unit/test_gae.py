@@ -70,15 +70,17 @@ def test_gae_matches_scalar_loop_on_random_batches():
 def test_the_numpy_trace_on_cpu_is_bitwise_the_torch_one(dtype, with_alive):
     # compute_gae runs the lambda-trace's loop in NumPy on the CPU (cheaper per step); torch's loop
     # (other devices, tensors that need gradients) gives the same bits
-    from marl_ppo.algo.gae import _trace_numpy, _trace_torch
+    import numpy as np
+
+    from marl_ppo.algo.gae import _trace
 
     generator = torch.Generator().manual_seed(1)
     deltas = torch.randn(128, 16, 3, generator=generator, dtype=dtype) * 10
     decay = 0.99 * 0.95 * (torch.rand(128, 16, 3, generator=generator) > 0.04).to(dtype)
     alive = torch.rand(128, 16, 3, generator=generator) > 0.2 if with_alive else None
-    expected = _trace_torch(deltas, decay, alive)
+    expected = _trace(torch, deltas, decay, alive)
     got = torch.from_numpy(
-        _trace_numpy(deltas.numpy(), decay.numpy(), None if alive is None else alive.numpy())
+        _trace(np, deltas.numpy(), decay.numpy(), None if alive is None else alive.numpy())
     )
     assert got.dtype == expected.dtype and torch.equal(got, expected)
     rewards = torch.randn(128, 16, 3, generator=generator, dtype=dtype, requires_grad=True)
