@@ -107,6 +107,7 @@ def test_one_whole_batch_step_measures_what_the_batch_evaluation_before_it_does(
         stats[mode] = trainer.update(batches)
     by_batch, means = stats["batch"], stats["minibatches"]
     assert means.delta_loss_pi is None and means.delta_loss_v is None
+    assert by_batch.delta_loss_pi is not None and by_batch.delta_loss_v is not None
     assert means.loss_pi == pytest.approx(by_batch.loss_pi - by_batch.delta_loss_pi, rel=1e-5)
     assert means.loss_v == pytest.approx(by_batch.loss_v - by_batch.delta_loss_v, rel=1e-5)
     for key in ("loss_pi", "loss_v", "kl", "entropy", "clipfrac"):
