@@ -3,7 +3,8 @@
 `JaxTrainer` is a `Trainer` whose epochs run in JAX: `prepare` (value normalisation, advantage
 normalisation, cutting into rows) and the batch statistics stay torch's; then, per update, the
 prepared rows, the training parameters, the Adam moments and the minibatch orders go to JAX once, one
-jitted function runs every epoch's minibatch steps as a `lax.scan` and the before/after diagnostics,
+jitted function runs every epoch's minibatch steps as a `lax.scan` and the before/after diagnostics
+(or, with `ppo.update_stats: minibatches`, traces each step's terms for their means),
 and the new weights, moments and step counts are written back into the torch parameters and
 optimizers, so checkpoints, resume, evaluation and acting read them as they read torch's.
 
