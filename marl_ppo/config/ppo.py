@@ -125,7 +125,8 @@ class PPOConfig:
     the after values and the losses' change over the update; `minibatches`, the means over the
     update's minibatch steps of what each step's forward computed anyway (as CleanRL, SB3 and
     JaxMARL log them), each at the weights before its step: no extra forwards (about 15% of a small
-    network's learner time), no `delta_loss_pi` / `delta_loss_v`. Learning is the same either way."""
+    network's learner time; with `rollout.policy_lag` the forward before the update still runs, for
+    `kl_behaviour_start`), no `delta_loss_pi` / `delta_loss_v`. Learning is the same either way."""
 
     def settled(self, *, convolutional: bool) -> SettledPPO:
         """This config with `auto` epochs replaced by their choice for a model with (`convolutional`) or

@@ -80,6 +80,8 @@ def test_minibatch_stats_leave_learning_unchanged_and_log_no_deltas(spread_confi
     logged, by_batch = scalars(tmp_path / "minibatches"), scalars(tmp_path / "batch")
     assert {"train/delta_loss_pi", "train/delta_loss_v"} <= set(by_batch)
     assert set(logged) == set(by_batch) - {"train/delta_loss_pi", "train/delta_loss_v"}
+    # the file's policy lag keeps the forward before the update, for the lag's KL, in both modes
+    assert logged["train/kl_behaviour_start"] == by_batch["train/kl_behaviour_start"]
     for tag in ("train/loss_pi", "train/loss_v", "train/kl", "train/entropy"):
         assert logged[tag] != by_batch[tag]  # measured another way (the clip fractions are 0 in both)
     assert logged["train/explained_variance"] == by_batch["train/explained_variance"]
