@@ -111,6 +111,10 @@ class JaxTrainer(Trainer):
         self._kept: tuple[tuple[Any, ...], TensorMarks] | None = None
         """The last update's new weights and Adam states as JAX arrays, and the marks of the torch
         tensors they were written into (`_inputs`)."""
+        self.next_rollout: Callable[[Mapping[int, Any]], None] | None = None
+        """Where set, called as soon as an update's program is dispatched with its new weights (JAX
+        arrays, computed or on their way) under the `id` of the parameter each will be written into:
+        a compiled rollout source starts the next rollout on them (`CompiledSource.launch`)."""
 
     def _parts(
         self, optimizer: torch.optim.Optimizer, networks: nn.ModuleList
@@ -157,6 +161,9 @@ class JaxTrainer(Trainer):
             steps,
         )
         (pi_params, v_params, pi_adam, v_adam), trace, before, after = result
+        if self.next_rollout is not None:
+            new = zip([*self.pi_params, *self.v_params], [*pi_params, *v_params], strict=True)
+            self.next_rollout({id(param): value for param, value in new})
         stats_in = batch_statistics(batches)  # while the program runs (JAX dispatches it and returns)
         trained_pi, stepped, nonfinite = (
             np.asarray(trace[key]) for key in ("trained_pi", "stepped", "nonfinite")

@@ -12,10 +12,18 @@ accounting (each copy's running returns and length, the episodes that ended and 
 won) is computed once per rollout from the recorded rewards and episode ends, as `Stepper` keeps it
 step by step, and is saved in checkpoints under the same names. The scan's time is the rollout's
 env time (`env_s`): JAX steps the env and the policy's forward in one program.
+
+`launch` starts the next rollout early: the JAX learner hands it its new weights as soon as it has
+dispatched the update's program (`JaxTrainer.next_rollout`), so the rollout's program runs right after
+the update's while Python writes the weights back, logs and checkpoints. `collect` takes it up only
+where it is the rollout it would run itself (the same env position, step count, memory and weights,
+compared by value), else runs its own; either way the same numbers, so a resumed run stays exact. A
+launched rollout's `env_s` is the time `collect` waited for it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -29,8 +37,8 @@ from marl_ppo.envs.vector.base import WinsEpisodes
 from marl_ppo.models.team import TeamModel
 from marl_ppo.rollout.buffer import GroupMemory, GroupStorage, RolloutBuffer
 from marl_ppo.rollout.collector import arrays_state, load_arrays
-from marl_ppo.rollout.jax_policy import JaxPolicy
-from marl_ppo.rollout.jax_scan import CompiledRollout, GroupCarry, Records
+from marl_ppo.rollout.jax_policy import GroupWeights, JaxPolicy
+from marl_ppo.rollout.jax_scan import CompiledRollout, GroupCarry, Launched, Records
 from marl_ppo.rollout.memory import make_memory
 from marl_ppo.rollout.shaping import WEIGHT_TAG, RewardShaping
 from marl_ppo.rollout.source import EpisodeRecord, InProcessSource, RolloutResult
@@ -118,9 +126,12 @@ class CompiledSource(InProcessSource):
         self._wins = isinstance(venv, WinsEpisodes)
         self.shaping: RewardShaping | None = None
         """Where set, the env's shaped reward is added to the rewards stored (the venv reports one)."""
+        self._ahead: _Ahead | None = None
+        """The next rollout, launched on the learner's new weights (`launch`)."""
 
     def start(self, seed: int) -> None:
         """Reset every env copy (copy i from `seed + i`) and clear the episode accounting."""
+        self._ahead = None
         self.venv.reset(seed)
         self.tally.reset()
         self.memory.start()
@@ -137,6 +148,7 @@ class CompiledSource(InProcessSource):
 
     def load_state_dict(self, state: dict[str, Any], *, episodes: bool = True) -> None:
         """Restore `state_dict()`; `episodes=False` keeps only the step counter (the envs were reset instead)."""
+        self._ahead = None
         self.env_steps = int(state["env_steps"])
         if not episodes:
             return
@@ -150,16 +162,30 @@ class CompiledSource(InProcessSource):
         words = np.random.SeedSequence(self.seed, spawn_key=(ACTING_STREAM, rollouts)).generate_state(2)
         return self.policy.jnp.asarray(words, dtype=self.policy.jnp.uint32)
 
+    def launch(self, new: Mapping[int, Any]) -> None:
+        """Start the next rollout now, on weights the policy's parameters are about to take: `new` holds
+        JAX arrays under the `id` of the torch tensor each will be written into (the others are read
+        from torch as they are). `collect` takes it up if nothing else has changed by then."""
+        here = self.rollout.venv.here()
+        weights = self.policy.weights(new)
+        launched = self.rollout.launch(weights, self.rollout_key(), self._live_memory())
+        self._ahead = _Ahead(launched, weights, self.env_steps, here)
+
     @torch.no_grad()
     def collect(self, buffer: RolloutBuffer, *, ahead: bool = True) -> RolloutResult:
-        """Fill `buffer` (empty, `steps` long) with one compiled rollout of every copy. `ahead` does not
-        matter here: nothing runs ahead of the learner."""
+        """Fill `buffer` (empty, `steps` long) with one compiled rollout of every copy: the launched one
+        where it is still this rollout (see the module), else one run now. `ahead` does not matter
+        here: no rollout runs on weights older than the learner's."""
         if buffer.steps != self.rollout.steps:
             raise ValueError(
                 f"the compiled rollout has {self.rollout.steps} steps, the buffer {buffer.steps}"
             )
         started = time.perf_counter()
-        records = self.rollout.run(self.policy.params(), self.rollout_key(), self._live_memory())
+        launched, self._ahead = self._ahead, None
+        if launched is not None and launched.holds(self):
+            records = self.rollout.land(launched.rollout)
+        else:
+            records = self.rollout.run(self.policy.weights(), self.rollout_key(), self._live_memory())
         scan_s = time.perf_counter() - started
         return self._store(records, buffer, scan_s=scan_s)
 
@@ -254,6 +280,26 @@ class CompiledSource(InProcessSource):
         rewards = {name: g["rewards"].cpu().numpy() for name, g in records["groups"].items()}
         won = records["won"].cpu().numpy() if self._wins else None
         return self.tally.account(rewards, records["episode_over"].cpu().numpy(), won)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ahead:
+    """A launched rollout and what it started from."""
+
+    rollout: Launched
+    weights: Mapping[str, GroupWeights]
+    env_steps: int
+    here: tuple[Any, ...]
+    """`JaxVectorEnv.here()` when it was launched."""
+
+    def holds(self, source: CompiledSource) -> bool:
+        """Whether it is the rollout `source` would run now: the same step count (so the same key and,
+        with `start` and `load_state_dict` dropping it, the same memory), env position and weights."""
+        return (
+            self.env_steps == source.env_steps
+            and source.rollout.venv.still_at(self.here)
+            and source.policy.holds(self.weights)
+        )
 
 
 def _record(episode: Finished, end_step: int) -> EpisodeRecord:

@@ -1,10 +1,13 @@
 """A team's actors and critics computed in JAX, on weights read from torch once per update.
 
 A compiled rollout (`rollout.jax_scan`) steps a JaxMARL env and the policy inside one XLA program, so
-the policy's forward has to be JAX too. `JaxPolicy` reads the same numbers acting reads
-(`models.acting.ActingMLP`: the first layer folded with the input normalisation and the agent id) into
-JAX arrays (`params`, a pytree handed to the compiled function as an argument, so new weights need no
-new compile) and computes one step of what `ActingView.actor` and `ActingView.critic` compute, with
+the policy's forward has to be JAX too. `JaxPolicy.weights` reads the networks' parameters as torch
+holds them into JAX arrays (a pytree handed to the compiled function as an argument, so new weights
+need no new compile), or takes them from JAX arrays already holding their new values (the JAX
+learner's outputs, `weights(new)`); `fold` turns them, inside the program, into the numbers acting
+reads (`AgentMLP.first_layer`: the first layer folded with the input LayerNorm's affine map, the
+agent-id columns split off as a per-agent bias), and the forward computes one step of what
+`ActingView.actor` and `ActingView.critic` compute, with
 Discrete actions: per group the masked, normalised logits of a Categorical and the critic's values in
 its own units (`ValueNorm.denormalize` stays in torch, applied to the whole rollout at once).
 
@@ -29,7 +32,6 @@ from typing import Any, NamedTuple
 import torch
 
 from marl_ppo.envs.jax.runtime import jax_modules
-from marl_ppo.models.acting import ActingMLP
 from marl_ppo.models.distributions import MASKED_LOGIT
 from marl_ppo.models.layers import AgentMLP, StackedLinear
 from marl_ppo.models.recurrent import StackedRecurrent
@@ -47,6 +49,10 @@ class MlpForm:
 
     normalized: bool
     """The input passes through a LayerNorm without affine first (`AgentMLP.normalized`)."""
+    in_dim: int
+    """The input's width (the first layer's columns after it are the agent id's)."""
+    agent_id: bool
+    """The first layer reads a one-hot agent id after the input (`AgentMLP.add_agent_id`)."""
     common_input: bool
     """The input is one row every agent sees, `(..., in)`, rather than one per agent."""
     agents: int
@@ -88,6 +94,23 @@ class NetParams(NamedTuple):
     head: tuple[Any, Any] | None
 
 
+class MlpWeights(NamedTuple):
+    """An MLP's parameters as torch holds them: each layer's `(copies, out, in)` weight and `(copies,
+    out)` bias (the first layer's inputs followed by the agent-id columns where it reads one), and the
+    input LayerNorm's `(copies, in)` weight and bias, or None."""
+
+    layers: tuple[tuple[Any, Any], ...]
+    norm: tuple[Any, Any] | None
+
+
+class NetWeights(NamedTuple):
+    """A network's parameters as torch holds them (`NetParams` before `JaxPolicy.fold`)."""
+
+    mlp: MlpWeights
+    cell: GruParams | None
+    head: tuple[Any, Any] | None
+
+
 @dataclasses.dataclass(frozen=True)
 class GroupForm:
     """One group's actor and critic forms and how its critic reads its input."""
@@ -106,9 +129,18 @@ class GroupParams(NamedTuple):
     critic: NetParams
 
 
+class GroupWeights(NamedTuple):
+    """One group's actor and critic parameters as torch holds them (`GroupParams` before `fold`)."""
+
+    actor: NetWeights
+    critic: NetWeights
+
+
 def _mlp_form(mlp: AgentMLP) -> MlpForm:
     return MlpForm(
         normalized=mlp.norm_weight is not None,
+        in_dim=mlp.in_dim,
+        agent_id=mlp.add_agent_id,
         common_input=mlp.common_input,
         agents=mlp.num_agents,
         activation=ACTIVATION_NAMES[mlp.activation],
@@ -118,6 +150,20 @@ def _mlp_form(mlp: AgentMLP) -> MlpForm:
 
 def _net_form(network: GroupActor | GroupCritic) -> NetForm:
     return NetForm(_mlp_form(network.net), recurrent=isinstance(network.core, StackedRecurrent))
+
+
+def _net_tensors(network: GroupActor | GroupCritic) -> NetWeights:
+    """A network's parameters as `NetWeights` of the torch tensors themselves."""
+    mlp, core, head = network.net, network.core, network.head
+    norm = None
+    if mlp.norm_weight is not None and mlp.norm_bias is not None:
+        norm = (mlp.norm_weight, mlp.norm_bias)
+    weights = MlpWeights(tuple((layer.weight, layer.bias) for layer in mlp.linears), norm)
+    if not isinstance(core, StackedRecurrent):
+        return NetWeights(weights, None, None)
+    assert isinstance(head, StackedLinear)  # a recurrent network's head (`models.team._network`)
+    cell = GruParams(input=(core.weight_ih, core.bias_ih), carried=(core.weight_hh, core.bias_hh))
+    return NetWeights(weights, cell, (head.weight, head.bias))
 
 
 def _critic_input(model: TeamModel, name: str) -> str:
@@ -150,47 +196,60 @@ class JaxPolicy:
             for name in model.group_names()
         }
 
-    def params(self) -> dict[str, GroupParams]:
-        """The weights as they are now, copied into JAX arrays (read once per update: later changes
-        to the torch parameters do not reach them), moved over in one batch."""
-        copies = {
-            name: GroupParams(
-                self._net_params(self.model.group(name).actor),
-                self._net_params(self.model.group(name).critic),
+    def tensors(self) -> dict[str, GroupWeights]:
+        """The torch parameters the forward reads, per group (the leaves of `weights()`)."""
+        return {
+            name: GroupWeights(
+                _net_tensors(self.model.group(name).actor), _net_tensors(self.model.group(name).critic)
             )
             for name in self.model.group_names()
         }
-        return self.jax.device_put(copies)  # type: ignore[no-any-return]
 
-    def _net_params(self, network: GroupActor | GroupCritic) -> NetParams:
-        core, head = network.core, network.head
-        if not isinstance(core, StackedRecurrent):
-            return NetParams(self._mlp_params(network.net), None, None)
-        assert isinstance(head, StackedLinear)  # a recurrent network's head (`models.team._network`)
-        cell = GruParams(
-            input=(self._array(core.weight_ih), self._array(core.bias_ih)),
-            carried=(self._array(core.weight_hh), self._array(core.bias_hh)),
-        )
-        return NetParams(
-            self._mlp_params(network.net), cell, (self._array(head.weight), self._array(head.bias))
-        )
+    def weights(self, new: Mapping[int, Any] | None = None) -> dict[str, GroupWeights]:
+        """The parameters as JAX arrays, moved over in one batch: copies of the torch tensors as they are
+        now (later changes to them do not reach the copies), or where `new` has an array under a
+        tensor's `id`, that array (the value the tensor is about to take)."""
+        new = new or {}
 
-    def _mlp_params(self, mlp: AgentMLP) -> MlpParams:
-        acting = ActingMLP(mlp)
-        weight, bias, agent_bias = acting.first
-        rest = (
-            tuple(layer.weight for layer in mlp.linears[1:]),
-            tuple(layer.bias for layer in mlp.linears[1:]),
-        )
-        return MlpParams(
-            first=(self._array(weight), self._array(bias)),
-            agent_bias=None if agent_bias is None else self._array(agent_bias),
-            rest=tuple((self._array(w), self._array(b)) for w, b in zip(*rest, strict=True)),
-        )
+        def array(tensor: torch.Tensor) -> Any:
+            if id(tensor) in new:
+                return new[id(tensor)]
+            # a copy: JAX arrays are immutable, while the optimizer updates the parameters in place
+            return tensor.detach().to("cpu", torch.float32).numpy().copy()
 
-    def _array(self, tensor: torch.Tensor) -> Any:
-        # a copy: JAX arrays are immutable, while the optimizer updates the parameters in place
-        return tensor.detach().to("cpu", torch.float32).numpy().copy()
+        return self.jax.device_put(self.jax.tree.map(array, self.tensors()))  # type: ignore[no-any-return]
+
+    def holds(self, weights: Mapping[str, GroupWeights]) -> bool:
+        """Whether the torch parameters equal `weights` (a rollout run on them is the one they would run)."""
+        pairs = zip(self.jax.tree.leaves(self.tensors()), self.jax.tree.leaves(weights), strict=True)
+        return all(torch.equal(tensor.detach().cpu(), torch.from_dlpack(array)) for tensor, array in pairs)
+
+    def params(self) -> dict[str, GroupParams]:
+        """The current weights as the forward reads them (`fold(weights())`), for calls outside a program."""
+        return self.fold(self.weights())
+
+    def fold(self, weights: Mapping[str, GroupWeights]) -> dict[str, GroupParams]:
+        """The parameters as the forward reads them: each MLP's first layer as `AgentMLP.first_layer`
+        gives it (folded with the LayerNorm's affine map, its agent-id columns an `(A, out)` bias);
+        pure JAX, to call at the start of a compiled program."""
+        return {
+            name: GroupParams(
+                self._fold_net(form.actor, weights[name].actor),
+                self._fold_net(form.critic, weights[name].critic),
+            )
+            for name, form in self.forms.items()
+        }
+
+    def _fold_net(self, form: NetForm, weights: NetWeights) -> NetParams:
+        mlp, (first_weight, first_bias) = form.mlp, weights.mlp.layers[0]
+        weight, bias = first_weight[..., : mlp.in_dim], first_bias
+        if weights.mlp.norm is not None:
+            norm_weight, norm_bias = weights.mlp.norm
+            bias = bias + (weight @ norm_bias[..., None])[..., 0]
+            weight = weight * norm_weight[:, None, :]
+        agent_bias = first_weight[0, :, mlp.in_dim :].T if mlp.agent_id else None
+        folded = MlpParams((weight, bias), agent_bias, tuple(weights.mlp.layers[1:]))
+        return NetParams(folded, weights.cell, weights.head)
 
     def mlp(self, form: MlpForm, params: MlpParams, x: Any) -> Any:
         """`ActingMLP`'s output `(..., A, out)` for `x` `(..., A, in)`, or `(..., in)` with `common_input`."""

@@ -23,6 +23,12 @@ at every step (so every carry advances), and an agent's next step is first where
 ended. A rollout starts from the memory the caller hands it (the last rollout's) and returns the
 memory after its last step beside the records.
 
+A program takes the policy's parameters as torch holds them (`JaxPolicy.weights`) and folds them
+for the forward at its start (`JaxPolicy.fold`): the same numbers whether the weights were read from
+torch or handed over as the JAX learner's outputs. `launch` dispatches a rollout and returns at once
+(JAX runs the program while Python goes on), leaving the vector env where it was; `land` waits for
+it and moves the env copies on to its end. `run` is the two together.
+
 `replay` runs the same scan on given actions instead of sampled ones (their log-probabilities
 computed): the same trajectories as stepping `JaxVectorEnv.step` in a Python loop.
 """
@@ -35,7 +41,7 @@ from typing import Any, NamedTuple
 import torch
 
 from marl_ppo.envs.jax.vector import JaxVectorEnv
-from marl_ppo.rollout.jax_policy import GroupParams, JaxPolicy, log_prob
+from marl_ppo.rollout.jax_policy import GroupWeights, JaxPolicy, log_prob
 
 Records = dict[str, Any]
 """The rollout's records (see the module), nested per group under `groups`."""
@@ -49,6 +55,17 @@ class GroupCarry(NamedTuple):
     is_first: Any
     actor: Any
     critic: Any
+
+
+class Launched(NamedTuple):
+    """A dispatched rollout's outputs (JAX arrays, computed or on their way): the copies' keys, states
+    and last `out` after its last step, the policy's memory then, and the records."""
+
+    keys: Any
+    states: Any
+    out: Any
+    memory: Any
+    records: Any
 
 
 class CompiledRollout:
@@ -78,20 +95,31 @@ class CompiledRollout:
         }
 
     def run(
-        self, params: Mapping[str, GroupParams], key: Any, memory: Mapping[str, GroupCarry] | None = None
+        self, weights: Mapping[str, GroupWeights], key: Any, memory: Mapping[str, GroupCarry] | None = None
     ) -> dict[str, Any]:
         """One rollout from where the env copies and the policy's `memory` are (None: `fresh_memory`),
         actions drawn with `key`; the copies continue from its end. The records as torch tensors (DLPack
         views of JAX's arrays), with the memory after the last step under `memory`."""
+        return self.land(self.launch(weights, key, memory))
+
+    def launch(
+        self, weights: Mapping[str, GroupWeights], key: Any, memory: Mapping[str, GroupCarry] | None = None
+    ) -> Launched:
+        """`run`'s rollout dispatched: its outputs, on their way while Python goes on; the env copies
+        stay where they are until `land`."""
         keys, states, out = self.venv.scan_start()
         memory = self.fresh_memory() if memory is None else memory
-        (keys, states, out, memory, _), records = self._sampled(params, keys, states, out, memory, key)
-        self.venv.continue_from(keys, states, out)
-        return _to_torch(self.policy.jax, {**records, "memory": memory})
+        (keys, states, out, memory, _), records = self._sampled(weights, keys, states, out, memory, key)
+        return Launched(keys, states, out, memory, records)
+
+    def land(self, launched: Launched) -> dict[str, Any]:
+        """`run`'s result of a launched rollout (waiting for it): the env copies continue from its end."""
+        self.venv.continue_from(launched.keys, launched.states, launched.out)
+        return _to_torch(self.policy.jax, {**launched.records, "memory": launched.memory})
 
     def replay(
         self,
-        params: Mapping[str, GroupParams],
+        weights: Mapping[str, GroupWeights],
         actions: Mapping[str, torch.Tensor],
         memory: Mapping[str, GroupCarry] | None = None,
     ) -> dict[str, Any]:
@@ -100,14 +128,14 @@ class CompiledRollout:
         forced = {name: jax.dlpack.from_dlpack(a.to(torch.int32).contiguous()) for name, a in actions.items()}
         keys, states, out = self.venv.scan_start()
         memory = self.fresh_memory() if memory is None else memory
-        (keys, states, out, memory), records = self._replayed(params, keys, states, out, memory, forced)
+        (keys, states, out, memory), records = self._replayed(weights, keys, states, out, memory, forced)
         self.venv.continue_from(keys, states, out)
         return _to_torch(jax, {**records, "memory": memory})
 
     def _scan_sampled(
-        self, params: Any, keys: Any, states: Any, out: Any, memory: Any, key: Any
+        self, weights: Any, keys: Any, states: Any, out: Any, memory: Any, key: Any
     ) -> tuple[Any, Any]:
-        jax = self.policy.jax
+        jax, params = self.policy.jax, self.policy.fold(weights)
 
         def body(carry: Any, _: Any) -> tuple[Any, Any]:
             keys, states, out, memory, key = carry
@@ -125,9 +153,9 @@ class CompiledRollout:
         return carry, records
 
     def _scan_replayed(
-        self, params: Any, keys: Any, states: Any, out: Any, memory: Any, forced: Any
+        self, weights: Any, keys: Any, states: Any, out: Any, memory: Any, forced: Any
     ) -> tuple[Any, Any]:
-        jax, jnp = self.policy.jax, self.policy.jnp
+        jax, jnp, params = self.policy.jax, self.policy.jnp, self.policy.fold(weights)
 
         def body(carry: Any, actions: Any) -> tuple[Any, Any]:
             keys, states, out, memory = carry

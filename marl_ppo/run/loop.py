@@ -6,7 +6,7 @@ import contextlib
 import copy
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +40,7 @@ from marl_ppo.models.team import TeamModel
 from marl_ppo.plan.host import ActingWatch, cpu_seconds, peak_rss_mb, rss_mb
 from marl_ppo.plan.settle import RunPlan, plan_run
 from marl_ppo.rollout.buffer import RolloutBuffer
+from marl_ppo.rollout.compiled import CompiledSource
 from marl_ppo.rollout.source import RolloutSource
 from marl_ppo.run.build import build_collector
 from marl_ppo.run.code_record import write_code_record
@@ -124,6 +125,7 @@ def train(
             trainer = learner(model, plan.ppo, generator=generator, optimizer=config.fast.optimizer)
             if start is not None:
                 start.carry_optimizer(trainer, config.model)
+            _launch_ahead(trainer, collector, config.total_steps)
             if config.eval.every:  # deterministic episodes on env copies of their own, logged under eval/
                 eval_venv = build_vector_env(eval_config(config, config.eval.episodes), plan.layout, device)
                 evaluation = periodic_evaluation(config, eval_venv, model, device)
@@ -557,6 +559,19 @@ def _one_update(
     }
     logger.update_done(collector.env_steps, stats, extra)
     return {"env_s": extra["perf/env_s"], "act_s": extra["perf/act_s"], "learn_s": extra["perf/learn_s"]}
+
+
+def _launch_ahead(trainer: Trainer, collector: RolloutSource, total_steps: int) -> None:
+    """With the JAX learner and compiled rollouts, each update but the run's last starts the next
+    rollout on its new weights as soon as its program is dispatched (`CompiledSource.launch`)."""
+    if not isinstance(trainer, JaxTrainer) or not isinstance(collector, CompiledSource):
+        return
+
+    def launch(new: Mapping[int, Any]) -> None:
+        if collector.env_steps < total_steps:
+            collector.launch(new)
+
+    trainer.next_rollout = launch
 
 
 def _cloned(value: Any) -> Any:

@@ -162,6 +162,85 @@ def _numbers(episode):
     return episode.team_return, episode.length, episode.end_step, episode.won
 
 
+def _filled(source, model):
+    buffer = RolloutBuffer(source.venv.spec, STEPS, COPIES, memory=model.memory_layout())
+    result = source.collect(buffer)
+    return buffer, result
+
+
+@pytest.mark.parametrize("network", sorted(NETWORKS))
+def test_a_launched_rollout_is_taken_up_only_where_it_is_the_rollout_collect_would_run(network, monkeypatch):
+    """`launch` on the value a parameter is about to take: once the parameter holds it, `collect` takes
+    the launched rollout up, filling the buffer bit for bit as a rollout run there; where the parameter
+    took another value, or the source was loaded since, `collect` runs its own."""
+    import jax.numpy as jnp
+
+    config = _config("mpe_simple_spread_v3", *NETWORKS[network])
+
+    def second_rollout(write, launch=None, load=False):
+        """The buffer and result of a source's second rollout, after `write` changed the weights
+        between the two; `launch(model)`, where given, names the parameters' launched values first."""
+        venv = _jax_env(config)
+        model = _model(venv.spec, config)
+        source = CompiledSource(venv, model, CPU, steps=STEPS, seed=SEED)
+        source.start(SEED)
+        _filled(source, model)
+        saved = source.state_dict()
+        if launch is not None:
+            source.launch(launch(model))
+        with torch.no_grad():
+            write(model)
+        if load:
+            source.load_state_dict(saved, episodes=False)  # its counter alone: the copies stay
+        runs = []
+        run = source.rollout.run
+
+        def counted(*args):
+            runs.append(1)
+            return run(*args)
+
+        monkeypatch.setattr(source.rollout, "run", counted)
+        buffer, result = _filled(source, model)
+        monkeypatch.undo()
+        return buffer, result, len(runs)
+
+    def first_weight(model):
+        return next(model.parameters())
+
+    def moved(by):
+        return lambda model: first_weight(model).add_(by)
+
+    def launched(by):
+        return lambda model: {
+            id(first_weight(model)): jnp.asarray((first_weight(model).detach() + by).numpy())
+        }
+
+    def same(a, b):
+        (a_buffer, a_result), (b_buffer, b_result) = a, b
+        assert torch.equal(a_buffer.state, b_buffer.state)
+        for name, storage in a_buffer.groups.items():
+            for field in (*EXACT, *COMPUTED):
+                assert torch.equal(getattr(storage, field), getattr(b_buffer.groups[name], field)), field
+            for field in ("is_first", "actor_state", "critic_state"):
+                assert torch.equal(
+                    getattr(a_buffer.memory[name], field), getattr(b_buffer.memory[name], field)
+                )
+            assert torch.equal(a_result.last_values[name], b_result.last_values[name])
+        assert [_numbers(e) for e in a_result.episodes] == [_numbers(e) for e in b_result.episodes]
+
+    *reference, runs = second_rollout(moved(0.05))
+    assert runs == 1
+    *taken, runs = second_rollout(moved(0.05), launched(0.05))
+    assert runs == 0
+    same(taken, reference)
+    *other, runs = second_rollout(moved(0.07), launched(0.05))  # the weights moved on past the launch
+    assert runs == 1
+    same(other, second_rollout(moved(0.07))[:2])
+    *loaded, runs = second_rollout(moved(0.05), launched(0.05), load=True)  # the source was loaded
+    assert runs == 1
+    same(loaded, reference)
+
+
 def test_the_rollout_key_comes_from_the_seed_and_the_rollouts_number():
     config = _config("mpe_simple_spread_v3")
     venv = _jax_env(config)

@@ -117,7 +117,9 @@ def test_the_scan_on_given_actions_takes_the_per_step_paths_trajectories_exactly
     policy = JaxPolicy(model)
     rollout = CompiledRollout(venv, policy, STEPS)
     venv.reset(SEED)
-    records = rollout.replay(policy.params(), {g.name: expected[g.name]["actions"] for g in venv.spec.groups})
+    records = rollout.replay(
+        policy.weights(), {g.name: expected[g.name]["actions"] for g in venv.spec.groups}
+    )
     for key in ("state", "final_state", "episode_over"):
         torch.testing.assert_close(records[key], expected[key], rtol=0, atol=0)
     view, layout = ActingView(model), model.memory_layout()
@@ -175,7 +177,7 @@ def test_a_sampled_rollout_repeats_from_its_key_takes_allowed_actions_and_replay
     venv, model = _setup("smax_3m", network)
     policy = JaxPolicy(model)
     rollout = CompiledRollout(venv, policy, STEPS)
-    params = policy.params()
+    params = policy.weights()
 
     def sampled(seed):
         venv.reset(SEED)
@@ -213,7 +215,7 @@ def test_the_next_rollout_starts_from_the_last_ones_outputs_unless_torch_wrote_i
     rollout = CompiledRollout(venv, policy, STEPS)
     venv.reset(SEED)
     key = policy.jax.random.PRNGKey(0)
-    rollout.run(policy.params(), key)
+    rollout.run(policy.weights(), key)
     assert venv._scan_out is not None
     _, _, out = venv.scan_start()
     assert out is venv._scan_out[0]

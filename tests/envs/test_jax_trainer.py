@@ -314,7 +314,26 @@ def test_a_run_with_the_jax_learner_repeats_and_resumes_exactly(tmp_path, monkey
         )
     )
     straight = train(config, tmp_path / "straight")
+    from marl_ppo.rollout.jax_scan import CompiledRollout
+
+    calls = {"run": 0, "land": 0}
+
+    def counted(method):
+        real = getattr(CompiledRollout, method)
+
+        def call(self, *args):
+            calls[method] += 1
+            return real(self, *args)
+
+        return call
+
+    for method in calls:
+        monkeypatch.setattr(CompiledRollout, method, counted(method))
     again = train(config, tmp_path / "again")
+    monkeypatch.undo()
+    # the first rollout runs when collected (`run` lands it too); each later one was launched by the
+    # update before it and landed when collected
+    assert calls == {"run": 1, "land": 2 * K}, calls
     assert again.episodes == straight.episodes
     recorded = load_checkpoint(tmp_path / "straight/checkpoints/final.pt")
     assert recorded["config"]["fast"]["learner"] == "jax"
@@ -332,6 +351,19 @@ def test_a_run_with_the_jax_learner_repeats_and_resumes_exactly(tmp_path, monkey
         run_state_only(recorded), run_state_only(load_checkpoint(tmp_path / "resumed/checkpoints/final.pt"))
     )
     assert scalars(tmp_path / "resumed") == scalars(tmp_path / "straight")
+
+    # each update launched the next rollout on its new weights, and each was taken up: the same run as
+    # one whose rollouts all run when collected
+    import marl_ppo.run.loop as loop_module
+
+    monkeypatch.setattr(loop_module, "_launch_ahead", lambda *args: None)
+    train(config, tmp_path / "unlaunched")
+    monkeypatch.undo()
+    assert_identical(
+        run_state_only(recorded),
+        run_state_only(load_checkpoint(tmp_path / "unlaunched/checkpoints/final.pt")),
+    )
+    assert scalars(tmp_path / "unlaunched") == scalars(tmp_path / "straight")
 
     # the learner may change when resuming: torch's learns on from the JAX learner's weights and Adam state
     crash_at_update(monkeypatch, K + 1)

@@ -293,6 +293,21 @@ class JaxVectorEnv:
         keys, states = self._jax.device_put((self._keys, self._states), device)
         return keys, states, out
 
+    def here(self) -> tuple[Any, ...]:
+        """Where the copies are now, for `still_at` to tell later whether anything has moved them."""
+        return (self._keys, self._states, self.arrays, tensor_marks(self._tensors()))
+
+    def still_at(self, here: tuple[Any, ...]) -> bool:
+        """Whether the copies are where `here()` found them: no step, reset or load since, and nothing
+        written into `arrays` (a rollout launched from there is the one to take up)."""
+        keys, states, arrays, marks = here
+        return (
+            keys is self._keys
+            and states is self._states
+            and arrays is self.arrays
+            and marks_hold(marks, self._tensors())
+        )
+
     def continue_from(self, keys: Any, states: Any, out: dict[str, Any]) -> None:
         """Take up the copies where a compiled rollout left them: its last keys, states and `out`."""
         self._keys, self._states = keys, states
