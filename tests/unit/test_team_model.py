@@ -78,6 +78,22 @@ def test_per_agent_actors_have_independent_weights_and_shared_actor_one_set():
     assert not torch.allclose(logits[0, 0], logits[0, 1])
 
 
+def test_share_actor_builds_the_same_networks_where_every_group_has_one_agent():
+    """simple_speaker_listener's groups are a speaker and a listener: one agent each, so a shared actor
+    is an actor per agent (no agent id to read), the same weights from the same seed."""
+    env_id = "mpe2/simple_speaker_listener_v4"
+    spec = build_team_spec(make_env(env_id), env_id)
+    assert [group.num_agents for group in spec.groups] == [1, 1]
+    models = []
+    for share in ("true", "false"):
+        config = load_config(None, [f"env.id={env_id}", f"model.share_actor={share}"])
+        torch.manual_seed(0)
+        models.append(TeamModel(spec, config).state_dict())
+    shared, separate = models
+    assert shared.keys() == separate.keys()
+    assert all(torch.equal(shared[key], separate[key]) for key in shared)
+
+
 def _perturbed_mlp(shared: bool, agents: int = 4, in_dim: int = 6) -> AgentMLP:
     torch.manual_seed(1)
     net = AgentMLP(
