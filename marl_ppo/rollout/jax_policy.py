@@ -1,4 +1,4 @@
-"""A team's actors and critics computed in JAX, on weights read from torch once per update.
+"""A team's actors and critics computed in JAX, on weights read from torch or handed over by the JAX learner.
 
 A compiled rollout (`rollout.jax_scan`) steps a JaxMARL env and the policy inside one XLA program, so
 the policy's forward has to be JAX too. `JaxPolicy.weights` reads the networks' parameters as torch
